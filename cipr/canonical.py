@@ -1,0 +1,184 @@
+"""Canonicalization adapter: neutral tool and argument ids, applied everywhere, and translation back.
+
+Every tool name becomes `function_01`, `function_02`, ... by position; every argument name becomes
+`arg_01`, ... numbered within its tool by the order of its `properties`. Descriptions, types,
+required flags, enums and argument values stay. The same mapping is applied to every reference to
+those names: reference calls, BFCL accepted-values lists, alternatives, and calls in earlier turns.
+
+Choices the paper leaves open (documented here, configurable where it matters):
+- Only top-level argument names are renamed; nested object properties keep their names, since they
+  are part of values the tool receives rather than the interface's surface.
+- Free text (the query, earlier turns) has *tool* names replaced where they appear as whole
+  identifiers. By default (`rewrite_text="identifiers"`) only identifier-like names are replaced
+  (containing `_`, `.`, a digit, or an inner capital: `get_weather`, `math.factorial`), so a tool
+  called `search` does not rewrite the English word "search". `"all"` replaces every whole-word
+  occurrence, `"none"` leaves text unchanged. Argument names are never rewritten in free text:
+  they are mostly plain words (`city`, `date`).
+- With duplicated names (a perturbation may declare one name twice), each declaration gets its own
+  id; a reference to the name maps to the first declaration, and both ids translate back to it.
+- Translating back: a generated name that the canonical interface does not declare is an error
+  (`UndeclaredToolError`), never mapped to the closest declared tool. An argument id the tool does
+  not declare is passed through unchanged so the scorer sees it as an unknown argument.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from cipr.interface import Call, Example, Interface, Message, Tool
+
+RewriteText = Literal["identifiers", "all", "none"]
+
+
+class UndeclaredToolError(KeyError):
+    """A generated call names a tool the interface does not declare."""
+
+    def __init__(self, name: str, declared: Sequence[str]) -> None:
+        self.name, self.declared = name, tuple(declared)
+        super().__init__(f"tool {name!r} is not declared by the interface (declared: {', '.join(declared)})")
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+def canonical_tool_id(i: int, n: int) -> str:
+    """The neutral id of the i-th (0-based) of n tools: function_01 ... (3 digits past 99 tools)."""
+    return f"function_{i + 1:0{max(2, len(str(n)))}d}"
+
+
+def canonical_arg_id(j: int, n: int) -> str:
+    return f"arg_{j + 1:0{max(2, len(str(n)))}d}"
+
+
+def _identifier_like(name: str) -> bool:
+    return bool(re.search(r"[_.\d]", name) or re.search(r"[a-z][A-Z]", name))
+
+
+@dataclass(frozen=True)
+class NameMap:
+    """The mapping of one interface: canonical id -> original name, per tool and per argument.
+
+    `tools[i]` is (canonical id, original name) of the i-th tool; `arguments[canonical id]` maps
+    canonical argument ids to original argument names.
+    """
+
+    tools: tuple[tuple[str, str], ...]
+    arguments: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+    @property
+    def forward(self) -> dict[str, str]:
+        """original name -> canonical id (first declaration wins for a duplicated name)."""
+        out: dict[str, str] = {}
+        for cid, orig in self.tools:
+            out.setdefault(orig, cid)
+        return out
+
+    @property
+    def backward(self) -> dict[str, str]:
+        """canonical id -> original name."""
+        return dict(self.tools)
+
+    def forward_args(self, original_tool: str) -> dict[str, str]:
+        cid = self.forward[original_tool]
+        return {orig: carg for carg, orig in self.arguments[cid].items()}
+
+    def rename(self, call: Call) -> Call:
+        """An original-name call to canonical ids (unknown names and arguments pass through)."""
+        cid = self.forward.get(call.name)
+        if cid is None:
+            return call
+        amap = self.forward_args(call.name)
+        return Call(cid, {amap.get(k, k): v for k, v in call.arguments.items()})
+
+    def translate_back(self, call: Call) -> Call:
+        """A canonical-id call to the executable API. Raises UndeclaredToolError for undeclared names."""
+        back = self.backward
+        if call.name not in back:
+            raise UndeclaredToolError(call.name, [c for c, _ in self.tools])
+        amap = self.arguments.get(call.name, {})
+        return Call(back[call.name], {amap.get(k, k): v for k, v in call.arguments.items()})
+
+    def translate_calls(self, calls: Sequence[Call]) -> tuple[tuple[Call, ...], tuple[str, ...]]:
+        """Translate several calls; undeclared ones are dropped from the result and reported as errors."""
+        out: list[Call] = []
+        errors: list[str] = []
+        for c in calls:
+            try:
+                out.append(self.translate_back(c))
+            except UndeclaredToolError as e:
+                errors.append(str(e))
+        return tuple(out), tuple(errors)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tools": [list(t) for t in self.tools],
+                "arguments": {k: dict(v) for k, v in self.arguments.items()}}
+
+
+def canonicalize_interface(interface: Interface) -> tuple[Interface, NameMap]:
+    """Neutral ids for an interface's tools and arguments, and the map back."""
+    n = len(interface)
+    tools: list[Tool] = []
+    pairs: list[tuple[str, str]] = []
+    args: dict[str, dict[str, str]] = {}
+    for i, tool in enumerate(interface):
+        cid = canonical_tool_id(i, n)
+        names = list(tool.properties)
+        amap = {orig: canonical_arg_id(j, len(names)) for j, orig in enumerate(names)}
+        params = dict(tool.parameters)
+        params["properties"] = {amap[k]: v for k, v in tool.properties.items()}
+        if "required" in params:
+            params["required"] = [amap.get(r, r) for r in params["required"]]
+        tools.append(Tool(cid, tool.description, params))
+        pairs.append((cid, tool.name))
+        args[cid] = {c: o for o, c in amap.items()}
+    return Interface(tuple(tools)), NameMap(tuple(pairs), args)
+
+
+def rewrite_text(text: str, mapping: Mapping[str, str], mode: RewriteText = "identifiers") -> str:
+    """Replace whole-identifier occurrences of mapping's keys in free text."""
+    if mode == "none" or not text:
+        return text
+    keys = [k for k in mapping if mode == "all" or _identifier_like(k)]
+    if not keys:
+        return text
+    pattern = re.compile(r"(?<![\w.])(" + "|".join(re.escape(k) for k in sorted(keys, key=len, reverse=True))
+                         + r")(?![\w])")
+    return pattern.sub(lambda m: mapping[m.group(1)], text)
+
+
+def _rename_accepted(accepted: Mapping[str, Any], name: str, nmap: NameMap) -> dict[str, Any]:
+    if name not in nmap.forward:
+        return dict(accepted)
+    amap = nmap.forward_args(name)
+    return {amap.get(k, k): v for k, v in accepted.items()}
+
+
+def apply_name_map(example: Example, interface: Interface, nmap: NameMap,
+                   rewrite: RewriteText = "identifiers") -> Example:
+    """Rewrite an example onto `interface` whose names `nmap` maps (original -> new names everywhere)."""
+    fwd = nmap.forward
+
+    def msg(m: Message) -> Message:
+        return Message(m.role, rewrite_text(m.content, fwd, rewrite), tuple(nmap.rename(c) for c in m.calls),
+                       fwd.get(m.name, m.name) if m.name is not None else None)
+
+    accepted = None
+    if example.accepted is not None:
+        accepted = tuple(_rename_accepted(a, c.name, nmap) for a, c in zip(example.accepted, example.reference,
+                                                                           strict=True))
+    return example.with_(
+        messages=tuple(msg(m) for m in example.messages),
+        interface=interface,
+        reference=tuple(nmap.rename(c) for c in example.reference),
+        accepted=accepted,
+        alternatives=tuple(tuple(nmap.rename(c) for c in alt) for alt in example.alternatives),
+    )
+
+
+def canonicalize(example: Example, rewrite: RewriteText = "identifiers") -> tuple[Example, NameMap]:
+    """The example under canonical names, and the map that translates its calls back."""
+    interface, nmap = canonicalize_interface(example.interface)
+    return apply_name_map(example, interface, nmap, rewrite), nmap

@@ -1,0 +1,97 @@
+"""What every call format provides: prompt rendering, target rendering, parsing, decisions.
+
+A call format is the textual protocol by which a policy emits tool calls (JSON in tags, ReAct
+lines, ...). The action reader (`cipr.actions`) needs to know, for a response text, where the
+policy made each decision, which text `o` opens a call there, and which text closes a tool name,
+so that it can score every declared name after `o` in one forward pass.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cipr.interface import Call, Interface, Message
+
+
+@dataclass(frozen=True)
+class ParseResult:
+    """Calls parsed out of generated text. Never raised: `error` says what was wrong, if anything.
+
+    `ok` is False when the text does not follow the format (missing/duplicated tags, invalid JSON,
+    a call without a name, ...). `calls` holds what could be parsed even then (possibly nothing).
+    `response` is the text answer, if the format has one; `think` the reasoning, if any.
+    """
+
+    calls: tuple[Call, ...] = ()
+    ok: bool = True
+    error: str | None = None
+    response: str | None = None
+    think: str | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A position in a response where the policy either opens a tool call or ends its turn without one.
+
+    - `start`: character offset in the response where the decision's text begins (the text before it
+      is the y_<t the action distribution conditions on).
+    - `opener`: the text `o` that opens a call at this position and precedes the tool name.
+    - `name_suffix`: the text right after a tool name that closes it (so names that are prefixes of
+      each other are told apart), e.g. `"` for JSON, a newline for RoTBench ReAct, `[` for WebShop.
+    - `taken`: the tool name called at this decision, or None when the response ends the turn here.
+    """
+
+    start: int
+    opener: str
+    name_suffix: str
+    taken: str | None
+
+
+class CallFormat(ABC):
+    """A pluggable call format. Subclasses are registered in `cipr.formats.FORMATS` by `name`."""
+
+    name: str = ""
+
+    @abstractmethod
+    def chat(self, messages: Sequence[Message], interface: Interface, *,
+             native_tools: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        """Chat-template input: (messages as dicts, `tools=` argument or None).
+
+        With `native_tools` the interface goes through the template's `tools=` (OpenAI format);
+        otherwise it is rendered into the system prompt.
+        """
+
+    def render_prompt(self, tokenizer: Any, messages: Sequence[Message], interface: Interface) -> str:
+        """The full prompt text, ending with the generation prompt of the assistant turn."""
+        native = supports_native_tools(tokenizer)
+        chat, tools = self.chat(messages, interface, native_tools=native and self.uses_native_tools)
+        kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": True}
+        if tools is not None:
+            kwargs["tools"] = tools
+        return tokenizer.apply_chat_template(chat, **kwargs)
+
+    uses_native_tools: bool = False
+
+    @abstractmethod
+    def render_target(self, calls: Sequence[Call], *, response: str | None = None,
+                      think: str | None = None) -> str:
+        """The assistant text that makes `calls` (or answers with `response` when there are none)."""
+
+    @abstractmethod
+    def parse(self, text: str) -> ParseResult:
+        """Calls out of generated text; never raises."""
+
+    @abstractmethod
+    def decisions(self, text: str) -> list[Decision]:
+        """Every decision in a response text, in order."""
+
+
+def supports_native_tools(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template renders a `tools=` argument."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if isinstance(template, dict):
+        template = " ".join(template.values())
+    return "tools" in template
