@@ -1,0 +1,27 @@
+"""Where the benchmark data lives: `$CIPR_DATA_ROOT`, else `../shared/data` beside the checkout."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def data_root(root: str | os.PathLike[str] | None = None) -> Path:
+    """The data root: the argument, `$CIPR_DATA_ROOT`, or `<repo>/../shared/data` (the project's copy)."""
+    if root is not None:
+        return Path(root)
+    env = os.environ.get("CIPR_DATA_ROOT")
+    if env:
+        return Path(env)
+    return _REPO.parent / "shared" / "data"
+
+
+def require_dir(path: Path, what: str) -> Path:
+    """`path` if it is a directory; else a FileNotFoundError that says how to get the data."""
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"{what} not found at {path}. Pass --root DIR (or data.root=DIR), set CIPR_DATA_ROOT, "
+            f"or for BFCL run `cipr-data fetch bfcl --dest DIR`.")
+    return path
