@@ -1,0 +1,124 @@
+"""Canonicalization adapter: ids by position, mapping applied everywhere, exact translation back."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cipr.canonical import (
+    UndeclaredToolError,
+    canonical_tool_id,
+    canonicalize,
+    canonicalize_interface,
+    rewrite_text,
+)
+from cipr.interface import Call, Example, Interface, Message, Tool
+
+
+def _weather_example() -> Example:
+    tools = (
+        Tool("get_weather", "Weather for a city.", {"type": "object", "properties": {
+            "city": {"type": "string"}, "date": {"type": "string"}}, "required": ["city"]}),
+        Tool("search", "Web search.", {"type": "object", "properties": {"q": {"type": "string"}}}),
+    )
+    return Example(
+        id="w1",
+        messages=(Message("system", "Use get_weather when asked."), Message("user", "search the weather in Paris"),
+                  Message("assistant", "", (Call("get_weather", {"city": "Rome"}),)),
+                  Message("tool", "sunny", name="get_weather"), Message("user", "and Paris?")),
+        interface=Interface(tools),
+        reference=(Call("get_weather", {"city": "Paris", "date": "today"}),),
+        accepted=({"city": ("Paris",), "date": ("today", "")},),
+    )
+
+
+def test_ids_descriptions_types_required_values_stay():
+    ex, nmap = canonicalize(_weather_example())
+    t0, t1 = ex.interface
+    assert (t0.name, t1.name) == ("function_01", "function_02")
+    assert t0.description == "Weather for a city."
+    assert t0.parameters == {"type": "object", "properties": {"arg_01": {"type": "string"},
+                                                              "arg_02": {"type": "string"}}, "required": ["arg_01"]}
+    assert ex.reference == (Call("function_01", {"arg_01": "Paris", "arg_02": "today"}),)
+    assert ex.accepted == ({"arg_01": ("Paris",), "arg_02": ("today", "")},)
+    # earlier turns: calls and tool-result names are mapped; text keeps the English word "search"
+    assert ex.messages[0].content == "Use function_01 when asked."
+    assert ex.messages[1].content == "search the weather in Paris"
+    assert ex.messages[2].calls == (Call("function_01", {"arg_01": "Rome"}),)
+    assert ex.messages[3].name == "function_01"
+    assert nmap.backward == {"function_01": "get_weather", "function_02": "search"}
+
+
+def test_translate_back_and_undeclared_refused():
+    ex, nmap = canonicalize(_weather_example())
+    assert nmap.translate_back(ex.reference[0]) == _weather_example().reference[0]
+    with pytest.raises(UndeclaredToolError, match="function_03"):
+        nmap.translate_back(Call("function_03", {}))
+    with pytest.raises(UndeclaredToolError):  # an original name is not a canonical one: never guessed
+        nmap.translate_back(Call("get_weather", {}))
+    calls, errors = nmap.translate_calls([Call("function_02", {"arg_01": "x"}), Call("rm_rf", {})])
+    assert calls == (Call("search", {"q": "x"}),)
+    assert len(errors) == 1 and "rm_rf" in errors[0]
+
+
+def test_unknown_argument_passes_through():
+    _, nmap = canonicalize(_weather_example())
+    assert nmap.translate_back(Call("function_01", {"arg_09": 1})) == Call("get_weather", {"arg_09": 1})
+
+
+def test_rewrite_text_modes():
+    m = {"search": "function_02", "math.factorial": "function_01"}
+    assert rewrite_text("search math.factorial(5)", m) == "search function_01(5)"
+    assert rewrite_text("search math.factorial(5)", m, "all") == "function_02 function_01(5)"
+    assert rewrite_text("research math.factorials", m, "all") == "research math.factorials"
+    assert rewrite_text("search", m, "none") == "search"
+
+
+def test_id_width_grows_past_99_tools():
+    assert canonical_tool_id(0, 12) == "function_01"
+    assert canonical_tool_id(99, 120) == "function_100"
+    assert canonical_tool_id(0, 120) == "function_001"
+
+
+def test_duplicate_names_get_distinct_ids_and_translate_to_the_same_name():
+    iface = Interface((Tool("f", "a"), Tool("f", "b")))
+    canon, nmap = canonicalize_interface(iface)
+    assert canon.names == ("function_01", "function_02")
+    assert {nmap.translate_back(Call(c)).name for c in canon.names} == {"f"}
+
+
+_names = st.from_regex(r"[A-Za-z][A-Za-z0-9_.]{0,14}", fullmatch=True)
+_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                       lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=4), c, max_size=3),
+                       max_leaves=6)
+
+
+@st.composite
+def _examples(draw):
+    names = draw(st.lists(_names, min_size=1, max_size=8, unique=True))
+    tools = []
+    for n in names:
+        args = draw(st.lists(_names, max_size=5, unique=True))
+        tools.append(Tool(n, draw(st.text(max_size=20)), {"type": "object", "properties": {
+            a: {"type": "string"} for a in args}, "required": args[:1]}))
+    calls = []
+    for _ in range(draw(st.integers(0, 3))):
+        t = draw(st.sampled_from(tools))
+        calls.append(Call(t.name, {a: draw(_values) for a in t.properties}))
+    query = " ".join(draw(st.lists(st.sampled_from(names + ["please", "the"]), max_size=6)))
+    return Example("h", (Message("user", query),), Interface(tuple(tools)), tuple(calls))
+
+
+@settings(max_examples=150, deadline=None)
+@given(_examples())
+def test_round_trip_property(ex):
+    canon, nmap = canonicalize(ex)
+    assert [nmap.translate_back(c) for c in canon.reference] == list(ex.reference)
+    assert all(n.startswith("function_") for n in canon.interface.names)
+    for t, ct in zip(ex.interface, canon.interface, strict=True):
+        assert ct.description == t.description
+        assert [v for v in ct.properties.values()] == [v for v in t.properties.values()]
+        assert all(a.startswith("arg_") for a in ct.properties)
+    # no original identifier-like tool name survives in the query as a whole word
+    for name in ex.interface.names:
+        if "_" in name or "." in name or any(ch.isdigit() for ch in name):
+            assert rewrite_text(canon.query, {name: "X"}) == canon.query or name.startswith("function_")
