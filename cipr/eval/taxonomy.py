@@ -1,0 +1,117 @@
+"""Failure taxonomy (paper Appendix E): what went wrong in an incorrect response, resolved against the
+declared tool list.
+
+Classes, checked in this order (the first that applies wins):
+- `correct`: the scorer accepted the response.
+- `backend_error`: the backend never produced an output (endpoint failed after its retries).
+- `parse_failure`: the output does not follow the call format (`ParseResult.ok` is False).
+- `no_call`: a call was expected and none was made.
+- `wrong_count`: the number of calls differs from the reference's (including a call where none was
+  expected).
+- `undeclared_tool`: a call names a tool the interface does not declare (under the adapter: a
+  canonical id it cannot translate back). The paper's two wrong-tool classes are both declared tools,
+  so this one is kept apart rather than folded into `unrelated_tool`.
+- `equivalent_tool`: a called tool that the reference does not call has the same description as a
+  reference tool once the cost or latency annotation is removed: the costlier or slower equivalent.
+- `unrelated_tool`: any other wrong declared tool.
+- `argument_error`: the right tools, the right count, and the scorer still rejects: an argument error
+  given the correct tool.
+- `other`: incorrect for a reason none of the above names (e.g. a text answer judged wrong).
+
+"Once the annotation is removed" is not defined further by the paper. Here an annotation is any
+bracketed span (`[...]`, `(...)`, `{...}`, `<...>`) or sentence that mentions a cost or latency word
+(`TaxonomyConfig.annotation_pattern`); both descriptions lose them and are compared as lower-case word
+sequences (punctuation and spacing ignored). A description sentence of the original tool that happens to mention cost is
+removed from both sides alike, so it cannot create a difference.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from cipr.interface import Call, Interface
+
+CLASSES = ("correct", "backend_error", "parse_failure", "no_call", "wrong_count", "undeclared_tool",
+           "equivalent_tool", "unrelated_tool", "argument_error", "other")
+
+DEFAULT_ANNOTATION = (
+    r"cost|price|pricing|priced|expensive|cheap|afford|fee\b|fees\b|charge|billing|billed|credit|budget|"
+    r"premium|econom|dollar|cent\b|cents\b|usd|\$|€|latency|slow|fast|quick|speed|delay|wait|"
+    r"response time|millisecond|\bms\b|seconds?\b|minutes?\b|\bsec\b|throughput|rate limit"
+)
+
+
+@dataclass(frozen=True)
+class TaxonomyConfig:
+    """What counts as a cost or latency annotation in a tool description (a case-insensitive regex)."""
+
+    annotation_pattern: str = DEFAULT_ANNOTATION
+
+
+@lru_cache(maxsize=8)
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern, re.IGNORECASE)
+
+
+_BRACKETS = re.compile(r"\[[^\[\]]*\]|\([^()]*\)|\{[^{}]*\}|<[^<>]*>")
+_SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+def strip_annotation(description: str, config: TaxonomyConfig = TaxonomyConfig()) -> str:
+    """The words of a description without bracketed spans or sentences that mention cost or latency."""
+    kw = _compiled(config.annotation_pattern)
+    text = _BRACKETS.sub(lambda m: " " if kw.search(m.group(0)) else m.group(0), description)
+    kept = [s for s in _SENTENCE_BREAK.split(text) if s.strip() and not kw.search(s)]
+    return " ".join(re.findall(r"\w+", " ".join(kept).lower()))
+
+
+def equivalent_descriptions(a: str, b: str, config: TaxonomyConfig = TaxonomyConfig()) -> bool:
+    """Whether two descriptions are the same once cost or latency annotations are removed."""
+    sa, sb = strip_annotation(a, config), strip_annotation(b, config)
+    return bool(sa) and sa == sb
+
+
+def is_equivalent_tool(called: str, correct: str, interface: Interface,
+                       config: TaxonomyConfig = TaxonomyConfig()) -> bool:
+    """Whether some declaration of `called` is the annotated equivalent of some declaration of `correct`."""
+    if called == correct:
+        return False
+    return any(equivalent_descriptions(c.description, r.description, config)
+               for c in interface.declarations(called) for r in interface.declarations(correct))
+
+
+def classify(*, interface: Interface, reference: Sequence[Call], calls: Sequence[Call], correct: bool,
+             parse_ok: bool = True, undeclared: Sequence[str] = (), backend_error: bool = False,
+             config: TaxonomyConfig = TaxonomyConfig()) -> str:
+    """The taxonomy class of one response (see the module docstring for the order of the checks).
+
+    `interface`, `reference` and `calls` are in the executable namespace (calls already translated
+    back from canonical ids); `undeclared` holds names the adapter could not translate back.
+    """
+    if correct:
+        return "correct"
+    if backend_error:
+        return "backend_error"
+    if not parse_ok:
+        return "parse_failure"
+    n_calls = len(calls) + len(undeclared)
+    if n_calls == 0 and reference:
+        return "no_call"
+    if n_calls != len(reference):
+        return "wrong_count"
+    if undeclared or any(c.name not in interface for c in calls):
+        return "undeclared_tool"
+    called, expected = Counter(c.name for c in calls), Counter(c.name for c in reference)
+    extra = called - expected
+    if extra:
+        missing = list(expected - called) or list(expected)
+        if any(is_equivalent_tool(name, ref, interface, config) for name in extra for ref in missing):
+            return "equivalent_tool"
+        return "unrelated_tool"
+    if reference:
+        return "argument_error"
+    return "other"
