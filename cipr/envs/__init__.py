@@ -1,0 +1,1 @@
+"""Environments an agent acts in (for trajectory generation and live evaluation)."""
