@@ -1,0 +1,465 @@
+"""Action distributions read from tool-name token probabilities, all decisions in one forward pass.
+
+At a decision t of a response y to a prompt x (see `cipr.formats.base.Decision`), with `o` the text
+that opens a call and `n_a` the name of declared tool a (paper §3.3, Appendix A):
+
+    π(a) = π(o) · π(n_a | o) / Σ_b π(n_b | o)     over the declared tools b,
+    π(∅) = 1 − π(o).
+
+Actions are indexed by equivalence classes supplied by the caller (`ActionQuery.classes`), so the
+distributions of two interfaces live on one index set of `num_actions` classes plus ∅ (the last
+column). A class that no declared tool of a sequence maps to gets probability 0 there, so mass that
+one side puts on a tool the other does not declare (a twin) counts as disagreement.
+
+Choices the paper leaves open, made here:
+- Names are scored with the format's `name_suffix` appended (`"` for JSON, `[` for WebShop, a
+  newline for ReAct), so `function_1` is not credited with the mass of `function_10`: the score of
+  `function_1"` excludes the continuation `0`. A multi-token name is scored token by token.
+- A tool name declared twice gets one term per declaration, as the formula reads: the declarations
+  split the name's mass equally (the text cannot tell them apart).
+- Parallel calls: each call is a decision (the format lists one per call opening, plus the one where
+  the turn ends), so a response with two calls contributes three distributions.
+- Tokenization (prompt and response tokenized separately without special tokens, as a trainer
+  concatenates prompt and completion ids). For each decision we tokenize the response's text
+  before it (`ctx`), `ctx + o`, and `ctx + o + name + suffix` for every declared name. The branch
+  point k is the longest common token prefix of those and of the full response's tokens; o's tokens
+  are the further common prefix of `ctx + o` and all the name strings; each name's tokens are the
+  rest. When the tokenizer merges across a boundary, this backs off honestly and the plan records it:
+  * `opener_backoff` > 0: the last characters of o merge with the names (SmolLM2 tokenizes
+    `Action: ` as `Action`,`:`,` ` but `Action: function_01` as `Action`,`:`,` function`,...). Then
+    π(o) is the probability of o's leading tokens (`Action:`), an upper bound of the probability of
+    the full opener text, and o's tail is scored inside each name, where the normalization over names
+    cancels the part they share.
+  * `context_backoff` > 0: the context's last characters merge with o; their tokens are then scored
+    as part of o, so π(o) also includes the probability of those characters.
+- One forward pass per batch: each decision's name trie (shared prefixes merged, o as its trunk) is
+  packed after its sequence; a trie node attends to the sequence up to the branch point, to its trie
+  ancestors and to itself (a tree-shaped 4D mask), with position ids continuing from the branch
+  point. Where the response itself continues along the trie (the taken call), those nodes are read
+  from the sequence and not packed again; the opener of a decision the response does not take (∅)
+  and all other names are packed. Works with `attn_implementation` "sdpa" or "eager" (the 4D float
+  mask reaches both unchanged in transformers 5.17); flash attention cannot take a tree mask.
+- The reader is differentiable and does not change the model's train/eval mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from cipr.formats.base import CallFormat, Decision
+
+
+@dataclass(frozen=True)
+class ActionReaderConfig:
+    """Options of the action reader.
+
+    - `padding_side`: where batch rows are padded ("right" or "left"; the result does not depend on it).
+    - `response_logprobs`: also return each response token's log-probability (so a trainer can fold
+      the action read into the forward it already does).
+    - `reuse_response`: read trie nodes the response itself follows from the sequence instead of
+      packing them (same result, fewer tokens).
+    - `head`: "auto" applies the output head only at the positions needed (hidden states of the
+      decoder, then `get_output_embeddings()`) when the model's head is a plain projection, else
+      calls the full model with `logits_to_keep`; "gather" / "model" force one of the two.
+    """
+
+    padding_side: Literal["right", "left"] = "right"
+    response_logprobs: bool = False
+    reuse_response: bool = True
+    head: Literal["auto", "gather", "model"] = "auto"
+
+
+@dataclass(frozen=True)
+class ActionQuery:
+    """One sequence to read: prompt x, response y, y's decisions, the declared tools and their classes.
+
+    `classes[i]` is the equivalence class (in [0, num_actions)) of the tool named `tools[i]`.
+    """
+
+    prompt: str
+    response: str
+    decisions: tuple[Decision, ...]
+    tools: tuple[str, ...]
+    classes: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "decisions", tuple(self.decisions))
+        object.__setattr__(self, "tools", tuple(self.tools))
+        object.__setattr__(self, "classes", tuple(int(c) for c in self.classes))
+
+    @classmethod
+    def from_format(cls, fmt: CallFormat, prompt: str, response: str, tools: Sequence[str],
+                    classes: Sequence[int] | None = None) -> ActionQuery:
+        """A query whose decisions the call format finds in `response`; classes default to positions."""
+        return cls(prompt, response, tuple(fmt.decisions(response)), tuple(tools),
+                   tuple(range(len(tools))) if classes is None else tuple(classes))
+
+
+@dataclass(frozen=True)
+class DecisionPlan:
+    """How one decision is tokenized.
+
+    - `context`: k, the number of response tokens before the branch point.
+    - `opener`: token ids of o after the branch point.
+    - `names`: per declared tool, the token ids of its name (with the suffix, and any opener tail
+      that merged into it) after o.
+    - `context_backoff` / `opener_backoff`: tokens moved across a boundary (see module docstring).
+    """
+
+    context: int
+    opener: tuple[int, ...]
+    names: tuple[tuple[int, ...], ...]
+    context_backoff: int = 0
+    opener_backoff: int = 0
+
+
+@dataclass
+class ActionReading:
+    """What the reader returns for a batch of B sequences with D decisions in all.
+
+    - `probs` [D, num_actions + 1]: action distributions, decisions in sequence order, ∅ last.
+    - `sequence` [D] (long): which sequence each decision belongs to (the losses' `segments`).
+    - `log_open` [D]: log π(o).
+    - `plans`: the tokenization plan of each decision.
+    - `response_ids`, `response_logprobs` [B, R], `response_mask` [B, R] (bool): with
+      `response_logprobs`, each response token and its log-probability (right-padded), else None.
+    - `packed_tokens`: trie tokens packed after the sequences (beyond the sequences themselves).
+    """
+
+    probs: torch.Tensor
+    sequence: torch.Tensor
+    log_open: torch.Tensor
+    plans: list[DecisionPlan]
+    response_ids: torch.Tensor | None = None
+    response_logprobs: torch.Tensor | None = None
+    response_mask: torch.Tensor | None = None
+    packed_tokens: int = 0
+
+
+def _lcp(seqs: Sequence[Sequence[int]]) -> int:
+    n = min(len(s) for s in seqs)
+    first = seqs[0]
+    for i in range(n):
+        t = first[i]
+        if any(s[i] != t for s in seqs[1:]):
+            return i
+    return n
+
+
+def _encode(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
+def _validate(q: ActionQuery, num_actions: int, index: int) -> None:
+    where = f"query {index}"
+    if not q.tools:
+        raise ValueError(f"{where}: no declared tools; an action distribution needs at least one")
+    if len(q.classes) != len(q.tools):
+        raise ValueError(f"{where}: {len(q.tools)} tools but {len(q.classes)} classes")
+    bad = [c for c in q.classes if not 0 <= c < num_actions]
+    if bad:
+        raise ValueError(f"{where}: classes {bad} outside [0, {num_actions})")
+    if not q.prompt:
+        raise ValueError(f"{where}: empty prompt; decisions condition on at least one prompt token")
+    for d in q.decisions:
+        if not 0 <= d.start <= len(q.response):
+            raise ValueError(f"{where}: decision start {d.start} outside the response (length {len(q.response)})")
+        if not d.opener:
+            raise ValueError(f"{where}: decision at {d.start} has an empty opener")
+
+
+def plan_decision(tokenizer: Any, response: str, response_ids: Sequence[int], decision: Decision,
+                  tools: Sequence[str]) -> DecisionPlan:
+    """The token plan of one decision (see the module docstring for the boundary rules)."""
+    ctx = response[:decision.start]
+    head = ctx + decision.opener
+    encoded = _encode(tokenizer, [ctx, head] + [head + n + decision.name_suffix for n in tools])
+    ctx_ids, head_ids, name_ids = encoded[0], encoded[1], encoded[2:]
+    k = _lcp([list(response_ids), ctx_ids, head_ids, *name_ids])
+    end = _lcp([head_ids, *name_ids])
+    return DecisionPlan(context=k, opener=tuple(head_ids[k:end]), names=tuple(tuple(n[end:]) for n in name_ids),
+                        context_backoff=len(ctx_ids) - k, opener_backoff=len(head_ids) - end)
+
+
+@dataclass
+class _Row:
+    """One sequence laid out for the forward: main tokens (prompt + response), then packed trie nodes.
+
+    Every scored trie node (mapped onto the response or packed) has a parent column, whose logits
+    predict it, and a token.
+    """
+
+    ids: list[int]
+    positions: list[int]
+    main: int
+    attend_main: list[int] = field(default_factory=list)  # packed node -> last main column it sees
+    packed_parent: list[int] = field(default_factory=list)  # packed node -> packed parent (-1: none)
+    node_parent_col: list[int] = field(default_factory=list)
+    node_token: list[int] = field(default_factory=list)
+    node_col: list[int] = field(default_factory=list)  # column of each node (main or packed)
+
+
+def _add_node(row: _Row, children: dict[tuple[int, int], int], parent_col: int, tok: int, col: int | None) -> int:
+    """A trie node under `parent_col`: read from the response at main column `col`, or packed when None."""
+    node = len(row.node_token)
+    row.node_parent_col.append(parent_col)
+    row.node_token.append(tok)
+    if col is None:
+        col = len(row.ids)
+        row.ids.append(tok)
+        row.positions.append(row.positions[parent_col] + 1)
+        if parent_col < row.main:
+            row.attend_main.append(parent_col)
+            row.packed_parent.append(-1)
+        else:
+            row.attend_main.append(row.attend_main[parent_col - row.main])
+            row.packed_parent.append(parent_col - row.main)
+    children[(parent_col, tok)] = node
+    row.node_col.append(col)
+    return node
+
+
+def _walk(row: _Row, children: dict[tuple[int, int], int], anchor: int, path: Sequence[int]) -> list[int]:
+    """Row node indices along `path` from the branch point, packing the nodes that do not exist yet."""
+    parent_col, out = anchor, []
+    for tok in path:
+        node = children.get((parent_col, tok))
+        if node is None:
+            node = _add_node(row, children, parent_col, tok, None)
+        out.append(node)
+        parent_col = row.node_col[node]
+    return out
+
+
+def _layout(prompt_ids: list[int], response_ids: list[int], plans: list[DecisionPlan], reuse: bool
+            ) -> tuple[_Row, list[list[int]], list[list[list[int]]]]:
+    """Lay out one sequence and its decisions' tries.
+
+    Returns the row, and for each decision the row node indices of o's tokens and of each tool's
+    name tokens.
+    """
+    ids = prompt_ids + response_ids
+    row = _Row(ids=list(ids), positions=list(range(len(ids))), main=len(ids))
+    p = len(prompt_ids)
+    openers: list[list[int]] = []
+    names: list[list[list[int]]] = []
+    for plan in plans:
+        anchor = p + plan.context - 1
+        children: dict[tuple[int, int], int] = {}  # (parent column, token) -> row node index
+        paths = [list(plan.opener) + list(n) for n in plan.names]
+        if reuse:  # the longest trie path prefix the response itself follows is read from the sequence
+            cont = response_ids[plan.context:]
+            follow = max(_lcp([path, cont]) for path in paths)
+            parent_col = anchor
+            for j in range(follow):
+                _add_node(row, children, parent_col, cont[j], p + plan.context + j)
+                parent_col = p + plan.context + j
+        openers.append(_walk(row, children, anchor, plan.opener))
+        names.append([_walk(row, children, anchor, path)[len(plan.opener):] for path in paths])
+    return row, openers, names
+
+
+def _pad_id(tokenizer: Any) -> int:
+    for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
+        if tid is not None:
+            return int(tid)
+    return 0
+
+
+def _collate(rows: list[_Row], padding_side: str, pad_id: int, dtype: torch.dtype, device: torch.device
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    """input_ids [B, L], position_ids [B, L], additive 4D mask [B, 1, L, L], and each row's column offset."""
+    width = max(len(r.ids) for r in rows)
+    batch = len(rows)
+    ids = torch.full((batch, width), pad_id, dtype=torch.long)
+    pos = torch.zeros((batch, width), dtype=torch.long)
+    allowed = torch.zeros((batch, width, width), dtype=torch.bool)
+    offsets: list[int] = []
+    for b, r in enumerate(rows):
+        n, m = len(r.ids), r.main
+        o = width - n if padding_side == "left" else 0
+        offsets.append(o)
+        ids[b, o:o + n] = torch.tensor(r.ids)
+        pos[b, o:o + n] = torch.tensor(r.positions)
+        allowed[b, o:o + m, o:o + m] = torch.ones(m, m, dtype=torch.bool).tril()
+        packed = n - m
+        if packed:
+            sees = torch.tensor(r.attend_main)
+            allowed[b, o + m:o + n, o:o + m] = torch.arange(m)[None, :] <= sees[:, None]
+            ancestors = torch.eye(packed, dtype=torch.bool)
+            for j, parent in enumerate(r.packed_parent):
+                if parent >= 0:
+                    ancestors[j] |= ancestors[parent]
+            allowed[b, o + m:o + n, o + m:o + n] = ancestors
+    diag = torch.arange(width)
+    allowed[:, diag, diag] = True  # padding rows attend to themselves: no row is fully masked
+    mask = torch.zeros((batch, 1, width, width), dtype=dtype)
+    mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
+    return ids.to(device), pos.to(device), mask.to(device), offsets
+
+
+def _plain_head(model: Any) -> bool:
+    config = getattr(model, "config", None)
+    return (getattr(config, "final_logit_softcapping", None) is None and getattr(config, "logit_scale", None) is None
+            and model.get_output_embeddings() is not None)
+
+
+def _token_logprobs(model: Any, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor,
+                    cols: torch.Tensor, tokens: torch.Tensor, head: str) -> torch.Tensor:
+    """log p(tokens[i] | the row's context at column cols[i]) for every i: one forward of the model."""
+    if head == "auto":
+        head = "gather" if _plain_head(model) else "model"
+    kwargs = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "use_cache": False}
+    if head == "gather":
+        hidden = model.get_decoder()(**kwargs).last_hidden_state
+        logits = model.get_output_embeddings()(hidden[rows, cols])
+    else:
+        keep = torch.unique(cols)
+        logits = model(**kwargs, logits_to_keep=keep).logits[rows, torch.searchsorted(keep, cols)]
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    return torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def _combine(log_open: torch.Tensor, scores: torch.Tensor, valid: torch.Tensor, classes: torch.Tensor,
+             num_actions: int) -> torch.Tensor:
+    """[D, A+1] distributions from log π(o) [D], name scores [D, N] (valid [D, N]) and classes [D, N]."""
+    share = torch.softmax(scores.masked_fill(~valid, float("-inf")), dim=-1) * log_open.exp()[:, None]
+    tools = torch.zeros(scores.shape[0], num_actions, dtype=scores.dtype, device=scores.device)
+    tools = tools.scatter_add(1, classes, share)
+    return torch.cat([tools, (-torch.expm1(log_open))[:, None]], dim=1)
+
+
+def _check_attention(model: Any) -> None:
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if impl not in ("sdpa", "eager"):
+        raise ValueError(f"the action reader needs attn_implementation 'sdpa' or 'eager' (a tree-shaped 4D mask); "
+                         f"the model uses {impl!r}")
+
+
+def read_actions(model: Any, tokenizer: Any, queries: Sequence[ActionQuery], num_actions: int,
+                 config: ActionReaderConfig | None = None) -> ActionReading:
+    """Action distributions at every decision of every query, in one forward pass of `model`.
+
+    Shapes: B = len(queries), D = total decisions, A = num_actions; `probs` is [D, A + 1] (∅ last),
+    each row sums to 1. Differentiable with respect to the model's parameters.
+    """
+    config = config or ActionReaderConfig()
+    if config.padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {config.padding_side!r}")
+    _check_attention(model)
+    for i, q in enumerate(queries):
+        _validate(q, num_actions, i)
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    if not queries:
+        raise ValueError("no queries to read")
+    prompt_ids = _encode(tokenizer, [q.prompt for q in queries])
+    response_ids = _encode(tokenizer, [q.response for q in queries])
+    plans: list[DecisionPlan] = []
+    rows: list[_Row] = []
+    open_nodes: list[list[int]] = []
+    name_nodes: list[list[list[int]]] = []
+    seq_of: list[int] = []
+    total_nodes = 0
+    for b, q in enumerate(queries):
+        qplans = [plan_decision(tokenizer, q.response, response_ids[b], d, q.tools) for d in q.decisions]
+        row, opens, names = _layout(prompt_ids[b], response_ids[b], qplans, config.reuse_response)
+        open_nodes += [[total_nodes + n for n in nodes] for nodes in opens]
+        name_nodes += [[[total_nodes + n for n in path] for path in per_tool] for per_tool in names]
+        total_nodes += len(row.node_token)
+        plans += qplans
+        rows.append(row)
+        seq_of += [b] * len(qplans)
+
+    ids, pos, mask, offsets = _collate(rows, config.padding_side, _pad_id(tokenizer), dtype, device)
+    node_rows = [b for b, r in enumerate(rows) for _ in r.node_token]
+    node_cols = [offsets[b] + c for b, r in enumerate(rows) for c in r.node_parent_col]
+    node_toks = [t for r in rows for t in r.node_token]
+    resp_rows: list[int] = []
+    resp_cols: list[int] = []
+    resp_toks: list[int] = []
+    if config.response_logprobs:
+        for b in range(len(queries)):
+            p = len(prompt_ids[b])
+            resp_rows += [b] * len(response_ids[b])
+            resp_cols += [offsets[b] + p - 1 + j for j in range(len(response_ids[b]))]
+            resp_toks += response_ids[b]
+
+    def t(x: list[int]) -> torch.Tensor:
+        return torch.tensor(x, dtype=torch.long, device=device)
+
+    lp = _token_logprobs(model, ids, pos, mask, t(node_rows + resp_rows), t(node_cols + resp_cols),
+                         t(node_toks + resp_toks), config.head)
+    lp_nodes, lp_resp = lp[:total_nodes], lp[total_nodes:]
+
+    n_dec = len(plans)
+    width = max((len(q.tools) for q in queries), default=1)
+    pairs = [(d, n) for d, nodes in enumerate(open_nodes) for n in nodes]
+    log_open = torch.zeros(n_dec, dtype=lp.dtype, device=device)
+    if pairs:
+        log_open = log_open.index_add(0, t([d for d, _ in pairs]), lp_nodes[t([n for _, n in pairs])])
+    slots = [(d * width + i, n) for d, per_tool in enumerate(name_nodes) for i, path in enumerate(per_tool)
+             for n in path]
+    scores = torch.zeros(n_dec * width, dtype=lp.dtype, device=device)
+    if slots:
+        scores = scores.index_add(0, t([s for s, _ in slots]), lp_nodes[t([n for _, n in slots])])
+    valid = torch.zeros(n_dec, width, dtype=torch.bool)
+    classes = torch.zeros(n_dec, width, dtype=torch.long)
+    for d, b in enumerate(seq_of):
+        valid[d, :len(queries[b].tools)] = True
+        classes[d, :len(queries[b].tools)] = torch.tensor(queries[b].classes)
+    probs = _combine(log_open, scores.view(n_dec, width), valid.to(device), classes.to(device), num_actions)
+
+    reading = ActionReading(probs=probs, sequence=t(seq_of), log_open=log_open, plans=plans,
+                            packed_tokens=sum(len(r.ids) - r.main for r in rows))
+    if config.response_logprobs:
+        longest = max(len(r) for r in response_ids)
+        resp_mask = torch.zeros(len(queries), longest, dtype=torch.bool, device=device)
+        for b, r in enumerate(response_ids):
+            resp_mask[b, :len(r)] = True
+        reading.response_ids = torch.zeros(len(queries), longest, dtype=torch.long, device=device)
+        reading.response_ids[resp_mask] = t(resp_toks)
+        reading.response_logprobs = torch.zeros(len(queries), longest, dtype=lp.dtype, device=device)
+        reading.response_logprobs = reading.response_logprobs.masked_scatter(resp_mask, lp_resp)
+        reading.response_mask = resp_mask
+    return reading
+
+
+def read_actions_bruteforce(model: Any, tokenizer: Any, queries: Sequence[ActionQuery], num_actions: int
+                            ) -> torch.Tensor:
+    """The reference computation: one plain forward per decision and candidate name, token by token.
+
+    Same tokenization plan and formula as `read_actions`, none of its packing: for each name the
+    model reads prompt + response context + o + name and the name's tokens are scored one by one,
+    each conditioned on those before it. Returns probs [D, num_actions + 1]. For tests and benchmarks.
+    """
+    device = next(model.parameters()).device
+    out: list[torch.Tensor] = []
+    for i, q in enumerate(queries):
+        _validate(q, num_actions, i)
+        prompt_ids, response_ids = _encode(tokenizer, [q.prompt, q.response])
+        for d in q.decisions:
+            plan = plan_decision(tokenizer, q.response, response_ids, d, q.tools)
+            ctx = prompt_ids + response_ids[:plan.context]
+            log_open, scores = None, []
+            for name in plan.names:
+                ids = ctx + list(plan.opener) + list(name)
+                logits = model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0]
+                if logits.dtype in (torch.float16, torch.bfloat16):
+                    logits = logits.float()
+                steps = torch.log_softmax(logits[len(ctx) - 1:-1], dim=-1)
+                lp = steps.gather(-1, torch.tensor(ids[len(ctx):], device=device)[:, None]).squeeze(-1)
+                log_open = lp[:len(plan.opener)].sum()
+                scores.append(lp[len(plan.opener):].sum())
+            share = torch.softmax(torch.stack(scores), dim=0) * log_open.exp()
+            row = torch.zeros(num_actions, dtype=share.dtype, device=device)
+            row = row.index_add(0, torch.tensor(q.classes, device=device), share)
+            out.append(torch.cat([row, (-torch.expm1(log_open))[None]]))
+    if not out:
+        return torch.zeros(0, num_actions + 1, device=device)
+    return torch.stack(out)
