@@ -88,6 +88,14 @@ class CallFormat(ABC):
     def decisions(self, text: str) -> list[Decision]:
         """Every decision in a response text, in order."""
 
+    def name_text(self, name: str) -> str:
+        """How `name` is written between a decision's `opener` and `name_suffix`.
+
+        The action reader scores `opener + name_text(name) + name_suffix`. JSON formats escape the
+        name (`a"b` is written `a\\"b`); formats that write names verbatim keep the default.
+        """
+        return name
+
 
 def supports_native_tools(tokenizer: Any) -> bool:
     """Whether the tokenizer's chat template renders a `tools=` argument."""

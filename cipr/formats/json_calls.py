@@ -1,0 +1,97 @@
+"""JSON pieces shared by the JSON call formats (ToolRL, Hermes): rendering and tolerant reading of calls.
+
+Rendering uses `json.dumps` with the default separators `", "` and `": "`, as Qwen's chat template
+(`tojson`, non-ASCII kept) and ToolRL's data (ASCII escapes, `ascii=True`) both do.
+Reading never raises: every failure comes back as a message that says what was wrong and where.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cipr.interface import Call
+
+CALL_NAME_OPENER = '{"name": "'
+"""The text of a call object up to its name; a tool name is closed by a double quote."""
+
+_LEXICAL_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\\n]|\\.)*)"')
+
+
+def to_plain(value: Any) -> Any:
+    """Mappings to dicts and tuples to lists, recursively, so `json.dumps` accepts any argument value."""
+    if isinstance(value, Mapping):
+        return {str(k): to_plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_plain(v) for v in value]
+    return value
+
+
+def dumps(value: Any, *, ascii: bool = False) -> str:
+    """JSON with the default separators; non-ASCII kept as Qwen's template writes it unless `ascii`."""
+    return json.dumps(to_plain(value), ensure_ascii=ascii)
+
+
+def name_text(name: str, *, ascii: bool = False) -> str:
+    """A tool name as it appears between `"name": "` and the closing quote (JSON-escaped)."""
+    return dumps(name, ascii=ascii)[1:-1]
+
+
+def call_object(call: Call, args_key: str, *, ascii: bool = False) -> str:
+    """One call as a single-line JSON object: `{"name": ..., "<args_key>": {...}}`."""
+    return "{" + f'"name": {dumps(call.name, ascii=ascii)}, "{args_key}": {dumps(call.arguments, ascii=ascii)}' + "}"
+
+
+@dataclass(frozen=True)
+class ReadCall:
+    """What could be read from one call object's text.
+
+    `name` is the tool name when it can be read (even if the rest is broken: the policy chose that
+    tool); `call` is set only when the whole object is valid; `error` says what was wrong.
+    """
+
+    name: str | None
+    call: Call | None
+    error: str | None
+
+
+def read_call(text: str, args_key: str, *, offset: int = 0) -> ReadCall:
+    """Read one JSON call object (`{"name": str, args_key: object}`); extra keys are ignored.
+
+    `offset` is the position of `text` in the response, so error positions are response offsets.
+    """
+    try:
+        obj = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        where = f"char {offset + e.pos}" if isinstance(e, json.JSONDecodeError) else f"char {offset}"
+        msg = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply"
+        return ReadCall(lexical_name(text), None, f"invalid JSON at {where}: {msg}")
+    if not isinstance(obj, dict):
+        return ReadCall(None, None, f"call at char {offset} is a JSON {type(obj).__name__}, not an object")
+    if "name" not in obj:
+        return ReadCall(None, None, f"call at char {offset} has no 'name'")
+    name = obj["name"]
+    if not isinstance(name, str) or not name:
+        return ReadCall(None, None, f"call at char {offset}: 'name' must be a non-empty string, got {name!r}")
+    if args_key not in obj:
+        return ReadCall(name, None, f"call to {name!r} at char {offset} has no '{args_key}'")
+    args = obj[args_key]
+    if not isinstance(args, dict):
+        return ReadCall(name, None, f"call to {name!r} at char {offset}: '{args_key}' must be an object, "
+                                    f"got {type(args).__name__}")
+    return ReadCall(name, Call(name, args), None)
+
+
+def lexical_name(text: str) -> str | None:
+    """The name of a call object that does not parse as JSON, if it starts `{"name": "<name>"`."""
+    m = _LEXICAL_NAME.match(text)
+    if not m:
+        return None
+    try:
+        name = json.loads(f'"{m.group(1)}"')
+    except json.JSONDecodeError:
+        return None
+    return name or None
