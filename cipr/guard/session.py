@@ -1,0 +1,80 @@
+"""The per-turn state the guard's policies share: ask the model once, parse, validate, record.
+
+Every model call a policy makes goes through `GuardSession.ask`, which times it, parses the reply,
+validates the first call and appends a `Step` to the audit record; every proposed name goes
+through `GuardSession.authorize`, which refuses (and records) names outside the allowed set.
+Policies therefore cannot forget the audit trail or the authorization check.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cipr.guard.audit import AuditRecord, SecurityEvent, Step
+from cipr.guard.backend import Backend
+from cipr.guard.contract import ContractSnapshot
+from cipr.guard.parse import ParsedReply, parse_reply
+from cipr.guard.validator import CallValidator, ValidationReport, call_to_json
+from cipr.interface import Call, Tool
+
+
+@dataclass
+class GuardSession:
+    """What one `Guard.process` call works with.
+
+    - `candidates`: the visible authorized tools (snapshot declarations of the tools shown).
+    - `listed`: every name the model was shown or a refresh left pending (to flag tools that
+      appeared after the snapshot).
+    - `messages`: the original prompt (chat dicts) and `tools` what it showed, for the baselines.
+    """
+
+    snapshot: ContractSnapshot
+    validator: CallValidator
+    backend: Backend | None
+    call_format: Any
+    budget: int
+    record: AuditRecord
+    candidates: tuple[Tool, ...]
+    listed: frozenset[str]
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+
+    def ask(self, kind: str, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None,
+            tool_choice: str | None, call_index: int | None) -> tuple[ParsedReply, ValidationReport | None]:
+        """One model call: generate, parse, validate the first parsed call, record the step."""
+        if self.backend is None:
+            raise ValueError(f"policy {self.record.policy!r} needs a backend to call the model")
+        if tool_choice is not None and not self.backend.supports_forced_tool_choice:
+            tool_choice = None
+        start = time.perf_counter()
+        text, usage = self.backend.generate(messages, tools=tools, tool_choice=tool_choice, max_tokens=self.budget)
+        latency = time.perf_counter() - start
+        parsed = parse_reply(text, self.call_format)
+        self.note_unauthorized(parsed.calls, stage=kind, call_index=call_index)
+        report = self.validator.validate(parsed.calls[0]) if parsed.calls else None
+        self.record.steps.append(Step(kind, call_index, tool_choice, text, [call_to_json(c) for c in parsed.calls],
+                                      report.to_json() if report else None, usage, latency))
+        return parsed, report
+
+    def note_unauthorized(self, calls: Sequence[Call], *, stage: str, call_index: int | None) -> None:
+        """Record every call naming a tool outside the snapshot (each attempt once, wherever it came from)."""
+        for call in calls:
+            if call.name and call.name not in self.snapshot:
+                after = call.name in self.listed or call.name in self.snapshot.pending
+                self.record.security.append(SecurityEvent(stage, call_index, call.name, "not_in_contract", after))
+
+    def authorize(self, call: Call, allowed: Sequence[str], *, stage: str, call_index: int | None,
+                  reason: str = "not_a_candidate") -> bool:
+        """Whether `call` names one of `allowed`; a refusal of an authorized tool is recorded with `reason`.
+
+        Names outside the snapshot were already recorded when the reply was parsed (`ask`). A
+        nameless call is not a refusal (there is no tool to refuse); the validator reports it.
+        """
+        if not call.name or call.name in allowed:
+            return True
+        if call.name in self.snapshot:
+            self.record.security.append(SecurityEvent(stage, call_index, call.name, reason, False))
+        return False
