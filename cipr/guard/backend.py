@@ -106,8 +106,8 @@ def forced_prefix(call_format: Any, tool_choice: str | None) -> str:
     """The assistant-turn text that commits to a call (and, for a tool name, to that tool).
 
     With a call format (the `cipr.formats` contract), the prefix is read off the format's own
-    rendering of a call: the text up to the decision's opener, the name and the name's closing
-    suffix. Without one, the guard's JSON protocol `{"name": "<tool>", "arguments": ` is used.
+    rendering of a call: the text up to the decision's opener, the name as the format writes it
+    (`name_text`, e.g. JSON-escaped) and the name's closing suffix. Without one, the guard's JSON protocol `{"name": "<tool>", "arguments": ` is used.
     None or "auto" gives no prefix.
     """
     if tool_choice in (None, "auto", "none"):
@@ -127,8 +127,9 @@ def forced_prefix(call_format: Any, tool_choice: str | None) -> str:
         after_opener = open_at + len(decision.opener)
         if required_only:
             return target[:after_opener]
-        if target.startswith(probe, after_opener):
-            return target[:after_opener + len(probe)] + decision.name_suffix
+        written = call_format.name_text(probe) if hasattr(call_format, "name_text") else probe
+        if target.startswith(written, after_opener):
+            return target[:after_opener + len(written)] + decision.name_suffix
         break
     raise ValueError(f"call format {getattr(call_format, 'name', call_format)!r} does not render a call to "
                      f"{probe!r} as opener + name + suffix; cannot force the tool choice")
