@@ -77,7 +77,8 @@ class ActionReaderConfig:
 class ActionQuery:
     """One sequence to read: prompt x, response y, y's decisions, the declared tools and their classes.
 
-    `classes[i]` is the equivalence class (in [0, num_actions)) of the tool named `tools[i]`.
+    `classes[i]` is the equivalence class (in [0, num_actions)) of the tool named `tools[i]`;
+    `written[i]` is how that name is written after an opener (JSON escapes quotes; default: the name).
     """
 
     prompt: str
@@ -85,18 +86,22 @@ class ActionQuery:
     decisions: tuple[Decision, ...]
     tools: tuple[str, ...]
     classes: tuple[int, ...]
+    written: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "decisions", tuple(self.decisions))
         object.__setattr__(self, "tools", tuple(self.tools))
         object.__setattr__(self, "classes", tuple(int(c) for c in self.classes))
+        object.__setattr__(self, "written", tuple(self.written) or self.tools)
 
     @classmethod
     def from_format(cls, fmt: CallFormat, prompt: str, response: str, tools: Sequence[str],
                     classes: Sequence[int] | None = None) -> ActionQuery:
         """A query whose decisions the call format finds in `response`; classes default to positions."""
+        name_text = getattr(fmt, "name_text", None) or (lambda name: name)
         return cls(prompt, response, tuple(fmt.decisions(response)), tuple(tools),
-                   tuple(range(len(tools))) if classes is None else tuple(classes))
+                   tuple(range(len(tools))) if classes is None else tuple(classes),
+                   tuple(name_text(t) for t in tools))
 
 
 @dataclass(frozen=True)
@@ -158,8 +163,9 @@ def _validate(q: ActionQuery, num_actions: int, index: int) -> None:
     where = f"query {index}"
     if not q.tools:
         raise ValueError(f"{where}: no declared tools; an action distribution needs at least one")
-    if len(q.classes) != len(q.tools):
-        raise ValueError(f"{where}: {len(q.tools)} tools but {len(q.classes)} classes")
+    if len(q.classes) != len(q.tools) or len(q.written) != len(q.tools):
+        raise ValueError(f"{where}: {len(q.tools)} tools but {len(q.classes)} classes and {len(q.written)} "
+                         f"written names")
     bad = [c for c in q.classes if not 0 <= c < num_actions]
     if bad:
         raise ValueError(f"{where}: classes {bad} outside [0, {num_actions})")
@@ -174,7 +180,7 @@ def _validate(q: ActionQuery, num_actions: int, index: int) -> None:
 
 def plan_decision(tokenizer: Any, response: str, response_ids: Sequence[int], decision: Decision,
                   tools: Sequence[str]) -> DecisionPlan:
-    """The token plan of one decision (see the module docstring for the boundary rules)."""
+    """The token plan of one decision for tool names as written (see the module docstring for the rules)."""
     ctx = response[:decision.start]
     head = ctx + decision.opener
     encoded = _encode(tokenizer, [ctx, head] + [head + n + decision.name_suffix for n in tools])
@@ -367,7 +373,7 @@ def read_actions(model: Any, tokenizer: Any, queries: Sequence[ActionQuery], num
     seq_of: list[int] = []
     total_nodes = 0
     for b, q in enumerate(queries):
-        qplans = [plan_decision(tokenizer, q.response, response_ids[b], d, q.tools) for d in q.decisions]
+        qplans = [plan_decision(tokenizer, q.response, response_ids[b], d, q.written) for d in q.decisions]
         row, opens, names = _layout(prompt_ids[b], response_ids[b], qplans, config.reuse_response)
         open_nodes += [[total_nodes + n for n in nodes] for nodes in opens]
         name_nodes += [[[total_nodes + n for n in path] for path in per_tool] for per_tool in names]
@@ -444,7 +450,7 @@ def read_actions_bruteforce(model: Any, tokenizer: Any, queries: Sequence[Action
         _validate(q, num_actions, i)
         prompt_ids, response_ids = _encode(tokenizer, [q.prompt, q.response])
         for d in q.decisions:
-            plan = plan_decision(tokenizer, q.response, response_ids, d, q.tools)
+            plan = plan_decision(tokenizer, q.response, response_ids, d, q.written)
             ctx = prompt_ids + response_ids[:plan.context]
             log_open, scores = None, []
             for name in plan.names:

@@ -1,0 +1,155 @@
+"""CIPR's two consistency losses over action distributions (paper §3.3): pure functions over tensors.
+
+Inputs are action distributions as `cipr.actions.read_actions` returns them: rows over one shared
+index set of equivalence classes plus ∅ (A columns in all), each row summing to 1; a class one side
+does not declare holds 0 there.
+
+Choices the paper leaves open, as parameters with these defaults:
+- `detach_reference=True`: the canonical side is the reference and gets no gradient from the
+  consistency terms. The canonical interface is the one the adapter runs at inference, so it should
+  move only under the task loss; the other side is pulled toward it (as in consistency training with
+  a fixed clean branch). With `False`, both sides move, which also lets both drift together, e.g.
+  onto ∅, the failure mode the paper reports.
+- `direction="forward"`: KL(canonical || other), the canonical side as reference, as the paper states.
+  It is finite whenever the other side gives positive mass wherever the canonical side does (true
+  for the relabeled and the perturbed interface, which declare every canonical tool); mass the other
+  side puts on a tool only it declares lowers its mass elsewhere and so raises the KL. `"reverse"`
+  computes KL(other || canonical), which punishes one-sided mass directly but is infinite without
+  smoothing.
+- `eps=1e-6`: both distributions are smoothed as (p + eps) / (1 + A·eps) before the KL, so exact
+  zeros (a one-sided class; π(∅) rounding to 0 when π(o) rounds to 1) give a large finite value, not
+  inf or nan. `eps=0` computes the exact KL (0·log 0 = 0).
+- Rescoring: each response's decisions are averaged first, then the responses, so a response with
+  many parallel calls does not outweigh one with a single call (the paper's 1/n_y average).
+- Rollout: `average="response"` (default) forms a group's distribution as the mean over its G
+  responses of each response's mean over its decisions, so every response counts once whatever its
+  number of calls; `average="decision"` pools all decisions of the group equally.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+Direction = Literal["forward", "reverse"]
+
+
+def _smooth(p: torch.Tensor, eps: float) -> torch.Tensor:
+    return (p + eps) / (1 + eps * p.shape[-1]) if eps > 0 else p
+
+
+def kl_rows(reference: torch.Tensor, other: torch.Tensor, *, direction: Direction = "forward",
+            eps: float = 1e-6) -> torch.Tensor:
+    """Per-row KL between [N, A] distributions: KL(reference || other) ("forward") or KL(other || reference)."""
+    if reference.shape != other.shape or reference.dim() != 2:
+        raise ValueError(f"expected two [N, A] tensors of one shape, got {tuple(reference.shape)} and "
+                         f"{tuple(other.shape)}")
+    if direction not in ("forward", "reverse"):
+        raise ValueError(f"direction must be 'forward' or 'reverse', got {direction!r}")
+    p, q = _smooth(reference, eps), _smooth(other, eps)
+    if direction == "reverse":
+        p, q = q, p
+    return (torch.xlogy(p, p) - torch.xlogy(p, q)).sum(dim=-1)
+
+
+def _segment_mean(values: torch.Tensor, segments: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean of values [N, ...] per segment id; returns (means [S, ...], the sorted unique ids [S])."""
+    ids, inverse = torch.unique(segments, return_inverse=True)
+    sums = torch.zeros((len(ids), *values.shape[1:]), dtype=values.dtype, device=values.device)
+    sums = sums.index_add(0, inverse, values)
+    counts = torch.zeros(len(ids), dtype=values.dtype, device=values.device).index_add(
+        0, inverse, torch.ones_like(inverse, dtype=values.dtype))
+    return sums / counts.view(-1, *([1] * (values.dim() - 1))), ids
+
+
+def _metrics(per_item: torch.Tensor, ref: torch.Tensor, other: torch.Tensor, prefix: str) -> dict[str, float]:
+    per_item = per_item.detach()
+    ref, other = ref.detach(), other.detach()
+    return {f"{prefix}/max": float(per_item.max()) if per_item.numel() else 0.0,
+            f"{prefix}/tv": float(0.5 * (ref - other).abs().sum(-1).mean()) if ref.numel() else 0.0,
+            f"{prefix}/argmax_agree": float((ref.argmax(-1) == other.argmax(-1)).float().mean())
+            if ref.numel() else 0.0,
+            f"{prefix}/none_canon": float(ref[:, -1].mean()) if ref.numel() else 0.0,
+            f"{prefix}/none_other": float(other[:, -1].mean()) if other.numel() else 0.0}
+
+
+def rescoring_kl(p_canon: torch.Tensor, p_relab: torch.Tensor, segments: torch.Tensor, *,
+                 detach_reference: bool = True, direction: Direction = "forward", eps: float = 1e-6
+                 ) -> tuple[torch.Tensor, dict[str, float]]:
+    """Rescoring consistency KL: per decision, canonical vs relabeled, mean per response, then over responses.
+
+    Shapes: p_canon, p_relab [D, A] (decision d of the canonical response and the same decision of
+    the relabeled one; ∅ last); segments [D] (long) the response of each decision. Returns a scalar
+    and metrics ("rescore/kl", "rescore/max" per decision, "rescore/tv", "rescore/argmax_agree",
+    "rescore/none_canon", "rescore/none_other", "rescore/decisions", "rescore/responses").
+    With no decisions the loss is a zero that keeps the graph.
+    """
+    if segments.shape != p_canon.shape[:1]:
+        raise ValueError(f"segments must be [D] = [{p_canon.shape[0]}], got {tuple(segments.shape)}")
+    ref = p_canon.detach() if detach_reference else p_canon
+    per_decision = kl_rows(ref, p_relab, direction=direction, eps=eps)
+    if per_decision.numel() == 0:
+        value = p_relab.sum() * 0.0
+        responses = 0
+    else:
+        per_response, ids = _segment_mean(per_decision, segments)
+        value = per_response.mean()
+        responses = len(ids)
+    metrics = {"rescore/kl": float(value.detach()), "rescore/decisions": float(per_decision.numel()),
+               "rescore/responses": float(responses)}
+    metrics.update(_metrics(per_decision, p_canon, p_relab, "rescore"))
+    return value, metrics
+
+
+def group_distribution(probs: torch.Tensor, segments: torch.Tensor, groups: torch.Tensor | None = None, *,
+                       average: Literal["response", "decision"] = "response"
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Average action distribution per group: ([Gn, A], the sorted group ids [Gn]).
+
+    probs [D, A]; segments [D] the response of each decision (ids 0..R-1); groups [R] the group of
+    each response (None: one group, id 0).
+    """
+    if average not in ("response", "decision"):
+        raise ValueError(f"average must be 'response' or 'decision', got {average!r}")
+    if segments.shape != probs.shape[:1]:
+        raise ValueError(f"segments must be [D] = [{probs.shape[0]}], got {tuple(segments.shape)}")
+    if groups is None:
+        groups = torch.zeros(int(segments.max()) + 1 if segments.numel() else 0, dtype=torch.long,
+                             device=probs.device)
+    if segments.numel() and int(segments.max()) >= len(groups):
+        raise ValueError(f"segment id {int(segments.max())} has no group (groups has {len(groups)} entries)")
+    if average == "decision":
+        return _segment_mean(probs, groups[segments])
+    per_response, responses = _segment_mean(probs, segments)
+    return _segment_mean(per_response, groups[responses])
+
+
+def rollout_kl(p_canon: torch.Tensor, canon_segments: torch.Tensor, p_pert: torch.Tensor,
+               pert_segments: torch.Tensor, *, canon_groups: torch.Tensor | None = None,
+               pert_groups: torch.Tensor | None = None, average: Literal["response", "decision"] = "response",
+               detach_reference: bool = True, direction: Direction = "forward", eps: float = 1e-6
+               ) -> tuple[torch.Tensor, dict[str, float]]:
+    """Rollout consistency KL: KL between the average action distributions of G responses to x and to x′.
+
+    Shapes: p_canon [Dc, A] and p_pert [Dp, A] (decisions of the canonical-side and perturbed-side
+    responses, ∅ last, on one index set); canon_segments [Dc] / pert_segments [Dp] the response of each
+    decision; canon_groups [Rc] / pert_groups [Rp] the group (prompt) of each response, None for a single
+    group. Both sides must have the same group ids. The KL is taken per group between the group
+    averages (see `group_distribution`), then averaged over groups. Returns a scalar and metrics
+    ("rollout/kl", "rollout/max" per group, "rollout/tv", "rollout/argmax_agree", "rollout/none_canon",
+    "rollout/none_other", "rollout/groups").
+    """
+    if p_canon.shape[1:] != p_pert.shape[1:]:
+        raise ValueError(f"the two sides need one action index set, got A={p_canon.shape[1]} and "
+                         f"A={p_pert.shape[1]}")
+    canon_avg, canon_ids = group_distribution(p_canon, canon_segments, canon_groups, average=average)
+    pert_avg, pert_ids = group_distribution(p_pert, pert_segments, pert_groups, average=average)
+    if not torch.equal(canon_ids.cpu(), pert_ids.cpu()):
+        raise ValueError(f"the two sides have different groups: {canon_ids.tolist()} vs {pert_ids.tolist()}")
+    ref = canon_avg.detach() if detach_reference else canon_avg
+    per_group = kl_rows(ref, pert_avg, direction=direction, eps=eps)
+    value = per_group.mean() if per_group.numel() else p_pert.sum() * 0.0
+    metrics = {"rollout/kl": float(value.detach()), "rollout/groups": float(per_group.numel())}
+    metrics.update(_metrics(per_group, canon_avg, pert_avg, "rollout"))
+    return value, metrics
