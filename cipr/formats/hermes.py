@@ -1,0 +1,230 @@
+"""Hermes/Qwen call format: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` blocks.
+
+A target is an optional `<think>\\n...\\n</think>\\n\\n` block (Qwen3 style), optional text, then one
+`<tool_call>` block per call, separated by newlines, exactly as Qwen's chat template renders an
+assistant turn with `tool_calls` (content, then `\\n<tool_call>\\n{...}\\n</tool_call>` per call).
+
+Prompt: with a tokenizer whose chat template renders `tools=`, the interface goes through it (OpenAI
+format, `Interface.to_openai()`) and earlier turns as `tool_calls` / `tool` messages. Otherwise (e.g.
+SmolLM2's ChatML template) the format renders what Qwen's template would: the tools appended to the
+system prompt in Qwen's wording, earlier calls as `<tool_call>` blocks in the assistant text, and
+tool results as a user message of `<tool_response>` blocks; on a Qwen template both paths give the
+same prompt text (tested). Without a system message the non-native path uses `default_system`
+(Qwen's template would use its own "You are Qwen..." sentence).
+
+Choices left open, made here:
+- Names are JSON-escaped (Qwen's template pastes the name raw, which breaks JSON for a name with a
+  quote; identical otherwise). JSON keeps non-ASCII characters, as the template's `tojson` does.
+- `parse` reads an optional leading `<think>` block (unclosed: reported, no calls), every
+  `<tool_call>` block (unclosed at the end or before the next `<tool_call>`: reported), and takes all
+  text outside the blocks, stripped, as the `response` (None when empty). It reports a stray
+  `</tool_call>`, a `<think>` tag after the start, invalid JSON (with its position), a missing or
+  non-string name, missing or non-object `arguments`; extra keys are ignored. `calls` holds the blocks
+  that are valid on their own.
+
+Decisions (where ∅ sits): the call that opens the answer (nothing but the think block before it) opens
+at `<tool_call>` with opener `<tool_call>\\n{"name": "`; a call after other text or another call opens
+at the newline before `<tool_call>` with opener `\\n<tool_call>\\n{"name": "` (the newline Qwen's template
+writes). After the last closed block the policy ends its turn instead of writing another
+`\\n<tool_call>`: with `end_decision` (default) that is a ∅ decision at the end of the last
+`</tool_call>`, opener `\\n<tool_call>\\n{"name": "`. A response without `<tool_call>` has one ∅ decision
+where its answer starts (after the think block and the whitespace after it), opener
+`<tool_call>\\n{"name": "`. A block whose JSON is broken counts when its name can be read; a text cut
+off inside `<think>` has no decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cipr.formats.base import CallFormat, Decision, ParseResult
+from cipr.formats.json_calls import CALL_NAME_OPENER, ReadCall, call_object, dumps, read_call, to_plain
+from cipr.formats.json_calls import name_text as json_name_text
+from cipr.interface import Call, Interface, Message
+
+_THINK, _THINK_END = "<think>", "</think>"
+_CALL, _CALL_END = "<tool_call>", "</tool_call>"
+FIRST_OPENER = _CALL + "\n" + CALL_NAME_OPENER
+NEXT_OPENER = "\n" + FIRST_OPENER
+
+TOOLS_HEAD = ("\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+              "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
+TOOLS_TAIL = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+              "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+              "\"arguments\": <args-json-object>}\n</tool_call>")
+
+
+def tools_section(interface: Interface) -> str:
+    """The text Qwen's template appends to the system prompt for `tools=` (empty for no tools)."""
+    if not len(interface):
+        return ""
+    return TOOLS_HEAD + "".join("\n" + dumps(t) for t in interface.to_openai()) + TOOLS_TAIL
+
+
+@dataclass
+class _Block:
+    open: int
+    close: int | None
+    read: ReadCall
+
+
+@dataclass
+class _Scan:
+    think: str | None = None
+    answer: int | None = None
+    blocks: list[_Block] = field(default_factory=list)
+    outside: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def _scan(text: str) -> _Scan:
+    s = _Scan()
+    n = len(text)
+    i = len(text) - len(text.lstrip())
+    if text.startswith(_THINK, i):
+        j = text.find(_THINK_END, i + len(_THINK))
+        if j < 0:
+            s.errors.append(f"<think> at char {i} is never closed by </think>")
+            s.think = text[i + len(_THINK):].strip()
+            return s
+        s.think = text[i + len(_THINK):j].strip()
+        i = j + len(_THINK_END)
+        while i < n and text[i].isspace():
+            i += 1
+    else:
+        i = 0
+    s.answer = i
+    while i <= n:
+        k = text.find(_CALL, i)
+        end = k if k >= 0 else n
+        _outside(text, i, end, s)
+        if k < 0:
+            break
+        body = k + len(_CALL)
+        close = text.find(_CALL_END, body)
+        again = text.find(_CALL, body)
+        closed = close >= 0 and (again < 0 or close < again)
+        stop = close if closed else (again if again >= 0 else n)
+        if not closed:
+            s.errors.append(f"<tool_call> at char {k} is never closed by </tool_call>")
+        content = text[body:stop]
+        at = body + len(content) - len(content.lstrip())
+        read = read_call(content.strip(), "arguments", offset=at)
+        if read.error:
+            s.errors.append(read.error)
+        s.blocks.append(_Block(k, stop if closed else None, read))
+        i = stop + len(_CALL_END) if closed else stop
+        if i >= n:
+            break
+    return s
+
+
+def _outside(text: str, start: int, end: int, s: _Scan) -> None:
+    piece = text[start:end]
+    for tag in (_CALL_END, _THINK, _THINK_END):
+        k = piece.find(tag)
+        if k >= 0:
+            s.errors.append(f"stray {tag} at char {start + k}")
+    if piece.strip():
+        s.outside.append(piece.strip())
+
+
+@dataclass(frozen=True)
+class HermesFormat(CallFormat):
+    """Hermes/Qwen tool calls.
+
+    - `end_decision`: whether the end of the turn after the last call is a ∅ decision.
+    - `default_system`: the system prompt that carries the tools when the conversation has none and
+      the template has no tool support.
+    """
+
+    end_decision: bool = True
+    default_system: str = "You are a helpful assistant."
+
+    name = "hermes"
+    uses_native_tools = True
+
+    def chat(self, messages: Sequence[Message], interface: Interface, *,
+             native_tools: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        """Messages for the chat template, and `tools=` (OpenAI format) when `native_tools`."""
+        if native_tools:
+            out = [_native_message(m) for m in messages]
+            return out, (interface.to_openai() if len(interface) else None)
+        out: list[dict[str, Any]] = []
+        section = tools_section(interface)
+        if section and not (messages and messages[0].role == "system"):
+            out.append({"role": "system", "content": self.default_system + section})
+        for k, m in enumerate(messages):
+            if m.role == "system":
+                out.append({"role": "system", "content": m.content + (section if k == 0 else "")})
+            elif m.role == "assistant":
+                out.append({"role": "assistant", "content": self.render_target(m.calls, response=m.content or None)})
+            elif m.role == "tool":
+                block = f"<tool_response>\n{m.content}\n</tool_response>"
+                if k > 0 and messages[k - 1].role == "tool":
+                    out[-1]["content"] += "\n" + block
+                else:
+                    out.append({"role": "user", "content": block})
+            else:
+                out.append({"role": m.role, "content": m.content})
+        return out, None
+
+    def render_target(self, calls: Sequence[Call], *, response: str | None = None,
+                      think: str | None = None) -> str:
+        """`<think>\\n..\\n</think>\\n\\n` (if any), the response text, then one `<tool_call>` block per call."""
+        text = ""
+        if think is not None:
+            _check_text(think, (_THINK_END,), "think")
+            text = f"{_THINK}\n{think}\n{_THINK_END}\n\n"
+        body = response or ""
+        _check_text(body, (_CALL, _CALL_END, _THINK, _THINK_END), "response")
+        for call in calls:
+            body += ("\n" if body else "") + f"{_CALL}\n{call_object(call, 'arguments')}\n{_CALL_END}"
+        return text + body
+
+    def parse(self, text: str) -> ParseResult:
+        s = _scan(text)
+        calls = tuple(b.read.call for b in s.blocks if b.read.call is not None)
+        response = "\n".join(s.outside) or None
+        return ParseResult(calls=calls, ok=not s.errors, error="; ".join(s.errors) or None,
+                           response=response, think=s.think)
+
+    def decisions(self, text: str) -> list[Decision]:
+        s = _scan(text)
+        if s.answer is None:
+            return []
+        out: list[Decision] = []
+        for k, b in enumerate(s.blocks):
+            if b.read.name is None:
+                continue
+            first = k == 0 and not text[s.answer:b.open].strip()
+            if not first and b.open > 0 and text[b.open - 1] == "\n":
+                out.append(Decision(b.open - 1, NEXT_OPENER, '"', b.read.name))
+            else:
+                out.append(Decision(b.open, FIRST_OPENER, '"', b.read.name))
+        if not s.blocks:
+            out.append(Decision(s.answer, FIRST_OPENER, '"', None))
+        elif self.end_decision and s.blocks[-1].close is not None:
+            out.append(Decision(s.blocks[-1].close + len(_CALL_END), NEXT_OPENER, '"', None))
+        return out
+
+    def name_text(self, name: str) -> str:
+        return json_name_text(name)
+
+
+def _native_message(m: Message) -> dict[str, Any]:
+    d: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.calls:
+        d["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": to_plain(c.arguments)}}
+                           for c in m.calls]
+    if m.name is not None:
+        d["name"] = m.name
+    return d
+
+
+def _check_text(text: str, tags: Sequence[str], what: str) -> None:
+    for tag in tags:
+        if tag in text:
+            raise ValueError(f"Hermes format: the {what} text contains {tag!r}, so it could not be parsed back")
