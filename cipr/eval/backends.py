@@ -1,0 +1,341 @@
+"""Generation backends for evaluation: HF (batched, left-padded, greedy), vLLM, an OpenAI-compatible
+endpoint, and replay (answers from the example itself, for tests and sanity checks).
+
+Every backend takes the examples as the model should see them (original or canonical names) and
+returns one `Generation` per example, in order. A backend never raises for one bad item: a failure
+is returned as `Generation.error` and the runner records it (class `backend_error`).
+
+Decoding is greedy with a `max_new_tokens` bound everywhere (the paper: temperature 0). Generated
+text is decoded with special tokens kept (`<tool_call>` is a special token in Qwen-style tokenizers
+and the call formats need it) and cut at the first end-of-turn token.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from cipr.formats.base import CallFormat, ParseResult
+from cipr.interface import Call, Example
+
+log = logging.getLogger(__name__)
+
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>")
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    """One item to answer: the example as shown to the model, and (for replay) the familiar calls:
+    the unperturbed example's reference calls written in the shown namespace."""
+
+    example: Example
+    familiar: tuple[Call, ...] = ()
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A backend's answer. `parsed` is set when the backend returns structured calls (an endpoint's
+    native `tool_calls`); otherwise the runner parses `text` with the call format."""
+
+    text: str
+    error: str | None = None
+    parsed: ParseResult | None = None
+    attempts: int = 1
+
+
+class Backend(Protocol):
+    name: str
+
+    def generate(self, requests: Sequence[GenRequest]) -> list[Generation]: ...
+
+
+def _end_ids(tokenizer: Any, model: Any = None) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+                   tokenizer.eos_token_id):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, list | tuple):
+            ids.update(int(x) for x in source)
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[t] for t in END_OF_TURN_TOKENS if t in vocab)
+    return ids
+
+
+@dataclass
+class HFBackendConfig:
+    """HF generation: `batch_size` prompts per forward, longest first (less padding), greedy."""
+
+    batch_size: int = 8
+    max_new_tokens: int = 512
+    sort_by_length: bool = True
+
+
+class HFBackend:
+    """transformers `generate` with left padding and greedy decoding.
+
+    A batch that raises (e.g. out of memory) is retried item by item, so one oversized prompt fails
+    alone and is recorded, not the whole batch.
+    """
+
+    name = "hf"
+
+    def __init__(self, model: Any, tokenizer: Any, fmt: CallFormat, config: HFBackendConfig | None = None):
+        self.model, self.tokenizer, self.fmt = model, tokenizer, fmt
+        self.config = config or HFBackendConfig()
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer.padding_side = "left"
+        self.end_ids = _end_ids(tokenizer, model)
+        self.pad_id = tokenizer.pad_token_id
+
+    def prompt(self, example: Example) -> str:
+        return self.fmt.render_prompt(self.tokenizer, example.messages, example.interface)
+
+    def _run_batch(self, prompts: list[str]) -> list[str]:
+        import torch
+        from transformers import GenerationConfig
+
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        device = next(self.model.parameters()).device
+        enc = {k: v.to(device) for k, v in enc.items()}
+        gen_config = GenerationConfig(do_sample=False, max_new_tokens=self.config.max_new_tokens,
+                                      pad_token_id=self.pad_id, eos_token_id=sorted(self.end_ids))
+        with torch.inference_mode():
+            out = self.model.generate(**enc, generation_config=gen_config)
+        new = out[:, enc["input_ids"].shape[1]:].tolist()
+        texts = []
+        for row in new:
+            cut = next((i for i, t in enumerate(row) if t in self.end_ids), len(row))
+            texts.append(self.tokenizer.decode(row[:cut], skip_special_tokens=False))
+        return texts
+
+    def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
+        prompts = [self.prompt(r.example) for r in requests]
+        order = list(range(len(prompts)))
+        if self.config.sort_by_length:
+            lengths = [len(self.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
+            order.sort(key=lambda i: -lengths[i])
+        out: list[Generation | None] = [None] * len(prompts)
+        bs = max(1, self.config.batch_size)
+        for s in range(0, len(order), bs):
+            idx = order[s:s + bs]
+            try:
+                for i, text in zip(idx, self._run_batch([prompts[i] for i in idx]), strict=True):
+                    out[i] = Generation(text)
+            except Exception as e:  # noqa: BLE001 - retried one by one, then recorded per item
+                if len(idx) == 1:
+                    out[idx[0]] = Generation("", error=f"{type(e).__name__}: {e}")
+                    continue
+                log.warning("batch failed (%s); retrying its %d items one by one", e, len(idx))
+                for i in idx:
+                    try:
+                        out[i] = Generation(self._run_batch([prompts[i]])[0])
+                    except Exception as e1:  # noqa: BLE001
+                        out[i] = Generation("", error=f"{type(e1).__name__}: {e1}")
+        return [g for g in out if g is not None]
+
+
+@dataclass
+class VLLMBackendConfig:
+    """vLLM offline engine options (GPU). `model` is a folder or hub id vLLM can load."""
+
+    max_new_tokens: int = 512
+    dtype: str = "auto"
+    gpu_memory_utilization: float = 0.85
+    max_model_len: int | None = None
+    tensor_parallel_size: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class VLLMBackend:
+    """vLLM's offline `LLM.generate` with temperature 0. vLLM is imported here, only when selected."""
+
+    name = "vllm"
+
+    def __init__(self, model: str, tokenizer: Any, fmt: CallFormat, config: VLLMBackendConfig | None = None,
+                 gguf_file: str | None = None):
+        try:
+            from vllm import LLM, SamplingParams
+        except ImportError as e:
+            raise ImportError("backend=vllm needs vLLM (a GPU machine: pip install -e '.[gpu]')") from e
+        self.tokenizer, self.fmt = tokenizer, fmt
+        self.config = config or VLLMBackendConfig()
+        kwargs: dict[str, Any] = {"dtype": self.config.dtype, "tensor_parallel_size": self.config.tensor_parallel_size,
+                                  "gpu_memory_utilization": self.config.gpu_memory_utilization,
+                                  **self.config.extra}
+        if self.config.max_model_len:
+            kwargs["max_model_len"] = self.config.max_model_len
+        path = os.path.join(model, gguf_file) if gguf_file else model
+        if gguf_file:
+            kwargs["tokenizer"] = model
+        self.llm = LLM(model=path, **kwargs)
+        self.params = SamplingParams(temperature=0.0, max_tokens=self.config.max_new_tokens,
+                                     skip_special_tokens=False,
+                                     stop_token_ids=sorted(_end_ids(tokenizer)))
+
+    def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
+        prompts = [self.fmt.render_prompt(self.tokenizer, r.example.messages, r.example.interface)
+                   for r in requests]
+        try:
+            outs = self.llm.generate(prompts, self.params, use_tqdm=False)
+        except Exception as e:  # noqa: BLE001 - recorded per item
+            return [Generation("", error=f"{type(e).__name__}: {e}") for _ in requests]
+        return [Generation(o.outputs[0].text if o.outputs else "") for o in outs]
+
+
+@dataclass
+class OpenAIBackendConfig:
+    """An OpenAI-compatible chat-completions endpoint (a vLLM server, a hosted API).
+
+    `model_name` None asks the endpoint's `/models` for its first model. The key is read from the
+    environment variable `api_key_env` (never from a config file). `native_tools` passes the interface
+    as `tools=` and reads `tool_calls`; otherwise the call format renders the tools into the prompt and
+    the reply text is parsed. Retries: transport errors, 408, 429 and 5xx, `max_retries` times with
+    delays `backoff_s · 2^k` (capped at `backoff_max_s`, ±`jitter` relative); then the item is recorded
+    as a failure.
+    """
+
+    base_url: str = "http://localhost:8000/v1"
+    model_name: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    native_tools: bool = False
+    max_new_tokens: int = 512
+    max_retries: int = 5
+    backoff_s: float = 1.0
+    backoff_max_s: float = 30.0
+    jitter: float = 0.1
+    timeout_s: float = 300.0
+    concurrency: int = 8
+
+
+RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class OpenAIBackend:
+    """Chat completions over HTTP with `httpx` (installed with huggingface_hub), threads for concurrency."""
+
+    name = "openai"
+
+    def __init__(self, fmt: CallFormat, config: OpenAIBackendConfig | None = None,
+                 sleep: Callable[[float], None] = time.sleep, client: Any = None):
+        import httpx
+
+        self.fmt = fmt
+        self.config = config or OpenAIBackendConfig()
+        self.sleep = sleep
+        key = os.environ.get(self.config.api_key_env, "")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.client = client or httpx.Client(base_url=self.config.base_url.rstrip("/") + "/", headers=headers,
+                                             timeout=self.config.timeout_s)
+        self._httpx = httpx
+        self._model_name = self.config.model_name
+
+    @property
+    def model_name(self) -> str:
+        if self._model_name is None:
+            r = self.client.get("models")
+            r.raise_for_status()
+            data = r.json().get("data") or []
+            if not data:
+                raise RuntimeError(f"{self.config.base_url}/models lists no model; set the model name")
+            self._model_name = data[0]["id"]
+        return self._model_name
+
+    def payload(self, example: Example) -> dict[str, Any]:
+        messages, tools = self.fmt.chat(example.messages, example.interface, native_tools=self.config.native_tools)
+        body: dict[str, Any] = {"model": self.model_name, "messages": messages, "temperature": 0,
+                                "max_tokens": self.config.max_new_tokens}
+        if tools:
+            body["tools"] = tools
+        return body
+
+    def _delay(self, attempt: int) -> float:
+        base = min(self.config.backoff_max_s, self.config.backoff_s * 2 ** attempt)
+        return base * (1 + self.config.jitter * (2 * random.random() - 1))
+
+    def _one(self, request: GenRequest) -> Generation:
+        body = self.payload(request.example)
+        last = "no attempt"
+        for attempt in range(self.config.max_retries + 1):
+            if attempt:
+                self.sleep(self._delay(attempt - 1))
+            try:
+                r = self.client.post("chat/completions", json=body)
+            except self._httpx.TransportError as e:
+                last = f"{type(e).__name__}: {e}"
+                continue
+            if r.status_code in RETRY_STATUS:
+                last = f"HTTP {r.status_code}: {r.text[:300]}"
+                continue
+            if r.status_code != 200:
+                return Generation("", error=f"HTTP {r.status_code}: {r.text[:300]}", attempts=attempt + 1)
+            try:
+                return self._read(r.json(), attempt + 1)
+            except (ValueError, KeyError, IndexError, TypeError) as e:
+                return Generation(r.text[:2000], error=f"malformed response: {e}", attempts=attempt + 1)
+        return Generation("", error=f"gave up after {self.config.max_retries + 1} attempts; last: {last}",
+                          attempts=self.config.max_retries + 1)
+
+    def _read(self, data: dict[str, Any], attempts: int) -> Generation:
+        message = data["choices"][0]["message"]
+        text = message.get("content") or ""
+        tool_calls = message.get("tool_calls") or []
+        if not tool_calls:
+            return Generation(text, attempts=attempts)
+        calls, errors = [], []
+        for tc in tool_calls:
+            fn = tc.get("function", {})
+            try:
+                args = json.loads(fn.get("arguments") or "{}")
+                if not isinstance(args, dict):
+                    raise ValueError(f"arguments are a JSON {type(args).__name__}, not an object")
+                calls.append(Call(fn["name"], args))
+            except (ValueError, KeyError) as e:
+                errors.append(f"tool call {fn.get('name')!r}: {e}")
+        raw = text + ("\n" if text else "") + json.dumps(tool_calls, ensure_ascii=False)
+        parsed = ParseResult(calls=tuple(calls), ok=not errors, error="; ".join(errors) or None,
+                             response=text or None)
+        return Generation(raw, parsed=parsed, attempts=attempts)
+
+    def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
+        if len(requests) <= 1 or self.config.concurrency <= 1:
+            return [self._one(r) for r in requests]
+        with ThreadPoolExecutor(max_workers=self.config.concurrency) as pool:
+            return list(pool.map(self._one, requests))
+
+
+ReplayMode = Literal["reference", "familiar"]
+
+
+class ReplayBackend:
+    """Answers with calls taken from the item itself, rendered in the call format (so parsing runs):
+
+    - `reference`: the reference calls of the example as shown (the perturbation's rewritten
+      reference, under canonical ids when the adapter is on): should score 100% wherever the scorer
+      accepts the reference;
+    - `familiar`: the unperturbed example's reference calls, i.e. the familiar tool name, which
+      the cost and latency perturbations point at the costlier equivalent: should score 0% there.
+    """
+
+    name = "replay"
+
+    def __init__(self, fmt: CallFormat, mode: ReplayMode = "reference"):
+        if mode not in ("reference", "familiar"):
+            raise ValueError(f"replay mode must be 'reference' or 'familiar', got {mode!r}")
+        self.fmt, self.mode = fmt, mode
+
+    def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
+        out = []
+        for r in requests:
+            calls = r.example.reference if self.mode == "reference" else r.familiar
+            response = r.example.response if not calls else None
+            out.append(Generation(self.fmt.render_target(calls, response=response)))
+        return out

@@ -1,0 +1,231 @@
+"""The evaluation loop: item × perturbation × order → generate → parse → translate back → score →
+classify → one line of results.jsonl.
+
+Crash safety: each record is written and flushed as soon as its chunk is scored (a chunk is
+`chunk_size` items, a few generation batches), so a crash loses at most the chunk in flight. A rerun
+into the same directory reads the keys already present (`id`, `names`, `perturbation`, `order`) and
+evaluates only the rest; a last line torn by the crash is cut off before appending.
+
+Robustness: parsing never raises (call-format contract); a backend failure is recorded with class
+`backend_error`; a scorer that raises on some output is recorded with error `scorer_error` and the
+exception text (counted in the summary, never dropped) rather than ending the run.
+
+Choices: a response the call format reports as malformed (`ParseResult.ok` False) is incorrect even
+if some calls could be read out of it (`strict_parse`, as BFCL counts a decode failure as wrong). A
+canonical id the adapter cannot translate back makes the response incorrect (`undeclared_tool`): the
+adapter reports it, it never guesses a declared tool.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from tqdm import tqdm
+
+from cipr.canonical import NameMap, UndeclaredToolError
+from cipr.errors import DataError
+from cipr.eval.backends import Backend, Generation, GenRequest
+from cipr.eval.report import RESULTS
+from cipr.eval.taxonomy import TaxonomyConfig, classify
+from cipr.formats.base import CallFormat, ParseResult
+from cipr.interface import Call, Example
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str, str, str]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A scorer's answer: correct or not, and if not, the scorer's error class and message."""
+
+    correct: bool
+    error: str | None = None
+    detail: str = ""
+
+
+class Scorer(Protocol):
+    """Scores one response: `calls` are translated back to `target`'s names; `shown` is what the model
+    saw; `text` and `parse` are the raw output and its parse (RoTBench reads the text itself)."""
+
+    def __call__(self, *, calls: Sequence[Call], target: Example, shown: Example, text: str,
+                 parse: ParseResult) -> Verdict: ...
+
+
+@dataclass(frozen=True)
+class EvalItem:
+    """One unit of evaluation.
+
+    - `shown`: the example as the model sees it (canonical ids under the adapter);
+    - `target`: the example the response is scored against, in executable names (the perturbed
+      interface with its own names, and its rewritten reference);
+    - `name_map`: shown names → target names (the adapter's map), None when the model sees `target`'s
+      names directly;
+    - `familiar`: the unperturbed reference calls written in the shown namespace (replay backend).
+    """
+
+    id: str
+    partition: str
+    names: str
+    perturbation: str
+    group: str
+    order: str
+    shown: Example
+    target: Example
+    name_map: NameMap | None = None
+    familiar: tuple[Call, ...] = ()
+
+    @property
+    def key(self) -> Key:
+        return (self.id, self.names, self.perturbation, self.order)
+
+
+@dataclass
+class RunnerConfig:
+    """`chunk_size` items per backend call (and per flush); `strict_parse` see the module docstring."""
+
+    chunk_size: int = 32
+    strict_parse: bool = True
+    progress: bool = True
+    taxonomy: TaxonomyConfig = field(default_factory=TaxonomyConfig)
+
+
+@dataclass
+class RunStats:
+    total: int = 0
+    skipped: int = 0
+    evaluated: int = 0
+    correct: int = 0
+    torn_lines: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+def record_key(rec: dict[str, Any]) -> Key:
+    return (rec["id"], rec["names"], rec["perturbation"], rec["order"])
+
+
+def existing_keys(path: Path) -> tuple[set[Key], int]:
+    """Keys already in results.jsonl, after cutting off a torn last line (returns how many were cut)."""
+    if not path.exists():
+        return set(), 0
+    data = path.read_bytes()
+    torn = 0
+    if data and not data.endswith(b"\n"):
+        cut = data.rfind(b"\n") + 1
+        log.warning("%s: cutting a torn last line (%d bytes) left by an interrupted run", path, len(data) - cut)
+        with path.open("r+b") as f:
+            f.truncate(cut)
+        data, torn = data[:cut], 1
+    keys: set[Key] = set()
+    for i, line in enumerate(data.decode("utf-8").splitlines()):
+        if not line.strip():
+            continue
+        try:
+            keys.add(record_key(json.loads(line)))
+        except (json.JSONDecodeError, KeyError) as e:
+            raise DataError(f"line {i + 1} is not a result record: {e}", file=str(path), field="results") from e
+    return keys, torn
+
+
+def translate(calls: Sequence[Call], name_map: NameMap | None) -> tuple[tuple[Call, ...], tuple[str, ...]]:
+    """Calls in target names, and the names the adapter could not translate (undeclared ids)."""
+    if name_map is None:
+        return tuple(calls), ()
+    out: list[Call] = []
+    undeclared: list[str] = []
+    for c in calls:
+        try:
+            out.append(name_map.translate_back(c))
+        except UndeclaredToolError as e:
+            undeclared.append(e.name)
+    return tuple(out), tuple(undeclared)
+
+
+def evaluate_one(item: EvalItem, gen: Generation, fmt: CallFormat, scorer: Scorer,
+                 config: RunnerConfig | None = None) -> dict[str, Any]:
+    """The results.jsonl record of one generation."""
+    config = config or RunnerConfig()
+    parse = gen.parsed if gen.parsed is not None else fmt.parse(gen.text)
+    translated, undeclared = translate(parse.calls, item.name_map)
+    detail = ""
+    if gen.error is not None:
+        correct, error, detail = False, "backend_error", gen.error
+    elif not parse.ok and config.strict_parse:
+        correct, error, detail = False, "parse_failure", parse.error or ""
+    elif undeclared:
+        correct, error = False, "undeclared_tool"
+        detail = f"not declared by the interface: {', '.join(undeclared)}"
+    else:
+        try:
+            v = scorer(calls=translated, target=item.target, shown=item.shown, text=gen.text, parse=parse)
+            correct, error, detail = v.correct, v.error, v.detail
+        except Exception as e:  # noqa: BLE001 - recorded and counted, never ends the run
+            correct, error, detail = False, "scorer_error", f"{type(e).__name__}: {e}"
+    taxonomy = classify(interface=item.target.interface, reference=item.target.reference, calls=translated,
+                        correct=correct, parse_ok=parse.ok or not config.strict_parse, undeclared=undeclared,
+                        backend_error=gen.error is not None, config=config.taxonomy)
+    return {
+        "id": item.id, "partition": item.partition, "names": item.names, "perturbation": item.perturbation,
+        "group": item.group, "order": item.order,
+        "raw": gen.text,
+        "parse_ok": parse.ok, "parse_error": parse.error,
+        "calls": [c.to_dict() for c in parse.calls],
+        "translated": [c.to_dict() for c in translated],
+        "undeclared": list(undeclared),
+        "reference": [c.to_dict() for c in item.target.reference],
+        "correct": bool(correct), "error": error, "detail": detail[:1000], "taxonomy": taxonomy,
+        "attempts": gen.attempts,
+    }
+
+
+def _chunks(seq: Sequence[EvalItem], n: int) -> Iterable[Sequence[EvalItem]]:
+    for i in range(0, len(seq), max(1, n)):
+        yield seq[i:i + n]
+
+
+def run_items(items: Sequence[EvalItem], backend: Backend, fmt: CallFormat, scorer: Scorer,
+              out_dir: str | Path, config: RunnerConfig | None = None,
+              on_chunk: Callable[[int], None] | None = None) -> RunStats:
+    """Evaluate every item not yet in `out_dir/results.jsonl`, appending one flushed line per item.
+
+    `on_chunk(i)` is called after chunk i is written (progress hooks; tests use it to simulate a crash).
+    """
+    config = config or RunnerConfig()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / RESULTS
+    seen: set[Key] = set()
+    for it in items:
+        if it.key in seen:
+            raise DataError(f"item key {it.key} occurs twice in the evaluation set", item=it.id, field="id")
+        seen.add(it.key)
+    done, torn = existing_keys(path)
+    pending = [it for it in items if it.key not in done]
+    stats = RunStats(total=len(items), skipped=len(items) - len(pending), torn_lines=torn)
+    if stats.skipped:
+        log.info("resuming: %d of %d records already in %s", stats.skipped, len(items), path)
+    with path.open("a", encoding="utf-8") as f, tqdm(total=len(pending), desc=f"eval {out.name}", unit="item",
+                                                     disable=not config.progress) as bar:
+        for n_chunk, chunk in enumerate(_chunks(pending, config.chunk_size)):
+            gens = backend.generate([GenRequest(it.shown, it.familiar) for it in chunk])
+            if len(gens) != len(chunk):
+                raise RuntimeError(f"backend {backend.name} returned {len(gens)} outputs for {len(chunk)} items")
+            for it, gen in zip(chunk, gens, strict=True):
+                rec = evaluate_one(it, gen, fmt, scorer, config)
+                f.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
+                f.flush()
+                stats.evaluated += 1
+                stats.correct += rec["correct"]
+                if rec["error"]:
+                    stats.errors[rec["error"]] = stats.errors.get(rec["error"], 0) + 1
+            os.fsync(f.fileno())
+            bar.update(len(chunk))
+            if on_chunk is not None:
+                on_chunk(n_chunk)
+    return stats
