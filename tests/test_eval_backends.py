@@ -1,0 +1,150 @@
+"""Backends: HF batching equals one-by-one greedy decoding; the OpenAI-compatible client retries with
+backoff against a local server and records what it cannot get; vLLM stays unimported unless chosen."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from cipr.eval.backends import (
+    GenRequest,
+    HFBackend,
+    HFBackendConfig,
+    OpenAIBackend,
+    OpenAIBackendConfig,
+)
+from cipr.formats.toolrl import ToolRLFormat
+from cipr.interface import Call, Example, Interface, Message, Tool
+
+FMT = ToolRLFormat()
+TOOL = Tool("get_weather", "Weather for a city.", {"type": "object", "properties": {"city": {"type": "string"}}})
+
+
+def ex(q: str) -> Example:
+    return Example(id=q, messages=(Message("user", q),), interface=Interface((TOOL,)),
+                   reference=(Call("get_weather", {"city": "Rome"}),))
+
+
+def test_hf_batched_matches_one_by_one(tiny_model, tiny_tokenizer):
+    reqs = [GenRequest(ex(q)) for q in ["Rome?", "What is the weather like in Paris tomorrow morning, please?",
+                                        "Oslo", "Tell me about Lima and its weather today"]]
+    one = HFBackend(tiny_model, tiny_tokenizer, FMT, HFBackendConfig(batch_size=1, max_new_tokens=12))
+    many = HFBackend(tiny_model, tiny_tokenizer, FMT, HFBackendConfig(batch_size=4, max_new_tokens=12))
+    a, b = one.generate(reqs), many.generate(reqs)
+    assert tiny_tokenizer.padding_side == "left"
+    assert [g.text for g in a] == [g.text for g in b]
+    assert all(g.error is None and g.text for g in b)
+    assert all("<|im_end|>" not in g.text and "<|endoftext|>" not in g.text for g in b)
+
+
+def test_hf_batch_failure_is_retried_per_item(tiny_model, tiny_tokenizer):
+    backend = HFBackend(tiny_model, tiny_tokenizer, FMT, HFBackendConfig(batch_size=2, max_new_tokens=4))
+    real = backend._run_batch
+
+    def flaky(prompts):
+        if len(prompts) > 1 or "Oslo" in prompts[0]:
+            raise RuntimeError("out of memory")
+        return real(prompts)
+
+    backend._run_batch = flaky
+    out = backend.generate([GenRequest(ex("Rome?")), GenRequest(ex("Oslo"))])
+    assert out[0].error is None and out[1].error == "RuntimeError: out of memory"
+
+
+class _Server:
+    """A local chat-completions endpoint that fails the first `fail` requests with a status code."""
+
+    def __init__(self, fail: int, status: int = 503, tool_calls: bool = False):
+        self.fail, self.status, self.tool_calls, self.seen = fail, status, tool_calls, []
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _send(self, code, body):
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self._send(200, {"data": [{"id": "served-model"}]})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.seen.append(body)
+                if len(outer.seen) <= outer.fail:
+                    return self._send(outer.status, {"error": "busy"})
+                msg = {"role": "assistant", "content": FMT.render_target([Call("get_weather", {"city": "Rome"})])}
+                if outer.tool_calls:
+                    msg = {"role": "assistant", "content": None, "tool_calls": [
+                        {"id": "1", "type": "function",
+                         "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}},
+                        {"id": "2", "type": "function", "function": {"name": "get_weather", "arguments": "{oops"}}]}
+                self._send(200, {"choices": [{"message": msg}]})
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+
+
+@pytest.fixture
+def server(request):
+    s = _Server(*request.param)
+    yield s
+    s.close()
+
+
+@pytest.mark.parametrize("server", [(2, 503)], indirect=True)
+def test_openai_retries_with_exponential_backoff(server):
+    sleeps = []
+    cfg = OpenAIBackendConfig(base_url=server.url, max_retries=3, backoff_s=0.5, jitter=0.0, concurrency=1)
+    out = OpenAIBackend(FMT, cfg, sleep=sleeps.append).generate([GenRequest(ex("Rome?"))])
+    assert out[0].error is None and out[0].attempts == 3
+    assert FMT.parse(out[0].text).calls == (Call("get_weather", {"city": "Rome"}),)
+    assert sleeps == [0.5, 1.0]
+    body = server.seen[-1]
+    assert body["model"] == "served-model" and body["temperature"] == 0 and body["messages"][0]["role"] == "system"
+
+
+@pytest.mark.parametrize("server", [(100, 500)], indirect=True)
+def test_openai_gives_up_and_records_failure(server):
+    sleeps = []
+    cfg = OpenAIBackendConfig(base_url=server.url, model_name="m", max_retries=2, backoff_s=1, backoff_max_s=1.5,
+                              jitter=0.0, concurrency=2)
+    out = OpenAIBackend(FMT, cfg, sleep=sleeps.append).generate([GenRequest(ex("a")), GenRequest(ex("b"))])
+    assert [g.attempts for g in out] == [3, 3] and all("gave up after 3 attempts" in g.error for g in out)
+    assert all("HTTP 500" in g.error for g in out) and sorted(sleeps) == [1, 1, 1.5, 1.5]
+
+
+@pytest.mark.parametrize("server", [(1, 400)], indirect=True)
+def test_openai_client_error_is_not_retried(server):
+    cfg = OpenAIBackendConfig(base_url=server.url, model_name="m", concurrency=1)
+    out = OpenAIBackend(FMT, cfg, sleep=lambda s: None).generate([GenRequest(ex("a"))])
+    assert out[0].error.startswith("HTTP 400") and out[0].attempts == 1
+
+
+@pytest.mark.parametrize("server", [(0, 200, True)], indirect=True)
+def test_openai_native_tool_calls(server):
+    cfg = OpenAIBackendConfig(base_url=server.url, model_name="m", native_tools=True, concurrency=1)
+    g = OpenAIBackend(FMT, cfg).generate([GenRequest(ex("a"))])[0]
+    assert g.parsed is not None and g.parsed.calls == (Call("get_weather", {"city": "Rome"}),)
+    assert g.parsed.ok is False and "oops" not in (g.parsed.error or "") and "get_weather" in g.parsed.error
+
+
+def test_vllm_is_not_imported_by_the_harness():
+    code = ("import sys, cipr.eval.backends, cipr.eval.runner, cipr.eval.report; "
+            "assert 'vllm' not in sys.modules; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr
