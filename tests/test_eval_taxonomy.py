@@ -60,3 +60,15 @@ def test_parallel_calls_resolve_the_extra_name():
     assert classify(interface=IFACE, reference=ref, calls=calls, correct=False) == "equivalent_tool"
     calls = (Call("get_time", {"city": "Rome"}), Call("get_weathr", {"city": "Rome"}))
     assert classify(interface=IFACE, reference=ref, calls=calls, correct=False) == "unrelated_tool"
+
+
+@pytest.mark.parametrize("a,b,same", [
+    ("Area of a triangle Each call to this tool costs about $0.002.",
+     "Area of a triangle Each call to this tool costs about $0.04.", True),
+    ("Area of a triangle This tool typically responds in about 120 milliseconds.",
+     "Area of a triangle This tool typically responds in about 1.4 seconds.", True),
+    ("[Cost: $0.002 per call] Translate a text", "[Cost: $0.02 per call] Get the weather", False),
+    ("[Latency: 80 ms] Area of a triangle", "[Latency: 1.6 s] Area of a circle", False),
+])
+def test_equivalence_without_sentence_boundaries(a, b, same):
+    assert equivalent_descriptions(a, b) is same

@@ -21,12 +21,15 @@ Classes, checked in this order (the first that applies wins):
 "Once the annotation is removed" is not defined further by the paper. Here an annotation is any
 bracketed span (`[...]`, `(...)`, `{...}`, `<...>`) or sentence that mentions a cost or latency word
 (`TaxonomyConfig.annotation_pattern`); both descriptions lose them and are compared as lower-case word
-sequences (punctuation and spacing ignored). A description sentence of the original tool that happens to mention cost is
+sequences (punctuation and spacing ignored). As a second test, two descriptions whose word-level diff
+holds only numbers, units, punctuation and cost/latency words are also the same (an annotation
+sentence appended to a description without a final period is not a sentence of its own). A description sentence of the original tool that happens to mention cost is
 removed from both sides alike, so it cannot create a difference.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -69,10 +72,41 @@ def strip_annotation(description: str, config: TaxonomyConfig = TaxonomyConfig()
     return " ".join(re.findall(r"\w+", " ".join(kept).lower()))
 
 
+_TOKEN = re.compile(r"\$?\d+(?:[.,]\d+)*|\w+|[^\w\s]")
+_NUMBER = re.compile(r"^\$?\d+(?:[.,]\d+)*$")
+
+
+def _annotation_token(tok: str, kw: re.Pattern[str]) -> bool:
+    return bool(_NUMBER.match(tok) or not tok[0].isalnum() and tok[0] != "$" or kw.search(tok)
+                or tok in _UNIT_WORDS)
+
+
+_UNIT_WORDS = frozenset({"per", "call", "calls", "request", "requests", "about", "around", "approximately",
+                         "typically", "usd", "ms", "s"})
+
+
+def _differ_only_in_annotation(a: str, b: str, kw: re.Pattern[str]) -> bool:
+    """Word-level diff of a and b: every differing token is a number, unit, punctuation or cost/latency
+    word, and the shared tokens include at least one real word of the description."""
+    ta, tb = _TOKEN.findall(a.lower()), _TOKEN.findall(b.lower())
+    shared_word = False
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, ta, tb, autojunk=False).get_opcodes():
+        if op == "equal":
+            shared_word = shared_word or any(not _annotation_token(t, kw) for t in ta[i1:i2])
+        elif not all(_annotation_token(t, kw) for t in ta[i1:i2] + tb[j1:j2]):
+            return False
+    return shared_word
+
+
 def equivalent_descriptions(a: str, b: str, config: TaxonomyConfig = TaxonomyConfig()) -> bool:
-    """Whether two descriptions are the same once cost or latency annotations are removed."""
+    """Whether two descriptions are the same once cost or latency annotations are removed: equal after
+    `strip_annotation` (and not empty), or differing only in annotation tokens (numbers, units,
+    cost/latency words), which also covers an annotation sentence glued to a description that lacks
+    a final period."""
     sa, sb = strip_annotation(a, config), strip_annotation(b, config)
-    return bool(sa) and sa == sb
+    if sa and sa == sb:
+        return True
+    return _differ_only_in_annotation(a, b, _compiled(config.annotation_pattern))
 
 
 def is_equivalent_tool(called: str, correct: str, interface: Interface,
