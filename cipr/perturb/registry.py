@@ -1,0 +1,135 @@
+"""Every perturbation type by name: its group, a one-line description, and the function applying it.
+
+`PERTURBATIONS[name] = (group, description, function)`, where `function(example, *, seed, names,
+order) -> (Example, Correspondence)`. Groups are those of the paper's Table 1
+(`typos_distractors`, `cost_latency_explicit`, `cost_latency_implicit`, `in_distribution`), plus
+`drift` for the repair study's types, which Table 1 does not report. RoTBench's level re-application
+pairs two files and lives in `cipr.perturb.rotbench`.
+
+Every function draws from `random.Random` seeded with (seed, item id, type name), so a type is a
+pure function of (item, seed); `names="canonical"` canonicalizes after the interface is built;
+`order` ("original" or "costly_first") applies to the cost and latency types only.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+from cipr.interface import Example
+from cipr.perturb import cost_latency, distractors, drift, typos
+from cipr.perturb.correspondence import Correspondence
+from cipr.perturb.draft import Draft, rng_for
+from cipr.perturb.training import in_distribution
+
+GROUPS = ("typos_distractors", "cost_latency_explicit", "cost_latency_implicit", "in_distribution", "drift")
+Apply = Callable[..., tuple[Example, Correspondence]]
+Builder = Callable[[Draft, random.Random, str], None]
+
+
+def _held_out(name: str, build: Builder) -> Apply:
+    def apply(example: Example, *, seed: int, names: str = "original",
+              order: str = "original") -> tuple[Example, Correspondence]:
+        draft = Draft(example)
+        build(draft, rng_for(seed, example.id, name), order)
+        meta: dict[str, Any] = {"seed": seed}
+        if name.startswith(("cost_", "latency_")):
+            meta["order"] = order
+        return draft.finish(names=names, perturbation=name, meta=meta)  # type: ignore[arg-type]
+
+    apply.__name__ = name
+    apply.__doc__ = f"Apply the `{name}` perturbation."
+    return apply
+
+
+def _no_order(fn: Callable[[Draft, random.Random], None]) -> Builder:
+    return lambda d, r, _order: fn(d, r)
+
+
+def _in_distribution(example: Example, *, seed: int, names: str = "canonical",
+                     order: str = "original") -> tuple[Example, Correspondence]:
+    if names != "canonical":
+        raise ValueError("in_distribution is the training perturbation, defined on canonical names: "
+                         "use names='canonical' (the paper reports n/a for original names)")
+    return in_distribution(example, seed=seed)
+
+
+PERTURBATIONS: dict[str, tuple[str, str, Apply]] = {
+    "typos": ("typos_distractors", "keyboard typos in the query, reference values protected",
+              _held_out("typos", _no_order(typos.apply_typos))),
+    "distractor_similar_name": (
+        "typos_distractors", "an unrelated tool renamed to resemble each called tool",
+        _held_out("distractor_similar_name", _no_order(distractors.add_similar_name_distractors))),
+    "same_name_description": (
+        "typos_distractors", "a same-name duplicate of each called tool with a corrupted description",
+        _held_out("same_name_description",
+                  lambda d, r, _o: distractors.add_same_name_duplicates(d, r, "description"))),
+    "same_name_parameters": (
+        "typos_distractors", "a same-name duplicate of each called tool with corrupted parameters",
+        _held_out("same_name_parameters",
+                  lambda d, r, _o: distractors.add_same_name_duplicates(d, r, "parameters"))),
+}
+
+_STYLE_TEXT = {"tag": "as a tag", "nl": "in natural language", "abbrev": "as a tag, correct tool abbreviated"}
+_VERSION_TEXT = {"explicit": "query asks for the {better} tool", "implicit": "query asks to describe the tools first"}
+for _version in cost_latency.VERSIONS:
+    for _kind in cost_latency.KINDS:
+        for _style in cost_latency.STYLES:
+            _spec = cost_latency.CostLatencySpec(_kind, _style, _version)
+            _worse = "costlier" if _kind == "cost" else "slower"
+            _better = "cheaper" if _kind == "cost" else "faster"
+            PERTURBATIONS[_spec.name] = (
+                f"cost_latency_{_version}",
+                f"renamed correct tool + {_worse} equivalent keeping its name, {_kind} stated "
+                f"{_STYLE_TEXT[_style]}; {_VERSION_TEXT[_version].format(better=_better)}",
+                _held_out(_spec.name, lambda d, r, o, s=_spec: cost_latency.apply_cost_latency(d, r, s, o)))
+
+PERTURBATIONS["in_distribution"] = (
+    "in_distribution", "the training perturbation: degraded twins, fresh ids, shuffled tools and arguments",
+    _in_distribution)
+
+_DRIFT: dict[str, tuple[str, Callable[[Draft, random.Random], None]]] = {
+    "drift_stale_examples": ("each called tool's description shows an example with a stale field name",
+                             drift.stale_examples),
+    "drift_renamed_parameters": ("one passed argument of each called tool renamed", drift.renamed_parameters),
+    "drift_distractors": ("a sibling tool with an overlapping description per called tool", drift.distractors),
+    "drift_type_narrowing": ("a passed argument narrowed: number -> integer or free string -> enum",
+                             drift.narrow_type),
+    "drift_enum_replacement": ("the enum values of a passed argument respelled, reference rewritten",
+                               drift.replace_enum_values),
+    "drift_refactor": ("a called tool split in two on a boolean/enum argument, else merged with another",
+                       drift.refactor),
+    "drift_mild": ("2 stale-field examples, 2 renamed parameters, 1 overlapping distractor",
+                   lambda d, r: drift.composite(d, r, drift.MILD)),
+    "drift_medium": ("3 stale-field examples, 3 renamed parameters, 3 overlapping distractors",
+                     lambda d, r: drift.composite(d, r, drift.MEDIUM)),
+}
+for _name, (_desc, _fn) in _DRIFT.items():
+    PERTURBATIONS[_name] = ("drift", _desc, _held_out(_name, _no_order(_fn)))
+
+ORDERED_TYPES = tuple(n for n in PERTURBATIONS if n.startswith(("cost_", "latency_")))
+HELD_OUT = tuple(n for n in PERTURBATIONS if n != "in_distribution")
+
+
+def list_perturbations() -> list[tuple[str, str, str]]:
+    """(name, group, one-line description) of every perturbation type, in registry order."""
+    return [(name, group, desc) for name, (group, desc, _) in PERTURBATIONS.items()]
+
+
+def apply_perturbation(example: Example, name: str, *, seed: int, names: str = "original",
+                       order: str = "original") -> tuple[Example, Correspondence]:
+    """Apply perturbation `name` to `example`: the perturbed Example and its Correspondence.
+
+    `names`: "original" (the names the construction produced) or "canonical" (neutral ids assigned
+    after construction). `order`: "original" or "costly_first", for the cost and latency types.
+    """
+    if name not in PERTURBATIONS:
+        raise KeyError(f"unknown perturbation {name!r}; `cipr-data list-perturbations` lists them")
+    if names not in ("original", "canonical"):
+        raise ValueError(f"names must be 'original' or 'canonical', got {names!r}")
+    if order not in cost_latency.ORDERS:
+        raise ValueError(f"order must be one of {', '.join(cost_latency.ORDERS)}, got {order!r}")
+    if order != "original" and name not in ORDERED_TYPES:
+        raise ValueError(f"order {order!r} applies only to the cost and latency types, not {name!r}")
+    return PERTURBATIONS[name][2](example, seed=seed, names=names, order=order)

@@ -1,0 +1,189 @@
+"""The training perturbation of paper §3.2: twin expansion, relabeling, reordering.
+
+Applied to the canonical example (`cipr.canonical.canonicalize` first); the Correspondence it returns
+names the canonical tools it was given. Steps, in the paper's order:
+1. Twin expansion: every tool gets a degraded twin, either a *description twin* (the description
+   states it is worse: a wording drawn from `DEGRADED_WORDINGS`, put before or after the original
+   text) or a *schema twin* (one argument the task needs is replaced by an unrelated one from
+   `UNRELATED_ARGUMENTS`: the argument a reference call passes, for a called tool; a required
+   argument, else any, for the others). A tool without arguments always gets a description twin.
+   The originals, their descriptions and the query are unchanged.
+2. Relabeling: every tool of the expanded list gets a fresh neutral id. `relabel="random"` (default)
+   draws distinct numbers from 1..`id_space` (so an id says nothing about position or about the
+   canonical id the tool had); `"positional"` numbers them by their new position.
+3. Reordering: tools are shuffled, and so are the arguments of each tool; argument ids are then
+   renumbered by their new position (`arg_01`, ...), so an argument id does not reveal the old order.
+
+Ablation variants (paper Table 2 / Table 9) via `TrainingPerturbationConfig.preset`:
+- `full`: all of the above.
+- `reorder_only`: no twins; relabel and reorder.
+- `twins_only`: twins, each placed right after its original; relabel; no reordering.
+- `single_near_duplicate`: one degraded twin of one called tool (a random tool when nothing is
+  called), placed right after it; relabel; no reordering. Placing it after its original reproduces
+  the position cue the paper reports for this ablation (the correct tool always comes first).
+
+Choices the paper leaves open: the wording pool, the twin-kind probability (`schema_twin_prob`, 0.5),
+whether argument ids are renumbered (yes), and the id space (99, or n when there are more tools).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Literal
+
+from cipr.canonical import canonical_arg_id, canonical_tool_id, canonicalize
+from cipr.interface import Example, Tool
+from cipr.perturb.correspondence import Correspondence
+from cipr.perturb.draft import Draft, Entry, rename_schema_args, rng_for
+from cipr.perturb.pool import UNRELATED_ARGUMENTS
+
+DEGRADED_WORDINGS: tuple[str, ...] = (
+    "Deprecated: this version will be removed soon and may return outdated results.",
+    "This version is slower than the current one.",
+    "This version is more expensive to call than the current one.",
+    "This version is less accurate and may return approximate results.",
+    "Legacy endpoint kept only for backward compatibility; prefer the maintained version.",
+    "Responses from this version are often delayed by several seconds.",
+    "Each call to this version costs more than the standard one.",
+    "This version is known to return lower-quality results.",
+)
+
+Variant = Literal["full", "reorder_only", "twins_only", "single_near_duplicate"]
+VARIANTS: tuple[str, ...] = ("full", "reorder_only", "twins_only", "single_near_duplicate")
+
+
+@dataclass(frozen=True)
+class TrainingPerturbationConfig:
+    """Options of the training perturbation (see the module docstring)."""
+
+    twins: Literal["all", "single", "none"] = "all"
+    reorder_tools: bool = True
+    reorder_arguments: bool = True
+    relabel: Literal["random", "positional"] = "random"
+    schema_twin_prob: float = 0.5
+    wordings: tuple[str, ...] = DEGRADED_WORDINGS
+    id_space: int = 99
+
+    def __post_init__(self) -> None:
+        if self.twins not in ("all", "single", "none"):
+            raise ValueError(f"twins must be all, single or none, got {self.twins!r}")
+        if self.relabel not in ("random", "positional"):
+            raise ValueError(f"relabel must be random or positional, got {self.relabel!r}")
+        if not 0.0 <= self.schema_twin_prob <= 1.0:
+            raise ValueError(f"schema_twin_prob must be in [0, 1], got {self.schema_twin_prob}")
+        if not self.wordings:
+            raise ValueError("wordings must not be empty")
+
+    @classmethod
+    def preset(cls, variant: str) -> TrainingPerturbationConfig:
+        """The configuration of one ablation variant: full, reorder_only, twins_only, single_near_duplicate."""
+        if variant == "full":
+            return cls()
+        if variant == "reorder_only":
+            return cls(twins="none")
+        if variant == "twins_only":
+            return cls(reorder_tools=False, reorder_arguments=False)
+        if variant == "single_near_duplicate":
+            return cls(twins="single", reorder_tools=False, reorder_arguments=False)
+        raise ValueError(f"unknown training variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+
+
+def degraded_twin(tool: Tool, needed: list[str], rng: random.Random,
+                  config: TrainingPerturbationConfig) -> tuple[Tool, str]:
+    """A degraded twin of `tool` and its kind ("description" or "schema").
+
+    A schema twin keeps the argument's slot (its key and required flag) but gives it the type and
+    description of an unrelated argument, so the relabeled twin looks like the original with one
+    argument swapped for something the task cannot use.
+    """
+    props = tool.properties
+    if props and rng.random() < config.schema_twin_prob:
+        target = rng.choice(needed or list(tool.required) or list(props))
+        _, schema = rng.choice(UNRELATED_ARGUMENTS)
+        new_props = {k: (dict(schema) if k == target else v) for k, v in props.items()}
+        params = dict(tool.parameters)
+        params["properties"] = new_props
+        return Tool(tool.name, tool.description, params), "schema"
+    wording = rng.choice(config.wordings)
+    desc = tool.description.strip()
+    text = f"{wording} {desc}" if rng.random() < 0.5 else f"{desc} {wording}"
+    return Tool(tool.name, text.strip(), tool.parameters), "description"
+
+
+def _add_twins(draft: Draft, rng: random.Random, config: TrainingPerturbationConfig) -> None:
+    if config.twins == "none" or not draft.entries:
+        return
+    if config.twins == "single":
+        called = draft.called()
+        targets = [rng.choice(called)] if called else [rng.randrange(len(draft.entries))]
+    else:
+        targets = list(range(len(draft.entries)))
+    for i in sorted(targets, reverse=True):
+        e = draft.entries[i]
+        needed = draft.used_arguments(i) or list(e.tool.required)
+        twin, kind = degraded_twin(e.tool, needed, rng, config)
+        draft.insert(i + 1, Entry(twin, (), e.sources[0] if e.sources else None, "twin", {}))
+        draft.notes.append(f"{kind} twin of {e.tool.name}")
+
+
+def _relabel_and_reorder(draft: Draft, rng: random.Random, config: TrainingPerturbationConfig) -> None:
+    n = len(draft.entries)
+    if config.reorder_tools and n > 1:
+        order = list(range(n))
+        rng.shuffle(order)
+        draft.reorder(order)
+    if config.relabel == "random":
+        space = max(config.id_space, n)
+        width = max(2, len(str(space)))
+        ids = [f"function_{k:0{width}d}" for k in rng.sample(range(1, space + 1), n)]
+    else:
+        ids = [canonical_tool_id(i, n) for i in range(n)]
+    text_map: dict[str, str] = {}
+    for i, e in enumerate(draft.entries):
+        props = list(e.tool.properties)
+        if config.reorder_arguments and len(props) > 1:
+            rng.shuffle(props)
+        amap = {a: canonical_arg_id(j, len(props)) for j, a in enumerate(props)}
+        params = dict(e.tool.parameters)
+        params["properties"] = {a: e.tool.properties[a] for a in props}
+        if "required" in params:
+            params["required"] = [a for a in props if a in set(params["required"])]
+        if e.role == "equivalent":
+            text_map.setdefault(e.tool.name, ids[i])
+        e.tool = Tool(ids[i], e.tool.description, rename_schema_args(params, amap))
+        e.args = {amap[cur]: src for cur, src in e.args.items()}
+        for c in draft.calls_on(i):
+            c.arguments = {amap.get(k, k): v for k, v in c.arguments.items()}
+            if c.accepted is not None:
+                c.accepted = {amap.get(k, k): v for k, v in c.accepted.items()}
+    draft.rewrite_messages(text_map)
+
+
+def perturb_for_training(example: Example, config: TrainingPerturbationConfig | None = None, *,
+                         seed: int) -> tuple[Example, Correspondence]:
+    """The perturbed copy of a (canonical) training example and its correspondence to the tools it was
+    given. Deterministic in (seed, example.id)."""
+    config = config or TrainingPerturbationConfig()
+    rng = rng_for(seed, example.id, "training")
+    draft = Draft(example)
+    _add_twins(draft, rng, config)
+    _relabel_and_reorder(draft, rng, config)
+    return draft.finish(names="original", perturbation="in_distribution",
+                        meta={"seed": seed, "variant": _variant_name(config)})
+
+
+def in_distribution(example: Example, *, seed: int,
+                    config: TrainingPerturbationConfig | None = None) -> tuple[Example, Correspondence]:
+    """The training perturbation applied to an example under original names, as an evaluation type:
+    canonicalize, perturb, and express the correspondence in the original names."""
+    canon, nmap = canonicalize(example)
+    perturbed, corr = perturb_for_training(canon, config, seed=seed)
+    return perturbed, corr.compose(nmap.backward, nmap.arguments)
+
+
+def _variant_name(config: TrainingPerturbationConfig) -> str:
+    for v in VARIANTS:
+        if TrainingPerturbationConfig.preset(v) == config:
+            return v
+    return "custom"

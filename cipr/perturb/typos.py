@@ -1,0 +1,94 @@
+"""Held-out perturbation: typos in the query (paper Table 5, "typos"; RobustBench-TC realistic typos).
+
+Character-level keyboard noise on the last user message: a fraction `rate` of the eligible words
+(alphabetic, at least `min_word_length` letters, standing alone, not part of an identifier) get one
+typo each (adjacent swap, dropped letter, doubled letter, neighbouring key), at least `min_typos`.
+The first letter of a word is kept, as in most human typos.
+
+Choice the paper leaves open: words that occur in a reference argument value (any accepted value,
+nested values included) and words naming a declared tool or argument are protected, so the query
+still states every value the reference call needs; a typo in "San Francisco" would make the exact
+value unrecoverable and turn a robustness test into an impossible item. An item whose query has no
+eligible word is left unchanged and says so in `meta["perturbation"]["notes"]`.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from cipr.perturb.draft import Draft
+from cipr.perturb.naming import typo
+
+_WORD = re.compile(r"(?<![\w.\-/@'])[A-Za-z]+(?![\w\-/@]|'\w|\.\w)")
+
+
+@dataclass(frozen=True)
+class TypoConfig:
+    """How much noise: the fraction of eligible words hit, a floor, and the shortest eligible word."""
+
+    rate: float = 0.15
+    min_typos: int = 1
+    min_word_length: int = 4
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.rate <= 1.0:
+            raise ValueError(f"rate must be in (0, 1], got {self.rate}")
+
+
+def _value_words(values: Iterable[Any], out: set[str]) -> None:
+    for v in values:
+        if isinstance(v, str):
+            out.update(w.lower() for w in re.findall(r"[A-Za-z]+", v))
+        elif isinstance(v, dict):
+            _value_words(v.keys(), out)
+            _value_words(v.values(), out)
+        elif isinstance(v, (list, tuple)):
+            _value_words(v, out)
+
+
+def protected_words(draft: Draft) -> set[str]:
+    """Lower-case words the typos must not touch: reference values and tool/argument names."""
+    out: set[str] = set()
+    for c in draft.all_calls():
+        _value_words(c.arguments.values(), out)
+        if c.accepted:
+            _value_words(c.accepted.values(), out)
+    for e in draft.entries:
+        out.update(w.lower() for w in re.findall(r"[A-Za-z]+", e.tool.name))
+        for a in e.tool.properties:
+            out.update(w.lower() for w in re.findall(r"[A-Za-z]+", a))
+    return out
+
+
+def add_typos(text: str, rng: random.Random, protected: set[str], config: TypoConfig = TypoConfig()
+              ) -> tuple[str, int]:
+    """`text` with typos in a fraction of its eligible words, and how many words were changed."""
+    spans = [m.span() for m in _WORD.finditer(text)
+             if len(m.group()) >= config.min_word_length and m.group().lower() not in protected]
+    if not spans:
+        return text, 0
+    k = min(len(spans), max(config.min_typos, round(config.rate * len(spans))))
+    chosen = sorted(rng.sample(range(len(spans)), k))
+    pieces: list[str] = []
+    last = 0
+    for idx in chosen:
+        a, b = spans[idx]
+        pieces.append(text[last:a])
+        pieces.append(typo(text[a:b], rng))
+        last = b
+    pieces.append(text[last:])
+    return "".join(pieces), k
+
+
+def apply_typos(draft: Draft, rng: random.Random, config: TypoConfig = TypoConfig()) -> None:
+    """Put typos into the draft's query (the last user message)."""
+    text, k = add_typos(draft.query, rng, protected_words(draft), config)
+    if k == 0:
+        draft.notes.append("no eligible word in the query: unchanged")
+        return
+    draft.set_query(text)
+    draft.notes.append(f"{k} typo(s) in the query")
