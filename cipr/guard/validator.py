@@ -50,9 +50,18 @@ NAME_CODES = frozenset({MISSING_NAME, UNKNOWN_TOOL})
 
 @dataclass(frozen=True)
 class ValidatorConfig:
-    """`strict_unknown`: report arguments the schema does not declare (see the module docstring)."""
+    """What the validator checks.
+
+    - `strict_unknown`: report arguments the schema does not declare (see the module docstring).
+    - `check_types`: report type mismatches. BFCL's Java and JavaScript items pass values as source
+      literals in strings while their schemas declare `integer`, `boolean`, ...; turn this off there.
+    - `check_enums`: report values outside an enum (BFCL's own checker ignores enums, and a few of
+      its live reference answers break them).
+    """
 
     strict_unknown: bool = True
+    check_types: bool = True
+    check_enums: bool = True
 
 
 @dataclass(frozen=True)
@@ -248,6 +257,8 @@ class CallValidator:
     def __init__(self, snapshot: ContractSnapshot, config: ValidatorConfig | None = None) -> None:
         self.snapshot = snapshot
         self.config = config or ValidatorConfig()
+        self._ignored = frozenset(code for code, on in ((WRONG_TYPE, self.config.check_types),
+                                                        (ENUM_MISMATCH, self.config.check_enums)) if not on)
         self._validators: list[tuple[Tool, Draft202012Validator]] = []
         for tool in snapshot.tools:
             schema = dict(tool.parameters)
@@ -272,7 +283,8 @@ class CallValidator:
                 f"arguments must be a JSON object, got {_json_type(call.arguments)} {_short(call.arguments)}"),))
         best: tuple[ValidationIssue, ...] | None = None
         for tool, validator in candidates:
-            issues = tuple(_issues_from_errors(list(validator.iter_errors(dict(call.arguments)))))
+            issues = tuple(i for i in _issues_from_errors(list(validator.iter_errors(dict(call.arguments))))
+                           if i.code not in self._ignored)
             if not issues:
                 return ValidationReport(call, version, tool.name, ())
             if best is None or len(issues) < len(best):
