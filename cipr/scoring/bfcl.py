@@ -96,7 +96,9 @@ def score_bfcl(predicted_calls: Sequence[Call] | ParseResult, example: Example, 
     """The verdict on `predicted_calls` for a BFCL-style example (see the module docstring).
 
     `any_declaration=False` validates against the first declaration of the reference's tool name
-    only; `nested_any_values=False` reads Java collections of `any` as the released checker does.
+    only, as the released checker does for multiple-tool items (differences 2-6 still apply, so it
+    is not the released checker); `nested_any_values=False` reads Java collections of `any` as the
+    released checker does.
     """
     if isinstance(predicted_calls, ParseResult):
         if not predicted_calls.ok:
@@ -146,26 +148,35 @@ def _match_all(calls: Sequence[Call], answer: Sequence[tuple[str, Mapping[str, S
                language: str, any_declaration: bool, nested_any_values: bool) -> _Error | None:
     """None if the calls match the answer one to one (any order); else the error of an unmatched call."""
     errors: list[list[_Error | None]] = []
+    tools_of: list[Sequence[Tool]] = []
     for name, accepted in answer:
         tools = example.interface.declarations(name)
         if not tools:
             raise DataError(f"the reference calls {name!r}, which the interface does not declare",
                             item=example.id, field="reference")
-        if not any_declaration:
-            tools = tools[:1]
-        errors.append([_check_declarations(c, name, accepted, tools, language, nested_any_values) for c in calls])
+        tools_of.append(tools if any_declaration else tools[:1])
+        errors.append([_check_declarations(c, name, accepted, tools_of[-1], language, nested_any_values)
+                       for c in calls])
     match = _max_matching([[e is None for e in row] for row in errors])
     if all(m is not None for m in match):
         return None
-    i = next(i for i, m in enumerate(match) if m is None)
+    # Attribute the failure: the first predicted call left unmatched, against the reference call it is
+    # closest to (same name, most arguments with an accepted value).
     used = {m for m in match if m is not None}
-    free = [j for j in range(len(calls)) if j not in used]
-    same = [j for j in free if calls[j].name == answer[i][0]]
-    j = same[0] if same else free[0]
+    j = next(j for j in range(len(calls)) if j not in used)
+    i = max(range(len(answer)), key=lambda i: (calls[j].name == answer[i][0],
+                                                _closeness(calls[j], answer[i][1], tools_of[i], language), -i))
     err = errors[i][j]
     assert err is not None
     where = f"reference call {i} ({answer[i][0]})" + (f", predicted call {j}" if len(calls) > 1 else "")
     return err[0], f"{where}: {err[1]}"
+
+
+def _closeness(call: Call, accepted: Mapping[str, Sequence[Any]], tools: Sequence[Tool], language: str) -> int:
+    """How many of the call's arguments have an accepted value (to say which reference a wrong call missed)."""
+    props = tools[0].properties
+    return sum(1 for arg, value in call.arguments.items()
+               if arg in accepted and check_value(arg, value, tuple(accepted[arg]), props.get(arg), language) is None)
 
 
 def _max_matching(ok: list[list[bool]]) -> list[int | None]:
@@ -269,11 +280,11 @@ def check_value(arg: str, value: Any, accepted: tuple[Any, ...], schema: Mapping
         value = list(value)
     if language == "python" and declared == "float" and type(value) is int:
         value = float(value)
-    if not accepted:
-        return _empty_accepted(arg, value)
-    ok, is_variable = _type_check(value, accepted, expected, nested_expected)
+    ok, is_variable = _type_check(value, accepted, expected, nested_expected if accepted else None)
     if not ok:
         return "wrong_type", f"argument {arg!r}: expected type {declared}, got {type(value).__name__} {value!r}"
+    if not accepted:
+        return _empty_accepted(arg, value)
     if not is_variable:
         if expected is dict:
             return _dict_value(arg, value, accepted)
