@@ -233,3 +233,35 @@ def test_bad_queries_raise(tiny_tokenizer, model64):
             read_actions(model64, tiny_tokenizer, [q], 7)
     finally:
         model64.config._attn_implementation_internal = "sdpa"
+
+
+def _format_queries(tok, fmt_name: str) -> list[ActionQuery]:
+    """Targets rendered by a real call format: the parallel calls it allows, a single call, no call."""
+    from cipr.formats import get_format
+    from cipr.interface import Call, Interface, Message, Tool
+
+    fmt = get_format(fmt_name)
+    names = ["function_1", "function_10", "function_11", "function_2", 'say"hi']
+    schema = {"type": "object", "properties": {"arg_01": {"type": "string"}}}
+    interface = Interface(tuple(Tool(n, f"Does {n}.", schema) for n in names))
+    prompt = fmt.render_prompt(tok, [Message("user", "Weather in Paris?")], interface)
+    parallel = fmt_name in ("toolrl", "hermes")
+    targets = [fmt.render_target([Call("function_10", {"arg_01": "x"}), Call('say"hi', {"arg_01": "y"})]
+                                 if parallel else [Call("function_11", {"arg_01": "x"})], think="ok"),
+               fmt.render_target([Call("function_1", {"arg_01": "z"})], think="go"),
+               fmt.render_target([], response="It is sunny.", think="no tool")]
+    queries = [ActionQuery.from_format(fmt, prompt, t, names, (4, 3, 2, 1, 0)) for t in targets]
+    assert [len(q.decisions) for q in queries] == ([3, 2, 1] if parallel else [1, 1, 1])
+    assert queries[2].decisions[0].taken is None
+    return queries
+
+
+@pytest.mark.parametrize("fmt_name", ["toolrl", "hermes", "react", "webshop"])
+def test_every_call_format_one_pass_equals_bruteforce(tiny_tokenizer, model64, fmt_name):
+    queries = _format_queries(tiny_tokenizer, fmt_name)
+    reading = read_actions(model64, tiny_tokenizer, queries, 5, ActionReaderConfig(padding_side="left"))
+    _assert_same(reading.probs, read_actions_bruteforce(model64, tiny_tokenizer, queries, 5))
+    # the taken calls were read from the response itself: fewer packed tokens than packing every trie
+    packed = read_actions(model64, tiny_tokenizer, queries, 5, ActionReaderConfig(reuse_response=False))
+    assert reading.packed_tokens < packed.packed_tokens
+    assert torch.allclose(reading.probs, packed.probs, atol=1e-12, rtol=0)
