@@ -44,6 +44,7 @@ from cipr.interface import Tool
 from cipr.perturb.draft import Draft, Entry, RefCall, with_parameters
 from cipr.perturb.naming import drifted_name, slug, unique
 from cipr.perturb.pool import pick_unrelated
+from cipr.scoring.bfcl_literals import NESTED_TYPES, read_value, write_value
 
 FILLER_VALUES = ("default", "other", "unspecified", "auto", "standard")
 ENUM_STYLES = ("upper", "prefix", "snake")
@@ -277,6 +278,19 @@ def _map_value(v: Any, table: dict[Any, Any]) -> Any:
     return v
 
 
+def _map_literal(value: Any, table: dict[Any, Any], schema: dict[str, Any], language: str) -> Any:
+    """`_map_value` for a reference argument: Java/JavaScript arguments are source literals, so they
+    are read, mapped and written back with BFCL's converters (`cipr.scoring.bfcl_literals`)."""
+    bfcl_type = schema.get("x-bfcl-type")
+    if language == "python" or not bfcl_type or not isinstance(value, str):
+        return _map_value(value, table)
+    items = schema.get("items")
+    nested = items.get("x-bfcl-type") if isinstance(items, dict) and bfcl_type in NESTED_TYPES + ("tuple",) else None
+    parsed = read_value(value, language, bfcl_type, nested)
+    mapped = _map_value(parsed, table)
+    return value if mapped == parsed else write_value(mapped, language, bfcl_type, nested)
+
+
 def _replace_enum(draft: Draft, entry: Entry, arg: str, rng: random.Random) -> None:
     schema = dict(entry.tool.properties[arg])
     holder = schema if "enum" in schema else dict(schema["items"])
@@ -288,9 +302,10 @@ def _replace_enum(draft: Draft, entry: Entry, arg: str, rng: random.Random) -> N
         schema["default"] = _map_value(schema["default"], table)
     props = {k: (schema if k == arg else v) for k, v in entry.tool.properties.items()}
     entry.tool = with_parameters(entry.tool, props, entry.tool.required)
+    lang = language_of(draft)
     for c in draft.calls_on(draft.position(entry)):
         if arg in c.arguments:
-            c.arguments = {**c.arguments, arg: _map_value(c.arguments[arg], table)}
+            c.arguments = {**c.arguments, arg: _map_literal(c.arguments[arg], table, schema, lang)}
         if c.accepted is not None and arg in c.accepted:
             c.accepted = {**c.accepted, arg: tuple(_map_value(v, table) if v != "" else v
                                                      for v in c.accepted[arg])}
@@ -360,6 +375,14 @@ def _split_candidate(draft: Draft, i: int) -> tuple[str, list[list[Any]]] | None
     return None
 
 
+def _raw_value(c: RefCall, arg: str) -> Any:
+    """The value a call needs for `arg` as plain data: the first accepted value when BFCL lists them
+    (Java/JavaScript reference arguments are source literals), else the argument itself."""
+    if c.accepted is not None and arg in c.accepted:
+        return next(v for v in c.accepted[arg] if v != "")
+    return c.arguments[arg]
+
+
 def _in_group(v: Any, group: list[Any]) -> bool:
     return any(v == g and isinstance(v, bool) == isinstance(g, bool) for g in group)
 
@@ -387,7 +410,7 @@ def split_tool(draft: Draft, i: int, arg: str, groups: list[list[Any]]) -> None:
     draft.entries[i] = halves[0]
     draft.insert(i + 1, halves[1])
     for c in calls:
-        value = c.arguments[arg]
+        value = _raw_value(c, arg)
         k = next(n for n, g in enumerate(groups) if _in_group(value, g))
         c.entry = i + k
         if len(groups[k]) == 1:
