@@ -100,8 +100,8 @@ def plot_comparison(cmp: Mapping[str, Any], path: str | Path) -> Path:
         vals = list(e["types"].values()) + list(e["groups"].values())
         ys = range(len(vals))
         xs = [v["value"] or 0.0 for v in vals]
-        err = [[0.0 if v["low"] is None else v["value"] - v["low"] for v in vals],
-               [0.0 if v["high"] is None else v["high"] - v["value"] for v in vals]]
+        err = [[0.0 if v["low"] is None else max(0.0, v["value"] - v["low"]) for v in vals],
+               [0.0 if v["high"] is None else max(0.0, v["high"] - v["value"]) for v in vals]]
         colors = ["tab:blue"] * len(e["types"]) + ["tab:orange"] * len(e["groups"])
         ax.barh(list(ys), xs, xerr=err, color=colors, capsize=2)
         ax.axvline(0, color="black", linewidth=0.8)

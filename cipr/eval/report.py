@@ -91,7 +91,7 @@ def _est(e: Estimate) -> dict[str, Any]:
 
 def _ordered(values: Iterable[str], preferred: Sequence[str] = ()) -> list[str]:
     seen = list(dict.fromkeys(values))
-    head = [v for v in preferred if v in seen]
+    head = [v for v in dict.fromkeys(preferred) if v in seen]
     return head + [v for v in seen if v not in head]
 
 
@@ -212,14 +212,15 @@ def summarize(records: Sequence[Mapping[str, Any]], config: ReportConfig = Repor
                 list(sc["mean"].values()), method=config.mean_method, confidence=config.confidence))}
             if config.original in sc["types"]:
                 entry["gap"] = paired(sc["types"][config.original], sc["mean"], config)
-        parts: dict[str, dict[str, Any]] = defaultdict(dict)
+        parts: dict[str, dict[str, Any]] = {}
         for part in _ordered(r["partition"] for r in recs):
             ids = {r["id"] for r in recs if r["partition"] == part}
-            for t in out_types:
-                sub = {i: v for i, v in sc["types"][t].items() if i in ids}
-                if sub:
-                    parts[part][t] = _est(_mean_of(sub, config))
-        entry["partitions"] = dict(parts)
+            types_p = {t: _est(_mean_of(sub, config)) for t in out_types
+                       if (sub := {i: v for i, v in sc["types"][t].items() if i in ids})}
+            groups_p = {g: _est(_mean_of(sub, config)) for g, v in sc["groups"].items()
+                        if (sub := {u: x for u, x in v.items() if (u[1] if isinstance(u, tuple) else u) in ids})}
+            parts[part] = {"n_items": len(ids), "types": types_p, "groups": groups_p}
+        entry["partitions"] = parts
         entry["taxonomy"] = {
             "original": dict(Counter(r["taxonomy"] for r in recs if r["perturbation"] == config.original)),
             "held_out": dict(Counter(r["taxonomy"] for r in recs if lay.group_of[r["perturbation"]]
@@ -342,13 +343,12 @@ def render_markdown(summary: Mapping[str, Any], title: str | None = None) -> str
             rows.append([cls, *cells])
     header = ["Class"] + [f"{n} / {p}" for n in names_list for p in ("original", "held-out")]
     out += ["", "## Failure taxonomy (Appendix E)", "", table(header, rows)]
-    # Partitions.
+    # Partitions (by group: a column per type would not fit).
     for n in names_list:
         parts = summary["names"][n]["partitions"]
         if len(parts) > 1:
-            types = list(summary["names"][n]["types"])
-            rows = [[p] + [fmt(v.get(t)) for t in types] for p, v in parts.items()]
-            out += ["", f"## By partition ({n} names)", "", table(["Partition", *types], rows)]
+            rows = [[p, str(v["n_items"])] + [fmt(v["groups"].get(g)) for g in groups] for p, v in parts.items()]
+            out += ["", f"## By partition ({n} names)", "", table(["Partition", "items", *groups], rows)]
     out.append("")
     return "\n".join(out)
 
@@ -375,8 +375,8 @@ def plot_summary(summary: Mapping[str, Any], plots_dir: str | Path) -> list[Path
             xs.append(i + (j - (len(names_list) - 1) / 2) * width)
             ys.append(e["value"])
             lo, hi = e["low"], e["high"]
-            errs[0].append(0.0 if lo is None else e["value"] - lo)
-            errs[1].append(0.0 if hi is None else hi - e["value"])
+            errs[0].append(0.0 if lo is None else max(0.0, e["value"] - lo))
+            errs[1].append(0.0 if hi is None else max(0.0, hi - e["value"]))
         ax.bar(xs, ys, width=width, yerr=errs, capsize=2, label=f"{n} names")
     ax.set_xticks(range(len(types)), types, rotation=60, ha="right", fontsize=8)
     ax.set_ylabel("accuracy (%)")

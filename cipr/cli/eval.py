@@ -1,0 +1,92 @@
+"""`cipr-eval` (Hydra) and `cipr-eval-compare RUN_A RUN_B`.
+
+One CPU (embedded SmolLM2-135M, a small BFCL slice, both tool namings):
+    cipr-eval benchmark=bfcl limit=20 perturbations=[original,typos,cost_tag_explicit] \
+        names=[original,canonical] max_new_tokens=128 out_dir=evals/smoke
+One GPU:
+    cipr-eval model=exports/q3b_cipr benchmark=bfcl names=[canonical] batch_size=32 max_new_tokens=4096 \
+        out_dir=evals/q3b_cipr_bfcl                      # HF, batched
+    cipr-eval model=exports/q3b_cipr backend=vllm benchmark=bfcl names=[canonical] out_dir=evals/q3b_cipr_bfcl
+Several GPUs: one vLLM engine across them (`vllm.tensor_parallel_size=4`), or one job per benchmark.
+An OpenAI-compatible endpoint (a `vllm serve` process, a hosted API; the key from $OPENAI_API_KEY):
+    cipr-eval model=http://localhost:8000/v1 benchmark=rotbench out_dir=evals/rot
+Slurm:
+    sbatch --partition=P --gres=gpu:1 --time=04:00:00 slurm/eval.sbatch model=exports/q3b_cipr \
+        benchmark=bfcl backend=vllm out_dir=evals/q3b_cipr_bfcl
+Rerunning a command continues its run: items already in out_dir/results.jsonl are skipped.
+Compare two runs (paired over items; writes compare.md / compare.png / compare.json):
+    cipr-eval-compare evals/q3b_grpo_bfcl evals/q3b_cipr_bfcl [--out DIR]
+
+Options are in configs/eval.yaml and configs/benchmark/*.yaml (see `cipr.eval.config.EvalConfig`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
+
+
+def to_eval_config(cfg: Any) -> Any:
+    """A Hydra/OmegaConf config (without its `hydra` node) as a validated EvalConfig."""
+    from omegaconf import OmegaConf
+
+    from cipr.eval.config import EvalConfig
+
+    data = OmegaConf.to_container(cfg, resolve=True)
+    data.pop("hydra", None)
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EvalConfig), data))
+
+
+def run(cfg: Any) -> dict[str, Any]:
+    """Evaluate a composed config and print where the outputs are."""
+    from cipr.eval.evaluate import evaluate
+
+    ecfg = to_eval_config(cfg)
+    summary = evaluate(ecfg)
+    out = Path(ecfg.out_dir)
+    lines = [f"results: {out / 'results.jsonl'}", f"summary: {out / 'summary.json'}",
+             f"report:  {out / 'report.md'}", f"plots:   {out / 'plots'}"]
+    for names, e in summary["names"].items():
+        acc = e["types"].get(summary["config"]["original"], {}).get("accuracy", {})
+        gap = e.get("gap", {})
+        lines.append(f"{names} names: original {acc.get('value')} %, gap {gap.get('value')} points")
+    print("\n".join(lines))
+    return summary
+
+
+def main() -> None:
+    """`cipr-eval` entry point (Hydra parses sys.argv overrides such as `limit=20`)."""
+    import hydra
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    hydra.main(config_path=CONFIG_DIR, config_name="eval", version_base=None)(run)()
+
+
+def compare_main(argv: Sequence[str] | None = None) -> int:
+    """`cipr-eval-compare RUN_A RUN_B [--out DIR]`: B − A per type and group, paired over items."""
+    from cipr.eval.compare import render_comparison, write_comparison
+
+    p = argparse.ArgumentParser(prog="cipr-eval-compare", description=compare_main.__doc__)
+    p.add_argument("run_a", type=Path, help="baseline run directory (A)")
+    p.add_argument("run_b", type=Path, help="run directory compared with it (B)")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default: RUN_B/compare_<A name>)")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON instead of markdown")
+    args = p.parse_args(argv)
+    for d in (args.run_a, args.run_b):
+        if not (d / "results.jsonl").is_file():
+            p.error(f"{d} has no results.jsonl")
+    cmp = write_comparison(args.run_a, args.run_b, args.out)
+    print(json.dumps(cmp, indent=2) if args.json else render_comparison(cmp))
+    print(f"written to {cmp['out_dir']}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""The evaluation run's configuration (`cipr-eval`, configs/eval.yaml and configs/benchmark/*.yaml).
+
+`EvalConfig` composes the options of the modules it drives: the benchmark (`BenchmarkConfig`), the
+backends (`HFBackendConfig` fields are flat here: `batch_size`, `max_new_tokens`), the OpenAI and
+vLLM backend configs, and the report's aggregation. Hydra's YAML is merged onto these dataclasses
+(`OmegaConf.structured`), so a misspelled key or a wrong type fails before anything loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from cipr.eval.backends import OpenAIBackendConfig, VLLMBackendConfig
+
+BENCHMARKS = ("bfcl", "rotbench", "toolrl_test", "synthetic")
+BACKENDS = ("auto", "hf", "vllm", "openai", "replay")
+
+
+@dataclass
+class BenchmarkReportConfig:
+    """How the benchmark's records aggregate (see `cipr.eval.report.ReportConfig`)."""
+
+    original: str = "original"
+    group_mode: str = "item_mean"
+    mean_groups: list[str] | None = None
+
+
+@dataclass
+class BenchmarkConfig:
+    """A benchmark: where its items come from, its call format and scorer, and its defaults.
+
+    - `perturbations`: the default list of types and groups (`default` in `EvalConfig.perturbations`
+      expands to it). Tokens: a type name, a group name, `held_out` (every held-out type), `original`.
+    - `names`: the default tool names evaluated (`original`, `canonical`, or both).
+    - `split` (RoTBench), `path` (ToolRL: a verl parquet or SFT JSON; default the test parquet under
+      the data root), `n` (synthetic: how many examples).
+    - `strict_parse`: a malformed response (per the call format) is wrong even if calls were read; off
+      for RoTBench, whose own extraction decides.
+    """
+
+    name: str = "bfcl"
+    format: str = "toolrl"
+    scorer: str = "bfcl"
+    perturbations: list[str] = field(default_factory=lambda: ["original", "held_out"])
+    names: list[str] = field(default_factory=lambda: ["original"])
+    split: str = "First_Turn"
+    path: str | None = None
+    n: int = 200
+    strict_parse: bool = True
+    report: BenchmarkReportConfig = field(default_factory=BenchmarkReportConfig)
+
+
+@dataclass
+class EvalConfig:
+    """One `cipr-eval` run (every field can be overridden on the command line, e.g. `limit=50`).
+
+    - `model`: `embedded` (SmolLM2-135M-Instruct GGUF), a checkpoint folder (a LoRA adapter folder
+      loads onto its base), a hub id (from the local cache when offline), or an `http(s)://.../v1`
+      endpoint (OpenAI-compatible; `backend=auto` then picks `openai`).
+    - `backend`: `auto` (openai for a URL, else hf), `hf`, `vllm`, `openai`, `replay`.
+    - `perturbations`: None or `[default]` for the benchmark's default; else names and groups.
+    - `names`: None for the benchmark's default; `[original]`, `[canonical]` or both.
+    - `limit`: at most this many items, taken round-robin over partitions (BFCL) or per level
+      (RoTBench), so a small run still covers every partition. None: all.
+    - `partitions`: BFCL partitions to load (None: all ten).
+    - `replay`: `reference` or `familiar` (see `cipr.eval.backends.ReplayBackend`).
+    - `format`: call format name (None: the benchmark's).
+    - `device` / `dtype`: `auto` = CUDA with bfloat16 when available, else CPU float32.
+    """
+
+    model: str = "embedded"
+    benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
+    backend: str = "auto"
+    perturbations: list[str] | None = None
+    names: list[str] | None = None
+    limit: int | None = None
+    partitions: list[str] | None = None
+    seed: int = 0
+    batch_size: int = 8
+    max_new_tokens: int = 512
+    chunk_size: int = 64
+    format: str | None = None
+    out_dir: str = "evals/run"
+    data_root: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    replay: str = "reference"
+    progress: bool = True
+    openai: OpenAIBackendConfig = field(default_factory=OpenAIBackendConfig)
+    vllm: VLLMBackendConfig = field(default_factory=VLLMBackendConfig)
+
+    def __post_init__(self) -> None:
+        if self.benchmark.name not in BENCHMARKS:
+            raise ValueError(f"benchmark={self.benchmark.name!r}; choose one of {', '.join(BENCHMARKS)}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend={self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        for n in self.names or []:
+            if n not in ("original", "canonical"):
+                raise ValueError(f"names={n!r}; use original, canonical or [original,canonical]")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit={self.limit} must be a positive number of items (or null for all)")
+
+    @property
+    def call_format(self) -> str:
+        return self.format or self.benchmark.format
+
+    @property
+    def names_list(self) -> list[str]:
+        return list(self.names or self.benchmark.names)
+
+    @property
+    def resolved_backend(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        return "openai" if self.model.startswith(("http://", "https://")) else "hf"
+
+    def meta(self) -> dict[str, Any]:
+        """What run.json records about this configuration (and what a resumed run must match)."""
+        return {"model": self.model, "benchmark": self.benchmark.name, "format": self.call_format,
+                "backend": self.resolved_backend, "seed": self.seed, "max_new_tokens": self.max_new_tokens,
+                "split": self.benchmark.split if self.benchmark.name == "rotbench" else None,
+                "replay": self.replay if self.resolved_backend == "replay" else None}

@@ -1,0 +1,164 @@
+"""One evaluation run end to end: build items, load the model and backend, run, write the report.
+
+`evaluate(cfg)` is what `cipr-eval` calls; tests and benchmarks call it with a preloaded model.
+
+Model loading (`load_model`): `embedded` is SmolLM2-135M-Instruct from its GGUF (`cipr.embedded`);
+a folder with `adapter_config.json` is a PEFT adapter loaded onto its base model; anything else goes to
+`from_pretrained` (a checkpoint folder, or a hub id from the local cache). The tokenizer gets a pad
+token (the end-of-text token when there is one, else eos) and left padding; end-of-turn tokens stop
+generation (`cipr.eval.backends`).
+
+run.json in the run directory records the configuration; a rerun into the same directory must agree
+on model, benchmark, format, backend, seed, max_new_tokens, split and replay mode (else it raises
+rather than mixing two runs in one results.jsonl); it may add perturbations, names or items.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from cipr.eval.backends import (
+    Backend,
+    HFBackend,
+    HFBackendConfig,
+    OpenAIBackend,
+    ReplayBackend,
+    VLLMBackend,
+)
+from cipr.eval.benchmarks import build, scorer_for
+from cipr.eval.config import EvalConfig
+from cipr.eval.report import RUN_META, ReportConfig, write_report
+from cipr.eval.runner import RunnerConfig, run_items
+from cipr.formats import CallFormat, get_format
+
+log = logging.getLogger(__name__)
+
+
+def _device_dtype(cfg: EvalConfig) -> tuple[str, Any]:
+    import torch
+
+    device = cfg.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = cfg.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if device.startswith("cuda") and torch.cuda.is_bf16_supported() else "float32"
+    return device, getattr(torch, dtype)
+
+
+def prepare_tokenizer(tokenizer: Any) -> Any:
+    """Pad token (end-of-text if the vocabulary has one and it is not eos, else eos) and left padding."""
+    vocab = tokenizer.get_vocab()
+    if tokenizer.pad_token is None or tokenizer.pad_token == tokenizer.eos_token:
+        pad = "<|endoftext|>" if "<|endoftext|>" in vocab else tokenizer.eos_token
+        if pad is not None:
+            tokenizer.pad_token = pad
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def load_model(cfg: EvalConfig) -> tuple[Any, Any]:
+    """(model, tokenizer) for the HF backend, in eval mode on the configured device."""
+    device, dtype = _device_dtype(cfg)
+    if cfg.model == "embedded":
+        from cipr.embedded import load_embedded
+
+        model, tokenizer = load_embedded(dtype=dtype)
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = Path(cfg.model).expanduser()
+        if (path / "adapter_config.json").is_file():
+            from peft import AutoPeftModelForCausalLM
+
+            model = AutoPeftModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+            model = model.merge_and_unload()
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(path) if path.exists() else cfg.model, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(str(path) if path.exists() else cfg.model)
+    model.to(device)
+    model.eval()
+    return model, prepare_tokenizer(tokenizer)
+
+
+def make_backend(cfg: EvalConfig, fmt: CallFormat, model: Any = None, tokenizer: Any = None) -> Backend:
+    """The configured backend (HF loads the model unless one is passed in)."""
+    kind = cfg.resolved_backend
+    if kind == "replay":
+        return ReplayBackend(fmt, cfg.replay)  # type: ignore[arg-type]
+    if kind == "openai":
+        ocfg = cfg.openai
+        if cfg.model.startswith(("http://", "https://")):
+            ocfg.base_url = cfg.model
+        ocfg.max_new_tokens = cfg.max_new_tokens
+        return OpenAIBackend(fmt, ocfg)
+    if kind == "vllm":
+        if cfg.model == "embedded":
+            raise ValueError("backend=vllm needs a model folder or hub id; the embedded GGUF runs with backend=hf")
+        from transformers import AutoTokenizer
+
+        tok = tokenizer or prepare_tokenizer(AutoTokenizer.from_pretrained(cfg.model))
+        cfg.vllm.max_new_tokens = cfg.max_new_tokens
+        return VLLMBackend(cfg.model, tok, fmt, cfg.vllm)
+    if model is None or tokenizer is None:
+        model, tokenizer = load_model(cfg)
+    else:
+        prepare_tokenizer(tokenizer)
+    return HFBackend(model, tokenizer, fmt, HFBackendConfig(batch_size=cfg.batch_size,
+                                                           max_new_tokens=cfg.max_new_tokens))
+
+
+def report_config(cfg: EvalConfig) -> ReportConfig:
+    r = cfg.benchmark.report
+    return ReportConfig(original=r.original, group_mode=r.group_mode,  # type: ignore[arg-type]
+                        mean_groups=tuple(r.mean_groups) if r.mean_groups is not None else None)
+
+
+def write_meta(out_dir: Path, cfg: EvalConfig, perts: list[tuple[str, str]], build_report: dict[str, Any],
+               n_items: int) -> dict[str, Any]:
+    """Create or extend run.json; raise if the directory holds a run with another configuration."""
+    path = out_dir / RUN_META
+    new = cfg.meta()
+    old: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    clash = {k: (old[k], v) for k, v in new.items() if k in old and old[k] != v}
+    if clash:
+        detail = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in clash.items())
+        raise ValueError(f"{out_dir} holds a run with another configuration ({detail}); use a new out_dir")
+    rc = report_config(cfg)
+    meta = {**old, **new,
+            "perturbations": list(dict.fromkeys([*old.get("perturbations", []), *(p for p, _ in perts)])),
+            "groups": {**old.get("groups", {}), **dict(perts)},
+            "names": list(dict.fromkeys([*old.get("names", []), *cfg.names_list])),
+            "limit": cfg.limit, "partitions": cfg.partitions, "n_items_requested": n_items,
+            "build": build_report,
+            "report": {"original": rc.original, "group_mode": rc.group_mode,
+                       "mean_groups": list(rc.mean_groups) if rc.mean_groups is not None else None},
+            "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    meta.setdefault("created", meta["updated"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(meta, indent=2) + "\n")
+    tmp.replace(path)
+    return meta
+
+
+def evaluate(cfg: EvalConfig, *, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
+    """Run the evaluation described by `cfg` into `cfg.out_dir`; returns the summary."""
+    out_dir = Path(cfg.out_dir)
+    fmt = get_format(cfg.call_format)
+    items, perts, build_report = build(cfg)
+    if not items:
+        raise ValueError("nothing to evaluate: the benchmark, perturbations and names select no item")
+    write_meta(out_dir, cfg, perts, build_report.to_json(), len(items))
+    backend = make_backend(cfg, fmt, model, tokenizer)
+    rcfg = RunnerConfig(chunk_size=cfg.chunk_size, strict_parse=cfg.benchmark.strict_parse, progress=cfg.progress)
+    stats = run_items(items, backend, fmt, scorer_for(cfg), out_dir, rcfg)
+    log.info("evaluated %d, skipped %d already done, %d correct", stats.evaluated, stats.skipped, stats.correct)
+    summary = write_report(out_dir)
+    summary["run_stats"] = {"total": stats.total, "evaluated": stats.evaluated, "skipped": stats.skipped,
+                            "torn_lines": stats.torn_lines}
+    return summary
