@@ -32,9 +32,9 @@ item in tests/test_bfcl_checker_agreement.py):
    duplicate whose description or parameters are corrupted). When no declaration permits it, the
    error reported is that of the first declaration.
 2. The accepted-values lists are authoritative where BFCL's data contradicts its own schemas, so
-   every reference answer is accepted: an argument the accepted lists name but the tool does not
-   declare is checked against its accepted values only (no type), and an argument the schema
-   requires but the reference answer does not list is not required.
+   every reference answer is accepted: an argument the accepted lists name but no declaration of
+   the tool declares is checked against its accepted values only (no type), and an argument the
+   schema requires but the reference answer does not list is not required.
 3. An empty accepted-values list accepts only the empty list (two live_simple items list `[]` where
    an array argument's only value, the empty array, was meant).
 4. A dict entry's accepted values that are not a list are one accepted value (BFCL iterates the
@@ -52,7 +52,7 @@ other sources (`accepted` is None) accept exactly the reference values, or any o
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,17 +155,20 @@ def _match_all(calls: Sequence[Call], answer: Sequence[tuple[str, Mapping[str, S
             raise DataError(f"the reference calls {name!r}, which the interface does not declare",
                             item=example.id, field="reference")
         tools_of.append(tools if any_declaration else tools[:1])
-        errors.append([_check_declarations(c, name, accepted, tools_of[-1], language, nested_any_values)
+        untyped = frozenset(a for a in accepted if not any(a in t.properties for t in tools))
+        errors.append([_check_declarations(c, name, accepted, tools_of[-1], language, nested_any_values, untyped)
                        for c in calls])
     match = _max_matching([[e is None for e in row] for row in errors])
     if all(m is not None for m in match):
         return None
-    # Attribute the failure: the first predicted call left unmatched, against the reference call it is
-    # closest to (same name, most arguments with an accepted value).
+    # Attribute the failure: the first predicted call left unmatched, against the reference call it
+    # fails that it is closest to (same name, most arguments with an accepted value). In a maximum
+    # matching a free call fails at least the reference calls left unmatched.
     used = {m for m in match if m is not None}
     j = next(j for j in range(len(calls)) if j not in used)
-    i = max(range(len(answer)), key=lambda i: (calls[j].name == answer[i][0],
-                                                _closeness(calls[j], answer[i][1], tools_of[i], language), -i))
+    failed = [i for i in range(len(answer)) if errors[i][j] is not None]
+    i = max(failed, key=lambda i: (calls[j].name == answer[i][0],
+                                   _closeness(calls[j], answer[i][1], tools_of[i], language), -i))
     err = errors[i][j]
     assert err is not None
     where = f"reference call {i} ({answer[i][0]})" + (f", predicted call {j}" if len(calls) > 1 else "")
@@ -200,10 +203,10 @@ def _max_matching(ok: list[list[bool]]) -> list[int | None]:
 
 
 def _check_declarations(call: Call, name: str, accepted: Mapping[str, Sequence[Any]], tools: Sequence[Tool],
-                        language: str, nested_any_values: bool) -> _Error | None:
+                        language: str, nested_any_values: bool, untyped: frozenset[str]) -> _Error | None:
     first: _Error | None = None
     for tool in tools:
-        err = check_call(call, name, accepted, tool, language, nested_any_values=nested_any_values)
+        err = check_call(call, name, accepted, tool, language, nested_any_values=nested_any_values, untyped=untyped)
         if err is None:
             return None
         first = first or err
@@ -211,12 +214,15 @@ def _check_declarations(call: Call, name: str, accepted: Mapping[str, Sequence[A
 
 
 def check_call(call: Call, name: str, accepted: Mapping[str, Sequence[Any]], tool: Tool | None,
-               language: str = "python", *, nested_any_values: bool = True) -> _Error | None:
+               language: str = "python", *, nested_any_values: bool = True,
+               untyped: Collection[str] | None = None) -> _Error | None:
     """None if `call` matches one reference call (`name`, its accepted lists) under `tool`'s schema.
 
     Checks run in the released checker's order so the first error found is the one it reports:
     name, required arguments, then each passed argument (known? type? value?), then listed
-    arguments that are not optional.
+    arguments that are not optional. `untyped`: listed arguments checked by value only although
+    `tool` does not declare them (default: those `tool` does not declare; `score_bfcl` passes those
+    that no declaration of the name declares, so a same-name duplicate stays strict).
     """
     if call.name != name:
         return "wrong_name", f"called {call.name!r}, expected {name!r}"
@@ -225,8 +231,10 @@ def check_call(call: Call, name: str, accepted: Mapping[str, Sequence[Any]], too
     for req in (tool.required if tool is not None else ()):
         if req in accepted and req not in args:
             return "missing_argument", f"missing required argument {req!r}"
+    if untyped is None:
+        untyped = [a for a in accepted if a not in props]
     for arg, value in args.items():
-        if arg not in accepted:
+        if arg not in accepted or (arg not in props and arg not in untyped):
             return "extra_argument", f"unexpected argument {arg!r}"
         err = check_value(arg, value, tuple(accepted[arg]), props.get(arg), language,
                           nested_any_values=nested_any_values)
