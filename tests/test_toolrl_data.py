@@ -159,6 +159,7 @@ GOOD = {"instruction": SYSTEM, "input": "**Dialogue Records History**\n<user> We
     ({"instruction": SYSTEM.replace("Parameters: {", "Parameters: [{")}, "instruction.tools[1].parameters"),
     ({"instruction": SYSTEM.replace("\nDescription: Weather now.", "")}, "instruction.tools[1]"),
     ({"instruction": "no tools"}, "instruction"),
+    ({"instruction": SYSTEM.replace("Name: get_weather", "Name: ")}, "instruction.tools[1]"),
     ({"input": None}, "input"),
     ({"input": "**Dialogue Records History**\n<user> a </user>\n<tool_call>\n{oops}\n</tool_call>"},
      "input.tool_call#1[0]"),

@@ -99,8 +99,7 @@ def parse_system(text: str, *, file: str, item: str) -> tuple[Interface, str, st
                         field="conversations[0]") from e
     if not isinstance(tools, list) or not tools:
         raise DataError("tool array is empty or not a list", file=file, item=item, field="conversations[0]")
-    where = f"{file}"
-    parsed = tuple(Tool.from_openai(t, where=where, item=item) for t in tools)
+    parsed = tuple(Tool.from_openai(t, where=file, item=item) for t in tools)
     return Interface(parsed), text[:start], text[end:]
 
 

@@ -176,6 +176,8 @@ def parse_tool_block(instruction: str, *, file: str, item: str) -> tuple[Interfa
         if not m or int(m.group(1)) != k:
             break
         where = f"instruction.tools[{k}]"
+        if not m.group(2).strip():
+            raise DataError("tool has an empty name", file=file, item=item, field=where)
         if i + 2 >= len(lines) or not lines[i + 1].startswith("Description: ") \
                 or not lines[i + 2].startswith("Parameters: "):
             raise DataError(f"tool {k} is not followed by 'Description: ...' and 'Parameters: ...' lines",
