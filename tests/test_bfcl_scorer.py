@@ -290,3 +290,18 @@ def test_bfcl_reader_quirks_are_kept():
     assert read_java('new ArrayList<>(Arrays.asList("a", 1))', "ArrayList", "any", nested_any_values=False) == \
         ['"a"', "1"]
     assert read_java('new ArrayList<>(Arrays.asList("a", 1))', "ArrayList", "any") == ["a", 1]
+
+
+def test_real_references_score_correct_under_original_and_canonical_names(shared_data):
+    """Renaming tools and arguments rewrites the Example; the scorer follows (all 2,501 items)."""
+    from cipr.data.bfcl import load_bfcl
+
+    wrong = []
+    for ex in load_bfcl(shared_data):
+        canon, nmap = canonicalize(ex)
+        if not (score_bfcl(ex.reference, ex).correct and score_bfcl(canon.reference, canon).correct):
+            wrong.append(ex.id)
+        elif len(canon.reference) == 1 and score_bfcl([Call(nmap.forward[ex.reference[0].name] + "x",
+                                                            canon.reference[0].arguments)], canon).correct:
+            wrong.append(ex.id)
+    assert wrong == []

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -110,11 +109,10 @@ def load_bfcl(root: str | Path | None = None, partitions: Iterable[str] | None =
 
 
 def bfcl_stats(root: str | Path | None = None) -> dict[str, Any]:
-    """JSON-ready counts: {"partitions": {name: n}, "total", "skipped", "anomalies": {kind: n}, "seconds"}."""
+    """JSON-ready counts: {"partitions": {name: n}, "total", "skipped", "anomalies": {kind: n}}."""
     report = BfclReport()
-    t0 = time.perf_counter()
     load_bfcl(root, report=report)
-    return {**report.to_json(), "seconds": round(time.perf_counter() - t0, 3)}
+    return report.to_json()
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
