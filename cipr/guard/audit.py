@@ -23,11 +23,13 @@ from cipr.guard.backend import Usage
 
 @dataclass
 class Step:
-    """One model call the guard made: `kind` is candidate_retry, repair, naive_retry or tool_list."""
+    """One model call the guard made: `kind` is candidate_retry, repair, naive_retry or tool_list;
+    `prompt` the messages sent (the tools offered are in the report's contract version)."""
 
     kind: str
     call_index: int | None
     tool_choice: str | None
+    prompt: list[dict[str, Any]]
     reply: str
     parsed: list[dict[str, Any]]
     report: dict[str, Any] | None
@@ -36,7 +38,7 @@ class Step:
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "call_index": self.call_index, "tool_choice": self.tool_choice,
-                "reply": self.reply, "parsed": self.parsed, "report": self.report,
+                "prompt": self.prompt, "reply": self.reply, "parsed": self.parsed, "report": self.report,
                 "usage": self.usage.to_json(), "latency_s": round(self.latency_s, 6)}
 
 

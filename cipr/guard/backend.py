@@ -17,7 +17,7 @@ other reply.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -72,13 +72,41 @@ def _words(text: str) -> int:
     return len(text.split())
 
 
+def word_usage(messages: ChatMessages, tools: Sequence[Mapping[str, Any]] | None, reply: str) -> Usage:
+    """Whitespace-word token counts (prompt: message contents plus the tools' JSON; completion: the
+    reply): deterministic, hand-checkable numbers for scripted backends."""
+    prompt = sum(_words(str(_chat_dict(m).get("content", ""))) for m in messages)
+    if tools:
+        prompt += _words(json.dumps(list(tools)))
+    return Usage(prompt, _words(reply))
+
+
+@dataclass
+class FunctionBackend:
+    """Replies computed by `reply(request)` (a string, or `(string, Usage)`; words counted otherwise).
+
+    For tests that need a reply to depend on the prompt (e.g. a fake model that answers repair
+    prompts differently from task prompts), and to wrap any client callable as a Backend.
+    """
+
+    reply: Callable[[Request], str | tuple[str, Usage]]
+    supports_forced_tool_choice: bool = True
+    requests: list[Request] = field(default_factory=list)
+
+    def generate(self, messages: ChatMessages, *, tools: Sequence[Mapping[str, Any]] | None = None,
+                 tool_choice: str | None = None, max_tokens: int = 512) -> tuple[str, Usage]:
+        request = Request(tuple(_chat_dict(m) for m in messages),
+                          tuple(dict(t) for t in tools) if tools is not None else None, tool_choice, max_tokens)
+        self.requests.append(request)
+        out = self.reply(request)
+        return out if isinstance(out, tuple) else (out, word_usage(messages, tools, out))
+
+
 @dataclass
 class ScriptedBackend:
     """Returns fixed replies in order; raises when they run out (a test asked for more calls than planned).
 
-    A reply is a string or `(string, Usage)`. Without a Usage, tokens are counted as whitespace
-    words (prompt: message contents plus the tools' JSON; completion: the reply) so token
-    accounting has deterministic, hand-checkable numbers.
+    A reply is a string or `(string, Usage)`; without a Usage, tokens are `word_usage` counts.
     """
 
     replies: Sequence[str | tuple[str, Usage]]
@@ -88,18 +116,13 @@ class ScriptedBackend:
     def generate(self, messages: ChatMessages, *, tools: Sequence[Mapping[str, Any]] | None = None,
                  tool_choice: str | None = None, max_tokens: int = 512) -> tuple[str, Usage]:
         i = len(self.requests)
-        self.requests.append(Request(tuple(dict(m) for m in messages),
+        self.requests.append(Request(tuple(_chat_dict(m) for m in messages),
                                      tuple(dict(t) for t in tools) if tools is not None else None,
                                      tool_choice, max_tokens))
         if i >= len(self.replies):
             raise RuntimeError(f"ScriptedBackend has {len(self.replies)} replies; request {i + 1} has none")
         reply = self.replies[i]
-        if isinstance(reply, tuple):
-            return reply
-        prompt = sum(_words(str(m.get("content", ""))) for m in messages)
-        if tools:
-            prompt += _words(json.dumps(list(tools)))
-        return reply, Usage(prompt, _words(reply))
+        return reply if isinstance(reply, tuple) else (reply, word_usage(messages, tools, reply))
 
 
 def forced_prefix(call_format: Any, tool_choice: str | None) -> str:
@@ -135,59 +158,102 @@ def forced_prefix(call_format: Any, tool_choice: str | None) -> str:
                      f"{probe!r} as opener + name + suffix; cannot force the tool choice")
 
 
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>")
+
+
+def _message(m: Message | Mapping[str, Any]) -> Message:
+    if isinstance(m, Message):
+        return m
+    calls = tuple(Call.from_dict(c.get("function", c)) for c in m.get("tool_calls") or ())
+    return Message(str(m["role"]), str(m.get("content", "") or ""), calls, m.get("name"))
+
+
+def _chat_dict(m: Message | Mapping[str, Any]) -> dict[str, Any]:
+    return m.to_dict() if isinstance(m, Message) else dict(m)
+
+
 class HFBackend:
     """A transformers causal LM behind the Backend protocol (greedy by default, for reproducibility).
 
     - `call_format`: a `cipr.formats` CallFormat instance or its registered name (resolved with
-      `cipr.formats.get_format`); it renders the tools into the prompt and gives the forced-choice
-      prefix. None: the tokenizer's chat template renders `tools=` natively and the guard's JSON
-      protocol is used for forced choices.
+      `cipr.formats.get_format`); it renders the tools into the prompt exactly as the evaluation
+      harness does (`render_prompt`) and gives the forced-choice prefix. None: the tokenizer's chat
+      template renders `tools=` natively and the guard's JSON protocol is used for forced choices.
+    - Messages may be `Message` objects (kept as they are, earlier calls included) or chat dicts.
     - Special tokens are kept in the decoded text (call formats use tags such as `<tool_call>` that
-      tokenizers mark special); generation stops at the tokenizer's EOS.
+      tokenizers mark special); generation stops at the first end-of-turn token (EOS, `<|im_end|>`,
+      `<|endoftext|>`, ... when the vocabulary has them), which is not part of the text.
+    - `generate_batch` runs several prompts per forward (left padding), for the evaluation's
+      undrifted and drifted turns; the guard's own calls go one by one through `generate`.
     """
 
     supports_forced_tool_choice = True
 
     def __init__(self, model: Any, tokenizer: Any, call_format: Any = None, *, do_sample: bool = False,
-                 temperature: float = 1.0, top_p: float = 1.0) -> None:
+                 temperature: float = 1.0, top_p: float = 1.0, batch_size: int = 8) -> None:
         if isinstance(call_format, str):
             from cipr.formats import get_format
 
             call_format = get_format(call_format)
         self.model, self.tokenizer, self.call_format = model, tokenizer, call_format
         self.do_sample, self.temperature, self.top_p = do_sample, temperature, top_p
+        self.batch_size = batch_size
+        vocab = tokenizer.get_vocab()
+        self.end_ids = {tokenizer.eos_token_id} | {vocab[t] for t in END_OF_TURN_TOKENS if t in vocab}
+        self.end_ids.discard(None)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
-    def render(self, messages: ChatMessages, tools: Sequence[Mapping[str, Any]] | None) -> str:
+    def render(self, messages: Sequence[Message | Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None) -> str:
         """The prompt text for `messages` and `tools`, ending with the assistant generation prompt."""
         if self.call_format is not None:
-            msgs = [Message(str(m["role"]), str(m.get("content", ""))) for m in messages]
             interface = Interface.from_openai(tools or [], where="<backend tools>")
-            return self.call_format.render_prompt(self.tokenizer, msgs, interface)
+            return self.call_format.render_prompt(self.tokenizer, [_message(m) for m in messages], interface)
         kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": True}
         if tools:
             kwargs["tools"] = [dict(t) for t in tools]
-        return self.tokenizer.apply_chat_template([dict(m) for m in messages], **kwargs)
+        return self.tokenizer.apply_chat_template([_chat_dict(m) for m in messages], **kwargs)
 
-    def generate(self, messages: ChatMessages, *, tools: Sequence[Mapping[str, Any]] | None = None,
-                 tool_choice: str | None = None, max_tokens: int = 512) -> tuple[str, Usage]:
+    def _run(self, prompts: list[str], max_tokens: int) -> list[tuple[str, Usage]]:
         import torch
 
-        prefix = forced_prefix(self.call_format, tool_choice)
-        prompt = self.render(messages, tools) + prefix
-        enc = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+        side = self.tokenizer.padding_side
+        self.tokenizer.padding_side = "left"
+        try:
+            enc = self.tokenizer(prompts, return_tensors="pt", add_special_tokens=False, padding=True)
+        finally:
+            self.tokenizer.padding_side = side
         device = next(self.model.parameters()).device
         enc = {k: v.to(device) for k, v in enc.items()}
         gen_kwargs: dict[str, Any] = {"max_new_tokens": max_tokens, "do_sample": self.do_sample,
-                                      "pad_token_id": self.tokenizer.pad_token_id,
-                                      "eos_token_id": self.tokenizer.eos_token_id}
+                                      "pad_token_id": self.pad_id, "eos_token_id": sorted(self.end_ids)}
         if self.do_sample:
             gen_kwargs.update(temperature=self.temperature, top_p=self.top_p)
-        with torch.no_grad():
+        with torch.inference_mode():
             out = self.model.generate(**enc, **gen_kwargs)
-        new = out[0, enc["input_ids"].shape[1]:].tolist()
-        eos = self.tokenizer.eos_token_id
-        if eos in new:
-            new = new[: new.index(eos) + 1]
-        text = self.tokenizer.decode([t for t in new if t not in (eos, self.tokenizer.pad_token_id)],
-                                     skip_special_tokens=False)
-        return prefix + text, Usage(int(enc["input_ids"].shape[1]), len(new))
+        width = enc["input_ids"].shape[1]
+        results = []
+        for row, mask in zip(out[:, width:].tolist(), enc["attention_mask"].sum(dim=1).tolist(), strict=True):
+            cut = next((i for i, t in enumerate(row) if t in self.end_ids), None)
+            used = row if cut is None else row[:cut + 1]
+            text = self.tokenizer.decode(row if cut is None else row[:cut], skip_special_tokens=False)
+            results.append((text, Usage(int(mask), len(used))))
+        return results
+
+    def generate(self, messages: ChatMessages, *, tools: Sequence[Mapping[str, Any]] | None = None,
+                 tool_choice: str | None = None, max_tokens: int = 512) -> tuple[str, Usage]:
+        prefix = forced_prefix(self.call_format, tool_choice)
+        ((text, usage),) = self._run([self.render(messages, tools) + prefix], max_tokens)
+        return prefix + text, usage
+
+    def generate_batch(self, requests: Sequence[tuple[ChatMessages, Sequence[Mapping[str, Any]] | None]], *,
+                       max_tokens: int = 512) -> list[tuple[str, Usage]]:
+        """Replies to several (messages, tools) prompts without forced choice, `batch_size` per forward,
+        longest first (less padding); results in request order."""
+        prompts = [self.render(m, t) for m, t in requests]
+        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+        out: list[tuple[str, Usage] | None] = [None] * len(prompts)
+        for s in range(0, len(order), max(1, self.batch_size)):
+            idx = order[s:s + self.batch_size]
+            for i, result in zip(idx, self._run([prompts[i] for i in idx], max_tokens), strict=True):
+                out[i] = result
+        return [r for r in out if r is not None]

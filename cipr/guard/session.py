@@ -18,7 +18,7 @@ from cipr.guard.backend import Backend
 from cipr.guard.contract import ContractSnapshot
 from cipr.guard.parse import ParsedReply, parse_reply
 from cipr.guard.validator import CallValidator, ValidationReport, call_to_json
-from cipr.interface import Call, Tool
+from cipr.interface import Call, Message, Tool
 
 
 @dataclass
@@ -55,7 +55,8 @@ class GuardSession:
         parsed = parse_reply(text, self.call_format)
         self.note_unauthorized(parsed.calls, stage=kind, call_index=call_index)
         report = self.validator.validate(parsed.calls[0]) if parsed.calls else None
-        self.record.steps.append(Step(kind, call_index, tool_choice, text, [call_to_json(c) for c in parsed.calls],
+        prompt = [m.to_dict() if isinstance(m, Message) else dict(m) for m in messages]
+        self.record.steps.append(Step(kind, call_index, tool_choice, prompt, text, [call_to_json(c) for c in parsed.calls],
                                       report.to_json() if report else None, usage, latency))
         return parsed, report
 

@@ -1,0 +1,92 @@
+"""The drift evaluation on real BFCL items, with a fake model whose behaviour fixes every count."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cipr.guard.backend import FunctionBackend, Request
+from cipr.guard.contract import ContractSnapshot
+from cipr.guard.evaluate import STUDY_PARTITIONS, GuardEvalConfig, drifted, evaluate_guard, study_sample
+from cipr.guard.repair import CANDIDATE_INSTRUCTIONS, REPAIR_INSTRUCTIONS
+from cipr.guard.validator import CallValidator
+
+
+@pytest.fixture(scope="module")
+def study(shared_data):
+    from cipr.data.bfcl import load_bfcl
+
+    return load_bfcl(shared_data, partitions=STUDY_PARTITIONS)
+
+
+def test_study_sample_is_fifty_per_partition_and_seeded(study):
+    sample = study_sample(study, seed=0)
+    assert len(sample) == 200 and [e.partition for e in sample[::50]] == list(STUDY_PARTITIONS)
+    assert len({e.id for e in sample}) == 200
+    assert [e.id for e in study_sample(study, seed=0)] == [e.id for e in sample]
+    assert [e.id for e in study_sample(study, seed=1)] != [e.id for e in sample]
+
+
+def _calls_text(calls) -> str:
+    return json.dumps([c.to_dict() for c in calls]) if len(calls) > 1 else json.dumps(calls[0].to_dict())
+
+
+def test_counts_with_a_model_that_keeps_stale_names_but_repairs_well(study, tmp_path):
+    """The fake model answers every task prompt with the undrifted reference call (the familiar, stale
+    names: right on the clean interface) and every guard repair or candidate prompt with the drifted
+    reference. So: clean all correct; a drifted item is wrong exactly when the stale call is wrong
+    there; repair fixes every stale call the validator rejects; the baselines re-ask the task
+    prompt and get the stale call again."""
+    sample = study_sample(study, per_partition=3, seed=0)
+    shifted = {e.id: drifted(e, "mild", 0) for e in sample}
+
+    def reply(req: Request) -> str:
+        text = " ".join(str(m["content"]) for m in req.messages)
+        ex = next(e for e in sample if e.query in text)
+        if req.messages[0]["content"] in (REPAIR_INSTRUCTIONS, CANDIDATE_INSTRUCTIONS):
+            return _calls_text(shifted[ex.id].reference)
+        return _calls_text(ex.reference)
+
+    from cipr.guard.evaluate import bfcl_correct
+
+    stale_valid = [all(CallValidator(ContractSnapshot.from_tools(shifted[e.id].interface)).validate(c).valid
+                       for c in e.reference) for e in sample]
+    stale_right = [bfcl_correct(e.reference, shifted[e.id]) for e in sample]
+    n, broken = len(sample), sum(not r for r in stale_right)
+    assert broken > 0  # mild drift renames passed arguments: the familiar call breaks
+
+    result = evaluate_guard(sample, FunctionBackend(reply), GuardEvalConfig(setting="mild"), out_dir=tmp_path)
+    s = result.summaries
+    assert s["none"]["accuracy_clean"] == 1.0 and s["none"]["drift_failures"] == broken
+    assert s["none"]["accuracy_before"] == s["none"]["accuracy_after"] == pytest.approx(1 - broken / n)
+    assert s["repair"]["repair_triggered"] == sum(not v for v in stale_valid)
+    assert s["repair"]["drift_failures_recovered"] == sum(not v and not r for v, r in zip(stale_valid, stale_right,
+                                                                                             strict=True))
+    assert s["repair"]["harms"] == 0 and s["repair"]["unresolved"] == 0
+    assert s["repair"]["guard_tokens"] > 0 and s["repair"]["token_overhead"] > 0
+    for baseline in ("naive_retry", "tool_list"):
+        assert s[baseline]["drift_failures_recovered"] == 0
+        assert s[baseline]["unresolved"] == s["repair"]["repair_triggered"]
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == [e.id for e in sample]
+    audit = (tmp_path / "audit.jsonl").read_text().splitlines()
+    assert len(audit) == 3 * n  # one record per item and guarded policy
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["perturbation"] == "drift_mild" and set(summary["policies"]) == set(s)
+
+
+def test_cli_eval_smoke_with_the_tiny_model(tmp_path, shared_data, capsys):
+    from cipr.cli.guard import main
+
+    code = main(["eval", "--model", "tiny", "--format", "json", "--setting", "medium", "--limit", "1",
+                 "--policies", "none,repair", "--max-new-tokens", "4", "--budget", "4", "--out", str(tmp_path),
+                 "--data-root", str(shared_data)])
+    assert code == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["n"] == 1 and summary["policies"]["repair"]["accuracy_after"] == 0.0
+    (rec,) = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert rec["final"]["executed"] is False and rec["steps"]
+    assert "repair:" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="unknown drift setting"):
+        GuardEvalConfig(setting="wild")
