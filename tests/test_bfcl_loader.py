@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cipr.data.bfcl import PARTITIONS, TOTAL, BfclReport, bfcl_stats, load_bfcl
+from cipr.data.bfcl import PARTITIONS, TOTAL, BfclReport, bfcl_prompt_tool, bfcl_stats, load_bfcl
 from cipr.data.fetch import BFCL_EVAL_SHA256, FetchError, download_wheel, fetch_bfcl
 from cipr.errors import DataError
 from cipr.interface import Call
@@ -139,6 +139,24 @@ def test_java_and_javascript_references_are_source_literals(by_id):
     assert js.reference[0].arguments == {"userData": '["userDataArray"]', "scalingFactor": "3.0",
                                          "dashboard": "dashboardElement"}
     assert by_id["simple_javascript_0"].reference[0].arguments["isComplete"] == "true"
+
+
+def test_prompt_view_of_java_and_javascript_tools(by_id):
+    java = by_id["simple_java_22"].interface[0]
+    shown = bfcl_prompt_tool(java, "java")
+    assert shown.description.endswith(" Note that the provided function is in Java 8 SDK syntax.")
+    ids = shown.properties["ids"]
+    assert ids["type"] == "string" and ids["x-bfcl-type"] == "ArrayList" and "items" not in ids
+    assert ids["description"].endswith("This is Java ArrayList type parameter in string representation. The list "
+                                       "elements are of type long; they are not in string representation.")
+    assert java.properties["ids"]["type"] == "array"  # the Example's typed schema is untouched
+    js = bfcl_prompt_tool(by_id["simple_javascript_5"].interface[0], "javascript")
+    store = js.properties["store"]
+    assert store["type"] == "string" and "properties" not in store and "initialState" in store["description"]
+    assert js.properties["context"]["description"].endswith(
+        "This parameter can be of any type of JavaScript object in string representation.")
+    py = by_id["simple_python_0"].interface[0]
+    assert bfcl_prompt_tool(py, "python").parameters == py.parameters
 
 
 def test_partition_subset_and_unknown(shared_data):

@@ -82,6 +82,46 @@ class BfclReport:
                 "skipped": len(self.skipped), "anomalies": self.anomaly_counts()}
 
 
+_LANGUAGE_HINT = {"python": " Note that the provided function is in Python 3 syntax.",
+                  "java": " Note that the provided function is in Java 8 SDK syntax.",
+                  "javascript": " Note that the provided function is in JavaScript syntax."}
+_LANGUAGE_NAME = {"java": "Java", "javascript": "JavaScript"}
+
+
+def bfcl_prompt_tool(tool: Tool, language: str) -> Tool:
+    """The tool as BFCL shows it to a model (its `add_language_specific_hint_to_function_doc`).
+
+    The description gets BFCL's language note. For Java and JavaScript, whose calls pass source
+    literals in strings, every top-level parameter becomes `"type": "string"` with BFCL's hint on its
+    declared type (`x-bfcl-type` is kept, so the scorer still reads the declared type); array element
+    types and JavaScript dict entries move into the description, as BFCL does. Prompt renderers that
+    want BFCL's presentation call this on each tool; the Example keeps the typed schema.
+    """
+    description = tool.description + _LANGUAGE_HINT[language]
+    if language == "python":
+        return tool.with_(description=description)
+    lang = _LANGUAGE_NAME[language]
+    properties: dict[str, Any] = {}
+    for name, schema in tool.properties.items():
+        p = dict(schema)
+        declared = p.get("x-bfcl-type", p.get("type", "any"))
+        if declared == "any":
+            note = f" This parameter can be of any type of {lang} object in string representation."
+        else:
+            note = f" This is {lang} {declared} type parameter in string representation."
+        if declared in NESTED_TYPES and isinstance(p.get("items"), Mapping):
+            element = p.pop("items")
+            note += (f" The list elements are of type {element.get('x-bfcl-type', element.get('type', 'any'))}; "
+                     "they are not in string representation.")
+        if language == "javascript" and declared == "dict" and "properties" in p:
+            note += (" The dictionary entries have the following schema; they are not in string representation. "
+                     + json.dumps(p.pop("properties")))
+        p["description"] = str(p.get("description", "")) + note
+        p["type"] = "string"
+        properties[name] = p
+    return tool.with_(description=description, parameters={**tool.parameters, "properties": properties})
+
+
 def bfcl_dir(root: str | Path | None = None) -> Path:
     """`<data root>/bfcl_v4`, which must exist."""
     return require_dir(data_root(root) / "bfcl_v4", "BFCL v4 data")
