@@ -40,7 +40,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cipr.formats.base import CallFormat, Decision, ParseResult
-from cipr.formats.json_calls import CALL_NAME_OPENER, ReadCall, call_object, dumps, read_call, to_plain
+from cipr.formats.json_calls import (
+    CALL_NAME_OPENER,
+    ReadCall,
+    call_object,
+    decode_at,
+    dumps,
+    read_call,
+    read_value,
+    to_plain,
+)
 from cipr.formats.json_calls import name_text as json_name_text
 from cipr.interface import Call, Interface, Message
 
@@ -103,15 +112,27 @@ def _scan(text: str) -> _Scan:
         if k < 0:
             break
         body = k + len(_CALL)
-        close = text.find(_CALL_END, body)
-        again = text.find(_CALL, body)
+        j = body
+        while j < n and text[j].isspace():
+            j += 1
+        value, end, error = decode_at(text, j)
+        if error is None:
+            read = read_value(value, "arguments", j)
+            after = end
+            while after < n and text[after].isspace():
+                after += 1
+            close, again = text.find(_CALL_END, after), text.find(_CALL, after)
+            if close > after and (again < 0 or close < again):
+                s.errors.append(f"unexpected text after the call at char {after}: {text[after:close].strip()[:60]!r}")
+        else:
+            close, again = text.find(_CALL_END, body), text.find(_CALL, body)
+            content = text[body:close if close >= 0 and (again < 0 or close < again) else
+                           (again if again >= 0 else n)]
+            read = read_call(content.strip(), "arguments", offset=j)
         closed = close >= 0 and (again < 0 or close < again)
         stop = close if closed else (again if again >= 0 else n)
         if not closed:
             s.errors.append(f"<tool_call> at char {k} is never closed by </tool_call>")
-        content = text[body:stop]
-        at = body + len(content) - len(content.lstrip())
-        read = read_call(content.strip(), "arguments", offset=at)
         if read.error:
             s.errors.append(read.error)
         s.blocks.append(_Block(k, stop if closed else None, read))

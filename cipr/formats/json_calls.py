@@ -18,6 +18,7 @@ from cipr.interface import Call
 CALL_NAME_OPENER = '{"name": "'
 """The text of a call object up to its name; a tool name is closed by a double quote."""
 
+_DECODER = json.JSONDecoder()
 _LEXICAL_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\\n]|\\.)*)"')
 
 
@@ -59,26 +60,54 @@ class ReadCall:
 
 
 def read_call(text: str, args_key: str, *, offset: int = 0) -> ReadCall:
-    """Read one JSON call object (`{"name": str, args_key: object}`); extra keys are ignored.
+    """Read one JSON call object (`{"name": str, args_key: object}`) that is all of `text`.
 
     `offset` is the position of `text` in the response, so error positions are response offsets.
     """
     try:
-        obj = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as e:
-        where = f"char {offset + e.pos}" if isinstance(e, json.JSONDecodeError) else f"char {offset}"
-        msg = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply"
-        return ReadCall(lexical_name(text), None, f"invalid JSON at {where}: {msg}")
-    if not isinstance(obj, dict):
-        return ReadCall(None, None, f"call at char {offset} is a JSON {type(obj).__name__}, not an object")
-    if "name" not in obj:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        return ReadCall(lexical_name(text), None, f"invalid JSON at char {offset + e.pos}: {e.msg}")
+    except RecursionError:
+        return ReadCall(lexical_name(text), None, f"invalid JSON at char {offset}: nested too deeply")
+    return read_value(value, args_key, offset)
+
+
+def decode_at(text: str, start: int) -> tuple[Any, int, str | None]:
+    """The JSON value that starts at `text[start]` and its end, or (None, start, why it does not decode)."""
+    try:
+        value, end = _DECODER.raw_decode(text, start)
+    except json.JSONDecodeError as e:
+        return None, start, f"invalid JSON at char {e.pos}: {e.msg}"
+    except RecursionError:
+        return None, start, f"invalid JSON at char {start}: nested too deeply"
+    return value, end, None
+
+
+def read_call_at(text: str, start: int, args_key: str, *, stop: int) -> tuple[ReadCall, int]:
+    """Read the JSON call object that starts at `text[start]`, and where it ends.
+
+    The JSON decoder finds the object's end, so tags inside its strings (`"</tool_call>"`) do not
+    end a block. When it does not decode, the object is taken to run to `stop` and the read says why.
+    """
+    value, end, error = decode_at(text, start)
+    if error is not None:
+        return ReadCall(lexical_name(text[start:stop]), None, error), stop
+    return read_value(value, args_key, start), end
+
+
+def read_value(value: Any, args_key: str, offset: int) -> ReadCall:
+    """Check a decoded JSON value as a call object; extra keys are ignored."""
+    if not isinstance(value, dict):
+        return ReadCall(None, None, f"call at char {offset} is a JSON {type(value).__name__}, not an object")
+    if "name" not in value:
         return ReadCall(None, None, f"call at char {offset} has no 'name'")
-    name = obj["name"]
+    name = value["name"]
     if not isinstance(name, str) or not name:
         return ReadCall(None, None, f"call at char {offset}: 'name' must be a non-empty string, got {name!r}")
-    if args_key not in obj:
+    if args_key not in value:
         return ReadCall(name, None, f"call to {name!r} at char {offset} has no '{args_key}'")
-    args = obj[args_key]
+    args = value[args_key]
     if not isinstance(args, dict):
         return ReadCall(name, None, f"call to {name!r} at char {offset}: '{args_key}' must be an object, "
                                     f"got {type(args).__name__}")

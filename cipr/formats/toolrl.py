@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cipr.formats.base import CallFormat, Decision, ParseResult
-from cipr.formats.json_calls import CALL_NAME_OPENER, ReadCall, call_object, read_call, to_plain
+from cipr.formats.json_calls import CALL_NAME_OPENER, ReadCall, call_object, read_call_at, to_plain
 from cipr.formats.json_calls import name_text as json_name_text
 from cipr.interface import Call, Interface, Message, Tool
 
@@ -183,17 +183,14 @@ def _scan(text: str) -> _Scan:
                 s.errors.append(f"<tool_call> at char {i} comes after <response>")
             if s.blocks:
                 s.errors.append(f"second <tool_call> block at char {i} (expected one)")
-            body = i + len(_CALLS)
-            end = _next_tag(text, body, (_CALLS_END, _CALLS, _RESP))
-            closed = text.startswith(_CALLS_END, end)
-            if not closed:
+            block = _Block(i, None)
+            end = _read_block(text, i + len(_CALLS), block, s.errors)
+            if block.close is None:
                 s.errors.append(f"<tool_call> at char {i} is never closed by </tool_call>")
-            block = _Block(i, end if closed else None)
-            _read_lines(text, body, end, block, s.errors)
             if not block.lines:
                 s.errors.append(f"empty <tool_call> block at char {i}")
             s.blocks.append(block)
-            i = end + len(_CALLS_END) if closed else end
+            i = end
         elif text.startswith(_RESP, i):
             j = text.find(_RESP_END, i + len(_RESP))
             if j < 0:
@@ -213,17 +210,45 @@ def _scan(text: str) -> _Scan:
     return s
 
 
-def _read_lines(text: str, start: int, end: int, block: _Block, errors: list[str]) -> None:
-    pos = start
-    for line in text[start:end].split("\n"):
-        stripped = line.strip()
-        if stripped:
-            at = pos + len(line) - len(line.lstrip())
-            read = read_call(stripped, "parameters", offset=at)
-            if read.error:
-                errors.append(read.error)
-            block.lines.append(_Line(at, read))
-        pos += len(line) + 1
+def _read_block(text: str, start: int, block: _Block, errors: list[str]) -> int:
+    """Read the call lines of a `<tool_call>` block from `start`; returns where scanning resumes.
+
+    Each call object is decoded with the JSON decoder, so tags inside its strings stay text. The
+    block ends at `</tool_call>` (closed), or unclosed at a `<tool_call>` or `<response>` that
+    starts a line, or at the end of the text.
+    """
+    n = len(text)
+    j = start
+    while True:
+        while j < n and text[j].isspace():
+            j += 1
+        if j >= n:
+            return n
+        if text.startswith(_CALLS_END, j):
+            block.close = j
+            return j + len(_CALLS_END)
+        if text.startswith(_CALLS, j) or text.startswith(_RESP, j):
+            return j
+        line_end = text.find("\n", j)
+        line_end = n if line_end < 0 else line_end
+        close = text.find(_CALLS_END, j, line_end)
+        read, end = read_call_at(text, j, "parameters", stop=close if close >= 0 else line_end)
+        if read.error:
+            errors.append(read.error)
+        elif end > line_end:
+            errors.append(f"call at char {j} spans several lines (ToolRL writes one JSON object per line)")
+        block.lines.append(_Line(j, read))
+        rest = end
+        while rest < n and text[rest] in " \t\r":
+            rest += 1
+        if rest < n and text[rest] != "\n" and not text.startswith(_CALLS_END, rest):
+            eol = text.find("\n", rest)
+            eol = n if eol < 0 else eol
+            stop = text.find(_CALLS_END, rest, eol)
+            stop = eol if stop < 0 else stop
+            errors.append(f"unexpected text after the call at char {rest}: {text[rest:stop].strip()[:60]!r}")
+            rest = stop
+        j = rest
 
 
 @dataclass(frozen=True)
