@@ -122,3 +122,17 @@ def test_round_trip_property(ex):
     for name in ex.interface.names:
         if "_" in name or "." in name or any(ch.isdigit() for ch in name):
             assert rewrite_text(canon.query, {name: "X"}) == canon.query or name.startswith("function_")
+
+
+def test_round_trip_on_all_bfcl_items(shared_data):
+    from cipr.data.bfcl import load_bfcl
+
+    items = load_bfcl(shared_data)
+    assert len(items) == 2501
+    for ex in items:
+        canon, nmap = canonicalize(ex)
+        assert [nmap.translate_back(c) for c in canon.reference] == list(ex.reference), ex.id
+        # accepted-values lists survive under canonical argument ids, value for value
+        for orig, can, call in zip(ex.accepted, canon.accepted, ex.reference, strict=True):
+            amap = nmap.forward_args(call.name)
+            assert {amap.get(k, k): v for k, v in orig.items()} == dict(can), ex.id

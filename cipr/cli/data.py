@@ -65,18 +65,9 @@ def stats(source: str, root: str | None = None) -> dict[str, Any]:
 
         return rotbench_stats(root)
     if source == "toolrl":
-        from cipr.data import toolrl
+        from cipr.data.toolrl import toolrl_stats
 
-        base = data_root(root) / "toolrl"
-        out: dict[str, Any] = {}
-        for name, p in (("rlla_4k/test.parquet", base / "rlla_4k" / "test.parquet"),
-                        ("rlla_4k/train.parquet", base / "rlla_4k" / "train.parquet"),
-                        ("rlla_4k_raw/rlla_sft.json", base / "rlla_4k_raw" / "rlla_sft.json")):
-            if p.exists():
-                exs = toolrl.load_toolrl_sft(p) if p.suffix == ".json" else toolrl.load_toolrl_parquet(p)
-                out[name] = {"total": len(exs), "with_calls": sum(1 for e in exs if e.reference),
-                             "response_only": sum(1 for e in exs if not e.reference)}
-        return out
+        return toolrl_stats(root)
     if source == "synthetic":
         from cipr.data.synthetic import synthetic_stats
 
