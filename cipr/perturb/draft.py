@@ -17,6 +17,7 @@ Choices:
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -54,6 +55,18 @@ class RefCall:
     entry: int
     arguments: dict[str, Any]
     accepted: dict[str, Any] | None = None
+
+
+def rewrite_names(text: str, mapping: Mapping[str, str]) -> str:
+    """`cipr.canonical.rewrite_text`, skipped when no name occurs in the text at all (most queries
+    name no tool, and compiling the pattern dominates the cost of a perturbation)."""
+    present = {k: v for k, v in mapping.items() if k in text}
+    return rewrite_text(text, present) if present else text
+
+
+@functools.lru_cache(maxsize=256)
+def arg_ids(n: int) -> tuple[str, ...]:
+    return tuple(canonical_arg_id(j, n) for j in range(n))
 
 
 def with_parameters(tool: Tool, properties: Mapping[str, Any], required: list[str] | tuple[str, ...],
@@ -205,7 +218,7 @@ class Draft:
     def rewrite_messages(self, mapping: Mapping[str, str]) -> None:
         """Replace whole-identifier tool names in free text (used by relabeling, which renames
         everywhere)."""
-        self.messages = [Message(m.role, rewrite_text(m.content, mapping), m.calls, m.name) for m in self.messages]
+        self.messages = [Message(m.role, rewrite_names(m.content, mapping), m.calls, m.name) for m in self.messages]
 
     # ------------------------------------------------------------------ output
     def finish(self, *, names: Names = "original", perturbation: str = "",
@@ -220,7 +233,7 @@ class Draft:
         for i, e in enumerate(self.entries):
             if names == "canonical":
                 props = list(e.tool.properties)
-                amap = {a: canonical_arg_id(j, len(props)) for j, a in enumerate(props)}
+                amap = dict(zip(props, arg_ids(len(props)), strict=True))
                 tools.append(Tool(canonical_tool_id(i, n), e.tool.description,
                                   rename_schema_args(e.tool.parameters, amap)))
             else:
@@ -237,12 +250,13 @@ class Draft:
             amap = arg_maps[c.entry]
             return {amap.get(k, k): v for k, v in (c.accepted or {}).items()}
 
-        # source name -> (entry position, source arg -> written arg) for calls in earlier turns
+        # source name -> (entry position, source arg -> written arg), for calls in earlier turns
         by_source: dict[str, tuple[int, dict[str, str]]] = {}
-        for i, e in enumerate(self.entries):
-            for s in e.sources:
-                if s not in by_source:
-                    by_source[s] = (i, {src: arg_maps[i].get(cur, cur) for cur, src in e.args.items()})
+        if any(m.calls or m.name is not None for m in self.messages):
+            for i, e in enumerate(self.entries):
+                for s in e.sources:
+                    if s not in by_source:
+                        by_source[s] = (i, {src: arg_maps[i].get(cur, cur) for cur, src in e.args.items()})
 
         def turn_call(c: Call) -> Call:
             if c.name not in by_source:
@@ -256,7 +270,7 @@ class Draft:
                 text_map.setdefault(e.tool.name, w)
         messages = []
         for m in self.messages:
-            content = rewrite_text(m.content, text_map) if text_map else m.content
+            content = rewrite_names(m.content, text_map) if text_map else m.content
             calls = tuple(turn_call(c) for c in m.calls)
             name = m.name
             if name is not None and name in by_source:

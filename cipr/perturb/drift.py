@@ -9,14 +9,17 @@ Single types (each applied once per called tool unless said otherwise):
 - `distractors`: a sibling tool with an overlapping description per called tool: the original
   description embedded in a sentence that makes it a different operation (history, preview,
   status, cancellation), under a name extending the original's. Not an equivalent.
-- `type_narrowing`: one argument the reference passes is narrowed: `number` -> `integer` when every
-  accepted value is an integer, else a free `string` -> `enum` holding every accepted value plus two
-  fillers (`FILLER_VALUES`), in seeded order. When no passed argument qualifies, a `number`
-  argument the reference does not pass is narrowed; when none exists either, nothing changes (noted).
+- `type_narrowing`: one argument the reference passes is narrowed, the first kind available of:
+  `number` -> `integer` (every accepted value an integer), free `string` -> `enum` holding every
+  accepted value plus two fillers (`FILLER_VALUES`, seeded order), array of free strings -> array
+  of such an enum, free `integer` -> `enum` (needed values plus two nearby integers), an enum of
+  four or more values -> the needed values plus one other. When no passed argument qualifies
+  (`any`, objects, booleans only), nothing changes (noted).
 - `enum_replacement`: the values of an enum argument the reference passes are replaced by new
   spellings (upper case, a prefix naming the argument, or snake case, one per item), and the
-  reference values rewritten. Without such an enum, a passed free string is first narrowed to an
-  enum (as above) and then replaced, so the needed value always changes; otherwise nothing (noted).
+  reference values rewritten. Without such an enum, a passed free string (or array of free strings)
+  is first narrowed to an enum (as above) and then replaced, so the needed value always changes;
+  otherwise nothing (noted).
 - `refactor`: a multi-tool refactor. *Split* when a called tool has a boolean or enum argument that
   every reference call sets (no omission allowed): the tool becomes two, each handling one part of
   the values (the argument disappears when a part has one value), and each call goes to its part.
@@ -182,73 +185,104 @@ def add_overlapping_distractor(draft: Draft, entry: Entry, rng: random.Random) -
     draft.notes.append(f"overlapping distractor {name}")
 
 
-def _narrow_to_enum(draft: Draft, entry: Entry, arg: str, values: list[str], rng: random.Random) -> list[str]:
-    schema = dict(entry.tool.properties[arg])
-    fillers = [v for v in FILLER_VALUES if v not in values]
-    enum = list(values) + rng.sample(fillers, 2)
-    rng.shuffle(enum)
-    schema["enum"] = enum
-    props = {k: (schema if k == arg else v) for k, v in entry.tool.properties.items()}
-    entry.tool = with_parameters(entry.tool, props, entry.tool.required)
-    draft.notes.append(f"narrowed {entry.tool.name}.{arg}: string -> enum {enum}")
-    return enum
+NARROWING_KINDS = ("integer", "enum", "items_enum", "int_enum", "enum_subset")
+STRING_NARROWINGS = ("enum", "items_enum")
 
 
-def _narrowables(draft: Draft, i: int, kind: str) -> list[tuple[str, list[Any]]]:
-    """Arguments of entry i the reference passes that can be narrowed: kind "integer" (number with
-    integer values) or "enum" (free string with string values)."""
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _narrowables(draft: Draft, i: int) -> dict[str, list[tuple[str, list[Any]]]]:
+    """Arguments of entry i the reference passes that can be narrowed, by kind:
+    - integer: `number` whose needed values are all integers (Python items; Java/JavaScript number
+      types are source-literal dialects, left alone) -> `integer`;
+    - enum: free `string` with string values -> `enum` of the needed values plus two fillers;
+    - items_enum: `array` of free strings -> the same on `items`;
+    - int_enum: free `integer` -> `enum` of the needed values plus two fillers;
+    - enum_subset: an `enum` of at least four values -> the needed values plus one other.
+    "Needed values" are every value an accepted option holds (list elements for arrays); an argument
+    that a reference may omit is never narrowed (its default could fall outside the narrowed type)."""
     e = draft.entries[i]
     lang = language_of(draft)
-    out = []
+    out: dict[str, list[tuple[str, list[Any]]]] = {k: [] for k in NARROWING_KINDS}
     for a in draft.used_arguments(i):
         s = e.tool.properties[a]
         vals = _needed_values(draft, i, a)
-        if not isinstance(s, dict) or not vals or "enum" in s:
+        if not isinstance(s, dict) or not vals:
             continue
-        if kind == "integer" and s.get("type") == "number" and lang == "python" \
-                and all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
-            out.append((a, vals))
-        if kind == "enum" and s.get("type") == "string" and all(isinstance(v, str) and v for v in vals):
-            out.append((a, vals))
+        t = s.get("type")
+        if isinstance(s.get("enum"), list):
+            if len(s["enum"]) >= 4 and all(v in s["enum"] for v in vals):
+                out["enum_subset"].append((a, vals))
+            continue
+        if t == "number" and lang == "python" and all(_is_int(v) for v in vals):
+            out["integer"].append((a, vals))
+        elif t == "string" and all(isinstance(v, str) and v for v in vals):
+            out["enum"].append((a, vals))
+        elif t == "integer" and all(_is_int(v) for v in vals):
+            out["int_enum"].append((a, vals))
+        elif t == "array" and isinstance(s.get("items"), dict) and s["items"].get("type") == "string" \
+                and "enum" not in s["items"] and all(isinstance(v, list) for v in vals):
+            flat = [x for v in vals for x in v]
+            if flat and all(isinstance(x, str) and x for x in flat):
+                out["items_enum"].append((a, list(dict.fromkeys(flat))))
     return out
 
 
+def _set_schema(draft: Draft, entry: Entry, arg: str, schema: dict[str, Any], note: str) -> None:
+    props = {k: (schema if k == arg else v) for k, v in entry.tool.properties.items()}
+    entry.tool = with_parameters(entry.tool, props, entry.tool.required)
+    draft.notes.append(f"narrowed {entry.tool.name}.{arg}: {note}")
+
+
+def _with_fillers(values: list[Any], fillers: list[Any], rng: random.Random, k: int = 2) -> list[Any]:
+    enum = list(values) + rng.sample([f for f in fillers if f not in values], k)
+    rng.shuffle(enum)
+    return enum
+
+
+def narrow(draft: Draft, entry: Entry, arg: str, kind: str, values: list[Any], rng: random.Random) -> None:
+    """Apply one narrowing of `_narrowables` to `entry`'s argument `arg`."""
+    schema = dict(entry.tool.properties[arg])
+    if kind == "integer":
+        schema["type"] = "integer"
+        if "x-bfcl-type" in schema:
+            schema["x-bfcl-type"] = "integer"
+        return _set_schema(draft, entry, arg, schema, "number -> integer")
+    if kind == "enum":
+        schema["enum"] = _with_fillers(values, list(FILLER_VALUES), rng)
+        return _set_schema(draft, entry, arg, schema, f"string -> enum {schema['enum']}")
+    if kind == "items_enum":
+        items = dict(schema["items"])
+        items["enum"] = _with_fillers(values, list(FILLER_VALUES), rng)
+        schema["items"] = items
+        return _set_schema(draft, entry, arg, schema, f"array of string -> array of enum {items['enum']}")
+    if kind == "int_enum":
+        near = [v + d for v in values for d in (-1, 1, 10)] + [0, 1, 100]
+        schema["enum"] = _with_fillers(values, list(dict.fromkeys(near)), rng)
+        return _set_schema(draft, entry, arg, schema, f"integer -> enum {schema['enum']}")
+    if kind == "enum_subset":
+        others = [v for v in schema["enum"] if v not in values]
+        keep = set(values) | {rng.choice(others)}
+        schema["enum"] = [v for v in schema["enum"] if v in keep]
+        return _set_schema(draft, entry, arg, schema, f"enum -> subset {schema['enum']}")
+    raise ValueError(f"unknown narrowing kind {kind!r}")
+
+
 def narrow_type(draft: Draft, rng: random.Random) -> None:
-    """Narrow one passed argument per called tool (see the module docstring)."""
+    """Narrow one passed argument per called tool: the first kind of NARROWING_KINDS available."""
     done = 0
     for i in draft.called():
         e = draft.entries[i]
-        ints = _narrowables(draft, i, "integer")
-        if ints:
-            a, _ = rng.choice(ints)
-            _set_integer(draft, e, a)
+        cands = _narrowables(draft, i)
+        kind = next((k for k in NARROWING_KINDS if cands[k]), None)
+        if kind is not None:
+            a, vals = rng.choice(cands[kind])
+            narrow(draft, e, a, kind, vals, rng)
             done += 1
-            continue
-        strs = _narrowables(draft, i, "enum")
-        if strs:
-            a, vals = rng.choice(strs)
-            _narrow_to_enum(draft, e, a, vals, rng)
-            done += 1
-    if done:
-        return
-    if language_of(draft) == "python":
-        for e in draft.entries:
-            for a, s in e.tool.properties.items():
-                if isinstance(s, dict) and s.get("type") == "number" and \
-                        a not in draft.used_arguments(draft.position(e)):
-                    _set_integer(draft, e, a)
-                    return
-    draft.notes.append("no argument to narrow: unchanged")
-
-
-def _set_integer(draft: Draft, entry: Entry, arg: str) -> None:
-    schema = dict(entry.tool.properties[arg])
-    schema["type"] = "integer"
-    if "x-bfcl-type" in schema:
-        schema["x-bfcl-type"] = "integer"
-    props = {k: (schema if k == arg else v) for k, v in entry.tool.properties.items()}
-    entry.tool = with_parameters(entry.tool, props, entry.tool.required)
-    draft.notes.append(f"narrowed {entry.tool.name}.{arg}: number -> integer")
+    if not done:
+        draft.notes.append("no argument to narrow: unchanged")
 
 
 def _replacement(values: list[Any], arg: str, style: str) -> tuple[dict[Any, Any], str]:
@@ -335,10 +369,11 @@ def replace_enum_values(draft: Draft, rng: random.Random) -> None:
             _replace_enum(draft, e, rng.choice(enums), rng)
             done += 1
             continue
-        strs = _narrowables(draft, i, "enum")
-        if strs:
-            a, vals = rng.choice(strs)
-            _narrow_to_enum(draft, e, a, vals, rng)
+        cands = _narrowables(draft, i)
+        kind = next((k for k in STRING_NARROWINGS if cands[k]), None)
+        if kind is not None:
+            a, vals = rng.choice(cands[kind])
+            narrow(draft, e, a, kind, vals, rng)
             _replace_enum(draft, e, a, rng)
             done += 1
     if not done:

@@ -32,10 +32,10 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
-from cipr.canonical import canonical_arg_id, canonical_tool_id, canonicalize
+from cipr.canonical import canonical_tool_id, canonicalize
 from cipr.interface import Example, Tool
 from cipr.perturb.correspondence import Correspondence
-from cipr.perturb.draft import Draft, Entry, rename_schema_args, rng_for
+from cipr.perturb.draft import Draft, Entry, arg_ids, rename_schema_args, rng_for
 from cipr.perturb.pool import UNRELATED_ARGUMENTS
 
 DEGRADED_WORDINGS: tuple[str, ...] = (
@@ -144,7 +144,7 @@ def _relabel_and_reorder(draft: Draft, rng: random.Random, config: TrainingPertu
         props = list(e.tool.properties)
         if config.reorder_arguments and len(props) > 1:
             rng.shuffle(props)
-        amap = {a: canonical_arg_id(j, len(props)) for j, a in enumerate(props)}
+        amap = dict(zip(props, arg_ids(len(props)), strict=True))
         params = dict(e.tool.parameters)
         params["properties"] = {a: e.tool.properties[a] for a in props}
         if "required" in params:

@@ -1,15 +1,16 @@
 """Held-out perturbation: typos in the query (paper Table 5, "typos"; RobustBench-TC realistic typos).
 
 Character-level keyboard noise on the last user message: a fraction `rate` of the eligible words
-(alphabetic, at least `min_word_length` letters, standing alone, not part of an identifier) get one
-typo each (adjacent swap, dropped letter, doubled letter, neighbouring key), at least `min_typos`.
-The first letter of a word is kept, as in most human typos.
+(Latin letters, accented ones included, at least `min_word_length` of them, standing alone: not part
+of an identifier, path, e-mail or number) get one typo each (adjacent swap, dropped letter, doubled
+letter, neighbouring key), at least `min_typos`. The first letter of a word is kept, as in most
+human typos. Scripts without Latin words (Chinese, Korean, ...) get none.
 
 Choice the paper leaves open: words that occur in a reference argument value (any accepted value,
-nested values included) and words naming a declared tool or argument are protected, so the query
-still states every value the reference call needs; a typo in "San Francisco" would make the exact
-value unrecoverable and turn a robustness test into an impossible item. An item whose query has no
-eligible word is left unchanged and says so in `meta["perturbation"]["notes"]`.
+nested values included) are protected, so the query still states every value the reference call
+needs; a typo in "San Francisco" would make the exact value unrecoverable and turn a robustness
+test into an impossible item. An item whose query has no eligible word is left unchanged and says
+so in `meta["perturbation"]["notes"]`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from typing import Any
 from cipr.perturb.draft import Draft
 from cipr.perturb.naming import typo
 
-_WORD = re.compile(r"(?<![\w.\-/@'])[A-Za-z]+(?![\w\-/@]|'\w|\.\w)")
+_LETTERS = "A-Za-z\u00c0-\u024f\u1e00-\u1eff"  # Latin, Latin-1 and Latin Extended letters
+_WORD = re.compile(rf"(?<![\w.\-/@'])[{_LETTERS}]+(?![\w\-/@]|'\w|\.\w)")
+_VALUE_WORD = re.compile(rf"[{_LETTERS}]+")
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,7 @@ class TypoConfig:
 def _value_words(values: Iterable[Any], out: set[str]) -> None:
     for v in values:
         if isinstance(v, str):
-            out.update(w.lower() for w in re.findall(r"[A-Za-z]+", v))
+            out.update(w.lower() for w in _VALUE_WORD.findall(v))
         elif isinstance(v, dict):
             _value_words(v.keys(), out)
             _value_words(v.values(), out)
@@ -51,16 +54,12 @@ def _value_words(values: Iterable[Any], out: set[str]) -> None:
 
 
 def protected_words(draft: Draft) -> set[str]:
-    """Lower-case words the typos must not touch: reference values and tool/argument names."""
+    """Lower-case words the typos must not touch: the words of every reference value."""
     out: set[str] = set()
     for c in draft.all_calls():
         _value_words(c.arguments.values(), out)
         if c.accepted:
             _value_words(c.accepted.values(), out)
-    for e in draft.entries:
-        out.update(w.lower() for w in re.findall(r"[A-Za-z]+", e.tool.name))
-        for a in e.tool.properties:
-            out.update(w.lower() for w in re.findall(r"[A-Za-z]+", a))
     return out
 
 
