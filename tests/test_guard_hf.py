@@ -96,3 +96,14 @@ def test_backend_renders_tools_through_the_format(tiny_model, tiny_tokenizer):
     backend = HFBackend(tiny_model, tiny_tokenizer, ToolRLFormat())
     prompt = backend.render([m.to_dict() for m in MESSAGES], Interface([WEATHER]).to_openai())
     assert "1. Name: get_weather" in prompt and "Weather in Paris" in prompt
+
+
+def test_batched_generation_matches_one_by_one(tiny_model, tiny_tokenizer):
+    backend = HFBackend(tiny_model, tiny_tokenizer, batch_size=2)
+    requests = [([{"role": "user", "content": q}], tools) for q, tools in
+                [("Weather in Paris?", SNAPSHOT.interface.to_openai()), ("Hi", None),
+                 ("Email bob a long note about the weather tomorrow in Rome", [EMAIL.to_openai()])]]
+    batched = backend.generate_batch(requests, max_tokens=6)
+    single = [backend.generate(m, tools=t, max_tokens=6) for m, t in requests]
+    assert [t for t, _ in batched] == [t for t, _ in single]
+    assert [u for _, u in batched] == [u for _, u in single]  # padding is not counted as prompt tokens

@@ -107,6 +107,9 @@ def _eval(args: argparse.Namespace) -> int:
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     config = GuardEvalConfig(setting=args.setting, policies=policies, seed=args.seed, budget=args.budget,
                              max_new_tokens=args.max_new_tokens)
+    call_format = None if args.format == "json" else args.format
+    model, tokenizer = _load_model(args.model, args.device)
+    backend = HFBackend(model, tokenizer, call_format, batch_size=args.batch_size)
     if args.sample == "study200":
         examples = study_sample(load_bfcl(args.data_root, partitions=STUDY_PARTITIONS), seed=args.seed)
     else:
@@ -118,9 +121,6 @@ def _eval(args: argparse.Namespace) -> int:
         examples = examples[k::n]
     if args.limit is not None:
         examples = examples[: args.limit]
-    call_format = None if args.format == "json" else args.format
-    model, tokenizer = _load_model(args.model, args.device)
-    backend = HFBackend(model, tokenizer, call_format, batch_size=args.batch_size)
     result = evaluate_guard(examples, backend, config, call_format=backend.call_format, out_dir=args.out,
                             progress=lambda msg: print(msg, file=sys.stderr))
     for policy, summary in result.summaries.items():
