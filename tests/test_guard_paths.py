@@ -228,3 +228,15 @@ def test_guard_never_emits_a_call_outside_the_snapshot(policy, proposed, replies
     tried = [c["name"] for s in out.record.steps for c in s.parsed] + [c["name"] for c in out.record.original_calls]
     for name in {"get_weather_pro", "rm_rf"} & set(tried):
         assert name in out.refused  # every attempt on an unauthorized tool is in the audit record
+
+
+def test_backend_failure_is_recorded_and_the_call_stays_unresolved():
+    g, backend = guard([])  # no scripted reply: the backend raises
+    out = g.process(MESSAGES, reply("get_weather", city="Paris"))
+    assert out.status == "unresolved" and out.calls == () and len(backend.requests) == 1
+    assert "RuntimeError" in out.record.steps[0].error
+
+
+def test_text_with_braces_is_not_a_call_attempt():
+    g, backend = guard()
+    assert g.process(MESSAGES, "Use a set like {1, 2} here.").status == "no_call" and backend.requests == []

@@ -24,7 +24,8 @@ from cipr.guard.backend import Usage
 @dataclass
 class Step:
     """One model call the guard made: `kind` is candidate_retry, repair, naive_retry or tool_list;
-    `prompt` the messages sent (the tools offered are in the report's contract version)."""
+    `prompt` the messages sent (the tools offered are in the report's contract version); `error` the
+    backend's failure, if it raised (the step then has no reply and the call stays unresolved)."""
 
     kind: str
     call_index: int | None
@@ -35,11 +36,12 @@ class Step:
     report: dict[str, Any] | None
     usage: Usage
     latency_s: float
+    error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "call_index": self.call_index, "tool_choice": self.tool_choice,
                 "prompt": self.prompt, "reply": self.reply, "parsed": self.parsed, "report": self.report,
-                "usage": self.usage.to_json(), "latency_s": round(self.latency_s, 6)}
+                "usage": self.usage.to_json(), "latency_s": round(self.latency_s, 6), "error": self.error}
 
 
 @dataclass

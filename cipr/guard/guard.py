@@ -22,6 +22,7 @@ Statuses: `valid` (nothing to do), `repaired` (every call valid after the guard'
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -176,8 +177,9 @@ class Guard:
             return self._finish(record, calls, "valid", start)
 
         if cfg.policy in ("naive_retry", "tool_list"):
-            new_calls, ok = retry_turn(session, cfg.policy, text if text is not None else
-                                       " ".join(str(c) for c in record.original_calls))
+            shown_text = text if text is not None else json.dumps(record.original_calls, ensure_ascii=False,
+                                                                  default=str)
+            new_calls, ok = retry_turn(session, cfg.policy, shown_text)
             record.decisions.append({"call_index": None, "decision": REPAIRED if ok else UNRESOLVED,
                                      "via": cfg.policy})
             return self._finish(record, new_calls, "repaired" if ok else "unresolved", start)

@@ -14,7 +14,7 @@ calls, lists are several calls, and a reply that is one bare JSON object with ne
 read as the arguments of a nameless call.
 
 `attempted` says whether the reply tried to make a call at all (a call parsed, the format reported
-a malformed call, or the text has `<tool_call>` or a JSON object). A plain text answer is not an
+a malformed call, or the text has `<tool_call>` or opens a JSON object with a key: `{"`). A plain text answer is not an
 attempt; the guard lets it through unless it is configured to require a call.
 """
 
@@ -29,6 +29,7 @@ from typing import Any
 from cipr.interface import Call
 
 _TAG = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
+_OPENS_OBJECT = re.compile(r'\{\s*"')
 _DECODER = json.JSONDecoder()
 
 
@@ -104,7 +105,7 @@ def parse_json_calls(text: str) -> ParsedReply:
     values = _json_values(stripped)
     whole = len(values) == 1 and stripped[:1] in "{[" and stripped[-1:] in "}]"
     calls = _calls_from(values, whole=whole)
-    attempted = bool(calls) or "{" in text
+    attempted = bool(calls) or _OPENS_OBJECT.search(text) is not None
     if not calls and attempted:
         return ParsedReply((Call("", {}),), True, "the reply opens a JSON object but holds no parseable call")
     return ParsedReply(tuple(calls), attempted, None)

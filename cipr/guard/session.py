@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cipr.guard.audit import AuditRecord, SecurityEvent, Step
-from cipr.guard.backend import Backend
+from cipr.guard.backend import Backend, Usage
 from cipr.guard.contract import ContractSnapshot
 from cipr.guard.parse import ParsedReply, parse_reply
 from cipr.guard.validator import CallValidator, ValidationReport, call_to_json
@@ -44,20 +44,30 @@ class GuardSession:
 
     def ask(self, kind: str, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None,
             tool_choice: str | None, call_index: int | None) -> tuple[ParsedReply, ValidationReport | None]:
-        """One model call: generate, parse, validate the first parsed call, record the step."""
+        """One model call: generate, parse, validate the first parsed call, record the step.
+
+        A backend that raises (out of memory, a dropped connection, a prompt the call format cannot
+        render) does not end the turn: the step records the error and the call stays unresolved.
+        """
         if self.backend is None:
             raise ValueError(f"policy {self.record.policy!r} needs a backend to call the model")
         if tool_choice is not None and not self.backend.supports_forced_tool_choice:
             tool_choice = None
         start = time.perf_counter()
-        text, usage = self.backend.generate(messages, tools=tools, tool_choice=tool_choice, max_tokens=self.budget)
+        error = None
+        try:
+            text, usage = self.backend.generate(messages, tools=tools, tool_choice=tool_choice,
+                                                max_tokens=self.budget)
+        except Exception as e:  # noqa: BLE001 - a failed model call is recorded and leaves the call unresolved
+            text, usage, error = "", Usage(), f"{type(e).__name__}: {e}"
         latency = time.perf_counter() - start
-        parsed = parse_reply(text, self.call_format)
+        parsed = parse_reply(text, self.call_format) if error is None else ParsedReply((), False, error)
         self.note_unauthorized(parsed.calls, stage=kind, call_index=call_index)
         report = self.validator.validate(parsed.calls[0]) if parsed.calls else None
         prompt = [m.to_dict() if isinstance(m, Message) else dict(m) for m in messages]
-        self.record.steps.append(Step(kind, call_index, tool_choice, prompt, text, [call_to_json(c) for c in parsed.calls],
-                                      report.to_json() if report else None, usage, latency))
+        self.record.steps.append(Step(kind, call_index, tool_choice, prompt, text,
+                                      [call_to_json(c) for c in parsed.calls],
+                                      report.to_json() if report else None, usage, latency, error))
         return parsed, report
 
     def note_unauthorized(self, calls: Sequence[Call], *, stage: str, call_index: int | None) -> None:
