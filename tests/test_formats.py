@@ -283,7 +283,7 @@ def _check_decisions(fmt, text: str, calls) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(FORMATS))
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(data=st.data())
 def test_render_then_parse_round_trips_and_decisions_line_up(name, data):
     fmt = get_format(name)

@@ -19,8 +19,9 @@ Choices left open, made here:
   `<tool_call>` block (unclosed at the end or before the next `<tool_call>`: reported), and takes all
   text outside the blocks, stripped, as the `response` (None when empty). It reports a stray
   `</tool_call>`, a `<think>` tag after the start, invalid JSON (with its position), a missing or
-  non-string name, missing or non-object `arguments`; extra keys are ignored. `calls` holds the blocks
-  that are valid on their own.
+  non-string name, missing or non-object `arguments`, text between the object and `</tool_call>`;
+  extra keys are ignored. The object is read with the JSON decoder, so a `</tool_call>` inside an
+  argument string stays text. `calls` holds the blocks that are valid on their own.
 
 Decisions (where ∅ sits): the call that opens the answer (nothing but the think block before it) opens
 at `<tool_call>` with opener `<tool_call>\\n{"name": "`; a call after other text or another call opens

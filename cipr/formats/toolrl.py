@@ -8,8 +8,8 @@ A target is `<think> ... </think>` followed by a `<tool_call>` block holding one
     {"name": "GetNews", "parameters": {"page": "1"}}
     </tool_call>
 
-The prompt reproduces ToolRL's verl data byte for byte (checked on all 80 rows of
-`rlla_4k/test.parquet`): a system prompt with ToolRL's instruction and the tools listed as
+The prompt reproduces ToolRL's data byte for byte (checked on the 80 rows of `rlla_4k/test.parquet`
+and the 400 items of `rlla_sft.json`, targets included): a system prompt with ToolRL's instruction and the tools listed as
 `1. Name: ...\\nDescription: ...\\nParameters: {...}`, and one user message holding the whole dialogue
 as `**Dialogue Records History**` followed by `<user> ... </user>`, earlier assistant turns in the
 target format and tool results as `<obs> ... </obs>`. ToolRL's chat has no native tool support.
@@ -32,8 +32,10 @@ Choices ToolRL leaves open, made here:
   inside the tags, as ToolRL does).
 
 Parsing is sequential, so tag names mentioned inside the reasoning (ToolRL's SFT thoughts do that) do
-not count: an optional leading `<think>` block up to the first `</think>`, then `<tool_call>` and
-`<response>` blocks. It reports (never raises) a missing or unclosed tag, a second `<tool_call>` or
+not count: a leading `<think>` block up to the first `</think>` (a missing one is reported, and the
+rest is still read), then `<tool_call>` and `<response>` blocks. Each call object is read with the
+JSON decoder, so tags inside argument strings stay text; a `</tool_call>` right after the object on
+the same line closes the block, an object spread over several lines is read but reported. It reports (never raises) a missing or unclosed tag, a second `<tool_call>` or
 `<response>` block, text outside the tags, blocks out of order, an empty block, and per call line
 invalid JSON (with its position), a missing or non-string name, missing or non-object `parameters`.
 `calls` holds every call line that is valid on its own. Extra keys in a call object are ignored, as
