@@ -240,3 +240,15 @@ def test_backend_failure_is_recorded_and_the_call_stays_unresolved():
 def test_text_with_braces_is_not_a_call_attempt():
     g, backend = guard()
     assert g.process(MESSAGES, "Use a set like {1, 2} here.").status == "no_call" and backend.requests == []
+
+
+def test_parse_results_from_a_call_format_are_accepted():
+    from cipr.formats.base import ParseResult
+
+    g, backend = guard([reply("get_weather", location="Paris")])
+    assert g.process(MESSAGES, ParseResult((Call("get_weather", {"location": "P"}),))).status == "valid"
+    out = g.process(MESSAGES, ParseResult((), ok=False, error="unclosed <tool_call>"))
+    assert out.status == "repaired" and backend.requests[0].tool_choice == "required"
+    assert g.process(MESSAGES, ParseResult((), ok=True, response="hi")).status == "no_call"
+    with pytest.raises(TypeError, match="proposed must be"):
+        g.process(MESSAGES, [{"name": "get_weather"}])

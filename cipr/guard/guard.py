@@ -122,21 +122,19 @@ class Guard:
         return Guard(self.snapshot.refresh(listed, authorize=authorize), self.backend, config=self.config,
                      call_format=self.call_format, audit=self.audit)
 
-    def _proposal(self, proposed: Any) -> tuple[list[Call], bool, str | None]:
+    def _proposal(self, proposed: Any) -> tuple[list[Call], str | None]:
+        """(calls, reply text or None). A malformed call attempt becomes a nameless call (`parse`)."""
         if isinstance(proposed, str):
-            parsed = parse_reply(proposed, self.call_format)
-            return list(parsed.calls), parsed.attempted, proposed
+            return list(parse_reply(proposed, self.call_format).calls), proposed
         if isinstance(proposed, Call):
-            return [proposed], True, None
+            return [proposed], None
         if hasattr(proposed, "calls") and hasattr(proposed, "ok"):  # a cipr.formats ParseResult
             calls = list(proposed.calls)
-            if not calls and not proposed.ok:
-                calls = [Call("", {})]
-            return calls, bool(calls), None
+            return (calls or ([] if proposed.ok else [Call("", {})])), None
         calls = list(proposed)
         if not all(isinstance(c, Call) for c in calls):
             raise TypeError("proposed must be reply text, a Call, a ParseResult or a sequence of Calls")
-        return calls, bool(calls), None
+        return calls, None
 
     def process(self, messages: Sequence[Message | Mapping[str, Any]], proposed: Any, *,
                 visible: Interface | Iterable[Tool] | None = None, item_id: str | None = None,
@@ -159,7 +157,7 @@ class Guard:
         session = GuardSession(self.snapshot, self.validator, self.backend, self.call_format, cfg.budget, record,
                                self.snapshot.visible(shown), frozenset(t.name for t in shown), _chat(messages),
                                [t.to_openai() for t in shown])
-        calls, attempted, text = self._proposal(proposed)
+        calls, text = self._proposal(proposed)
         record.original_text = text
         record.original_calls = [call_to_json(c) for c in calls]
         if not calls and cfg.require_call:
