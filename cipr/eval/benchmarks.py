@@ -172,28 +172,30 @@ def build_items(examples: Sequence[Example], perts: Sequence[tuple[str, str]], n
 
 def build_rotbench_items(cfg: EvalConfig, levels: Sequence[tuple[str, str]], names_list: Sequence[str],
                          report: BuildReport) -> list[EvalItem]:
-    """RoTBench items per level: the shipped file under original names; under canonical names the
-    paper's Appendix F construction (canonicalize the clean record, re-apply the level's corruption)."""
+    """RoTBench items per level (`limit`: the first N records of each level): the shipped file under
+    original names; under canonical names the paper's Appendix F construction
+    (`cipr.perturb.rotbench.reapply_level`: canonicalize the clean record, re-apply the level's
+    corruption), which keeps the queries and their order, so the two namings pair item by item."""
     from cipr.data.rotbench import load_rotbench
+    from cipr.perturb.rotbench import pair_with_clean, reapply_level
 
     items: list[EvalItem] = []
     clean = load_rotbench(cfg.data_root, cfg.benchmark.split, "clean")
     for level, group in levels:
-        exs = load_rotbench(cfg.data_root, cfg.benchmark.split, level)
+        pairs = pair_with_clean(clean, load_rotbench(cfg.data_root, cfg.benchmark.split, level))
         if cfg.limit is not None:
-            exs = exs[:cfg.limit]
-        canon: list[Example] | None = None
-        if "canonical" in names_list:
-            from cipr.perturb.rotbench import canonical_level
-
-            canon = canonical_level(clean, exs)
-        for i, ex in enumerate(exs):
+            pairs = pairs[:cfg.limit]
+        for c, ex in pairs:
             for n in names_list:
                 if n == "original":
                     items.append(make_item(ex, ex, names=n, perturbation=level, group=group))
-                else:
-                    assert canon is not None
-                    items.append(make_shown_item(ex, canon[i], names=n, perturbation=level, group=group))
+                    continue
+                try:
+                    shown, _ = reapply_level(c, ex, seed=cfg.seed)
+                except DataError as e:
+                    report.skip(f"{level}/canonical", ex.id, str(e))
+                    continue
+                items.append(make_shown_item(ex, shown, names=n, perturbation=level, group=group))
     return items
 
 

@@ -291,21 +291,23 @@ def render_markdown(summary: Mapping[str, Any], title: str | None = None) -> str
             row += [fmt(e.get("mean", {}).get("accuracy")), fmt(e.get("gap"))]
         rows.append(row)
     out += ["", "## Accuracy by group (Table 1 shape)", "", table(["Tool names", *cols], rows)]
-    # Table 6 shape: one row per type, grouped, with the group mean rows.
+    # Table 6 shape: one row per type, grouped, with the group mean (or pooled) rows.
+    pooled_or_mean = "pooled" if summary["config"]["group_mode"] == "pool" else "mean"
     rows = []
     for g in groups:
         for t in summary["groups"][g]:
             rows.append([t, g] + [fmt(summary["names"][n]["types"].get(t, {}).get("accuracy")) for n in names_list])
         if len(summary["groups"][g]) > 1:
-            rows.append([f"**mean {g}**", g] + [fmt(summary["names"][n]["groups"].get(g, {}).get("accuracy"))
+            rows.append([f"**{pooled_or_mean} {g}**", g] + [fmt(summary["names"][n]["groups"].get(g, {}).get("accuracy"))
                                                  for n in names_list])
     diff = summary.get("canonical_minus_original")
     header = ["Perturbation", "Group", *names_list]
     if diff:
         header.append("canonical − original")
         for r in rows:
-            key = r[0].removeprefix("**mean ").removesuffix("**")
-            src = diff["groups"] if r[0].startswith("**mean") else diff["types"]
+            is_group = r[0].startswith("**")
+            key = r[0].removeprefix(f"**{pooled_or_mean} ").removesuffix("**")
+            src = diff["groups"] if is_group else diff["types"]
             r.append(fmt(src.get(key), signed=True))
     out += ["", "## Accuracy by perturbation type (Table 6 shape)", "", table(header, rows)]
     # Table 10 shape (few types, e.g. RoTBench levels): one row per tool names, a column per type and per
