@@ -203,3 +203,25 @@ def test_cli_on_real_bfcl_item_via_subprocess(shared_data, tmp_path):
     drifted.write_text(json.dumps(row))
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "became_required" in run.stdout
+
+
+def test_release_gate_on_real_bfcl_drift_perturbations(shared_data):
+    """The study's drift types keep the contract (pass); type narrowing, enum replacement and
+    multi-tool refactors, which the study never tested, change it (block) whenever they change anything."""
+    from cipr.data.bfcl import load_bfcl
+    from cipr.guard.evaluate import STUDY_PARTITIONS, study_sample
+    from cipr.perturb.registry import apply_perturbation
+
+    sample = study_sample(load_bfcl(shared_data, partitions=STUDY_PARTITIONS), per_partition=10, seed=0)
+    for name in ("drift_stale_examples", "drift_renamed_parameters", "drift_distractors", "drift_mild",
+                 "drift_medium", "drift_type_narrowing", "drift_enum_replacement", "drift_refactor"):
+        blocked = changed = 0
+        for example in sample:
+            shifted, _ = apply_perturbation(example, name, seed=0)
+            report = diff_interfaces(example.interface, shifted.interface)
+            changed += bool(report.changes)
+            blocked += report.has_contract_change
+        if name in ("drift_type_narrowing", "drift_enum_replacement", "drift_refactor"):
+            assert blocked == changed > 0, name
+        else:
+            assert blocked == 0 and changed > 0, name

@@ -20,7 +20,9 @@ Choices the spec leaves open:
   name pair up when `0.6 * description similarity + 0.4 * schema similarity >= rename_threshold`
   (greedy, best pairs first). A renamed parameter must keep its type; pairs are scored by
   description similarity and enum equality. Text similarity is difflib's ratio over lowercase
-  words. A renamed tool's parameters are still compared, so a rename that also narrows a type
+  words. An added tool overlaps an existing one when their descriptions' overlap (the share of
+  the shorter one's words the other contains in order) reaches `overlap_threshold`: a distractor
+  that embeds an existing description in a sentence about another operation overlaps fully. A renamed tool's parameters are still compared, so a rename that also narrows a type
   reports both.
 - A new tool that overlaps nothing is a new capability. 000 treats new capabilities and side
   effects as authorization changes, and a contract refresh never authorizes a tool by itself, so
@@ -142,6 +144,16 @@ def text_similarity(a: str, b: str) -> float:
     if not wa and not wb:
         return 1.0
     return difflib.SequenceMatcher(None, wa, wb, autojunk=False).ratio()
+
+
+def text_overlap(a: str, b: str) -> float:
+    """Share of the shorter text's words that the longer one contains in order (difflib's matching
+    blocks over lowercase words): 1.0 when one description embeds the other."""
+    wa, wb = re.findall(r"\w+", a.lower()), re.findall(r"\w+", b.lower())
+    if not wa or not wb:
+        return 1.0 if not wa and not wb else 0.0
+    blocks = difflib.SequenceMatcher(None, wa, wb, autojunk=False).get_matching_blocks()
+    return sum(bl.size for bl in blocks) / min(len(wa), len(wb))
 
 
 def _types(schema: Any) -> frozenset[str]:
@@ -327,8 +339,8 @@ def diff_interfaces(old: Interface | Sequence[Tool], new: Interface | Sequence[T
     for n in gained:
         if n in matched_new:
             continue
-        best = max(old_tools, key=lambda t: text_similarity(t.description, by_new[n].description), default=None)
-        overlap = text_similarity(best.description, by_new[n].description) if best else 0.0
+        best = max(old_tools, key=lambda t: text_overlap(t.description, by_new[n].description), default=None)
+        overlap = text_overlap(best.description, by_new[n].description) if best else 0.0
         if best is not None and overlap >= cfg.overlap_threshold:
             changes.append(_change("overlapping_tool_added", n, "", None, n,
                                    f"description overlaps {best.name!r} ({overlap:.2f})"))
