@@ -9,7 +9,8 @@
 - `same_name_parameters`: a same-name declaration with the same description whose parameters are
   corrupted: every argument renamed by a typo and given another type (string <-> integer, others to
   string; enums, items and nested properties dropped), required flags kept on the renamed
-  arguments. A tool without arguments gets one required unrelated argument instead.
+  arguments, no other property allowed (`additionalProperties: false`), so no correct call
+  validates against it. A tool without arguments gets one required unrelated argument instead.
 
 Added tools go to a random position of the list (seeded), so neither the first nor the last slot
 identifies the correct tool. References are unchanged; with canonical names they keep pointing at the
@@ -59,8 +60,8 @@ def corrupt_parameters(tool: Tool, rng: random.Random) -> Tool:
     props = tool.properties
     if not props:
         name, schema = rng.choice(UNRELATED_ARGUMENTS)
-        return Tool(tool.name, tool.description,
-                    {"type": "object", "properties": {name: dict(schema)}, "required": [name]})
+        return Tool(tool.name, tool.description, {"type": "object", "properties": {name: dict(schema)},
+                                                  "required": [name], "additionalProperties": False})
     taken = set(props)
     new_props: dict[str, Any] = {}
     amap: dict[str, str] = {}
@@ -74,6 +75,7 @@ def corrupt_parameters(tool: Tool, rng: random.Random) -> Tool:
     params = {key: val for key, val in tool.parameters.items() if key not in ("properties", "required")}
     params["properties"] = new_props
     params["required"] = [amap[r] for r in tool.required if r in amap]
+    params["additionalProperties"] = False
     return Tool(tool.name, tool.description, params)
 
 

@@ -16,7 +16,8 @@ Single types (each applied once per called tool unless said otherwise):
   four or more values -> the needed values plus one other. When no passed argument qualifies
   (`any`, objects, booleans only), nothing changes (noted).
 - `enum_replacement`: the values of an enum argument the reference passes are replaced by new
-  spellings (upper case, a prefix naming the argument, or snake case, one per item), and the
+  spellings (a prefix naming the argument, a short upper-case code, or an `opt_` prefix, one per
+  item; all distinct from the old values after BFCL's string normalization), and the
   reference values rewritten. Without such an enum, a passed free string (or array of free strings)
   is first narrowed to an enum (as above) and then replaced, so the needed value always changes;
   otherwise nothing (noted).
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,10 +49,11 @@ from cipr.interface import Tool
 from cipr.perturb.draft import Draft, Entry, RefCall, with_parameters
 from cipr.perturb.naming import drifted_name, slug, unique
 from cipr.perturb.pool import pick_unrelated
+from cipr.scoring.bfcl import standardize
 from cipr.scoring.bfcl_literals import NESTED_TYPES, read_value, write_value
 
 FILLER_VALUES = ("default", "other", "unspecified", "auto", "standard")
-ENUM_STYLES = ("upper", "prefix", "snake")
+ENUM_STYLES = ("prefix", "code", "option")
 
 SIBLINGS: tuple[tuple[str, str, bool], ...] = (
     ("_history", "Lists past requests made to the following operation instead of performing it: {desc}", True),
@@ -237,7 +240,10 @@ def _set_schema(draft: Draft, entry: Entry, arg: str, schema: dict[str, Any], no
 
 
 def _with_fillers(values: list[Any], fillers: list[Any], rng: random.Random, k: int = 2) -> list[Any]:
-    enum = list(values) + rng.sample([f for f in fillers if f not in values], k)
+    """`values` plus k fillers that differ from them (also after BFCL's string normalization), shuffled."""
+    taken = {standardize(v) if isinstance(v, str) else v for v in values}
+    free = [f for f in fillers if (standardize(f) if isinstance(f, str) else f) not in taken]
+    enum = list(values) + rng.sample(free, min(k, len(free)))
     rng.shuffle(enum)
     return enum
 
@@ -286,20 +292,27 @@ def narrow_type(draft: Draft, rng: random.Random) -> None:
 
 
 def _replacement(values: list[Any], arg: str, style: str) -> tuple[dict[Any, Any], str]:
-    """New spellings for the string values of an enum, distinct and different from every old value:
-    the requested style when it achieves that, else the next style that does, else an indexed
-    prefix. Returns the table and the style used."""
+    """New spellings for the string values of an enum: the requested style when its results are
+    distinct from each other and from every old value *after BFCL's string normalization* (lower
+    case, spaces and `,./-_*^` removed, `cipr.scoring.bfcl.standardize`; upper-casing or re-casing
+    a value would be invisible to the scorer), else the next style that works, else an indexed
+    prefix. Styles: `prefix` (`units_celsius`), `code` (`CELS`: upper-case leading letters, as short
+    as keeps them apart, at least three), `option` (`opt_celsius`). Returns the table and the style."""
     strs = [v for v in values if isinstance(v, str)]
-    styles = [style] + [s for s in ENUM_STYLES if s != style]
-    for st in styles:
-        if st == "upper":
-            new = {v: v.upper() for v in strs}
-        elif st == "snake":
-            new = {v: slug(v, 48) for v in strs}
-        else:
+    old = {standardize(v) for v in strs}
+    for st in [style] + [s for s in ENUM_STYLES if s != style]:
+        if st == "prefix":
             new = {v: f"{slug(arg, 16)}_{slug(v, 32)}" for v in strs}
-        outs = list(new.values())
-        if len(set(outs)) == len(outs) and not set(outs) & set(strs):
+        elif st == "option":
+            new = {v: f"opt_{slug(v, 32)}" for v in strs}
+        else:
+            new = {}
+            for k in range(3, 9):
+                new = {v: re.sub(r"[^A-Za-z0-9]", "", v).upper()[:k] or "V" for v in strs}
+                if len(set(new.values())) == len(strs):
+                    break
+        normed = [standardize(x) for x in new.values()]
+        if len(set(normed)) == len(normed) and not set(normed) & old:
             return new, st
     return {v: f"{slug(arg, 16)}_{k + 1}_{slug(v, 32)}" for k, v in enumerate(strs)}, "indexed"
 
