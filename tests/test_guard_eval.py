@@ -93,3 +93,22 @@ def test_cli_eval_smoke_with_the_tiny_model(tmp_path, shared_data, capsys):
                  "--data-root", str(shared_data)]) == 1
     with pytest.raises(ValueError, match="unknown drift setting"):
         GuardEvalConfig(setting="wild")
+
+
+@pytest.mark.parametrize("setting", ["mild", "medium"])
+def test_validator_sees_stale_calls_and_accepts_drifted_references(study, setting):
+    """On real BFCL drift: every drifted reference call is valid (no trigger, so no harm, on a correct
+    call), and every familiar call the drift breaks is visible to the validator (the study found all
+    its BFCL drift failures validator-visible)."""
+    from cipr.guard.evaluate import bfcl_correct
+
+    sample = study_sample(study, per_partition=25, seed=0)
+    broken = visible = 0
+    for example in sample:
+        shifted = drifted(example, setting, 0)
+        validator = CallValidator(ContractSnapshot.from_tools(shifted.interface))
+        assert all(validator.validate(c).valid for c in shifted.reference), example.id
+        if not bfcl_correct(example.reference, shifted):
+            broken += 1
+            visible += not all(validator.validate(c).valid for c in example.reference)
+    assert broken > 0 and visible == broken
