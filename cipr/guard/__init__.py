@@ -1,11 +1,12 @@
 """Inference-time guard: a versioned tool contract, a validator with structured reports, bounded
 repair with candidate-set retry, the naive-retry and tool-list baselines, an audit log, drift
-metrics and a release-gate interface diff (reference/000 and 001, the SchemaShield-Lite study)."""
+metrics and evaluation, and a release-gate interface diff (reference/000 and 001, SchemaShield-Lite)."""
 
 from cipr.guard.audit import AuditLog, AuditRecord, read_audit
-from cipr.guard.backend import Backend, HFBackend, ScriptedBackend, Usage
+from cipr.guard.backend import Backend, FunctionBackend, HFBackend, ScriptedBackend, Usage
 from cipr.guard.cards import ToolCard, tool_card
 from cipr.guard.contract import ContractSnapshot
+from cipr.guard.diff import DiffConfig, DiffReport, diff_interfaces, load_tool_list
 from cipr.guard.guard import POLICIES, Guard, GuardConfig, GuardOutcome
 from cipr.guard.validator import (
     CallValidator,
@@ -16,7 +17,8 @@ from cipr.guard.validator import (
 )
 
 __all__ = [
-    "AuditLog", "AuditRecord", "Backend", "CallValidator", "ContractSnapshot", "Guard", "GuardConfig",
-    "GuardOutcome", "HFBackend", "POLICIES", "ScriptedBackend", "ToolCard", "Usage", "ValidationIssue",
-    "ValidationReport", "ValidatorConfig", "read_audit", "tool_card", "validate_call",
+    "AuditLog", "AuditRecord", "Backend", "CallValidator", "ContractSnapshot", "DiffConfig", "DiffReport",
+    "FunctionBackend", "Guard", "GuardConfig", "GuardOutcome", "HFBackend", "POLICIES", "ScriptedBackend",
+    "ToolCard", "Usage", "ValidationIssue", "ValidationReport", "ValidatorConfig", "diff_interfaces",
+    "load_tool_list", "read_audit", "tool_card", "validate_call",
 ]
