@@ -23,6 +23,7 @@ onto an added tool counts as disagreement. `to_json()` is the CLI export form.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,14 +84,11 @@ class Correspondence:
 
     def is_bijection(self) -> bool:
         """True when every source tool has exactly one written equivalent and every written tool at
-        most one source (added tools map to nothing). False after a split or merge."""
-        seen: dict[str, int] = {}
-        for s in self.sources:
-            if len(s) > 1:
-                return False
-            for name in s:
-                seen[name] = seen.get(name, 0) + 1
-        return all(seen.get(n, 0) == 1 for n in self.source_names) and set(seen) <= set(self.source_names)
+        most one source (added tools map to nothing). False after a split or merge. A source that
+        declares a name twice (RoTBench's `drivers`) needs two written equivalents of that name."""
+        if any(len(s) > 1 for s in self.sources):
+            return False
+        return Counter(s[0] for s in self.sources if s) == Counter(self.source_names)
 
     def translate_back(self, call: Call) -> Call:
         """A call under written names to the source interface (the equivalent's first source; arguments

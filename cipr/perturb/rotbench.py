@@ -85,14 +85,16 @@ def _is_permutation(clean: Sequence[str], shipped: Sequence[str]) -> bool:
 
 
 def _permutation(clean: Sequence[str], shipped: Sequence[str]) -> list[int]:
-    """pi with shipped[k] == clean[pi[k]] (duplicated names take the first unused position)."""
-    used: set[int] = set()
-    out = []
-    for name in shipped:
-        j = next(j for j, c in enumerate(clean) if c == name and j not in used)
-        used.add(j)
-        out.append(j)
-    return out
+    """pi with shipped[k] == clean[pi[k]]: a name left in place keeps its position; a duplicated name
+    that moved takes the first unused position of that name."""
+    out: list[int | None] = [k if shipped[k] == clean[k] else None for k in range(len(shipped))]
+    used = {k for k in out if k is not None}
+    for k, name in enumerate(shipped):
+        if out[k] is None:
+            j = next(j for j, c in enumerate(clean) if c == name and j not in used)
+            used.add(j)
+            out[k] = j
+    return [j for j in out if j is not None]
 
 
 def edit_like(target: str, clean: str, shipped: str, rng: random.Random) -> str:
@@ -212,8 +214,11 @@ def reapply_level(clean: Example, shipped: Example, *, seed: int = 0) -> tuple[E
         return Message(m.role, m.content, tuple(call(c) for c in m.calls), name)
 
     meta: dict[str, Any] = dict(shipped.meta)
-    for key in ("finish_tool", "ask_tool"):
-        if meta.get(key) in first:
+    # RoTBench's scorer finds finish / ask_to_user by position: the last and second-to-last tools
+    for key, pos in (("finish_tool", n - 1), ("ask_tool", n - 2)):
+        if meta.get(key) is not None and 0 <= pos and st[pos].name == meta[key]:
+            meta[key] = names[pos]
+        elif meta.get(key) in first:
             meta[key] = names[first[meta[key]]]
     meta["perturbation"] = {"name": f"rotbench_{shipped.meta.get('level', 'level')}_canonical",
                             "names": "canonical", "clean_id": clean.id, "seed": seed, "notes": notes}
