@@ -6,7 +6,10 @@ For each held-out type (every registered type but `in_distribution`), every item
 written as one JSONL record through the CLI's own `export_record` (the `cipr-data export --perturb`
 path), to files under --out (default: a temporary directory, deleted afterwards). Loading BFCL is
 timed separately and not counted. The issue's target: under 20 s in total for the 2,501 items.
-Prints one line per type, then `items_per_s=<N> total_s=<seconds>` (items = items x types).
+Prints one line per type (wall and CPU seconds), a line with the CPU total (on a shared machine
+the wall clock also counts other processes' turns), then `items_per_s=<N> total_s=<seconds>` (items
+= items x types, wall clock). Most of the time goes to the export record itself
+(`Interface.to_openai` deep-copies every schema), not to the perturbations.
 """
 
 from __future__ import annotations
@@ -38,18 +41,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(args.out or tmp)
         out.mkdir(parents=True, exist_ok=True)
-        total = 0.0
+        total = cpu = 0.0
         n = 0
         for name in HELD_OUT:
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             with (out / f"bfcl_{name}.jsonl").open("w") as f:
                 for ex in examples:
                     rec = export_record(ex, names=args.names, perturb=name, seed=args.seed)
                     f.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
-            dt = time.perf_counter() - t
+            dt, dc = time.perf_counter() - t, time.process_time() - c
             total += dt
+            cpu += dc
             n += len(examples)
-            print(f"{name:28s} {len(examples)} items {dt:6.2f}s")
+            print(f"{name:28s} {len(examples)} items {dt:6.2f}s wall {dc:6.2f}s cpu")
+    print(f"cpu_s={cpu:.2f}")
     print(f"items_per_s={n / total:.0f} total_s={total:.2f}")
 
 

@@ -26,7 +26,9 @@ Single types (each applied once per called tool unless said otherwise):
   the values (the argument disappears when a part has one value), and each call goes to its part.
   Otherwise *merge*: the called tool absorbs another tool (an uncalled one of the list when there is
   one, else another called one, else an unrelated pool tool) behind a required `operation` argument,
-  keeps its name, and the other tool disappears. Split tools both map to the source tool; a merged
+  keeps its name, and the other tool disappears; the `operation` values are the two tools' names
+  as identifiers (values, so canonical names leave them as they are). Split tools both map to the
+  source tool; a merged
   tool maps to both sources: the correspondence is then not a bijection, by design.
 
 Composite settings (the study's guard evaluation): `mild` = 2 description changes, 2 schema changes,

@@ -170,7 +170,7 @@ def perturb_for_training(example: Example, config: TrainingPerturbationConfig | 
     _add_twins(draft, rng, config)
     _relabel_and_reorder(draft, rng, config)
     return draft.finish(names="original", perturbation="in_distribution",
-                        meta={"seed": seed, "variant": _variant_name(config)})
+                        meta={"seed": seed, "variant": _variant_name(config), "names": "fresh_ids"})
 
 
 def in_distribution(example: Example, *, seed: int,
