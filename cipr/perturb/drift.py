@@ -28,8 +28,8 @@ Single types (each applied once per called tool unless said otherwise):
   one, else another called one, else an unrelated pool tool) behind a required `operation` argument,
   keeps its name, and the other tool disappears; the `operation` values are the two tools' names
   as identifiers (values, so canonical names leave them as they are). Split tools both map to the
-  source tool; a merged
-  tool maps to both sources: the correspondence is then not a bijection, by design.
+  source tool; a merged tool maps to both sources: the correspondence is then not a bijection, by
+  design.
 
 Composite settings (the study's guard evaluation): `mild` = 2 description changes, 2 schema changes,
 1 distractor; `medium` = 3, 3, 3. A description change is a stale-field example, a schema change
