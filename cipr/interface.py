@@ -43,10 +43,14 @@ class Tool:
     def with_(self, **changes: Any) -> Tool:
         return replace(self, **changes)
 
-    def to_openai(self) -> dict[str, Any]:
-        """OpenAI `tools` entry: {"type": "function", "function": {name, description, parameters}}."""
+    def to_openai(self, *, copy_schema: bool = True) -> dict[str, Any]:
+        """OpenAI `tools` entry: {"type": "function", "function": {name, description, parameters}}.
+
+        `copy_schema=False` shares the schema dict (for a caller that serializes it at once).
+        """
+        params = copy.deepcopy(dict(self.parameters)) if copy_schema else self.parameters
         return {"type": "function", "function": {"name": self.name, "description": self.description,
-                                                 "parameters": copy.deepcopy(dict(self.parameters))}}
+                                                 "parameters": params}}
 
     def to_mcp(self) -> dict[str, Any]:
         """MCP `tools/list` entry: {name, description, inputSchema}."""
@@ -127,8 +131,8 @@ class Interface:
             seen.add(n)
         return tuple(dup)
 
-    def to_openai(self) -> list[dict[str, Any]]:
-        return [t.to_openai() for t in self.tools]
+    def to_openai(self, *, copy_schema: bool = True) -> list[dict[str, Any]]:
+        return [t.to_openai(copy_schema=copy_schema) for t in self.tools]
 
     def to_mcp(self) -> dict[str, Any]:
         """An MCP `tools/list` result: {"tools": [...]}."""

@@ -9,7 +9,7 @@ timed separately and not counted. The issue's target: under 20 s in total for th
 Prints one line per type (wall and CPU seconds), a line with the CPU total (on a shared machine
 the wall clock also counts other processes' turns), then `items_per_s=<N> total_s=<seconds>` (items
 = items x types, wall clock). Most of the time goes to the export record itself
-(`Interface.to_openai` deep-copies every schema), not to the perturbations.
+(JSON encoding), not to the perturbations.
 """
 
 from __future__ import annotations

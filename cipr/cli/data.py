@@ -77,7 +77,7 @@ def stats(source: str, root: str | None = None) -> dict[str, Any]:
 
 def export_record(example: Example, *, names: str = "original", perturb: str | None = None, seed: int = 0,
                   order: str = "original") -> dict[str, Any]:
-    """One JSONL record of `cipr-data export`."""
+    """One JSONL record of `cipr-data export` (shares the example's schemas: serialize it, do not mutate it)."""
     correspondence = None
     original_names = {t.name: t.name for t in example.interface}
     if perturb:
@@ -95,7 +95,7 @@ def export_record(example: Example, *, names: str = "original", perturb: str | N
         "id": example.id,
         "partition": example.partition,
         "messages": [m.to_dict() for m in example.messages],
-        "tools": example.interface.to_openai(),
+        "tools": example.interface.to_openai(copy_schema=False),  # serialized at once
         "reference_calls": [c.to_dict() for c in example.reference],
         "name_map": name_map,
     }
