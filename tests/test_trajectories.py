@@ -15,8 +15,8 @@ def test_toyshop_expert_solves_tasks_and_is_deterministic():
     b = toyshop_trajectories(20, seed=1)
     assert [m.content for e in a for m in e.messages] == [m.content for e in b for m in e.messages]
     assert all(e.meta["reward"] == 1.0 for e in a)
-    assert a[0].messages[2].content.endswith("search[" + a[0].messages[2].content.split("search[")[1])
-    assert toyshop_trajectories(3, seed=2)[0].messages[1].content != a[0].messages[1].content
+    assert a[0].messages[1].role == "assistant" and a[0].messages[1].calls[0].name == "search"
+    assert toyshop_trajectories(3, seed=2)[0].messages[0].content != a[0].messages[0].content
 
 
 def test_toyshop_rewards_partial_matches_and_rejects_invalid_actions():
@@ -37,6 +37,7 @@ def test_agentinstruct_round_trip(tmp_path):
     p.write_text(json.dumps(to_agentinstruct(exs)))
     back = load_trajectories(p)
     assert [m.content for m in back[1].messages] == [m.content for m in exs[1].messages]
+    assert [m.calls for m in back[1].messages] == [m.calls for m in exs[1].messages]
     assert back[0].interface.names == ("search", "click")
 
 

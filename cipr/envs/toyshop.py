@@ -31,15 +31,6 @@ _COLORS = ["red", "blue", "black", "white", "green", "grey", "pink", "yellow"]
 _SIZES = ["small", "medium", "large", "x-large"]
 _MATERIALS = ["cotton", "leather", "steel", "bamboo", "recycled plastic", "wool"]
 
-SYSTEM = ("You are web shopping. I will give you instructions about what to do. You have to follow the "
-          "instructions. Every round I will give you an observation and a list of available actions, you "
-          "have to respond an action based on the state and instruction. You can use search action if "
-          "search is available. You can click one of the buttons in clickables. An action should be of the "
-          "following structure:\nsearch[keywords]\nclick[value]\nIf the action is not valid, perform nothing. "
-          "Keywords in search are up to you, but the value in click must be a value in the list of available "
-          "actions. Remember that your keywords in search should be carefully designed.\nYour response should "
-          "use the following format:\n\nThought:\nI think ...\n\nAction:\nclick[something]")
-
 
 @dataclass(frozen=True)
 class Product:
@@ -144,20 +135,26 @@ class ToyShop:
         return StepResult("Invalid action!", 0.0, False, valid=False)
 
     def expert(self, task_id: int, *, seed: int = 0, max_steps: int = 10) -> tuple[list[Message], float]:
-        """A scripted expert trajectory as AgentInstruct-style messages, and its reward.
+        """A scripted expert trajectory as messages, and its reward.
 
-        User turns carry observations, assistant turns `Thought: ...\\n\\nAction:\\nname[argument]`.
+        User turns carry the instruction page and then `Observation:` pages; each assistant turn is one
+        step as structured data: its thought in `content` and its action in `calls` (one
+        `Call(name, {"argument": ...})`). The text of a turn is left to the call format (`webshop`:
+        `Thought: ...\\nAction: name[argument]`), so the same trajectory renders under any action
+        names, and the action reader's openers match the text exactly. There is no system message:
+        the format's instruction, built from the interface, lists the actions. Thoughts do not name
+        the actions, so renaming them only changes the action lines and the instruction.
         """
         rng = random.Random(seed * 7919 + task_id)
         obs = self.reset(task_id)
         t = self._task
-        msgs = [Message("system", SYSTEM), Message("user", obs)]
-        plan: list[tuple[str, Call]] = [(f"I think I should search for a {t.color} {t.kind}.",
+        msgs = [Message("user", obs)]
+        plan: list[tuple[str, Call]] = [(f"I think I should look for a {t.color} {t.kind}.",
                                          Call("search", {"argument": f"{t.color} {t.kind}"}))]
         reward = 0.0
         for _ in range(max_steps):
             thought, call = plan.pop(0)
-            msgs.append(Message("assistant", f"Thought:\n{thought}\n\nAction:\n{call.name}[{call.arguments['argument']}]"))
+            msgs.append(Message("assistant", thought, (call,)))
             res = self.step(call)
             if res.done:
                 reward = res.reward

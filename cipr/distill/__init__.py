@@ -1,0 +1,11 @@
+"""Self-distillation for supervised agents (paper §4.3): teacher under original names, student under canonical ones.
+
+- `naming`: the same trajectory under other action names (canonical, relabeled, synonyms, swapped).
+- `conversation`: a trajectory rendered as one chat text, its assistant turns and decisions.
+- `alignment`: token pairs of two renderings whose action names tokenize differently.
+- `loss`: token-level KL on aligned tokens and action-distribution KL at decisions (pure functions).
+- `batch`: a trajectory's teacher/student/relabeled views and the loss of a batch of them.
+- `trainer`: the training loop (HF Trainer with the project's checkpoints and metrics).
+- `evaluate`: offline agreement/KL under renames, and live evaluation in an environment.
+- `run`: `run_distill` and the `cipr-train algo=distill` entry.
+"""

@@ -1,0 +1,200 @@
+"""A trajectory's views for self-distillation, and the loss of a batch of them.
+
+For each trajectory (original names) a `DistillItem` holds, computed once: the teacher's rendering
+(original names), the student's (canonical names, `cipr.canonical.canonicalize` with free text
+rewritten), their tokens and their token alignment, and the check that both renderings have the
+same decisions taking the same actions. At every step the student's canonical example is relabeled
+with fresh neutral names (seeded by step and trajectory, so each visit sees new names) for the
+rescoring consistency KL.
+
+`batch_loss` runs, per batch, one forward of the teacher without gradient and one of the student
+with gradient (over its canonical and relabeled renderings together): each is an action read
+(`cipr.actions.read_actions`) whose decoder hidden states also give the next-token distributions
+at the aligned positions (`read_with_logits`), and combines the three terms (`cipr.distill.loss`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from cipr.actions import ActionQuery, ActionReaderConfig, read_actions
+from cipr.canonical import RewriteText
+from cipr.consistency import rescoring_kl
+from cipr.distill.alignment import TokenAlignment, align_tokens, segment_texts
+from cipr.distill.conversation import Rendered, Tokenized, render_conversation, tokenize_rendered
+from cipr.distill.loss import action_kl, combine, token_kl
+from cipr.distill.naming import named, relabel_example, rename_pairs
+from cipr.formats.base import CallFormat
+from cipr.interface import Example
+from cipr.relabel import RelabelConfig
+
+
+@dataclass(frozen=True)
+class DistillItem:
+    """One trajectory's fixed views: teacher (original names) and student (canonical names)."""
+
+    example: Example
+    student_example: Example
+    teacher: Rendered
+    teacher_tokens: Tokenized
+    student: Rendered
+    student_tokens: Tokenized
+    alignment: TokenAlignment
+
+    @property
+    def num_tools(self) -> int:
+        return len(self.example.interface)
+
+
+def check_same_decisions(a: Rendered, b: Rendered, what: str) -> None:
+    """Raise ValueError unless a and b have the same decisions taking the same actions (by position)."""
+    def classes(r: Rendered) -> list[int | None]:
+        pos = {t: i for i, t in enumerate(r.tools)}
+        return [None if d.taken is None else pos.get(d.taken, -1) for d in r.decisions]
+
+    if classes(a) != classes(b) or a.turn_of != b.turn_of:
+        raise ValueError(f"{what}: the renderings' decisions differ ({classes(a)} vs {classes(b)}); renaming must "
+                         f"not change which actions a trajectory takes")
+
+
+def build_item(example: Example, fmt: CallFormat, tokenizer: Any, *, rewrite: RewriteText = "all") -> DistillItem:
+    """The fixed views of one trajectory (raises ValueError / AlignmentError on a trajectory that cannot be used)."""
+    student_example, nmap = named(example, "canonical", rewrite=rewrite)
+    teacher = render_conversation(example, fmt, tokenizer)
+    student = render_conversation(student_example, fmt, tokenizer)
+    check_same_decisions(teacher, student, f"trajectory {example.id}")
+    t_tok, s_tok = tokenize_rendered(tokenizer, teacher), tokenize_rendered(tokenizer, student)
+    segments = segment_texts(teacher.text, student.text, rename_pairs(nmap, example.interface))
+    alignment = align_tokens(segments, t_tok.ids, t_tok.offsets, s_tok.ids, s_tok.offsets,
+                             a_regions=teacher.turns, b_regions=student.turns)
+    return DistillItem(example, student_example, teacher, t_tok, student, s_tok, alignment)
+
+
+def relabeled_view(item: DistillItem, fmt: CallFormat, tokenizer: Any, config: RelabelConfig, seed: int | str
+                   ) -> Rendered:
+    """The student's trajectory under fresh neutral names (x̃, ỹ), decisions checked against the canonical view."""
+    example, _ = relabel_example(item.student_example, config, seed)
+    rendered = render_conversation(example, fmt, tokenizer)
+    check_same_decisions(item.student, rendered, f"trajectory {item.example.id} relabeled")
+    return rendered
+
+
+def action_query(rendered: Rendered, fmt: CallFormat) -> ActionQuery:
+    """The action reader's query for every decision of a rendering (class i = tool i)."""
+    return ActionQuery(rendered.prompt, rendered.response, rendered.decisions, rendered.tools,
+                       tuple(range(len(rendered.tools))), tuple(fmt.name_text(t) for t in rendered.tools))
+
+
+def _plain_head(model: Any) -> bool:
+    config = getattr(model, "config", None)
+    return (getattr(config, "final_logit_softcapping", None) is None and getattr(config, "logit_scale", None) is None
+            and model.get_output_embeddings() is not None)
+
+
+def logits_at(model: Any, sequences: Sequence[Sequence[int]], rows: Sequence[int], cols: Sequence[int],
+              pad_id: int) -> torch.Tensor:
+    """Next-token logits [P, V] at (rows[i], cols[i]) of right-padded `sequences`, in one plain forward."""
+    device = next(model.parameters()).device
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for b, s in enumerate(sequences):
+        ids[b, :len(s)] = torch.tensor(list(s), dtype=torch.long)
+        mask[b, :len(s)] = 1
+    r = torch.tensor(list(rows), dtype=torch.long, device=device)
+    c = torch.tensor(list(cols), dtype=torch.long, device=device)
+    return model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits[r, c]
+
+
+def read_with_logits(model: Any, tokenizer: Any, queries: Sequence[ActionQuery], num_actions: int,
+                     sequences: Sequence[Sequence[int]], rows: Sequence[int], cols: Sequence[int],
+                     reader: ActionReaderConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Action distributions of `queries` [D, A+1] and next-token logits [P, V] at (rows, cols), in one forward.
+
+    The action reader's forward already runs the decoder over every query's prompt + response (its
+    packed name tries come after them), so a forward hook on the decoder keeps its last hidden
+    states, and the output head is applied at the P wanted positions: no second forward. This relies
+    on right padding (row b's token j at column j), which the reader config here sets, and is checked:
+    the hooked input ids must equal `sequences[b]` (the caller's tokenization of query b) on every
+    row given. When the check fails, or the output head is not a plain projection (logit soft-capping),
+    a separate plain forward computes the logits instead.
+    """
+    config = dataclasses.replace(reader or ActionReaderConfig(), padding_side="right")
+    captured: dict[str, Any] = {}
+
+    def hook(module: Any, args: Any, kwargs: Any, output: Any) -> None:
+        if "hidden" not in captured:
+            captured["hidden"] = getattr(output, "last_hidden_state", None)
+            captured["ids"] = kwargs.get("input_ids", args[0] if args else None)
+
+    handle = model.get_decoder().register_forward_hook(hook, with_kwargs=True)
+    try:
+        probs = read_actions(model, tokenizer, queries, num_actions, config).probs
+    finally:
+        handle.remove()
+    hidden, ids = captured.get("hidden"), captured.get("ids")
+    usable = hidden is not None and ids is not None and _plain_head(model) and all(
+        ids.shape[1] >= len(s) and ids[b, :len(s)].tolist() == list(s) for b, s in enumerate(sequences))
+    if not usable:
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        return probs, logits_at(model, sequences, rows, cols, pad)
+    r = torch.tensor(list(rows), dtype=torch.long, device=hidden.device)
+    c = torch.tensor(list(cols), dtype=torch.long, device=hidden.device)
+    return probs, model.get_output_embeddings()(hidden[r, c])
+
+
+@dataclass(frozen=True)
+class LossWeights:
+    """Weights of the three terms (see `cipr.distill.loss.combine`)."""
+
+    token: float = 1.0
+    action: float = 1.0
+    rescore: float = 1.0
+    detach_reference: bool = True
+    eps: float = 1e-6
+
+
+def batch_loss(student: Any, teacher: Any, tokenizer: Any, items: Sequence[DistillItem],
+               relabeled: Sequence[Rendered] | None, fmt: CallFormat, weights: LossWeights, *,
+               teacher_context: Callable[[], Any] = contextlib.nullcontext,
+               reader: ActionReaderConfig | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The distillation loss of a batch: token KL + action KL (teacher → student) + λ · rescoring KL.
+
+    `teacher_context` is entered around the teacher's forwards (e.g. a LoRA student's
+    `disable_adapter`, when the teacher is the student's frozen base). `relabeled` (one per item) is
+    needed when `weights.rescore` > 0; without it the rescoring term is not computed.
+    """
+    if not items:
+        raise ValueError("an empty batch")
+    num_actions = max(it.num_tools for it in items)
+    rows = [b for b, it in enumerate(items) for _ in range(len(it.alignment))]
+    cols_t = [k - 1 for it in items for k in it.alignment.a_index]
+    cols_s = [k - 1 for it in items for k in it.alignment.b_index]
+    seg = torch.tensor([b for b, it in enumerate(items) for _ in it.teacher.decisions], dtype=torch.long)
+    with torch.no_grad(), teacher_context():
+        t_probs, t_logits = read_with_logits(teacher, tokenizer, [action_query(it.teacher, fmt) for it in items],
+                                             num_actions, [it.teacher_tokens.ids for it in items], rows, cols_t, reader)
+    queries = [action_query(it.student, fmt) for it in items]
+    use_rescore = weights.rescore > 0 and relabeled is not None
+    if use_rescore:
+        if len(relabeled) != len(items):
+            raise ValueError(f"{len(relabeled)} relabeled views for {len(items)} trajectories")
+        queries += [action_query(r, fmt) for r in relabeled]
+    s_probs, s_logits = read_with_logits(student, tokenizer, queries, num_actions,
+                                         [it.student_tokens.ids for it in items], rows, cols_s, reader)
+    n = len(seg)
+    seg = seg.to(s_probs.device)
+    terms = {"token": token_kl(t_logits, s_logits), "action": action_kl(t_probs, s_probs[:n], seg, eps=weights.eps)}
+    if use_rescore:
+        terms["rescore"] = rescoring_kl(s_probs[:n], s_probs[n:], seg, detach_reference=weights.detach_reference,
+                                        eps=weights.eps)
+    loss, metrics = combine(terms, {"token": weights.token, "action": weights.action,
+                                    **({"rescore": weights.rescore} if use_rescore else {})})
+    metrics["distill/unpaired_student_tokens"] = float(sum(it.alignment.b_unpaired for it in items))
+    return loss, metrics

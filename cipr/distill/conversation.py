@@ -1,0 +1,127 @@
+"""A trajectory rendered as one chat text: where the prompt ends, where each assistant turn is, its decisions.
+
+A trajectory is trained on all its assistant turns at once (one sequence, as SFT does on multi-turn
+data), so the text is rendered once by the call format (`CallFormat.chat`) and the chat template,
+and the assistant turns are located by rendering the conversation up to each turn with the
+generation prompt: turn k's text starts where the rendering of messages[:k] with the generation
+prompt ends. A template that rewrites earlier turns (Qwen3's reasoning stripping) breaks that
+prefix property and is refused with an error.
+
+Choices:
+- The prompt is the text through the first assistant turn's generation prompt; the response is the
+  rest, through the end of the last assistant turn (later user turns are dropped: nothing follows
+  them). Observation turns inside the response are context, never trained on.
+- A turn's trained text is its content plus the template's end-of-turn token (the template's glue
+  after it, a newline in ChatML, is not: the model never generates it).
+- Decisions are the call format's decisions of each assistant turn's content, shifted to response
+  offsets, so formats whose parser stops at an `Observation:` line still find every turn's actions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cipr.formats.base import CallFormat, Decision, supports_native_tools
+from cipr.interface import Example
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """One rendering of a trajectory.
+
+    - `text`: prompt + response; `prompt_end`: len(prompt) in chars.
+    - `turns`: (start, end) char spans in `text` of each assistant turn's trained text.
+    - `decisions`: every decision of every turn, `start` relative to the response.
+    - `turn_of`: the turn index of each decision.
+    - `tools`: the declared names, in interface order (class i = tool i).
+    """
+
+    text: str
+    prompt_end: int
+    turns: tuple[tuple[int, int], ...]
+    decisions: tuple[Decision, ...]
+    turn_of: tuple[int, ...]
+    tools: tuple[str, ...]
+
+    @property
+    def prompt(self) -> str:
+        return self.text[:self.prompt_end]
+
+    @property
+    def response(self) -> str:
+        return self.text[self.prompt_end:]
+
+
+def _template(tokenizer: Any, chat: list[dict[str, Any]], tools: Any, generation: bool) -> str:
+    kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": generation}
+    if tools is not None:
+        kwargs["tools"] = tools
+    return tokenizer.apply_chat_template(chat, **kwargs)
+
+
+def render_conversation(example: Example, fmt: CallFormat, tokenizer: Any) -> Rendered:
+    """Render `example` (a trajectory with assistant turns) with `fmt` and the tokenizer's chat template.
+
+    Raises ValueError when the example has no assistant turn or the template breaks the prefix property.
+    """
+    native = supports_native_tools(tokenizer) and fmt.uses_native_tools
+    chat, tools = fmt.chat(example.messages, example.interface, native_tools=native)
+    assistant = [k for k, m in enumerate(chat) if m["role"] == "assistant"]
+    if not assistant:
+        raise ValueError(f"trajectory {example.id} has no assistant turn to learn from")
+    chat = chat[:assistant[-1] + 1]
+    text = _template(tokenizer, chat, tools, False)
+    eos = getattr(tokenizer, "eos_token", None) or ""
+    spans: list[tuple[int, int]] = []
+    decisions: list[Decision] = []
+    turn_of: list[int] = []
+    prompt_end = None
+    for t, k in enumerate(assistant):
+        head = _template(tokenizer, chat[:k], tools, True)
+        upto = _template(tokenizer, chat[:k + 1], tools, False)
+        if not (text.startswith(head) and text.startswith(upto) and len(head) <= len(upto)):
+            raise ValueError(f"trajectory {example.id}: the chat template does not render turn {t} as a prefix of "
+                             f"the conversation (it rewrites earlier turns), so turns cannot be located")
+        content = chat[k]["content"]
+        at = text.find(content, len(head), len(upto))
+        if at < 0:
+            raise ValueError(f"trajectory {example.id}: turn {t}'s text is not where the template puts the turn")
+        end = len(upto.rstrip())
+        if eos and eos in text[at + len(content):end]:
+            end = text.index(eos, at + len(content)) + len(eos)
+        if prompt_end is None:
+            prompt_end = len(head)
+        spans.append((len(head), end))
+        for d in fmt.decisions(content):
+            decisions.append(Decision(d.start + at - prompt_end, d.opener, d.name_suffix, d.taken))
+            turn_of.append(t)
+    assert prompt_end is not None
+    return Rendered(text[:spans[-1][1]], prompt_end, tuple(spans), tuple(decisions), tuple(turn_of),
+                    example.interface.names)
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """Token ids of a rendering and each token's (start, end) char span in `Rendered.text`.
+
+    The prompt and the response are tokenized separately, without special tokens added, exactly as
+    the action reader (`cipr.actions.read_actions`) tokenizes them, so its decision plans and these
+    ids index the same sequence. `prompt_len` is the number of prompt tokens.
+    """
+
+    ids: tuple[int, ...]
+    offsets: tuple[tuple[int, int], ...]
+    prompt_len: int
+
+
+def tokenize_rendered(tokenizer: Any, rendered: Rendered) -> Tokenized:
+    """Ids and char spans of `rendered` (needs a fast tokenizer for the offsets)."""
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError("self-distillation aligns tokens by their character offsets, which needs a fast tokenizer")
+    enc = tokenizer([rendered.prompt, rendered.response], add_special_tokens=False, return_offsets_mapping=True)
+    p_ids, r_ids = enc["input_ids"]
+    p_off, r_off = enc["offset_mapping"]
+    shift = rendered.prompt_end
+    offsets = [tuple(o) for o in p_off] + [(a + shift, b + shift) for a, b in r_off]
+    return Tokenized(tuple(p_ids) + tuple(r_ids), tuple(offsets), len(p_ids))

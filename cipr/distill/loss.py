@@ -1,0 +1,110 @@
+"""The self-distillation loss (paper §4.3, Appendix A): pure functions over tensors, each returning (value, metrics).
+
+The task loss is the KL from the teacher (the released model under the original names) to the
+student (under canonical names). The two sides write the action names with different tokens, so it
+is taken in two parts:
+
+- `token_kl`: KL(teacher || student) of the next-token distributions at the positions that predict
+  a token the alignment paired (`cipr.distill.alignment`): the shared text of the assistant turns.
+- `action_kl`: KL(teacher || student) of the action distributions (`cipr.actions`) at each decision,
+  actions indexed by equivalence (tool i under any name is class i, ∅ last), so `search` on the
+  teacher side and `function_01` on the student side are one action.
+
+`combine` adds them with the rescoring consistency KL (`cipr.consistency.rescoring_kl`, student
+under canonical vs relabeled names) as `w_token · token + w_action · action + λ_rescore · rescore`.
+
+Choices the paper leaves open:
+- Direction: forward KL(teacher || student), the teacher as reference (the paper's "KL from the
+  released model ... to the student"); the teacher has no gradient.
+- Averaging: the token term is the mean over all paired positions of the batch (each token counts
+  once, as a token-level SFT loss does); the action term averages a trajectory's decisions first,
+  then the trajectories (the 1/n_y average of the rescoring KL), so long trajectories do not
+  dominate the decision-level signal.
+- No temperature: the student matches the teacher's distributions as they are.
+- Smoothing of the action distributions (`eps`) as in `cipr.consistency.kl_rows`; the token term is
+  exact (both are softmaxes, never exactly zero).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from cipr.consistency import kl_rows
+
+
+def token_kl(teacher_logits: torch.Tensor, student_logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """Mean over P aligned positions of KL(softmax(teacher) || softmax(student)).
+
+    Shapes: teacher_logits, student_logits [P, V]. Returns a scalar (a zero that keeps the graph when
+    P = 0) and metrics `distill/token_kl`, `distill/token_agree` (argmax equal), `distill/tokens`.
+    """
+    if teacher_logits.shape != student_logits.shape or teacher_logits.dim() != 2:
+        raise ValueError(f"expected two [P, V] tensors of one shape, got {tuple(teacher_logits.shape)} and "
+                         f"{tuple(student_logits.shape)}")
+    if teacher_logits.shape[0] == 0:
+        value = student_logits.sum() * 0.0
+        return value, {"distill/token_kl": 0.0, "distill/token_agree": 0.0, "distill/tokens": 0.0}
+    t = torch.log_softmax(teacher_logits.float(), dim=-1)
+    s = torch.log_softmax(student_logits.float(), dim=-1)
+    per_position = (t.exp() * (t - s)).sum(-1)
+    value = per_position.mean()
+    agree = (teacher_logits.argmax(-1) == student_logits.argmax(-1)).float().mean()
+    return value, {"distill/token_kl": float(value.detach()), "distill/token_agree": float(agree),
+                   "distill/tokens": float(teacher_logits.shape[0])}
+
+
+def _per_sequence_mean(values: torch.Tensor, segments: torch.Tensor) -> torch.Tensor:
+    ids, inverse = torch.unique(segments, return_inverse=True)
+    sums = torch.zeros(len(ids), dtype=values.dtype, device=values.device).index_add(0, inverse, values)
+    counts = torch.zeros(len(ids), dtype=values.dtype, device=values.device).index_add(
+        0, inverse, torch.ones_like(values))
+    return sums / counts
+
+
+def action_kl(p_teacher: torch.Tensor, p_student: torch.Tensor, segments: torch.Tensor, *, eps: float = 1e-6
+              ) -> tuple[torch.Tensor, dict[str, float]]:
+    """KL(teacher || student) of action distributions: per decision, mean per trajectory, mean over trajectories.
+
+    Shapes: p_teacher, p_student [D, A] (∅ last, rows sum to 1, one class index set); segments [D]
+    (long) the trajectory of each decision. Returns a scalar (a zero that keeps the graph when D = 0)
+    and metrics `distill/action_kl`, `distill/action_agree` (argmax equal), `distill/decisions`,
+    `distill/none_teacher`, `distill/none_student` (mean π(∅)).
+    """
+    if segments.shape != p_teacher.shape[:1]:
+        raise ValueError(f"segments must be [D] = [{p_teacher.shape[0]}], got {tuple(segments.shape)}")
+    if p_teacher.shape[0] == 0:
+        return p_student.sum() * 0.0, {"distill/action_kl": 0.0, "distill/action_agree": 0.0,
+                                       "distill/decisions": 0.0, "distill/none_teacher": 0.0,
+                                       "distill/none_student": 0.0}
+    per_decision = kl_rows(p_teacher.detach(), p_student, eps=eps)
+    value = _per_sequence_mean(per_decision, segments).mean()
+    t, s = p_teacher.detach(), p_student.detach()
+    return value, {"distill/action_kl": float(value.detach()),
+                   "distill/action_agree": float((t.argmax(-1) == s.argmax(-1)).float().mean()),
+                   "distill/decisions": float(p_teacher.shape[0]),
+                   "distill/none_teacher": float(t[:, -1].mean()), "distill/none_student": float(s[:, -1].mean())}
+
+
+def combine(terms: Mapping[str, tuple[torch.Tensor, Mapping[str, float]]], weights: Mapping[str, float]
+            ) -> tuple[torch.Tensor, dict[str, float]]:
+    """Σ weights[k] · terms[k].value over the terms, and every term's metrics plus `distill/loss`.
+
+    A term with weight 0 is left out of the sum (its metrics are still reported). Keys of `weights`
+    must be keys of `terms`.
+    """
+    missing = [k for k in weights if k not in terms]
+    if missing:
+        raise ValueError(f"weights for terms that were not computed: {missing}")
+    total: torch.Tensor | None = None
+    metrics: dict[str, float] = {}
+    for key, (value, term_metrics) in terms.items():
+        metrics.update(term_metrics)
+        w = float(weights.get(key, 0.0))
+        if w:
+            total = value * w if total is None else total + value * w
+    if total is None:
+        total = sum(v.sum() * 0.0 for v, _ in terms.values())  # type: ignore[assignment]
+    metrics["distill/loss"] = float(total.detach())  # type: ignore[union-attr]
+    return total, metrics  # type: ignore[return-value]
