@@ -27,7 +27,13 @@ from cipr.actions import ActionQuery, ActionReaderConfig, read_actions
 from cipr.canonical import RewriteText
 from cipr.consistency import rescoring_kl
 from cipr.distill.alignment import TokenAlignment, align_tokens, segment_texts
-from cipr.distill.conversation import Rendered, Tokenized, render_conversation, tokenize_rendered
+from cipr.distill.conversation import (
+    Rendered,
+    Tokenized,
+    UnusableTrajectory,
+    render_conversation,
+    tokenize_rendered,
+)
 from cipr.distill.loss import action_kl, combine, token_kl
 from cipr.distill.naming import named, relabel_example, rename_pairs
 from cipr.formats.base import CallFormat
@@ -53,18 +59,19 @@ class DistillItem:
 
 
 def check_same_decisions(a: Rendered, b: Rendered, what: str) -> None:
-    """Raise ValueError unless a and b have the same decisions taking the same actions (by position)."""
+    """Raise UnusableTrajectory unless a and b have the same decisions taking the same actions (by position)."""
     def classes(r: Rendered) -> list[int | None]:
         pos = {t: i for i, t in enumerate(r.tools)}
         return [None if d.taken is None else pos.get(d.taken, -1) for d in r.decisions]
 
     if classes(a) != classes(b) or a.turn_of != b.turn_of:
-        raise ValueError(f"{what}: the renderings' decisions differ ({classes(a)} vs {classes(b)}); renaming must "
-                         f"not change which actions a trajectory takes")
+        raise UnusableTrajectory("decisions change under renaming",
+                                 f"{what}: {classes(a)} vs {classes(b)}; renaming must not change which actions a "
+                                 f"trajectory takes")
 
 
 def build_item(example: Example, fmt: CallFormat, tokenizer: Any, *, rewrite: RewriteText = "all") -> DistillItem:
-    """The fixed views of one trajectory (raises ValueError / AlignmentError on a trajectory that cannot be used)."""
+    """The fixed views of one trajectory (raises UnusableTrajectory, AlignmentError or a format's ValueError)."""
     student_example, nmap = named(example, "canonical", rewrite=rewrite)
     teacher = render_conversation(example, fmt, tokenizer)
     student = render_conversation(student_example, fmt, tokenizer)

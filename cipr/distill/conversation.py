@@ -26,6 +26,14 @@ from cipr.formats.base import CallFormat, Decision, supports_native_tools
 from cipr.interface import Example
 
 
+class UnusableTrajectory(ValueError):
+    """A trajectory that cannot be trained on; `reason` is a short fixed phrase (for skip counts)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        self.reason = reason
+        super().__init__(f"{reason}: {detail}")
+
+
 @dataclass(frozen=True)
 class Rendered:
     """One rendering of a trajectory.
@@ -63,13 +71,14 @@ def _template(tokenizer: Any, chat: list[dict[str, Any]], tools: Any, generation
 def render_conversation(example: Example, fmt: CallFormat, tokenizer: Any) -> Rendered:
     """Render `example` (a trajectory with assistant turns) with `fmt` and the tokenizer's chat template.
 
-    Raises ValueError when the example has no assistant turn or the template breaks the prefix property.
+    Raises UnusableTrajectory when the example has no assistant turn or the template breaks the prefix
+    property, and the call format's ValueError when it cannot render a turn.
     """
     native = supports_native_tools(tokenizer) and fmt.uses_native_tools
     chat, tools = fmt.chat(example.messages, example.interface, native_tools=native)
     assistant = [k for k, m in enumerate(chat) if m["role"] == "assistant"]
     if not assistant:
-        raise ValueError(f"trajectory {example.id} has no assistant turn to learn from")
+        raise UnusableTrajectory("no assistant turn", f"trajectory {example.id} has nothing to learn from")
     chat = chat[:assistant[-1] + 1]
     text = _template(tokenizer, chat, tools, False)
     eos = getattr(tokenizer, "eos_token", None) or ""
@@ -81,12 +90,14 @@ def render_conversation(example: Example, fmt: CallFormat, tokenizer: Any) -> Re
         head = _template(tokenizer, chat[:k], tools, True)
         upto = _template(tokenizer, chat[:k + 1], tools, False)
         if not (text.startswith(head) and text.startswith(upto) and len(head) <= len(upto)):
-            raise ValueError(f"trajectory {example.id}: the chat template does not render turn {t} as a prefix of "
-                             f"the conversation (it rewrites earlier turns), so turns cannot be located")
+            raise UnusableTrajectory("chat template rewrites earlier turns",
+                                     f"trajectory {example.id}: turn {t} is not rendered as a prefix of the "
+                                     f"conversation, so the turns cannot be located")
         content = chat[k]["content"]
         at = text.find(content, len(head), len(upto))
         if at < 0:
-            raise ValueError(f"trajectory {example.id}: turn {t}'s text is not where the template puts the turn")
+            raise UnusableTrajectory("turn text not found", f"trajectory {example.id}: turn {t}'s text is not where "
+                                     f"the chat template puts the turn")
         end = len(upto.rstrip())
         if eos and eos in text[at + len(content):end]:
             end = text.index(eos, at + len(content)) + len(eos)
@@ -118,7 +129,7 @@ class Tokenized:
 def tokenize_rendered(tokenizer: Any, rendered: Rendered) -> Tokenized:
     """Ids and char spans of `rendered` (needs a fast tokenizer for the offsets)."""
     if not getattr(tokenizer, "is_fast", False):
-        raise ValueError("self-distillation aligns tokens by their character offsets, which needs a fast tokenizer")
+        raise TypeError("self-distillation aligns tokens by their character offsets, which needs a fast tokenizer")
     enc = tokenizer([rendered.prompt, rendered.response], add_special_tokens=False, return_offsets_mapping=True)
     p_ids, r_ids = enc["input_ids"]
     p_off, r_off = enc["offset_mapping"]

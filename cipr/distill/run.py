@@ -1,0 +1,345 @@
+"""`cipr-train algo=distill data=trajectories`: one self-distillation run, evaluation included.
+
+    cipr-train algo=distill data=trajectories                       # one CPU: embedded SmolLM2-135M, ToyShop
+    cipr-train experiment=smollm2_distill_toyshop                   # the short CPU run (~10 min on 2 cores)
+    cipr-train algo=distill data=trajectories model=qwen25_3b data.path=/data/webshop_agentinstruct.json \\
+        algo.eval.live_env=webshop algo.eval.live_tasks=200        # one GPU, real WebShop trajectories
+    cipr-train algo=distill ... launcher.num_processes=8 distributed=zero2   # several GPUs on one node
+    sbatch --gres=gpu:8 slurm/train.sbatch algo=distill data=trajectories launcher.num_processes=8 ...  # Slurm
+
+The model section names the released model (teacher and the student's initialization); the
+trajectories' call format is `data.call_format` (WebShop ReAct for AgentInstruct-style data), or
+`model.call_format` when that is null. `rollout` options are accepted and unused: no rollouts.
+
+    run_dir/
+      config.json, config.yaml   the resolved configuration
+      metrics.jsonl              one line per optimizer step (stage "distill"), plus eval lines
+      distill/                   checkpoint-<step>/ (HF format), latest.json, final/, stage.json
+      eval/teacher.json          the teacher's action distributions on held-out decisions (computed once)
+      eval/eval.json, table.md   agreement and KL per model and naming (+ live rewards when played)
+      summary.json
+
+Rerunning continues from the latest complete checkpoint (`trainer.resume=auto`), skips a finished
+stage, and reuses the teacher's evaluation; a run folder started with another model, data or algo
+config is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cipr.distill.data import DataConfigError, TrajectoryDataConfig, build_items, check_data, load_split
+from cipr.distill.evaluate import (
+    Readings,
+    check_eval,
+    live_evaluate,
+    offline_rows,
+    read_rendered,
+    render_named,
+    write_report,
+)
+from cipr.distill.trainer import DistillConfig, DistillTrainer, check_distill, teacher_for
+from cipr.train.checkpoint import (
+    NonFiniteLossError,
+    latest_complete,
+    mark_stage_done,
+    resolve_resume,
+    stage_done,
+    write_json_atomic,
+)
+from cipr.train.config import ConfigError, from_dict, to_dict
+from cipr.train.metrics import LoggingConfig, MetricsCallback, MetricsWriter, peak_memory_gb
+from cipr.train.model import ModelConfig, load_model, resolve_source
+from cipr.train.schedule import DistributedConfig, LauncherConfig, TrainerConfig, common_args, precision_flags
+
+log = logging.getLogger("cipr.distill")
+
+STAGE = "distill"
+COMPARED = ("model", "data", "algo")
+
+
+@dataclass
+class DistillRunConfig:
+    """The whole self-distillation run; sections as in `cipr.train.run.TrainConfig` (rollout unused)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: TrajectoryDataConfig = field(default_factory=TrajectoryDataConfig)
+    algo: DistillConfig = field(default_factory=DistillConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    rollout: dict[str, Any] = field(default_factory=dict)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+
+
+class Preempted(RuntimeError):
+    """A preemption signal stopped the run after a saved checkpoint; rerun to resume."""
+
+
+def config_from_dict(data: dict[str, Any]) -> DistillRunConfig:
+    """A DistillRunConfig from a composed (Hydra) config; unknown keys and bad values raise ConfigError."""
+    return from_dict(DistillRunConfig, {k: v for k, v in data.items() if k != "hydra"})
+
+
+def call_format_name(cfg: DistillRunConfig) -> str:
+    return cfg.data.call_format or cfg.model.call_format
+
+
+def validate(cfg: DistillRunConfig) -> None:
+    """Every check that needs neither model nor data in memory; raises ConfigError with the fix."""
+    from cipr.formats import get_format
+
+    try:
+        check_distill(cfg.algo)
+        check_eval(cfg.algo.eval)
+        check_data(cfg.data)
+    except (ValueError, DataConfigError) as e:
+        raise ConfigError(str(e)) from e
+    if cfg.trainer.max_steps < 1 or cfg.trainer.save_steps < 1 or cfg.trainer.per_device_train_batch_size < 1:
+        raise ConfigError("trainer.max_steps, trainer.save_steps and trainer.per_device_train_batch_size must be >= 1")
+    precision_flags(cfg.trainer.precision)
+    resolve_source(cfg.model)
+    try:
+        get_format(call_format_name(cfg))
+    except ValueError as e:
+        raise ConfigError(f"data.call_format / model.call_format: {e}") from e
+    if cfg.model.attn_implementation not in ("sdpa", "eager"):
+        raise ConfigError(f"algo=distill reads action distributions with a tree-shaped attention mask, which needs "
+                          f"model.attn_implementation=sdpa or eager (got {cfg.model.attn_implementation})")
+    if cfg.trainer.resume != "auto":
+        resolve_resume(cfg.trainer.resume, Path(cfg.trainer.run_dir) / STAGE)
+
+
+def _check_run_dir(cfg: DistillRunConfig, run_dir: Path) -> None:
+    previous = run_dir / "config.json"
+    if not previous.is_file():
+        return
+    old, new = json.loads(previous.read_text()), to_dict(cfg)
+    differing = [f"{s}.{k}" for s in COMPARED for k in sorted(set(old.get(s, {})) | set(new[s]))
+                 if old.get(s, {}).get(k) != new[s].get(k)]
+    if differing and (latest_complete(run_dir / STAGE) or stage_done(run_dir / STAGE)):
+        raise ConfigError(f"{run_dir} holds a run started with a different config ({', '.join(differing[:8])}); "
+                          f"resuming it would mix two runs. Choose another trainer.run_dir or delete that folder.")
+
+
+def _truncate_metrics(writer: MetricsWriter, step: int) -> None:
+    """Drop step lines past the resumed checkpoint, so metrics.jsonl reads as one run."""
+    if not writer.enabled or not writer.path.is_file():
+        return
+    kept = [r for r in writer.read() if not (r.get("stage") == STAGE and r.get("kind") == "step"
+                                             and r.get("step", 0) > step)]
+    writer.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+
+def _readings(model: Any, tokenizer: Any, examples: list, fmt: Any, cfg: DistillRunConfig, context: Any = None
+              ) -> dict[str, Readings]:
+    out = {}
+    for naming in cfg.algo.eval.namings:
+        rendered = render_named(examples, fmt, tokenizer, naming, rewrite=cfg.data.rewrite_text,  # type: ignore[arg-type]
+                                renames=cfg.algo.eval.renames)
+        kwargs = {"context": context} if context is not None else {}
+        out[naming] = read_rendered(model, tokenizer, rendered, fmt, batch_size=cfg.algo.eval.batch_size, **kwargs)
+    return out
+
+
+def _live(model: Any, tokenizer: Any, fmt: Any, cfg: DistillRunConfig) -> dict[str, dict[str, float]]:
+    ev = cfg.algo.eval
+    if not ev.live_tasks:
+        return {}
+    if ev.live_env == "webshop":
+        from cipr.envs.webshop import WebShopEnv
+
+        def factory() -> Any:
+            return WebShopEnv()
+    else:
+        from cipr.envs.toyshop import ToyShop
+
+        def factory() -> Any:
+            return ToyShop(seed=cfg.data.seed)
+    tasks = list(range(ev.live_first_task, ev.live_first_task + ev.live_tasks))
+    return {naming: live_evaluate(model, tokenizer, factory, tasks, fmt, naming, rewrite=cfg.data.rewrite_text,
+                                  renames=ev.renames, max_steps=ev.live_max_steps,
+                                  max_new_tokens=ev.live_max_new_tokens,
+                                  max_observation_chars=cfg.data.max_observation_chars)
+            for naming in ev.namings}
+
+
+def _is_main_process() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def run_distill(cfg: DistillRunConfig | dict[str, Any], run_dir: str | Path | None = None) -> Path:
+    """Train (resuming where a previous run stopped) and evaluate; returns the run folder.
+
+    `cfg` is a DistillRunConfig or a plain dict of its sections; `run_dir` overrides `trainer.run_dir`.
+    """
+    if not isinstance(cfg, DistillRunConfig):
+        cfg = config_from_dict(dict(cfg))
+    if run_dir is not None:
+        cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, run_dir=str(run_dir)))
+    validate(cfg)
+    started = time.time()
+    if cfg.trainer.torch_threads:
+        torch.set_num_threads(cfg.trainer.torch_threads)
+    out = Path(cfg.trainer.run_dir).expanduser()
+    main = _is_main_process()
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        _check_run_dir(cfg, out)
+        import yaml
+
+        (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+        (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    writer = MetricsWriter(out, cfg.logging.wandb, to_dict(cfg), enabled=main)
+    try:
+        _run(cfg, out, writer, started, main)
+    finally:
+        writer.close()
+    return out
+
+
+def _run(cfg: DistillRunConfig, out: Path, writer: MetricsWriter, started: float, main: bool) -> None:
+    from cipr.formats import get_format
+
+    stage_dir = out / STAGE
+    done = stage_done(stage_dir)
+    eval_dir = out / "eval"
+    if done and (eval_dir / "eval.json").is_file():
+        log.info("%s is complete (trained and evaluated); nothing to do", out)
+        return
+    fmt = get_format(call_format_name(cfg))
+    weights = stage_dir / "final" if done else None
+    student, tokenizer = load_model(cfg.model, weights=weights)
+    train_examples, eval_examples, counts = load_split(cfg.data)
+    train = build_items(train_examples, fmt, tokenizer, rewrite=cfg.data.rewrite_text)
+    held = build_items(eval_examples, fmt, tokenizer, rewrite=cfg.data.rewrite_text)
+    skipped = dict(train.skipped + held.skipped)
+    if skipped:
+        log.warning("skipped %d trajectories: %s", sum(skipped.values()), skipped)
+    if not train.items:
+        raise ConfigError(f"no usable training trajectory ({counts}; skipped {skipped})")
+    usable_eval = [it.example for it in held.items]
+    log.info("%d training trajectories, %d held out (%s)", len(train.items), len(usable_eval), counts)
+
+    teacher_file = eval_dir / "teacher.json"
+    teacher_readings: dict[str, Readings] | None = None
+    if main and usable_eval and not done:
+        if teacher_file.is_file():
+            teacher_readings = {k: Readings.from_json(v) for k, v in json.loads(teacher_file.read_text()).items()}
+        else:
+            t0 = time.time()
+            teacher_readings = _readings(student, tokenizer, usable_eval, fmt, cfg)
+            write_json_atomic(teacher_file, {k: v.to_json() for k, v in teacher_readings.items()})
+            log.info("teacher evaluated on %d held-out trajectories in %.0fs", len(usable_eval), time.time() - t0)
+        teacher_live = _live(student, tokenizer, fmt, cfg) if cfg.algo.eval.live_tasks else {}
+        if teacher_live:
+            write_json_atomic(eval_dir / "teacher_live.json", teacher_live)
+
+    steps = 0
+    if not done:
+        steps = _train(cfg, student, tokenizer, train.items, fmt, stage_dir, writer)
+    if main and usable_eval:
+        if teacher_readings is None:
+            if not teacher_file.is_file():
+                raise RuntimeError(f"{teacher_file} is missing: delete {stage_dir}/stage.json to redo the run's "
+                                   f"teacher evaluation, or start a new run_dir")
+            teacher_readings = {k: Readings.from_json(v) for k, v in json.loads(teacher_file.read_text()).items()}
+        t0 = time.time()
+        student_readings = _readings(student, tokenizer, usable_eval, fmt, cfg)
+        rows = offline_rows({"teacher": teacher_readings, "student": student_readings})
+        live = {}
+        if cfg.algo.eval.live_tasks:
+            teacher_live_file = eval_dir / "teacher_live.json"
+            live = {"teacher": json.loads(teacher_live_file.read_text()) if teacher_live_file.is_file() else {},
+                    "student": _live(student, tokenizer, fmt, cfg)}
+        write_report(eval_dir, rows, live, {"held_out_trajectories": len(usable_eval)})
+        writer.write({"stage": STAGE, "kind": "eval", "tag": "after", "step": steps,
+                      **{f"eval/{m}/{n}/{k}": v for m, per in rows.items() for n, r in per.items()
+                         for k, v in r.items() if k != "decisions"}})
+        log.info("evaluation (%.0fs):\n%s", time.time() - t0, (eval_dir / "table.md").read_text())
+    if main:
+        summary = {"run_dir": str(out), "algo": "distill", "stage_done": bool(stage_done(stage_dir)),
+                   "final": next((r for r in reversed(writer.read()) if r.get("kind") == "step"), None),
+                   "eval": json.loads((eval_dir / "eval.json").read_text()) if (eval_dir / "eval.json").is_file()
+                   else None,
+                   "data": counts, "train_trajectories": len(train.items), "held_out_trajectories": len(usable_eval),
+                   "skipped_trajectories": skipped, "peak_memory_gb": peak_memory_gb(),
+                   "wall_seconds_this_invocation": time.time() - started}
+        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+
+
+def _train(cfg: DistillRunConfig, student: Any, tokenizer: Any, items: list, fmt: Any, stage_dir: Path,
+           writer: MetricsWriter) -> int:
+    from transformers import TrainingArguments
+
+    from cipr.ops.preemption import PreemptionCallback, PreemptionConfig
+
+    t = cfg.trainer
+    args = common_args(t, cfg.distributed, output_dir=str(stage_dir), max_steps=t.max_steps,
+                       learning_rate=t.learning_rate, batch=t.per_device_train_batch_size,
+                       accumulation=t.gradient_accumulation_steps, scheduler=t.lr_scheduler_type,
+                       warmup=t.warmup_steps, progress_bar=cfg.logging.progress_bar)
+    args["include_num_input_tokens_seen"] = "no"
+    args["remove_unused_columns"] = False
+    teacher, context = teacher_for(student)
+    preemption = PreemptionCallback(PreemptionConfig(requeue=bool(os.environ.get("SLURM_JOB_ID"))))
+    trainer = DistillTrainer(model=student, args=TrainingArguments(**args), processing_class=tokenizer, items=items,
+                             fmt=fmt, algo=cfg.algo, teacher=teacher, teacher_context=context,
+                             callbacks=[MetricsCallback(writer, STAGE, cfg.logging.print_metrics), preemption])
+    checkpoint = resolve_resume(t.resume, stage_dir)
+    step = 0
+    if checkpoint is not None:
+        step = json.loads((Path(checkpoint) / "trainer_state.json").read_text())["global_step"]
+        log.info("resuming from %s (step %d)", checkpoint, step)
+    _truncate_metrics(writer, step)
+    trainer.train(resume_from_checkpoint=checkpoint)
+    if preemption.flag.set:
+        raise Preempted(f"{preemption.flag.received} received: saved at step {trainer.state.global_step} in "
+                        f"{stage_dir}; run the same command again (trainer.resume=auto) to continue")
+    final = stage_dir / "final"
+    trainer.save_model(str(final))
+    if trainer.args.should_save:
+        mark_stage_done(stage_dir, {"steps": trainer.state.global_step, "final": "final", "time": time.time()})
+    steps = trainer.state.global_step
+    del trainer
+    return steps
+
+
+def distill_main(container: dict[str, Any]) -> int:
+    """The `cipr-train` entry for `algo=distill` (a resolved Hydra config as a dict); returns the exit status.
+
+    0 done (or preempted after a save), 2 configuration error (nothing started), 3 non-finite loss.
+    Re-launches itself under `accelerate launch` when `launcher.num_processes` > 1.
+    """
+    try:
+        cfg = config_from_dict(container)
+        if cfg.launcher.num_processes > 1 and "LOCAL_RANK" not in os.environ:
+            from cipr.cli.train import relaunch_command
+
+            cmd = relaunch_command(cfg.launcher.num_processes, cfg.launcher.main_process_port,
+                                   cfg.launcher.accelerate_config, sys.argv[1:])
+            log.info("launching %d processes: %s", cfg.launcher.num_processes, " ".join(cmd))
+            return subprocess.call(cmd)
+        out = run_distill(cfg)
+    except ConfigError as e:
+        print(f"cipr-train: configuration error: {e}", file=sys.stderr)
+        return 2
+    except NonFiniteLossError as e:
+        print(f"cipr-train: {e}", file=sys.stderr)
+        return 3
+    except Preempted as e:
+        print(f"cipr-train: {e}", file=sys.stderr)
+        return 0
+    print(f"cipr-train: done; run folder {out} (metrics.jsonl, eval/table.md, summary.json, checkpoints)")
+    return 0
