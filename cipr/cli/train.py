@@ -1,0 +1,91 @@
+"""`cipr-train`: train a tool-calling policy with SFT, GRPO (ToolRL), multi-interface, masking or CIPR.
+
+Hydra composes `configs/train/train.yaml` with the groups model/, data/, algo/, rollout/,
+trainer/, logging/, distributed/, launcher/ and experiment/ (the training configs live in their
+own folder so their group names do not capture `cipr-eval`'s top-level `model=` option).
+
+    one CPU (the README's main job: embedded SmolLM2-135M, synthetic data, SFT warm start + CIPR):
+        cipr-train
+    one CPU, another algorithm or model folder:
+        cipr-train algo=multi_interface trainer.run_dir=runs/mi
+        cipr-train model=tiny model.name_or_path=runs/tiny_model trainer.max_steps=2
+    one GPU (Qwen2.5-3B-Instruct, tools in the prompt, vLLM colocated):
+        cipr-train experiment=qwen25_3b_cipr data.path=/data/toolrl/rlla_4k/train.parquet
+    several GPUs on one node (re-launches itself under `accelerate launch`):
+        cipr-train experiment=qwen25_3b_cipr launcher.num_processes=8 distributed=zero2
+    several nodes (one process per GPU; see slurm/train_multinode.sbatch):
+        accelerate launch --num_machines 2 --num_processes 16 ... -m cipr.cli.train experiment=qwen25_3b_cipr
+    Slurm (preemptible: saves at the next step boundary on USR1 and requeues; resumes automatically):
+        sbatch --gres=gpu:8 slurm/train.sbatch experiment=qwen25_3b_cipr launcher.num_processes=8 \\
+            trainer.run_dir=runs/qwen25_3b_cipr
+
+Rerunning a command continues its run folder from the latest complete checkpoint
+(`trainer.resume=auto`). Exit status: 0 done (or preempted after a save), 2 configuration error
+(nothing was started), 3 non-finite loss (the last checkpoint is intact).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "train"
+
+
+def relaunch_command(num_processes: int, port: int, accelerate_config: str | None, argv: list[str]) -> list[str]:
+    """The `accelerate launch` command that runs this CLI once per process on this node."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(num_processes),
+           "--main_process_port", str(port)]
+    if accelerate_config:
+        cmd += ["--config_file", accelerate_config]
+    return cmd + ["-m", "cipr.cli.train", *argv]
+
+
+def _main(cfg: DictConfig) -> int:
+    from cipr.train.checkpoint import NonFiniteLossError
+    from cipr.train.config import ConfigError
+    from cipr.train.run import Preempted, config_from_dict, run
+
+    log = logging.getLogger("cipr.train")
+    try:
+        config = config_from_dict(OmegaConf.to_container(cfg, resolve=True))
+        launcher = config.launcher
+        if launcher.num_processes > 1 and "LOCAL_RANK" not in os.environ:
+            cmd = relaunch_command(launcher.num_processes, launcher.main_process_port, launcher.accelerate_config,
+                                   sys.argv[1:])
+            log.info("launching %d processes: %s", launcher.num_processes, " ".join(cmd))
+            return subprocess.call(cmd)
+        run_dir = run(config)
+    except ConfigError as e:
+        print(f"cipr-train: configuration error: {e}", file=sys.stderr)
+        return 2
+    except NonFiniteLossError as e:
+        print(f"cipr-train: {e}", file=sys.stderr)
+        return 3
+    except Preempted as e:
+        print(f"cipr-train: {e}", file=sys.stderr)
+        return 0
+    print(f"cipr-train: done; run folder {run_dir} (metrics.jsonl, summary.json, checkpoints)")
+    return 0
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")
+def _hydra_entry(cfg: DictConfig) -> None:
+    code = _main(cfg)
+    if code:
+        sys.exit(code)
+
+
+def main() -> None:
+    """Console entry point (`cipr-train`)."""
+    _hydra_entry()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+"""Training prompts: examples from the project's loaders, under the names an algorithm trains with.
+
+Sources (`data.source`): `synthetic` (the procedural generator, `cipr.data.synthetic`, with
+`tools_per_example` tools per interface), `toolrl`
+(a ToolRL verl parquet: the 3,920-row `train.parquet` where a user has it, by `data.path`; the
+80-row `test.parquet` here), `toolrl_sft` (ToolRL's 400-example SFT JSON). Names (`algo.names`):
+`original`; `canonical` (`cipr.canonical.canonicalize`); `masked`, function masking (Lin et al.,
+2025): every tool and argument name becomes a random string (a letter then `mask_length - 1` letters
+and digits), drawn per example from (seed, example id), applied to the query and targets as
+canonicalization is; used in training only.
+
+With `algo.perturbed`, every canonical example is followed by its perturbed copy
+(`cipr.perturb.training.perturb_for_training`: twins, relabeling, reordering), and the two rows share
+a `pair_id`. Each row records the equivalence class of each declared tool: canonical tool i has
+class i; a perturbed tool has the class of the canonical tool it is equivalent to, and each added
+twin a class of its own after the n canonical ones (`num_actions` = n + twins), so the two sides'
+action distributions live on one index set.
+
+Choices:
+- A held-out slice (`eval_examples`, drawn with the data seed) is kept out of training; the run
+  scores greedy responses on it before and after the warm start.
+- SFT targets are the reference calls (and reference response) rendered by the call format, with the
+  format's placeholder reasoning: ToolRL's own reasoning text names the original tools, so it is used
+  only with original names (`sft_think: example`).
+- An example that cannot be used is never dropped silently: examples without any declared tool (no
+  action distribution exists) and those the perturbation rejects are counted by reason in
+  `PromptSet.skipped`, which the run logs and writes to `summary.json`.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from cipr.canonical import NameMap, apply_name_map, canonicalize
+from cipr.errors import DataError
+from cipr.formats.base import CallFormat
+from cipr.interface import Example, Interface, Tool
+from cipr.train.config import ConfigError
+
+Side = Literal["canonical", "perturbed", "single"]
+
+
+@dataclass
+class DataConfig:
+    """Where training prompts come from and how they are prepared (module docstring)."""
+
+    source: Literal["synthetic", "toolrl", "toolrl_sft"] = "synthetic"
+    path: str | None = None
+    n: int = 64
+    seed: int = 0
+    tools_per_example: tuple[int, ...] = (2, 5)
+    eval_examples: int = 8
+    perturbation: Literal["full", "reorder_only", "twins_only", "single_near_duplicate"] = "full"
+    rewrite_text: Literal["identifiers", "all", "none"] = "identifiers"
+    mask_length: int = 8
+    sft_think: Literal["placeholder", "example"] = "placeholder"
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    """One training prompt (a dataset row), with what the reward and the action reader need."""
+
+    row: int
+    pair_id: int
+    side: Side
+    example: Example
+    prompt: str
+    target: str
+    classes: tuple[int, ...]
+    twins: tuple[bool, ...]
+    num_actions: int
+
+    @property
+    def tools(self) -> tuple[str, ...]:
+        return self.example.interface.names
+
+    @property
+    def expects_response(self) -> bool:
+        return self.example.response is not None
+
+
+@dataclass
+class PromptSet:
+    """Training rows (pairs adjacent when paired), held-out eval rows, and the skip counts."""
+
+    records: list[PromptRecord]
+    eval_records: list[PromptRecord]
+    unit_size: int
+    skipped: Counter = field(default_factory=Counter)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The columns of the HF dataset the trainers read."""
+        return [{"prompt": r.prompt, "completion": r.target, "row_id": r.row, "pair_id": r.pair_id,
+                 "side": r.side} for r in self.records]
+
+
+def default_path(source: str, root: Path | None = None) -> Path | None:
+    """The file a source reads when `data.path` is not given (None: the source needs no file)."""
+    from cipr.data.paths import data_root
+
+    root = data_root(root)
+    if source == "toolrl":
+        return root / "toolrl" / "rlla_4k" / "train.parquet"
+    if source == "toolrl_sft":
+        return root / "toolrl" / "rlla_4k_raw" / "rlla_sft.json"
+    return None
+
+
+def check_source(cfg: DataConfig) -> Path | None:
+    """The input file, checked before any work (ConfigError saying what to pass when it is missing)."""
+    if cfg.n < 0 or cfg.eval_examples < 0:
+        raise ConfigError("data.n and data.eval_examples must be >= 0")
+    if cfg.source == "synthetic":
+        if cfg.path is not None:
+            raise ConfigError("data.path is not used by data.source=synthetic (it generates its examples); remove it")
+        if len(cfg.tools_per_example) != 2 or not 1 <= cfg.tools_per_example[0] <= cfg.tools_per_example[1]:
+            raise ConfigError(f"data.tools_per_example must be [lo, hi] with 1 <= lo <= hi, got "
+                              f"{list(cfg.tools_per_example)}")
+        if cfg.n <= cfg.eval_examples:
+            raise ConfigError(f"data.n={cfg.n} must exceed data.eval_examples={cfg.eval_examples}")
+        return None
+    path = Path(cfg.path).expanduser() if cfg.path else default_path(cfg.source)
+    if path is None or not path.is_file():
+        hint = ""
+        if cfg.source == "toolrl":
+            hint = (" ToolRL's 3,920-row train.parquet is not in the shared data: pass data.path=<your copy>, or "
+                    "data.path=<data root>/toolrl/rlla_4k/test.parquet for a smoke run.")
+        raise ConfigError(f"data.source={cfg.source} needs the file {path}, which does not exist.{hint} "
+                          f"Set data.path (or CIPR_DATA_ROOT).")
+    return path
+
+
+def load_examples(cfg: DataConfig) -> list[Example]:
+    """The source's examples in file (or generation) order, capped at `n` (0: all) for file sources."""
+    path = check_source(cfg)
+    if cfg.source == "synthetic":
+        from cipr.data.synthetic import generate_synthetic
+
+        lo, hi = cfg.tools_per_example
+        return list(generate_synthetic(cfg.n, cfg.seed, tools_per_example=(lo, hi)))
+    from cipr.data.toolrl import load_toolrl_parquet, load_toolrl_sft
+
+    assert path is not None
+    examples = load_toolrl_parquet(path) if cfg.source == "toolrl" else load_toolrl_sft(path)
+    return examples[:cfg.n] if cfg.n else examples
+
+
+def _random_name(rng: random.Random, length: int, taken: set[str]) -> str:
+    alphabet = string.ascii_lowercase + string.digits
+    while True:
+        name = rng.choice(string.ascii_lowercase) + "".join(rng.choice(alphabet) for _ in range(length - 1))
+        if name not in taken:
+            taken.add(name)
+            return name
+
+
+def mask_example(example: Example, *, seed: int, length: int = 8,
+                 rewrite: Literal["identifiers", "all", "none"] = "identifiers") -> tuple[Example, NameMap]:
+    """Function masking: random-string tool and argument names, applied like canonicalization."""
+    if length < 2:
+        raise ConfigError("data.mask_length must be >= 2")
+    rng = random.Random(f"{seed}\x1f{example.id}\x1fmask")
+    taken: set[str] = set()
+    tools: list[Tool] = []
+    pairs: list[tuple[str, str]] = []
+    args: dict[str, dict[str, str]] = {}
+    for tool in example.interface:
+        new = _random_name(rng, length, taken)
+        amap = {orig: _random_name(rng, length, taken) for orig in tool.properties}
+        params = dict(tool.parameters)
+        params["properties"] = {amap[k]: v for k, v in tool.properties.items()}
+        if "required" in params:
+            params["required"] = [amap.get(r, r) for r in params["required"]]
+        tools.append(Tool(new, tool.description, params))
+        pairs.append((new, tool.name))
+        args[new] = {c: o for o, c in amap.items()}
+    nmap = NameMap(tuple(pairs), args)
+    return apply_name_map(example, Interface(tuple(tools)), nmap, rewrite), nmap
+
+
+def _perturbation_config(preset: str) -> Any:
+    from cipr.perturb.training import TrainingPerturbationConfig
+
+    return TrainingPerturbationConfig.preset(preset)
+
+
+def _record(row: int, pair_id: int, side: Side, example: Example, fmt: CallFormat, tokenizer: Any,
+            classes: Sequence[int], twins: Sequence[bool], num_actions: int, think: str | None) -> PromptRecord:
+    prompt = fmt.render_prompt(tokenizer, example.messages, example.interface)
+    target = fmt.render_target(example.reference, response=example.response, think=think)
+    return PromptRecord(row, pair_id, side, example, prompt, target, tuple(classes), tuple(twins), num_actions)
+
+
+def build_prompts(examples: Sequence[Example], cfg: DataConfig, *, names: str, perturbed: bool, fmt: CallFormat,
+                  tokenizer: Any) -> PromptSet:
+    """Render every usable example under `names` (paired with its perturbed copy when `perturbed`)."""
+    if perturbed and names != "canonical":
+        raise ConfigError("perturbed copies are built from canonical names: set algo.names=canonical")
+    skipped: Counter = Counter()
+    order = list(range(len(examples)))
+    random.Random(f"{cfg.seed}\x1fheld-out").shuffle(order)
+    held_out = set(order[:cfg.eval_examples])
+    perturb_cfg = _perturbation_config(cfg.perturbation) if perturbed else None
+    train: list[PromptRecord] = []
+    evals: list[PromptRecord] = []
+    for index, source in enumerate(examples):
+        if len(source.interface) == 0:
+            skipped["no declared tools"] += 1
+            continue
+        if names == "canonical":
+            example, _ = canonicalize(source, cfg.rewrite_text)
+        elif names == "masked":
+            example, _ = mask_example(source, seed=cfg.seed, length=cfg.mask_length, rewrite=cfg.rewrite_text)
+        else:
+            example = source
+        think = source.meta.get("think") if cfg.sft_think == "example" and names == "original" else None
+        n = len(example.interface)
+        side: Side = "canonical" if perturbed else "single"
+        if index in held_out:
+            evals.append(_record(len(evals), index, side, example, fmt, tokenizer, range(n), [False] * n, n, think))
+            continue
+        if not perturbed:
+            train.append(_record(len(train), index, side, example, fmt, tokenizer, range(n), [False] * n, n, think))
+            continue
+        from cipr.perturb.training import perturb_for_training
+
+        try:
+            copy, corr = perturb_for_training(example, perturb_cfg, seed=cfg.seed)
+        except (ValueError, DataError) as e:
+            skipped[f"perturbation failed: {type(e).__name__}"] += 1
+            continue
+        position = {name: i for i, name in enumerate(example.interface.names)}
+        classes: list[int] = []
+        twins: list[bool] = []
+        added = 0
+        for i in range(len(corr)):
+            source_name = corr.equivalent(i)
+            if source_name is None:
+                classes.append(n + added)
+                added += 1
+                twins.append(True)
+            else:
+                classes.append(position[source_name])
+                twins.append(False)
+        total = n + added
+        train.append(_record(len(train), index, "canonical", example, fmt, tokenizer, range(n), [False] * n, total,
+                             think))
+        train.append(_record(len(train), index, "perturbed", copy, fmt, tokenizer, classes, twins, total, None))
+    if not train:
+        raise DataError(f"no training examples left out of {len(examples)} (held out {len(evals)}; skipped "
+                        f"{dict(skipped)}): raise data.n or lower data.eval_examples", file=cfg.source)
+    return PromptSet(train, evals, 2 if perturbed else 1, skipped)

@@ -1,0 +1,326 @@
+"""CIPR on TRL 1.16's GRPOTrainer: paired batches, rollouts under both interfaces, consistency terms.
+
+`CIPRGRPOTrainer` subclasses `trl.GRPOTrainer` at the extension points TRL offers:
+- `_get_train_sampler`: `PairedRepeatSampler` keeps a canonical prompt and its perturbed copy (one
+  unit) in the same generation batch (TRL's sampler shuffles rows).
+- `_prepare_inputs`: TRL shuffles the generation batch row by row before cutting it into
+  micro-batches, which separates pairs; here whole units (a prompt's G completions, and its copy's G
+  when paired) are shuffled and the cut falls on unit boundaries, so a micro-batch holds whole pairs.
+- `_generate_and_score_completions`: attaches each row's prompt record and scored rollout (text,
+  decisions, calls, reward parts; see `reward.py`) and logs rollout metrics.
+- `_compute_loss`: the GRPO task loss (TRL's, on every row: both interfaces enter it) plus, for
+  `algo=cipr`, λ_rescore·KL_rescore + λ_rollout·KL_rollout divided by the gradient-accumulation steps
+  exactly as TRL scales its own loss.
+
+Action reads. The task loss needs each completion token's log-probability; TRL computes them with a
+fused LM head that never exposes the logits. When `algo.fold_action_read` is on and re-tokenizing
+each row's prompt and decoded completion gives back exactly the ids the loss uses, one forward of
+`cipr.actions.read_actions(..., response_logprobs=True)` serves both: it returns the completion
+token log-probabilities (handed to TRL's loss through `_get_per_token_logps_and_entropies`) and the
+action distributions at every decision of both interfaces. Otherwise (a sampled non-canonical
+tokenization) TRL's forward runs and the actions are read in a second forward. TRL's token-entropy
+metric needs full logits and is not computed on the folded path (logged as missing); the
+action-distribution entropy is logged instead. TRL scores tokens at the sampling temperature; the
+reader at temperature 1, so folding also requires `rollout.temperature=1`. The rescoring term always needs a second forward
+over the relabeled canonical rollouts (x̃, ỹ) (`cipr.relabel`).
+
+Choices the paper leaves open:
+- Decisions in sampled text are those the call format finds (`CallFormat.decisions`); a response
+  with none (cut off before any call or answer) adds no term. A pair enters the rollout term only
+  when both sides have a response with a decision; the rest are counted in `consistency/pairs_skipped`.
+- Rescoring uses the canonical rollouts only (the paper's y is a response to the canonical x), with
+  fresh `function_XX` names drawn per step and row (`cipr.relabel`, seeded by seed, step and row);
+  a rollout whose decisions do not survive relabeling is counted in `consistency/relabel_failures`
+  and skipped.
+- Both terms follow `cipr.consistency` defaults: canonical side as reference (detached unless
+  `algo.detach_reference=false`), KL(canonical || other), each response weighted once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from trl import GRPOTrainer
+from trl.trainer.utils import split_tensor_dict
+
+from cipr.actions import ActionQuery, ActionReaderConfig, read_actions
+from cipr.consistency import rescoring_kl, rollout_kl
+from cipr.formats.base import CallFormat
+from cipr.relabel import RelabelConfig, relabel
+from cipr.train.algo import AlgoConfig
+from cipr.train.checkpoint import CheckpointMixin, check_finite
+from cipr.train.data import PromptSet
+from cipr.train.reward import Rollout, RolloutScorer
+from cipr.train.sampler import PairedRepeatSampler
+
+
+def shuffle_units(batch: dict[str, Any], unit_rows: int, generator: torch.Generator | None = None) -> dict[str, Any]:
+    """Permute a generation batch in blocks of `unit_rows` consecutive rows (whole groups/pairs)."""
+    first = next(v for v in batch.values() if v is not None and (isinstance(v, list) or v.ndim > 0))
+    rows = len(first)
+    if rows % unit_rows:
+        raise ValueError(f"a generation batch of {rows} rows is not made of whole units of {unit_rows} rows")
+    units = torch.randperm(rows // unit_rows, generator=generator)
+    order = (units[:, None] * unit_rows + torch.arange(unit_rows)[None, :]).reshape(-1)
+
+    def permute(v: Any) -> Any:
+        if v is None or (isinstance(v, torch.Tensor) and v.ndim == 0):
+            return v
+        if isinstance(v, torch.Tensor):
+            return v[order.to(v.device)]
+        return [v[i] for i in order.tolist()]
+
+    return {k: permute(v) for k, v in batch.items()}
+
+
+def action_entropy(probs: torch.Tensor) -> torch.Tensor:
+    """Entropy (nats) of each row of [D, A] action distributions."""
+    p = probs.detach().clamp_min(0)
+    return -(torch.xlogy(p, p)).sum(-1)
+
+
+class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
+    """GRPO with paired interfaces and CIPR's consistency terms (module docstring)."""
+
+    def __init__(self, *args: Any, prompts: PromptSet, scorer: RolloutScorer, algo: AlgoConfig, fmt: CallFormat,
+                 relabel_config: RelabelConfig | None = None, fold_allowed: bool = True, **kwargs: Any) -> None:
+        self.prompt_set = prompts
+        self.scorer = scorer
+        self.algo = algo
+        self.fmt = fmt
+        self.relabel_config = relabel_config or RelabelConfig()
+        self._cipr_sampler: PairedRepeatSampler | None = None
+        self._folded_logps: torch.Tensor | None = None
+        self._fold_allowed = fold_allowed
+        super().__init__(*args, reward_funcs=[scorer], **kwargs)
+        self.unit_rows = prompts.unit_size * self.num_generations
+        if self.args.generation_batch_size % self.unit_rows:
+            raise ValueError(f"generation_batch_size {self.args.generation_batch_size} is not a multiple of "
+                             f"{self.unit_rows} completions (whole units)")
+        if self.args.per_device_train_batch_size % self.unit_rows:
+            raise ValueError(f"per_device_train_batch_size {self.args.per_device_train_batch_size} is not a "
+                             f"multiple of {self.unit_rows} completions (whole units)")
+
+    # -- sampling and batching -------------------------------------------------------------------
+    def _get_train_sampler(self, dataset: Any = None) -> PairedRepeatSampler:
+        dataset = dataset if dataset is not None else self.train_dataset
+        self._cipr_sampler = PairedRepeatSampler(
+            dataset, unit_size=self.prompt_set.unit_size, num_generations=self.num_generations,
+            units_per_batch=self.args.generation_batch_size // self.unit_rows,
+            repeat_count=self.num_iterations * self.args.steps_per_generation,
+            shuffle=bool(self.shuffle_dataset), seed=self.args.seed)
+        return self._cipr_sampler
+
+    def _prepare_inputs(self, generation_batch: Any) -> dict[str, Any]:
+        if not self.model.training:
+            return super()._prepare_inputs(generation_batch)
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        if self._step % generate_every == 0 or self._buffered_inputs is None:
+            batch = self._generate_and_score_completions(generation_batch)
+            batch = shuffle_units(batch, self.unit_rows)
+            self._buffered_inputs = split_tensor_dict(batch, self.args.steps_per_generation)
+        return self._buffered_inputs[self._step % self.args.steps_per_generation]
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        output = super()._generate_and_score_completions(inputs)
+        rollouts = list(self.scorer.last)
+        if len(rollouts) != len(inputs):
+            raise RuntimeError(f"the reward function scored {len(rollouts)} completions for {len(inputs)} rows")
+        output["cipr_rollout"] = rollouts
+        if self.model.training:
+            self._log_rollouts(rollouts)
+        return output
+
+    def _log_rollouts(self, rollouts: Sequence[Rollout]) -> None:
+        metrics = self._metrics["train"]
+        records = self.prompt_set.records
+        n = len(rollouts)
+        metrics["rollout/no_call_rate"].append(sum(r.no_call for r in rollouts) / n)
+        metrics["rollout/decisions_per_response"].append(sum(len(r.decisions) for r in rollouts) / n)
+        for side in ("canonical", "perturbed"):
+            chosen = [r for r in rollouts if records[r.row].side == side]
+            if chosen:
+                metrics[f"reward/{side}"].append(sum(r.reward for r in chosen) / len(chosen))
+        perturbed = [r for r in rollouts if records[r.row].side == "perturbed"]
+        calls = sum(len(r.calls) for r in perturbed)
+        if perturbed:
+            metrics["rollout/twin_call_rate"].append(sum(r.twin_calls for r in perturbed) / calls if calls else 0.0)
+
+    # -- losses ----------------------------------------------------------------------------------
+    def _get_per_token_logps_and_entropies(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                                           logits_to_keep: int, *args: Any, **kwargs: Any) -> Any:
+        if self._folded_logps is None:
+            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                              *args, **kwargs)
+        logps = self._folded_logps
+        entropies = torch.full_like(logps, float("nan")) if kwargs.get("compute_entropy") else None
+        return logps, entropies, None
+
+    def _query(self, row: int, text: str, ended: bool, decisions: Sequence[Any]) -> ActionQuery:
+        record = self.prompt_set.records[row]
+        response = text + (self.processing_class.eos_token if ended else "")
+        return ActionQuery(record.prompt, response, tuple(decisions), record.tools, record.classes)
+
+    def _foldable(self, inputs: dict[str, Any], queries: Sequence[ActionQuery]) -> bool:
+        """Whether re-tokenizing the rows gives exactly the prompt and completion ids the loss uses."""
+        if not (self.algo.fold_action_read and self._fold_allowed) or self.top_entropy_quantile < 1.0 \
+                or self._entropy_bonus_enabled or self.temperature != 1.0:
+            return False
+        tok = self.processing_class
+        prompts = tok([q.prompt for q in queries], add_special_tokens=False)["input_ids"]
+        responses = tok([q.response for q in queries], add_special_tokens=False)["input_ids"]
+        for b in range(len(queries)):
+            prompt = inputs["prompt_ids"][b][inputs["prompt_mask"][b].bool()].tolist()
+            completion = inputs["completion_ids"][b][inputs["completion_mask"][b].bool()].tolist()
+            if prompts[b] != prompt or responses[b] != completion:
+                return False
+        return True
+
+    def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+        if not self.algo.reads_actions:
+            loss = super()._compute_loss(model, inputs)
+            check_finite(loss, self.state.global_step)
+            return loss
+        rollouts: list[Rollout] = inputs["cipr_rollout"]
+        records = self.prompt_set.records
+        queries = [self._query(r.row, r.text, r.ended, r.decisions) for r in rollouts]
+        num_actions = max(records[r.row].num_actions for r in rollouts)
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        folded = self._foldable(inputs, queries)
+        metrics["actions/folded"].append(float(folded))
+        reader = ActionReaderConfig(response_logprobs=folded)
+        with self.accelerator.autocast():
+            reading = read_actions(model, self.processing_class, queries, num_actions, reader)
+        if folded:
+            width = inputs["completion_ids"].size(1)
+            logps = reading.response_logprobs
+            if logps.size(1) < width:
+                logps = torch.nn.functional.pad(logps, (0, width - logps.size(1)))
+            self._folded_logps = logps[:, :width]
+        try:
+            task = super()._compute_loss(model, inputs)
+        finally:
+            self._folded_logps = None
+        terms, parts = self._consistency(model, rollouts, reading.probs, reading.sequence, num_actions)
+        scale = self.current_gradient_accumulation_steps if self.model.training else 1.0
+        loss = task + terms / scale
+        parts["task"] = float(task.detach()) * scale
+        for key, value in parts.items():
+            metrics[key].append(value)
+        check_finite(loss, self.state.global_step, parts)
+        return loss
+
+    def _consistency(self, model: Any, rollouts: Sequence[Rollout], probs: torch.Tensor, sequence: torch.Tensor,
+                     num_actions: int) -> tuple[torch.Tensor, dict[str, float]]:
+        """λ_rescore·KL_rescore + λ_rollout·KL_rollout for one micro-batch, and its metrics."""
+        records = self.prompt_set.records
+        algo = self.algo
+        parts: dict[str, float] = {}
+        total = probs.sum() * 0.0
+        if probs.numel():
+            entropy = action_entropy(probs)
+            parts["actions/entropy"] = float(entropy.mean())
+            parts["actions/p_no_call"] = float(probs[:, -1].detach().mean())
+        side = [records[r.row].side for r in rollouts]
+        seq = sequence.tolist()
+
+        if algo.rollout_weight > 0:
+            value, metrics = self._rollout_term(rollouts, side, probs, seq)
+            if value is not None:
+                total = total + algo.rollout_weight * value
+                parts["consistency/rollout_kl"] = float(value.detach())
+                parts.update({f"consistency/{k}": v for k, v in metrics.items() if k != "rollout/kl"})
+        if algo.rescore_weight > 0:
+            value, metrics = self._rescore_term(model, rollouts, side, probs, seq, num_actions)
+            if value is not None:
+                total = total + algo.rescore_weight * value
+                parts["consistency/rescore_kl"] = float(value.detach())
+                parts.update({f"consistency/{k}": v for k, v in metrics.items() if k != "rescore/kl"})
+        return total, parts
+
+    def _rollout_term(self, rollouts: Sequence[Rollout], side: Sequence[str], probs: torch.Tensor,
+                      seq: Sequence[int]) -> tuple[torch.Tensor | None, dict[str, float]]:
+        records = self.prompt_set.records
+        pairs: dict[int, dict[str, list[int]]] = {}
+        for b, r in enumerate(rollouts):
+            if r.decisions:
+                pairs.setdefault(records[r.row].pair_id, {"canonical": [], "perturbed": []})[side[b]].append(b)
+        complete = [p for p, s in pairs.items() if s["canonical"] and s["perturbed"]]
+        all_pairs = {records[r.row].pair_id for r in rollouts}
+        skipped = len(all_pairs) - len(complete)
+        if not complete:
+            return None, {"pairs_skipped": float(skipped)}
+        group = {p: g for g, p in enumerate(complete)}
+        sides: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        for name in ("canonical", "perturbed"):
+            rows = [b for p in complete for b in pairs[p][name]]
+            response = {b: i for i, b in enumerate(rows)}
+            dec = [d for d, b in enumerate(seq) if b in response]
+            device = probs.device
+            segments = torch.tensor([response[seq[d]] for d in dec], dtype=torch.long, device=device)
+            groups = torch.tensor([group[records[rollouts[b].row].pair_id] for b in rows], dtype=torch.long,
+                                  device=device)
+            sides[name] = (probs[torch.tensor(dec, dtype=torch.long, device=device)], segments, groups)
+        (pc, sc, gc), (pp, sp, gp) = sides["canonical"], sides["perturbed"]
+        value, metrics = rollout_kl(pc, sc, pp, sp, canon_groups=gc, pert_groups=gp,
+                                    detach_reference=self.algo.detach_reference)
+        metrics["pairs_skipped"] = float(skipped)
+        return value, metrics
+
+    def _rescore_term(self, model: Any, rollouts: Sequence[Rollout], side: Sequence[str], probs: torch.Tensor,
+                      seq: Sequence[int], num_actions: int) -> tuple[torch.Tensor | None, dict[str, float]]:
+        records = self.prompt_set.records
+        queries: list[ActionQuery] = []
+        kept: list[int] = []
+        failures = 0
+        for b, r in enumerate(rollouts):
+            if side[b] != "canonical" or not r.decisions:
+                continue
+            record = records[r.row]
+            seed = (self.args.seed * 1_000_003 + self.state.global_step) * 100_003 + r.row * 101 + b
+            try:
+                rel = relabel(record.prompt, r.text, record.tools, self.fmt, self.relabel_config, seed=seed)
+            except ValueError:
+                failures += 1
+                continue
+            response = rel.response + (self.processing_class.eos_token if r.ended else "")
+            queries.append(ActionQuery(rel.prompt, response, rel.relabeled_decisions, rel.tools, record.classes))
+            kept.append(b)
+        metrics = {"relabel_failures": float(failures)}
+        if not queries:
+            return None, metrics
+        with self.accelerator.autocast():
+            relabeled = read_actions(model, self.processing_class, queries, num_actions)
+        index = {b: i for i, b in enumerate(kept)}
+        dec = [d for d, b in enumerate(seq) if b in index]
+        p_canon = probs[torch.tensor(dec, dtype=torch.long, device=probs.device)]
+        if p_canon.shape != relabeled.probs.shape:
+            raise RuntimeError(f"relabeled decisions {tuple(relabeled.probs.shape)} do not match the canonical ones "
+                               f"{tuple(p_canon.shape)}")
+        value, kl_metrics = rescoring_kl(p_canon, relabeled.probs, relabeled.sequence,
+                                         detach_reference=self.algo.detach_reference)
+        metrics.update(kl_metrics)
+        return value, metrics
+
+    # -- checkpoint state ------------------------------------------------------------------------
+    def extra_state(self) -> dict[str, Any]:
+        state = super().extra_state()
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        state["micro_step"] = self._step
+        state["buffered_inputs"] = self._buffered_inputs if self._step % generate_every else None
+        return state
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        super().load_extra_state(state)
+        self._step = int(state.get("micro_step", 0))
+        self._buffered_inputs = state.get("buffered_inputs")
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        clean = {k: v for k, v in self._metrics["train"].items() if not all(isinstance(x, float) and math.isnan(x)
+                                                                               for x in v)}
+        self._metrics["train"].clear()
+        self._metrics["train"].update(clean)
+        super().log(logs, start_time)

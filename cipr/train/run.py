@@ -1,0 +1,337 @@
+"""One training run: validate, then warm start (SFT) and the algorithm's stage, in one run folder.
+
+    run_dir/
+      config.yaml      the resolved configuration
+      metrics.jsonl    one line per optimizer step of every stage, plus eval and stage-end lines
+      summary.json     what ran, final metrics, held-out reward before/after the warm start, peak memory
+      warm_start/      SFT stage: checkpoint-<step>/ (HF format), latest.json, final/, stage.json
+      grpo/ or sft/    the algorithm's stage, same layout
+
+Everything that can be checked without a model is checked first (`validate`): unknown keys,
+impossible combinations, the model and data paths, the call format, the rollout backend, the resume
+target. `trainer.resume=auto` continues the first unfinished stage from its latest complete
+checkpoint and skips finished stages; a run folder started with a different model, data, algorithm
+or rollout config is refused rather than mixed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cipr.train.algo import AlgoConfig, validate_algo
+from cipr.train.checkpoint import latest_complete, mark_stage_done, resolve_resume, stage_done
+from cipr.train.config import ConfigError, from_dict, to_dict
+from cipr.train.data import DataConfig, PromptSet, build_prompts, check_source, load_examples
+from cipr.train.metrics import LoggingConfig, MetricsCallback, MetricsWriter, peak_memory_gb
+from cipr.train.model import ModelConfig, load_model, resolve_source
+from cipr.train.rollout import RolloutConfig, check_backend, grpo_kwargs
+from cipr.train.schedule import (
+    DistributedConfig,
+    LauncherConfig,
+    TrainerConfig,
+    common_args,
+    precision_flags,
+    validate_schedule,
+)
+
+log = logging.getLogger("cipr.train")
+
+COMPARED_SECTIONS = ("model", "data", "algo", "rollout")
+
+
+@dataclass
+class TrainConfig:
+    """The whole run: one section per option group (each owned by its module)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+
+
+def config_from_dict(data: dict[str, Any]) -> TrainConfig:
+    """A TrainConfig from a composed (Hydra) config; unknown keys and bad values raise ConfigError."""
+    data = {k: v for k, v in data.items() if k != "hydra"}
+    return from_dict(TrainConfig, data)
+
+
+def _stages(cfg: TrainConfig) -> list[str]:
+    if cfg.algo.name == "sft":
+        return ["sft"]
+    return (["warm_start"] if cfg.trainer.warm_start.steps > 0 else []) + ["grpo"]
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Every check that needs neither model nor data in memory; raises ConfigError with the fix."""
+    validate_algo(cfg.algo)
+    unit = cfg.rollout.num_generations * cfg.algo.unit_size if cfg.algo.uses_grpo else 1
+    validate_schedule(cfg.trainer, unit)
+    if cfg.algo.uses_grpo:
+        check_backend(cfg.rollout)
+    precision_flags(cfg.trainer.precision)
+    resolve_source(cfg.model)
+    check_source(cfg.data)
+    from cipr.formats import get_format
+
+    try:
+        get_format(cfg.model.call_format)
+    except ValueError as e:
+        raise ConfigError(f"model.call_format: {e}") from e
+    if cfg.logging.wandb.mode != "disabled":
+        import importlib.util
+
+        if importlib.util.find_spec("wandb") is None:
+            raise ConfigError("logging.wandb.mode is not disabled but wandb is not installed: pip install wandb, "
+                              "or set logging.wandb.mode=disabled")
+    if cfg.trainer.resume not in ("auto", "never"):
+        resolve_resume(cfg.trainer.resume, Path(cfg.trainer.run_dir))
+    if cfg.algo.reads_actions and cfg.model.attn_implementation not in ("sdpa", "eager"):
+        raise ConfigError(f"algo=cipr reads action distributions with a tree-shaped attention mask, which needs "
+                          f"model.attn_implementation=sdpa or eager (got {cfg.model.attn_implementation})")
+    if cfg.trainer.resume == "never":
+        for stage in _stages(cfg):
+            resolve_resume("never", Path(cfg.trainer.run_dir) / stage)
+
+
+def _check_run_dir(cfg: TrainConfig, run_dir: Path) -> None:
+    previous = run_dir / "config.json"
+    if not previous.is_file():
+        return
+    old = json.loads(previous.read_text())
+    new = to_dict(cfg)
+    differing = [f"{section}.{k}" for section in COMPARED_SECTIONS
+                 for k in sorted(set(old.get(section, {})) | set(new[section]))
+                 if old.get(section, {}).get(k) != new[section].get(k)]
+    if differing and any(latest_complete(run_dir / s) or stage_done(run_dir / s) for s in _stages(cfg)):
+        raise ConfigError(f"{run_dir} holds a run started with a different config ({', '.join(differing[:8])}); "
+                          f"resuming it would mix two runs. Choose another trainer.run_dir or delete that folder.")
+
+
+def _write_config(cfg: TrainConfig, run_dir: Path) -> None:
+    import yaml
+
+    data = to_dict(cfg)
+    (run_dir / "config.json").write_text(json.dumps(data, indent=2))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def _is_main_process() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _preemption_callback() -> Any:
+    from cipr.ops.preemption import PreemptionCallback, PreemptionConfig
+
+    return PreemptionCallback(PreemptionConfig(requeue=bool(os.environ.get("SLURM_JOB_ID"))))
+
+
+class Preempted(RuntimeError):
+    """A preemption signal stopped the run after a saved checkpoint; rerun to resume."""
+
+
+def _train_stage(trainer: Any, stage_dir: Path, resume: str, writer: MetricsWriter, stage: str,
+                 preemption: Any) -> int:
+    checkpoint = resolve_resume(resume, stage_dir)
+    if checkpoint is not None:
+        step = json.loads((Path(checkpoint) / "trainer_state.json").read_text())["global_step"]
+        log.info("resuming %s from %s (step %d)", stage, checkpoint, step)
+    else:
+        step = 0
+    if writer.enabled:
+        writer.truncate_after(stage, step)
+    trainer.train(resume_from_checkpoint=checkpoint)
+    if preemption.flag.set:
+        raise Preempted(f"{preemption.flag.received} received: {stage} saved at step {trainer.state.global_step} "
+                        f"in {stage_dir}; run the same command again (trainer.resume=auto) to continue")
+    return trainer.state.global_step
+
+
+def _finish_stage(trainer: Any, stage_dir: Path, steps: int) -> Path:
+    final = stage_dir / "final"
+    trainer.save_model(str(final))
+    if trainer.args.should_save:
+        mark_stage_done(stage_dir, {"steps": steps, "final": "final", "time": time.time()})
+    return final
+
+
+def _records(writer: MetricsWriter, **match: Any) -> list[dict[str, Any]]:
+    return [r for r in writer.read() if all(r.get(k) == v for k, v in match.items())]
+
+
+def run(cfg: TrainConfig) -> Path:
+    """Run every stage of `cfg` (resuming where a previous run stopped) and return the run folder."""
+    validate(cfg)
+    started = time.time()
+    if cfg.trainer.torch_threads:
+        torch.set_num_threads(cfg.trainer.torch_threads)
+    run_dir = Path(cfg.trainer.run_dir).expanduser()
+    main = _is_main_process()
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _check_run_dir(cfg, run_dir)
+        _write_config(cfg, run_dir)
+    writer = MetricsWriter(run_dir, cfg.logging.wandb, to_dict(cfg), enabled=main)
+    try:
+        return _run(cfg, run_dir, writer, started)
+    finally:
+        writer.close()
+
+
+def _run(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter, started: float) -> Path:
+    from cipr.formats import get_format
+
+    stages = _stages(cfg)
+    pending = [s for s in stages if not stage_done(run_dir / s)]
+    summary_path = run_dir / "summary.json"
+    if not pending:
+        log.info("every stage of %s is already complete; nothing to do", run_dir)
+        return run_dir
+
+    log.info("loading model (%s)", cfg.model.name_or_path or f"{cfg.model.gguf_package}/{cfg.model.gguf_file}")
+    weights = None
+    if "grpo" in pending and "warm_start" in stages and "warm_start" not in pending:
+        weights = run_dir / "warm_start" / "final"
+    model, tokenizer = load_model(cfg.model, weights=weights)
+    fmt = get_format(cfg.model.call_format)
+    examples = load_examples(cfg.data)
+    names = cfg.algo.names
+    prompts = build_prompts(examples, cfg.data, names=names, perturbed=cfg.algo.perturbed, fmt=fmt,
+                            tokenizer=tokenizer)
+    if prompts.skipped:
+        log.warning("skipped %d of %d examples: %s", sum(prompts.skipped.values()), len(examples),
+                    dict(prompts.skipped))
+    log.info("%d training prompts (%d units of %d), %d held out", len(prompts.records),
+             len(prompts.records) // prompts.unit_size, prompts.unit_size, len(prompts.eval_records))
+    results: dict[str, Any] = {}
+
+    if "warm_start" in pending or "sft" in pending:
+        stage = "sft" if cfg.algo.name == "sft" else "warm_start"
+        results[stage] = _run_sft(cfg, stage, model, tokenizer, prompts, fmt, run_dir, writer)
+        gc.collect()
+    if "grpo" in pending:
+        results["grpo"] = _run_grpo(cfg, model, tokenizer, prompts, fmt, run_dir, writer)
+
+    if writer.enabled:
+        steps = [r for r in writer.read() if r.get("kind") == "step"]
+        evals = {f"{r['stage']}/{r['tag']}": {k: v for k, v in r.items() if k not in ("stage", "kind", "tag", "time")}
+                 for r in writer.read() if r.get("kind") == "eval"}
+        summary = {
+            "run_dir": str(run_dir),
+            "algo": cfg.algo.name,
+            "stages": {s: stage_done(run_dir / s) for s in stages},
+            "final": {s: next((r for r in reversed(steps) if r["stage"] == s), None) for s in stages},
+            "eval": evals,
+            "train_prompts": len(prompts.records),
+            "held_out_prompts": len(prompts.eval_records),
+            "skipped_examples": dict(prompts.skipped),
+            "peak_memory_gb": peak_memory_gb(),
+            "wall_seconds_this_invocation": time.time() - started,
+        }
+        summary_path.write_text(json.dumps(summary, indent=2, default=str))
+    return run_dir
+
+
+def _evaluate(cfg: TrainConfig, model: Any, tokenizer: Any, prompts: PromptSet, fmt: Any, writer: MetricsWriter,
+              stage: str, tag: str, step: int) -> None:
+    from cipr.train.evaluate import evaluate_prompts
+
+    n = cfg.trainer.warm_start.eval_examples
+    if not n or not prompts.eval_records or not writer.enabled or _records(writer, stage=stage, kind="eval", tag=tag):
+        return
+    result = evaluate_prompts(model, tokenizer, prompts.eval_records[:n], fmt,
+                              max_new_tokens=cfg.rollout.max_completion_length)
+    writer.write({"stage": stage, "kind": "eval", "tag": tag, "step": step, "examples": min(n, len(prompts.eval_records)),
+                  **{f"eval/{k}": v for k, v in result.items()}})
+    log.info("%s %s: %s", stage, tag, {k: round(v, 3) for k, v in result.items()})
+
+
+def _run_sft(cfg: TrainConfig, stage: str, model: Any, tokenizer: Any, prompts: PromptSet, fmt: Any,
+             run_dir: Path, writer: MetricsWriter) -> int:
+    from cipr.train.sft import build_sft_trainer
+
+    ws = cfg.trainer.warm_start
+    stage_dir = run_dir / stage
+    if stage == "sft":
+        steps, lr, batch, accum = (cfg.trainer.max_steps, cfg.trainer.learning_rate,
+                                   cfg.trainer.per_device_train_batch_size, cfg.trainer.gradient_accumulation_steps)
+        scheduler, warmup = cfg.trainer.lr_scheduler_type, cfg.trainer.warmup_steps
+    else:
+        steps, lr, batch, accum = ws.steps, ws.learning_rate, ws.per_device_train_batch_size, ws.gradient_accumulation_steps
+        scheduler, warmup = ws.lr_scheduler_type, ws.warmup_steps
+    _evaluate(cfg, model, tokenizer, prompts, fmt, writer, stage, "before", 0)
+    args = common_args(cfg.trainer, cfg.distributed, output_dir=str(stage_dir), max_steps=steps, learning_rate=lr,
+                       batch=batch, accumulation=accum, scheduler=scheduler, warmup=warmup,
+                       progress_bar=cfg.logging.progress_bar)
+    args["include_num_input_tokens_seen"] = "non_padding"
+    preemption = _preemption_callback()
+    trainer = build_sft_trainer(model, tokenizer, prompts.records, args, ws.max_length,
+                                callbacks=[MetricsCallback(writer, stage, cfg.logging.print_metrics), preemption])
+    done = _train_stage(trainer, stage_dir, cfg.trainer.resume, writer, stage, preemption)
+    _finish_stage(trainer, stage_dir, done)
+    _evaluate(cfg, model, tokenizer, prompts, fmt, writer, stage, "after", done)
+    del trainer
+    return done
+
+
+def grpo_args(cfg: TrainConfig, output_dir: str) -> dict[str, Any]:
+    """GRPOConfig fields for the GRPO stage."""
+    t = cfg.trainer
+    args = common_args(t, cfg.distributed, output_dir=output_dir, max_steps=t.max_steps, learning_rate=t.learning_rate,
+                       batch=t.per_device_train_batch_size, accumulation=t.gradient_accumulation_steps,
+                       scheduler=t.lr_scheduler_type, warmup=t.warmup_steps, progress_bar=cfg.logging.progress_bar)
+    args["include_num_input_tokens_seen"] = "no"
+    args.update(grpo_kwargs(cfg.rollout))
+    args.update({"beta": t.beta, "num_iterations": t.num_iterations, "epsilon": t.epsilon,
+                 "epsilon_high": t.epsilon_high, "loss_type": t.loss_type, "scale_rewards": t.scale_rewards,
+                 "mask_truncated_completions": t.mask_truncated_completions, "shuffle_dataset": True,
+                 "remove_unused_columns": False, "log_completions": cfg.logging.log_completions})
+    return args
+
+
+def _run_grpo(cfg: TrainConfig, model: Any, tokenizer: Any, prompts: PromptSet, fmt: Any, run_dir: Path,
+              writer: MetricsWriter) -> int:
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from cipr.train.grpo import CIPRGRPOTrainer
+    from cipr.train.reward import RolloutScorer
+
+    stage_dir = run_dir / "grpo"
+    args = GRPOConfig(**grpo_args(cfg, str(stage_dir)))
+    unit_rows = prompts.unit_size * cfg.rollout.num_generations
+    units_per_batch = args.generation_batch_size // unit_rows
+    units = len(prompts.records) // prompts.unit_size
+    if units < units_per_batch:
+        raise ConfigError(f"one generation batch needs {units_per_batch} training prompts"
+                          f"{' pairs' if prompts.unit_size == 2 else ''}, but the data has only {units}: raise "
+                          f"data.n or lower trainer.per_device_train_batch_size")
+    stop_ids = [i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None]
+    scorer = RolloutScorer(prompts.records, fmt, tokenizer, stop_ids)
+    preemption = _preemption_callback()
+    trainer = CIPRGRPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(prompts.rows()),
+                              processing_class=tokenizer, prompts=prompts, scorer=scorer, algo=cfg.algo, fmt=fmt,
+                              fold_allowed=not (cfg.rollout.uses_vllm and cfg.rollout.importance_sampling_correction),
+                              callbacks=[MetricsCallback(writer, "grpo", cfg.logging.print_metrics), preemption])
+    done = _train_stage(trainer, stage_dir, cfg.trainer.resume, writer, "grpo", preemption)
+    _finish_stage(trainer, stage_dir, done)
+    del trainer
+    return done
+
+
+def replace(cfg: TrainConfig, **sections: Any) -> TrainConfig:
+    """A copy of `cfg` with whole sections replaced (for tests and scripts)."""
+    return dataclasses.replace(cfg, **sections)
