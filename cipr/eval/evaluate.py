@@ -33,6 +33,7 @@ from cipr.eval.benchmarks import build, scorer_for
 from cipr.eval.config import EvalConfig
 from cipr.eval.report import RUN_META, ReportConfig, write_report
 from cipr.eval.runner import RunnerConfig, run_items
+from cipr.export import apply_manifest
 from cipr.formats import CallFormat, get_format
 
 log = logging.getLogger(__name__)
@@ -148,6 +149,7 @@ def write_meta(out_dir: Path, cfg: EvalConfig, perts: list[tuple[str, str]], bui
 
 def evaluate(cfg: EvalConfig, *, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
     """Run the evaluation described by `cfg` into `cfg.out_dir`; returns the summary."""
+    apply_manifest(cfg)  # an exported model's call format and tool naming (cipr-export's manifest)
     out_dir = Path(cfg.out_dir)
     fmt = get_format(cfg.call_format)
     items, perts, build_report = build(cfg)
