@@ -130,6 +130,10 @@ def common_args(cfg: TrainerConfig, dist: DistributedConfig, *, output_dir: str,
         "include_num_input_tokens_seen": "all",
         "dataloader_num_workers": 0,
         "use_cpu": not torch.cuda.is_available(),
+        # DDP would broadcast buffers at every forward, a collective: ranks whose CIPR steps run a different
+        # number of forwards (folded or not, rescoring or not) would then wait on each other forever. The
+        # models keep no running statistics (their buffers, e.g. rotary frequencies, are constants).
+        "ddp_broadcast_buffers": False,
         **precision_flags(cfg.precision),
     }
     if dist.deepspeed is not None:
