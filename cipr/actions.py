@@ -309,8 +309,10 @@ def _collate(rows: list[_Row], padding_side: str, pad_id: int, dtype: torch.dtyp
 
 
 def _plain_head(model: Any) -> bool:
+    """False for a distributed wrapper (DDP, DeepSpeed): its forward must run so gradients are synchronized."""
     config = getattr(model, "config", None)
-    return (getattr(config, "final_logit_softcapping", None) is None and getattr(config, "logit_scale", None) is None
+    return (config is not None and hasattr(model, "get_output_embeddings")
+            and getattr(config, "final_logit_softcapping", None) is None and getattr(config, "logit_scale", None) is None
             and model.get_output_embeddings() is not None)
 
 
@@ -357,7 +359,7 @@ def read_actions(model: Any, tokenizer: Any, queries: Sequence[ActionQuery], num
     config = config or ActionReaderConfig()
     if config.padding_side not in ("left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {config.padding_side!r}")
-    _check_attention(model)
+    _check_attention(getattr(model, "module", model))
     for i, q in enumerate(queries):
         _validate(q, num_actions, i)
     device = next(model.parameters()).device
