@@ -58,6 +58,11 @@ class ActionReaderConfig:
     """Options of the action reader.
 
     - `padding_side`: where batch rows are padded ("right" or "left"; the result does not depend on it).
+    - `mode`: "packed" runs sequences and tries in one forward under one tree-shaped mask [B, 1, L, L];
+      "prefix_cache" runs the sequences with the plain causal mask, then the tries as a continuation
+      reading their key/value cache (mask [B, 1, P, M + P]). Both process every token once and give
+      the same result; the second keeps the fast causal attention kernel for the long part and a
+      small mask, which pays off on long sequences.
     - `response_logprobs`: also return each response token's log-probability (so a trainer can fold
       the action read into the forward it already does).
     - `reuse_response`: read trie nodes the response itself follows from the sequence instead of
@@ -68,6 +73,7 @@ class ActionReaderConfig:
     """
 
     padding_side: Literal["right", "left"] = "right"
+    mode: Literal["packed", "prefix_cache"] = "packed"
     response_logprobs: bool = False
     reuse_response: bool = True
     head: Literal["auto", "gather", "model"] = "auto"
@@ -296,11 +302,7 @@ def _collate(rows: list[_Row], padding_side: str, pad_id: int, dtype: torch.dtyp
         if packed:
             sees = torch.tensor(r.attend_main)
             allowed[b, o + m:o + n, o:o + m] = torch.arange(m)[None, :] <= sees[:, None]
-            ancestors = torch.eye(packed, dtype=torch.bool)
-            for j, parent in enumerate(r.packed_parent):
-                if parent >= 0:
-                    ancestors[j] |= ancestors[parent]
-            allowed[b, o + m:o + n, o + m:o + n] = ancestors
+            allowed[b, o + m:o + n, o + m:o + n] = _ancestors(r.packed_parent)
     diag = torch.arange(width)
     allowed[:, diag, diag] = True  # padding rows attend to themselves: no row is fully masked
     mask = torch.zeros((batch, 1, width, width), dtype=dtype)
@@ -319,8 +321,6 @@ def _plain_head(model: Any) -> bool:
 def _token_logprobs(model: Any, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor,
                     cols: torch.Tensor, tokens: torch.Tensor, head: str) -> torch.Tensor:
     """log p(tokens[i] | the row's context at column cols[i]) for every i: one forward of the model."""
-    if head == "auto":
-        head = "gather" if _plain_head(model) else "model"
     kwargs = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "use_cache": False}
     if head == "gather":
         hidden = model.get_decoder()(**kwargs).last_hidden_state
@@ -328,9 +328,97 @@ def _token_logprobs(model: Any, ids: torch.Tensor, pos: torch.Tensor, mask: torc
     else:
         keep = torch.unique(cols)
         logits = model(**kwargs, logits_to_keep=keep).logits[rows, torch.searchsorted(keep, cols)]
+    return _log_softmax_at(logits, tokens)
+
+
+def _log_softmax_at(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     return torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def _resolve_head(model: Any, head: str) -> str:
+    return ("gather" if _plain_head(model) else "model") if head == "auto" else head
+
+
+def _forward_packed(model: Any, rows: list[_Row], config: ActionReaderConfig, pad_id: int, dtype: torch.dtype,
+                    device: torch.device, at_rows: list[int], at_cols: list[int], tokens: torch.Tensor
+                    ) -> torch.Tensor:
+    """Log-probs of `tokens` after (row, row-frame column) pairs: sequences and tries in one forward."""
+    ids, pos, mask, offsets = _collate(rows, config.padding_side, pad_id, dtype, device)
+    r = torch.tensor(at_rows, dtype=torch.long, device=device)
+    c = torch.tensor([offsets[b] + col for b, col in zip(at_rows, at_cols, strict=True)], dtype=torch.long,
+                     device=device)
+    return _token_logprobs(model, ids, pos, mask, r, c, tokens, _resolve_head(model, config.head))
+
+
+def _forward_prefix_cache(model: Any, rows: list[_Row], config: ActionReaderConfig, pad_id: int, dtype: torch.dtype,
+                          device: torch.device, at_rows: list[int], at_cols: list[int], tokens: torch.Tensor
+                          ) -> torch.Tensor:
+    """Same as `_forward_packed`, in two calls that each process every token once.
+
+    The sequences go first with plain causal attention (no mask with right padding: the attention
+    kernel of a plain forward; left padding needs an explicit mask) and their key/value cache; the trie nodes follow as a continuation that reads that cache, with a
+    tree-shaped mask [B, 1, P, M + P] over the cached sequence and the nodes. Gradients flow through
+    the cache.
+    """
+    if _resolve_head(model, config.head) != "gather":
+        raise ValueError("mode 'prefix_cache' needs a plain output head (head 'auto' or 'gather'); use mode 'packed'")
+    batch = len(rows)
+    width_m = max(r.main for r in rows)
+    width_p = max(len(r.ids) - r.main for r in rows)
+    ids_m = torch.full((batch, width_m), pad_id, dtype=torch.long)
+    pos_m = torch.zeros((batch, width_m), dtype=torch.long)
+    att_m = torch.zeros((batch, width_m), dtype=torch.long)
+    ids_p = torch.full((batch, width_p), pad_id, dtype=torch.long)
+    pos_p = torch.zeros((batch, width_p), dtype=torch.long)
+    allowed = torch.zeros((batch, width_p, width_m + width_p), dtype=torch.bool)
+    offsets = []
+    for b, r in enumerate(rows):
+        m, packed = r.main, len(r.ids) - r.main
+        o = width_m - m if config.padding_side == "left" else 0
+        offsets.append(o)
+        ids_m[b, o:o + m] = torch.tensor(r.ids[:m])
+        pos_m[b, o:o + m] = torch.arange(m)
+        att_m[b, o:o + m] = 1
+        if packed:
+            ids_p[b, :packed] = torch.tensor(r.ids[m:])
+            pos_p[b, :packed] = torch.tensor(r.positions[m:])
+            allowed[b, :packed, o:o + m] = torch.arange(m)[None, :] <= torch.tensor(r.attend_main)[:, None]
+            allowed[b, :packed, width_m:width_m + packed] = _ancestors(r.packed_parent)
+    diag = torch.arange(width_p)
+    allowed[:, diag, width_m + diag] = True
+    decoder = model.get_decoder()
+    first_mask = None  # right padding: real tokens never see the pads after them, so plain causal attention
+    if config.padding_side == "left" and not bool(att_m.all()):
+        seen = att_m.bool()[:, None, :] & torch.ones(width_m, width_m, dtype=torch.bool).tril()[None]
+        seen[:, torch.arange(width_m), torch.arange(width_m)] = True  # no fully masked row (nan in eager)
+        first_mask = torch.zeros((batch, 1, width_m, width_m), dtype=dtype)
+        first_mask.masked_fill_(~seen[:, None], torch.finfo(dtype).min)
+        first_mask = first_mask.to(device)
+    out = decoder(input_ids=ids_m.to(device), attention_mask=first_mask, position_ids=pos_m.to(device),
+                  use_cache=width_p > 0)
+    hidden = out.last_hidden_state
+    if width_p:
+        mask = torch.zeros((batch, 1, width_p, width_m + width_p), dtype=dtype)
+        mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
+        tree = decoder(input_ids=ids_p.to(device), attention_mask=mask.to(device), position_ids=pos_p.to(device),
+                       past_key_values=out.past_key_values, use_cache=True)
+        hidden = torch.cat([hidden, tree.last_hidden_state], dim=1)
+    cols = [offsets[b] + col if col < rows[b].main else width_m + col - rows[b].main
+            for b, col in zip(at_rows, at_cols, strict=True)]
+    r_t = torch.tensor(at_rows, dtype=torch.long, device=device)
+    c_t = torch.tensor(cols, dtype=torch.long, device=device)
+    return _log_softmax_at(model.get_output_embeddings()(hidden[r_t, c_t]), tokens)
+
+
+def _ancestors(packed_parent: list[int]) -> torch.Tensor:
+    """[P, P] bool: node j sees node i iff i is j or an ancestor of j (parents come before children)."""
+    anc = torch.eye(len(packed_parent), dtype=torch.bool)
+    for j, parent in enumerate(packed_parent):
+        if parent >= 0:
+            anc[j] |= anc[parent]
+    return anc
 
 
 def _combine(log_open: torch.Tensor, scores: torch.Tensor, valid: torch.Tensor, classes: torch.Tensor,
@@ -359,6 +447,8 @@ def read_actions(model: Any, tokenizer: Any, queries: Sequence[ActionQuery], num
     config = config or ActionReaderConfig()
     if config.padding_side not in ("left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {config.padding_side!r}")
+    if config.mode not in ("packed", "prefix_cache"):
+        raise ValueError(f"mode must be 'packed' or 'prefix_cache', got {config.mode!r}")
     _check_attention(getattr(model, "module", model))
     for i, q in enumerate(queries):
         _validate(q, num_actions, i)
@@ -384,9 +474,8 @@ def read_actions(model: Any, tokenizer: Any, queries: Sequence[ActionQuery], num
         rows.append(row)
         seq_of += [b] * len(qplans)
 
-    ids, pos, mask, offsets = _collate(rows, config.padding_side, _pad_id(tokenizer), dtype, device)
     node_rows = [b for b, r in enumerate(rows) for _ in r.node_token]
-    node_cols = [offsets[b] + c for b, r in enumerate(rows) for c in r.node_parent_col]
+    node_cols = [c for r in rows for c in r.node_parent_col]
     node_toks = [t for r in rows for t in r.node_token]
     resp_rows: list[int] = []
     resp_cols: list[int] = []
@@ -395,14 +484,18 @@ def read_actions(model: Any, tokenizer: Any, queries: Sequence[ActionQuery], num
         for b in range(len(queries)):
             p = len(prompt_ids[b])
             resp_rows += [b] * len(response_ids[b])
-            resp_cols += [offsets[b] + p - 1 + j for j in range(len(response_ids[b]))]
+            resp_cols += [p - 1 + j for j in range(len(response_ids[b]))]
             resp_toks += response_ids[b]
 
     def t(x: list[int]) -> torch.Tensor:
         return torch.tensor(x, dtype=torch.long, device=device)
 
-    lp = _token_logprobs(model, ids, pos, mask, t(node_rows + resp_rows), t(node_cols + resp_cols),
-                         t(node_toks + resp_toks), config.head)
+    forward = _forward_packed if config.mode == "packed" else _forward_prefix_cache
+    if node_rows or resp_rows:
+        lp = forward(model, rows, config, _pad_id(tokenizer), dtype, device, node_rows + resp_rows,
+                     node_cols + resp_cols, t(node_toks + resp_toks))
+    else:  # no decision and no response log-probs asked for: nothing to run
+        lp = torch.zeros(0, dtype=torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype, device=device)
     lp_nodes, lp_resp = lp[:total_nodes], lp[total_nodes:]
 
     n_dec = len(plans)
