@@ -64,7 +64,11 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class PromptRecord:
-    """One training prompt (a dataset row), with what the reward and the action reader need."""
+    """One training prompt (a dataset row), with what the reward and the action reader need.
+
+    `classes[i]` is the equivalence class of declared tool i, `twins[i]` whether it is an added twin,
+    `twin_of[i]` (twins only) the name, in this interface, of the tool it degrades.
+    """
 
     row: int
     pair_id: int
@@ -75,6 +79,7 @@ class PromptRecord:
     classes: tuple[int, ...]
     twins: tuple[bool, ...]
     num_actions: int
+    twin_of: tuple[str | None, ...] = ()
 
     @property
     def tools(self) -> tuple[str, ...]:
@@ -191,10 +196,12 @@ def _perturbation_config(preset: str) -> Any:
 
 
 def _record(row: int, pair_id: int, side: Side, example: Example, fmt: CallFormat, tokenizer: Any,
-            classes: Sequence[int], twins: Sequence[bool], num_actions: int, think: str | None) -> PromptRecord:
+            classes: Sequence[int], twins: Sequence[bool], num_actions: int, think: str | None,
+            twin_of: Sequence[str | None] = ()) -> PromptRecord:
     prompt = fmt.render_prompt(tokenizer, example.messages, example.interface)
     target = fmt.render_target(example.reference, response=example.response, think=think)
-    return PromptRecord(row, pair_id, side, example, prompt, target, tuple(classes), tuple(twins), num_actions)
+    return PromptRecord(row, pair_id, side, example, prompt, target, tuple(classes), tuple(twins), num_actions,
+                        tuple(twin_of) or (None,) * len(classes))
 
 
 def build_prompts(examples: Sequence[Example], cfg: DataConfig, *, names: str, perturbed: bool, fmt: CallFormat,
@@ -249,9 +256,12 @@ def build_prompts(examples: Sequence[Example], cfg: DataConfig, *, names: str, p
                 classes.append(position[source_name])
                 twins.append(False)
         total = n + added
+        written = {src[0]: corr.names[i] for i, src in enumerate(corr.sources) if src}
+        twin_of = [written.get(corr.twin_of[i]) if twins[i] else None for i in range(len(corr))]
         train.append(_record(len(train), index, "canonical", example, fmt, tokenizer, range(n), [False] * n, total,
                              think))
-        train.append(_record(len(train), index, "perturbed", copy, fmt, tokenizer, classes, twins, total, None))
+        train.append(_record(len(train), index, "perturbed", copy, fmt, tokenizer, classes, twins, total, None,
+                             twin_of))
     if not train:
         raise DataError(f"no training examples left out of {len(examples)} (held out {len(evals)}; skipped "
                         f"{dict(skipped)}): raise data.n or lower data.eval_examples", file=cfg.source)

@@ -33,7 +33,9 @@ Choices the paper leaves open:
   a rollout whose decisions do not survive relabeling is counted in `consistency/relabel_failures`
   and skipped.
 - Both terms follow `cipr.consistency` defaults: canonical side as reference (detached unless
-  `algo.detach_reference=false`), KL(canonical || other), each response weighted once.
+  `algo.detach_reference=false`), KL(canonical || other), each response weighted once. The KLs are
+  evaluated in float64 on rows renormalized to sum to 1 (`exact`): float32 rows sum to 1 only within
+  ~1e-7, which makes the KL of two nearly equal distributions come out slightly negative.
 """
 
 from __future__ import annotations
@@ -74,6 +76,12 @@ def shuffle_units(batch: dict[str, Any], unit_rows: int, generator: torch.Genera
         return [v[i] for i in order.tolist()]
 
     return {k: permute(v) for k, v in batch.items()}
+
+
+def exact(probs: torch.Tensor) -> torch.Tensor:
+    """[D, A] distributions in float64, each row renormalized to sum to 1 (differentiable)."""
+    p = probs.double()
+    return p / p.sum(-1, keepdim=True)
 
 
 def action_entropy(probs: torch.Tensor) -> torch.Tensor:
@@ -206,7 +214,7 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
             self._folded_logps = None
         terms, parts = self._consistency(model, rollouts, reading.probs, reading.sequence, num_actions)
         scale = self.current_gradient_accumulation_steps if self.model.training else 1.0
-        loss = task + terms / scale
+        loss = task + (terms / scale).to(task.dtype)
         parts["task"] = float(task.detach()) * scale
         for key, value in parts.items():
             metrics[key].append(value)
@@ -265,7 +273,7 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
                                   device=device)
             sides[name] = (probs[torch.tensor(dec, dtype=torch.long, device=device)], segments, groups)
         (pc, sc, gc), (pp, sp, gp) = sides["canonical"], sides["perturbed"]
-        value, metrics = rollout_kl(pc, sc, pp, sp, canon_groups=gc, pert_groups=gp,
+        value, metrics = rollout_kl(exact(pc), sc, exact(pp), sp, canon_groups=gc, pert_groups=gp,
                                     detach_reference=self.algo.detach_reference)
         metrics["pairs_skipped"] = float(skipped)
         return value, metrics
@@ -300,7 +308,7 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         if p_canon.shape != relabeled.probs.shape:
             raise RuntimeError(f"relabeled decisions {tuple(relabeled.probs.shape)} do not match the canonical ones "
                                f"{tuple(p_canon.shape)}")
-        value, kl_metrics = rescoring_kl(p_canon, relabeled.probs, relabeled.sequence,
+        value, kl_metrics = rescoring_kl(exact(p_canon), exact(relabeled.probs), relabeled.sequence,
                                          detach_reference=self.algo.detach_reference)
         metrics.update(kl_metrics)
         return value, metrics

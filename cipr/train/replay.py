@@ -1,0 +1,83 @@
+"""Replayed rollouts: completions drawn from fixed candidate texts instead of sampled from the policy.
+
+The tests (pairing, consistency terms, resume) and `scripts/bench_step.py` need rollouts that make
+tool calls from the first step (a tiny random model never does) and, for the benchmark, two
+algorithms that see identical rollouts. `ReplayRollouts.install(trainer)` replaces
+GRPOTrainer's `_generate_single_turn`, the one place TRL turns prompt ids into completion ids, so
+everything after it (rewards, advantages, losses, checkpoints) is the trainer's own code.
+
+For each prompt row the candidates are: the reference target (correct); the target with its first
+call sent to another declared tool (on the perturbed side the called tool's degraded twin when it
+has one: a twin call); a text answer without a call; and text outside the format. Each completion
+is drawn with the global torch RNG, so a run resumed from a checkpoint (whose RNG state the Trainer
+restores) draws what the uninterrupted run drew.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from cipr.formats.base import CallFormat
+from cipr.train.data import PromptRecord
+
+NO_CALL_TEXT = "I cannot help with that request."
+OFF_FORMAT_TEXT = "Let me think about which tool to use"
+
+
+def candidates(record: PromptRecord, fmt: CallFormat) -> list[str]:
+    """Candidate completions of one prompt row (see module docstring); the first is the reference."""
+    out = [record.target]
+    reference = record.example.reference
+    if reference:
+        called = reference[0].name
+        tools = list(record.tools)
+        index = tools.index(called) if called in tools else -1
+        other = None
+        if index >= 0 and record.side == "perturbed":
+            other = next((t for t, of in zip(tools, record.twin_of, strict=True) if of == called), None)
+        if other is None:
+            other = next((t for t in tools if t != called), None)
+        if other is not None:
+            calls = (replace(reference[0], name=other), *reference[1:])
+            out.append(fmt.render_target(calls, response=record.example.response))
+    out.append(fmt.render_target((), response=NO_CALL_TEXT))
+    out.append(OFF_FORMAT_TEXT)
+    return out
+
+
+class ReplayRollouts:
+    """Stand-in for `GRPOTrainer._generate_single_turn` drawing completions from `candidates`."""
+
+    def __init__(self, records: Sequence[PromptRecord], fmt: CallFormat, tokenizer: Any, *,
+                 max_completion_length: int, weights: Sequence[float] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.max_completion_length = max_completion_length
+        self.weights = weights
+        prompt_ids = tokenizer(text=[r.prompt for r in records])["input_ids"]
+        self.by_prompt: dict[tuple[int, ...], list[list[int]]] = {}
+        for record, ids in zip(records, prompt_ids, strict=True):
+            texts = [t + tokenizer.eos_token for t in candidates(record, fmt)]
+            encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+            self.by_prompt[tuple(ids)] = [list(e)[:max_completion_length] for e in encoded]
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], images: Any = None, multimodal_fields: Any = None,
+                 num_generations: int = 1, has_tool_images: bool = False) -> tuple[list[list[int]], None]:
+        out = []
+        for ids in prompt_ids:
+            options = self.by_prompt.get(tuple(ids))
+            if options is None:
+                raise KeyError("a prompt the replay was not built for reached generation")
+            if self.weights is None:
+                k = int(torch.randint(len(options), ()).item())
+            else:
+                w = torch.tensor(list(self.weights)[:len(options)], dtype=torch.float)
+                k = int(torch.multinomial(w / w.sum(), 1).item())
+            out.append(list(options[k]))
+        return out, None
+
+    def install(self, trainer: Any) -> None:
+        trainer._generate_single_turn = self.generate

@@ -1,0 +1,204 @@
+"""Training end to end on the tiny offline model: every algorithm, pairing, consistency, resume, NaN stop.
+
+Rollouts come from `ReplayRollouts` (reference calls, twin/wrong calls, no-call answers, off-format
+text) where a test needs decisions in the rollouts: a random 2-layer model never emits a call.
+Prompts use the compact Hermes format so the tiny byte-level tokenizer keeps them short.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from cipr.train.checkpoint import NonFiniteLossError, latest_complete
+from cipr.train.config import from_dict
+from cipr.train.grpo import CIPRGRPOTrainer
+from cipr.train.replay import ReplayRollouts
+from cipr.train.run import TrainConfig, run
+
+ALGOS: dict[str, dict[str, Any]] = {
+    "sft": {"name": "sft", "names": "canonical", "perturbed": False, "rescore_weight": 0.0, "rollout_weight": 0.0},
+    "grpo": {"name": "grpo", "names": "original", "perturbed": False, "rescore_weight": 0.0, "rollout_weight": 0.0},
+    "multi_interface": {"name": "multi_interface", "names": "canonical", "perturbed": True, "rescore_weight": 0.0,
+                        "rollout_weight": 0.0},
+    "masking": {"name": "masking", "names": "masked", "perturbed": False, "rescore_weight": 0.0,
+                "rollout_weight": 0.0},
+    "cipr": {"name": "cipr", "names": "canonical", "perturbed": True, "rescore_weight": 0.5, "rollout_weight": 0.5},
+}
+G = 2
+SFT_STEPS = 24
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from cipr.testing import save_tiny
+
+    return save_tiny(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="module")
+def sft_run(tiny_dir, tmp_path_factory):
+    """algo=sft on the tiny model; its final weights put some mass on opening a call (a random model puts
+    ~1e-17), so the action distributions the CIPR tests read are not all on ∅."""
+    run_dir = tmp_path_factory.mktemp("sft") / "run"
+    cfg = make_config(tiny_dir, run_dir, "sft", max_steps=SFT_STEPS, learning_rate=1e-2,
+                      per_device_train_batch_size=2, save_steps=SFT_STEPS)
+    return run(cfg)
+
+
+@pytest.fixture(scope="module")
+def warm_dir(sft_run):
+    return sft_run / "sft" / "final"
+
+
+def make_config(tiny_dir: Path, run_dir: Path, algo: str = "cipr", **trainer: Any) -> TrainConfig:
+    t = {"run_dir": str(run_dir), "max_steps": 2, "per_device_train_batch_size": 2 * G,
+         "learning_rate": 1e-3, "save_steps": 1, "seed": 0, "warm_start": {"steps": 0}}
+    t.update(trainer)
+    return from_dict(TrainConfig, {
+        "model": {"name_or_path": str(tiny_dir), "gguf_package": None, "gguf_file": None, "short_name": "tiny",
+                  "call_format": "hermes"},
+        "data": {"source": "synthetic", "n": 12, "eval_examples": 2, "tools_per_example": [1, 2], "seed": 0},
+        "algo": ALGOS[algo],
+        "rollout": {"num_generations": G, "max_completion_length": 96},
+        "trainer": t,
+        "logging": {"progress_bar": False},
+    })
+
+
+@pytest.fixture
+def replayed(monkeypatch):
+    """Make every GRPO trainer draw its rollouts from ReplayRollouts; returns the per-step batches seen."""
+    seen: list[list[tuple[int, str]]] = []
+    original = CIPRGRPOTrainer._compute_loss
+
+    def generate(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        if not hasattr(self, "_replay"):
+            self._replay = ReplayRollouts(self.prompt_set.records, self.fmt, self.processing_class,
+                                          max_completion_length=self.max_completion_length)
+        return self._replay.generate(prompt_ids, images, multimodal_fields, num_generations)
+
+    def compute_loss(self, model, inputs):
+        records = self.prompt_set.records
+        seen.append([(records[r.row].pair_id, records[r.row].side) for r in inputs["cipr_rollout"]])
+        return original(self, model, inputs)
+
+    monkeypatch.setattr(CIPRGRPOTrainer, "_generate_single_turn", generate)
+    monkeypatch.setattr(CIPRGRPOTrainer, "_compute_loss", compute_loss)
+    return seen
+
+
+def steps(run_dir: Path, stage: str) -> list[dict[str, Any]]:
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in lines if r.get("stage") == stage and r.get("kind") == "step"]
+
+
+def test_sft_trains_and_saves(sft_run):
+    lines = steps(sft_run, "sft")
+    assert [r["step"] for r in lines] == list(range(1, SFT_STEPS + 1))
+    assert all(math.isfinite(r["loss"]) and r["grad_norm"] > 0 for r in lines)
+    assert lines[-1]["loss"] < lines[0]["loss"]
+    assert latest_complete(sft_run / "sft").name == f"checkpoint-{SFT_STEPS}"
+    assert (sft_run / "sft" / "final" / "model.safetensors").is_file()
+    assert json.loads((sft_run / "summary.json").read_text())["final"]["sft"]["step"] == SFT_STEPS
+
+
+@pytest.mark.parametrize("algo", ["grpo", "multi_interface", "masking", "cipr"])
+def test_two_optimizer_steps_of_every_grpo_algorithm(warm_dir, tmp_path, replayed, algo):
+    accumulation = 2 if algo == "cipr" else 1
+    run_dir = run(make_config(warm_dir, tmp_path / algo, algo, gradient_accumulation_steps=accumulation))
+    stage = "grpo"
+    lines = steps(run_dir, stage)
+    assert [r["step"] for r in lines] == [1, 2]
+    assert all(math.isfinite(r["loss"]) for r in lines)
+    assert any(r["grad_norm"] > 0 for r in lines)  # a group whose rollouts tie has no advantage
+    assert latest_complete(run_dir / stage).name == "checkpoint-2"
+    assert (run_dir / stage / "checkpoint-2" / "model.safetensors").is_file()
+    assert (run_dir / stage / "stage.json").is_file() and (run_dir / "config.yaml").is_file()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["algo"] == algo and summary["final"][stage]["step"] == 2
+    assert all("reward" in r and "reward/format" in r and "rollout/no_call_rate" in r for r in lines)
+    if ALGOS[algo]["perturbed"]:
+        assert all("reward/perturbed" in r and "rollout/twin_call_rate" in r for r in lines)
+    if algo == "cipr":
+        for r in lines:  # interfaces differ (twins, new ids, new order): both terms are positive
+            assert r["consistency/rescore_kl"] > 0 and r["consistency/rollout_kl"] > 0
+            assert r["actions/entropy"] > 0 and 0 < r["actions/p_no_call"] < 1
+        # pairs never split: two micro-batches per step (gradient accumulation 2), where TRL's row
+        # shuffle would separate a canonical group from its perturbed copy's group
+        assert len(replayed) == 4
+        assert len({p for batch in replayed[:2] for p, _ in batch}) == 2
+        for batch in replayed:
+            assert len(batch) == 2 * G
+            pairs = {p for p, _ in batch}
+            assert len(pairs) == 1
+            assert sorted(s for _, s in batch) == ["canonical"] * G + ["perturbed"] * G
+    else:
+        assert not any(k.startswith("consistency/") for r in lines for k in r)
+
+
+def comparable(record: dict[str, Any]) -> dict[str, float]:
+    skip = ("time", "speed/", "memory/", "step_time", "epoch")
+    return {k: v for k, v in record.items() if isinstance(v, float) and not k.startswith(skip)}
+
+
+class Kill(Exception):
+    pass
+
+
+def test_resume_after_kill_reproduces_the_uninterrupted_run(warm_dir, tmp_path, replayed, monkeypatch):
+    full = run(make_config(warm_dir, tmp_path / "full", "cipr", max_steps=3, warm_start={"steps": 1},
+                           gradient_accumulation_steps=2))
+    reference = {r["step"]: comparable(r) for r in steps(full, "grpo")}
+
+    from cipr.train import checkpoint
+
+    original = checkpoint.CheckpointMixin._save_checkpoint
+
+    def save_then_die(self, model, trial):
+        original(self, model, trial)
+        if isinstance(self, CIPRGRPOTrainer) and self.state.global_step == 1:
+            raise Kill("killed after step 1")
+
+    monkeypatch.setattr(checkpoint.CheckpointMixin, "_save_checkpoint", save_then_die)
+    cut = tmp_path / "cut"
+    cfg = make_config(warm_dir, cut, "cipr", max_steps=3, warm_start={"steps": 1}, gradient_accumulation_steps=2)
+    with pytest.raises(Kill):
+        run(cfg)
+    assert latest_complete(cut / "grpo").name == "checkpoint-1"
+    monkeypatch.setattr(checkpoint.CheckpointMixin, "_save_checkpoint", original)
+    run(cfg)
+    resumed = {r["step"]: comparable(r) for r in steps(cut, "grpo")}
+    assert sorted(resumed) == [1, 2, 3]
+    for step in (2, 3):
+        assert resumed[step].keys() == reference[step].keys()
+        for key, value in reference[step].items():
+            assert resumed[step][key] == pytest.approx(value, rel=1e-4, abs=1e-6), (step, key)
+    assert len(steps(cut, "warm_start")) == 1  # the finished warm start was not rerun
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(warm_dir, tmp_path, replayed, monkeypatch):
+    original = CIPRGRPOTrainer._consistency
+
+    def poisoned(self, *args, **kwargs):
+        total, parts = original(self, *args, **kwargs)
+        if self.state.global_step == 1:
+            return total * float("nan"), parts
+        return total, parts
+
+    monkeypatch.setattr(CIPRGRPOTrainer, "_consistency", poisoned)
+    run_dir = tmp_path / "nan"
+    with pytest.raises(NonFiniteLossError, match="optimizer step 2"):
+        run(make_config(warm_dir, run_dir, "cipr", max_steps=3))
+    good = latest_complete(run_dir / "grpo")
+    assert good.name == "checkpoint-1"
+    from safetensors.torch import load_file
+
+    weights = load_file(good / "model.safetensors")
+    assert all(torch.isfinite(w).all() for w in weights.values())
+    assert not (run_dir / "grpo" / "stage.json").exists()
