@@ -62,7 +62,9 @@ class ActionReaderConfig:
       "prefix_cache" runs the sequences with the plain causal mask, then the tries as a continuation
       reading their key/value cache (mask [B, 1, P, M + P]). Both process every token once and give
       the same result; the second keeps the fast causal attention kernel for the long part and a
-      small mask, which pays off on long sequences.
+      small mask, which pays off on long sequences (see `scripts/bench_actions.py`), but needs the key/value
+      cache, which transformers drops under gradient checkpointing in training, and a plain output head.
+      "auto" (default) picks "prefix_cache", or "packed" when either is missing.
     - `response_logprobs`: also return each response token's log-probability (so a trainer can fold
       the action read into the forward it already does).
     - `reuse_response`: read trie nodes the response itself follows from the sequence instead of
@@ -73,7 +75,7 @@ class ActionReaderConfig:
     """
 
     padding_side: Literal["right", "left"] = "right"
-    mode: Literal["packed", "prefix_cache"] = "packed"
+    mode: Literal["auto", "packed", "prefix_cache"] = "auto"
     response_logprobs: bool = False
     reuse_response: bool = True
     head: Literal["auto", "gather", "model"] = "auto"
@@ -430,6 +432,11 @@ def _combine(log_open: torch.Tensor, scores: torch.Tensor, valid: torch.Tensor, 
     return torch.cat([tools, (-torch.expm1(log_open))[:, None]], dim=1)
 
 
+def _checkpointing(model: Any) -> bool:
+    """Whether gradient checkpointing is active (it drops the key/value cache in training)."""
+    return model.training and any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+
+
 def _check_attention(model: Any) -> None:
     impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if impl not in ("sdpa", "eager"):
@@ -439,7 +446,7 @@ def _check_attention(model: Any) -> None:
 
 def read_actions(model: Any, tokenizer: Any, queries: Sequence[ActionQuery], num_actions: int,
                  config: ActionReaderConfig | None = None) -> ActionReading:
-    """Action distributions at every decision of every query, in one forward pass of `model`.
+    """Action distributions at every decision of every query, in one forward pass of `model` over every token.
 
     Shapes: B = len(queries), D = total decisions, A = num_actions; `probs` is [D, A + 1] (∅ last),
     each row sums to 1. Differentiable with respect to the model's parameters.
@@ -447,8 +454,16 @@ def read_actions(model: Any, tokenizer: Any, queries: Sequence[ActionQuery], num
     config = config or ActionReaderConfig()
     if config.padding_side not in ("left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {config.padding_side!r}")
-    if config.mode not in ("packed", "prefix_cache"):
-        raise ValueError(f"mode must be 'packed' or 'prefix_cache', got {config.mode!r}")
+    if config.mode not in ("auto", "packed", "prefix_cache"):
+        raise ValueError(f"mode must be 'auto', 'packed' or 'prefix_cache', got {config.mode!r}")
+    checkpointing = _checkpointing(model)
+    if config.mode == "prefix_cache" and checkpointing:
+        raise ValueError("mode 'prefix_cache' needs the key/value cache, which gradient checkpointing drops in "
+                         "training: use mode 'packed' (or 'auto')")
+    if config.mode != "auto":
+        mode = config.mode
+    else:
+        mode = "packed" if checkpointing or _resolve_head(model, config.head) == "model" else "prefix_cache"
     _check_attention(getattr(model, "module", model))
     for i, q in enumerate(queries):
         _validate(q, num_actions, i)
@@ -490,7 +505,7 @@ def read_actions(model: Any, tokenizer: Any, queries: Sequence[ActionQuery], num
     def t(x: list[int]) -> torch.Tensor:
         return torch.tensor(x, dtype=torch.long, device=device)
 
-    forward = _forward_packed if config.mode == "packed" else _forward_prefix_cache
+    forward = _forward_packed if mode == "packed" else _forward_prefix_cache
     if node_rows or resp_rows:
         lp = forward(model, rows, config, _pad_id(tokenizer), dtype, device, node_rows + resp_rows,
                      node_cols + resp_cols, t(node_toks + resp_toks))

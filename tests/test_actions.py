@@ -103,6 +103,21 @@ def test_one_pass_equals_bruteforce_values_and_gradients(tiny_tokenizer, model64
             assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
 
 
+def test_gradient_checkpointing_uses_packed_mode(tiny_tokenizer, model64):
+    queries = _queries(tiny_tokenizer)[:2]
+    expected = read_actions(model64, tiny_tokenizer, queries, 7).probs
+    model64.gradient_checkpointing_enable()
+    model64.train()  # no dropout in the tiny config: train mode changes nothing but checkpointing
+    try:
+        got = read_actions(model64, tiny_tokenizer, queries, 7).probs  # auto: packed
+        assert torch.allclose(got, expected, atol=1e-12, rtol=0)
+        with pytest.raises(ValueError, match="gradient checkpointing"):
+            read_actions(model64, tiny_tokenizer, queries, 7, ActionReaderConfig(mode="prefix_cache"))
+    finally:
+        model64.gradient_checkpointing_disable()
+        model64.eval()
+
+
 def test_classes_not_declared_get_zero(tiny_tokenizer, model64):
     q = _queries(tiny_tokenizer)[1]  # declares 3 tools in classes 0, 1, 6
     probs = read_actions(model64, tiny_tokenizer, [q], 7).probs
