@@ -1,11 +1,26 @@
 """Preemption: a signal only sets a flag; the training loop saves at the next step boundary and stops.
 
-Slurm sends the signal asked for with `#SBATCH --signal=B:USR1@<seconds>` (to the batch shell, which
-forwards it to the job step) before the time limit, and `scontrol requeue` sends SIGTERM. The
-handler does nothing but set a flag, because saving inside a signal handler could interrupt a
-half-finished optimizer step. `PreemptionCallback` (a transformers `TrainerCallback`) checks the
-flag at each step end, asks the Trainer to save and stop, and after the save (its checkpoint is
-then complete and tracked) rank 0 requeues the Slurm job so the next allocation resumes from it.
+How a stop is asked for:
+- `#SBATCH --signal=B:USR1@<seconds>` makes Slurm signal the batch shell before the time limit.
+  The shell (slurm/common.sh) does not kill anything: it creates the notice file named by
+  `$CIPR_PREEMPT_FILE`, which every training process checks at each step end (one `stat`). A file
+  rather than a forwarded signal, because under `accelerate launch` the shell's child is a launcher
+  (torch elastic agent) whose default action on USR1 is to die and orphan its workers.
+- SIGUSR1 sent to a training process directly (`scancel --signal=USR1 --full`, `kill -USR1`).
+- SIGTERM: what `scancel`, `scontrol requeue` and scheduler preemption send to every process of the
+  job, `KillWait` seconds (30 by default) before SIGKILL.
+
+What happens: the handler only records the signal, because saving inside a signal handler could
+interrupt a half-finished optimizer step. `PreemptionCallback` (a transformers `TrainerCallback`)
+reads the flag at each step end; with several processes it takes the maximum over all ranks (one
+all-reduce of a scalar per step), so every rank stops after the same step; a rank stopping alone
+would leave the others waiting in a collective. It then asks the Trainer to save and stop. When
+training has ended (after an all-reduce that also acts as a barrier, so every rank has finished
+writing its part of the checkpoint), rank 0 requeues the Slurm job, and the requeued job resumes
+from that checkpoint (`trainer.resume=auto`).
+
+Requeue only on USR1 or the notice file: after SIGTERM, Slurm has already decided (a requeue or
+a preemption requeues the job by itself; `scancel` means stop, and requeueing would undo it).
 """
 
 from __future__ import annotations
@@ -21,35 +36,73 @@ from transformers import TrainerCallback
 
 log = logging.getLogger(__name__)
 
+NOTICE_ENV = "CIPR_PREEMPT_FILE"
+NOTICE = "notice file"
+# What each reason asks for, as the integer all ranks agree on with an all-reduce (max).
+NONE, STOP, STOP_AND_REQUEUE = 0, 1, 2
+REQUEUE_REASONS = ("SIGUSR1", NOTICE)
+
 
 @dataclass
 class PreemptionConfig:
-    """Which signals mean "save and stop", and whether to requeue the Slurm job afterwards."""
+    """Which signals mean "save and stop", the notice file, and whether to requeue the Slurm job afterwards.
+
+    `notice_file`: None reads `$CIPR_PREEMPT_FILE` (set by slurm/common.sh); "" disables it.
+    """
 
     signals: tuple[str, ...] = ("SIGUSR1", "SIGTERM")
     requeue: bool = True
+    notice_file: str | None = None
+
+
+def severity(reason: str | None) -> int:
+    """NONE, STOP or STOP_AND_REQUEUE for a stop reason (a signal name, the notice file, or None)."""
+    if reason is None:
+        return NONE
+    return STOP_AND_REQUEUE if reason in REQUEUE_REASONS else STOP
 
 
 class PreemptionFlag:
-    """Set by the registered signals; read by the training loop at step boundaries."""
+    """Set by the registered signals (or, when polled, by the notice file); read at step boundaries."""
 
-    def __init__(self, signals: Iterable[str] = ("SIGUSR1", "SIGTERM")) -> None:
+    def __init__(self, signals: Iterable[str] = ("SIGUSR1", "SIGTERM"), notice_file: str | None = None) -> None:
         self.received: str | None = None
+        self.notice_file = notice_file or None
         self._previous: dict[int, object] = {}
         for name in signals:
             sig = getattr(signal, name)
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, frame: object) -> None:
-        self.received = signal.Signals(signum).name
+        if self.received is None:
+            self.received = signal.Signals(signum).name
 
     @property
     def set(self) -> bool:
         return self.received is not None
 
+    def poll(self) -> bool:
+        """Whether a stop was asked for: a signal arrived, or the notice file exists now."""
+        if self.received is None and self.notice_file and os.path.exists(self.notice_file):
+            self.received = NOTICE
+        return self.received is not None
+
     def restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        self._previous.clear()
+
+
+def agree(value: int, device: object = None) -> int:
+    """The maximum of `value` over all ranks (one all-reduce); `value` itself in a single process."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
 
 
 def slurm_job_id() -> str | None:
@@ -65,7 +118,12 @@ def requeue_slurm_job(job_id: str | None = None) -> bool:
     if not job_id:
         log.info("not running under Slurm: nothing to requeue")
         return False
-    result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, check=False)
+    try:
+        result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, check=False,
+                                timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        log.error("scontrol requeue %s failed: %s", job_id, e)
+        return False
     if result.returncode != 0:
         log.error("scontrol requeue %s failed: %s", job_id, result.stderr.strip())
         return False
@@ -74,27 +132,34 @@ def requeue_slurm_job(job_id: str | None = None) -> bool:
 
 
 class PreemptionCallback(TrainerCallback):
-    """Save at the step boundary after a preemption signal, stop, and (rank 0) requeue the job."""
+    """Save at the step boundary after a stop request, stop on every rank, and (rank 0) requeue the job."""
 
     def __init__(self, config: PreemptionConfig | None = None) -> None:
         self.config = config or PreemptionConfig()
-        self.flag = PreemptionFlag(self.config.signals)
-        self.saved_after_signal = False
+        notice = self.config.notice_file if self.config.notice_file is not None else os.environ.get(NOTICE_ENV)
+        self.flag = PreemptionFlag(self.config.signals, notice)
+        self.decision = NONE
+        self.requeued = False
+
+    def _agree(self, args) -> int:
+        local = severity(self.flag.received if self.flag.poll() else None)
+        decision = agree(local, getattr(args, "device", None))
+        if decision and not self.flag.set:
+            self.flag.received = "another process's stop request"
+        self.decision = max(self.decision, decision)
+        return decision
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.flag.set:
-            log.warning("received %s: saving at step %d and stopping", self.flag.received, state.global_step)
+        if self._agree(args):
+            log.warning("stop requested (%s): saving at step %d and stopping", self.flag.received, state.global_step)
             control.should_save = True
             control.should_training_stop = True
         return control
 
-    def on_save(self, args, state, control, **kwargs):
-        if self.flag.set and not self.saved_after_signal:
-            self.saved_after_signal = True
-            if self.config.requeue and state.is_world_process_zero:
-                requeue_slurm_job()
-        return control
-
     def on_train_end(self, args, state, control, **kwargs):
+        self._agree(args)  # also a barrier: every rank has written its part of the last checkpoint
+        if self.decision == STOP_AND_REQUEUE and self.config.requeue and state.is_world_process_zero \
+                and not self.requeued:
+            self.requeued = requeue_slurm_job()
         self.flag.restore()
         return control
