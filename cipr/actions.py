@@ -1,4 +1,4 @@
-"""Action distributions read from tool-name token probabilities, all decisions in one forward pass.
+"""Action distributions read from tool-name token probabilities, all decisions in one pass over the tokens.
 
 At a decision t of a response y to a prompt x (see `cipr.formats.base.Decision`), with `o` the text
 that opens a call and `n_a` the name of declared tool a (paper §3.3, Appendix A):
@@ -19,25 +19,30 @@ Choices the paper leaves open, made here:
   split the name's mass equally (the text cannot tell them apart).
 - Parallel calls: each call is a decision (the format lists one per call opening, plus the one where
   the turn ends), so a response with two calls contributes three distributions.
-- Tokenization (prompt and response tokenized separately without special tokens, as a trainer
-  concatenates prompt and completion ids). For each decision we tokenize the response's text
-  before it (`ctx`), `ctx + o`, and `ctx + o + name + suffix` for every declared name. The branch
-  point k is the longest common token prefix of those and of the full response's tokens; o's tokens
-  are the further common prefix of `ctx + o` and all the name strings; each name's tokens are the
-  rest. When the tokenizer merges across a boundary, this backs off honestly and the plan records it:
-  * `opener_backoff` > 0: the last characters of o merge with the names (SmolLM2 tokenizes
-    `Action: ` as `Action`,`:`,` ` but `Action: function_01` as `Action`,`:`,` function`,...). Then
-    π(o) is the probability of o's leading tokens (`Action:`), an upper bound of the probability of
-    the full opener text, and o's tail is scored inside each name, where the normalization over names
-    cancels the part they share.
+- Tokenization: prompt and response are tokenized separately without adding special tokens (the
+  chat template already wrote them), as a trainer concatenates prompt and completion ids; a response
+  is re-tokenized from its text, which may differ from the ids a sampler produced. For each decision
+  we tokenize the response's text before it (`ctx`), `ctx + o`, and `ctx + o + name + suffix` for
+  every declared name. The branch point k is the longest common token prefix of those and of the
+  full response's tokens; o's tokens are the further common prefix of `ctx + o` and all the name
+  strings; each name's tokens are the rest. When the tokenizer merges across a boundary this backs
+  off to the longest common prefix, and the plan records it:
+  * `opener_backoff` > 0: o's last characters merge with the names (SmolLM2 tokenizes `Action: ` as
+    `Action`,`:`,` ` but `Action: function_01` as `Action`,`:`,` function`,...). Then π(o) is the
+    probability of o's leading tokens (`Action:`), at least that of the full opener text, π(∅) the
+    probability of not writing them, and o's tail is scored inside each name's first token
+    (` function`), so the name distribution is conditioned on `Action:` only.
   * `context_backoff` > 0: the context's last characters merge with o; their tokens are then scored
     as part of o, so π(o) also includes the probability of those characters.
-- One forward pass per batch: each decision's name trie (shared prefixes merged, o as its trunk) is
-  packed after its sequence; a trie node attends to the sequence up to the branch point, to its trie
-  ancestors and to itself (a tree-shaped 4D mask), with position ids continuing from the branch
-  point. Where the response itself continues along the trie (the taken call), those nodes are read
-  from the sequence and not packed again; the opener of a decision the response does not take (∅)
-  and all other names are packed. Works with `attn_implementation` "sdpa" or "eager" (the 4D float
+- One pass over every token per batch: each decision's name trie (shared prefixes merged, o as its
+  trunk) is packed after its sequence; a trie node attends to the sequence up to the branch point,
+  to its trie ancestors and to itself (a tree-shaped 4D mask), with position ids continuing from the
+  branch point. Where the response itself continues along the trie (the taken call), those nodes are
+  read from the sequence and not packed again; the opener of a decision the response does not take
+  (∅) and all other names are packed. Mode "packed" runs it as one model call with the mask over
+  sequence and tries; mode "prefix_cache" runs the sequence under plain causal attention and the
+  tries as a continuation that reads its key/value cache (same result, faster attention, smaller
+  mask); see `ActionReaderConfig`. Works with `attn_implementation` "sdpa" or "eager" (a 4D float
   mask reaches both unchanged in transformers 5.17); flash attention cannot take a tree mask.
 - The reader is differentiable and does not change the model's train/eval mode.
 """
@@ -62,8 +67,9 @@ class ActionReaderConfig:
       "prefix_cache" runs the sequences with the plain causal mask, then the tries as a continuation
       reading their key/value cache (mask [B, 1, P, M + P]). Both process every token once and give
       the same result; the second keeps the fast causal attention kernel for the long part and a
-      small mask, which pays off on long sequences (see `scripts/bench_actions.py`), but needs the key/value
-      cache, which transformers drops under gradient checkpointing in training, and a plain output head.
+      small mask, which pays off on long sequences (see `scripts/bench_actions.py`), but needs the
+      key/value cache, which transformers drops under gradient checkpointing in training, and a plain
+      output head.
       "auto" (default) picks "prefix_cache", or "packed" when either is missing.
     - `response_logprobs`: also return each response token's log-probability (so a trainer can fold
       the action read into the forward it already does).
@@ -106,10 +112,9 @@ class ActionQuery:
     def from_format(cls, fmt: CallFormat, prompt: str, response: str, tools: Sequence[str],
                     classes: Sequence[int] | None = None) -> ActionQuery:
         """A query whose decisions the call format finds in `response`; classes default to positions."""
-        name_text = getattr(fmt, "name_text", None) or (lambda name: name)
         return cls(prompt, response, tuple(fmt.decisions(response)), tuple(tools),
                    tuple(range(len(tools))) if classes is None else tuple(classes),
-                   tuple(name_text(t) for t in tools))
+                   tuple(fmt.name_text(t) for t in tools))
 
 
 @dataclass(frozen=True)

