@@ -248,3 +248,36 @@ def test_requeued_job_resumes_from_its_checkpoint_with_the_same_final_metrics(sl
     wb = load_file(run_dir / "grpo" / "final" / "model.safetensors")
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
     assert json.loads((run_dir / "grpo" / "stage.json").read_text())["steps"] == 6
+
+
+def test_time_limit_warning_saves_requeues_itself_and_resumes(slurm, tmp_path):
+    """USR1 to the batch shell only (what `--signal=B:USR1@300` sends before the time limit): the run saves
+    at the next step boundary, rank 0 requeues the job, and the requeued job resumes from that save."""
+    from cipr.testing import save_tiny
+
+    tiny = save_tiny(tmp_path / "tiny")
+    run_dir, log = tmp_path / "run", tmp_path / "job.out"
+    overrides = [f"model.name_or_path={tiny}", "model=tiny", "data.n=8", "data.tools_per_example=[1,2]",
+                 "data.eval_examples=0", "algo=sft", "algo.rescore_weight=0", "algo.rollout_weight=0",
+                 "trainer=smoke", f"trainer.run_dir={run_dir}", "trainer.max_steps=8", "trainer.save_steps=100",
+                 "trainer.per_device_train_batch_size=2", "trainer.learning_rate=1e-3", "++trainer.torch_threads=1",
+                 "logging.progress_bar=false"]
+    job = slurm.sbatch(f"--export=ALL,CIPR_HOME={ROOT},CIPR_VENV={sys.prefix},HF_HUB_OFFLINE=1,OMP_NUM_THREADS=1",
+                       f"--output={log}", "--time=00:20:00", str(ROOT / "slurm/train.sbatch"), *overrides, cwd=ROOT)
+    _wait("the first SFT step", lambda: bool(_steps(run_dir, "sft")), 300, 0.1)
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=slurm.env, check=True, capture_output=True)
+    _wait("the run to requeue itself", lambda: "requeued Slurm job" in log.read_text(), 120)
+    _wait("the job to be pending again", lambda: slurm.job(job).get("JobState") == "PENDING", 60)
+    _wait("the start time to be moved to now", lambda: subprocess.run(
+        ["scontrol", "update", f"jobid={job}", "StartTime=now"], env=slurm.env, capture_output=True).returncode == 0, 30)
+    _wait("the requeued job to finish", lambda: slurm.job(job).get("JobState") in ("COMPLETED", "FAILED"), 300, 1)
+
+    text = log.read_text()
+    assert slurm.job(job).get("JobState") == "COMPLETED" and slurm.job(job).get("Restarts") == "1", _tail(log, 40)
+    assert "cipr slurm: USR1 at" in text, _tail(log, 40)
+    stopped = re.search(r"stop requested \((notice file|SIGUSR1)\): saving at step (\d+)", text)
+    assert stopped, _tail(log, 40)
+    step = int(stopped.group(2))
+    assert 1 <= step < 8 and re.search(rf"resuming sft from \S+checkpoint-{step} \(step {step}\)", text), _tail(log, 40)
+    assert [r["step"] for r in _steps(run_dir, "sft")] == list(range(1, 9))
+    assert json.loads((run_dir / "sft" / "stage.json").read_text())["steps"] == 8
