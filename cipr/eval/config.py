@@ -67,6 +67,8 @@ class EvalConfig:
     - `replay`: `reference` or `familiar` (see `cipr.eval.backends.ReplayBackend`).
     - `format`: call format name (None: the benchmark's).
     - `device` / `dtype`: `auto` = CUDA with bfloat16 when available, else CPU float32.
+    - `threads`: torch CPU threads (None: torch's default). On a CPU shared with other jobs, more
+      threads than free cores makes each generation step several times slower.
     """
 
     model: str = "embedded"
@@ -85,6 +87,7 @@ class EvalConfig:
     data_root: str | None = None
     device: str = "auto"
     dtype: str = "auto"
+    threads: int | None = None
     replay: str = "reference"
     progress: bool = True
     openai: OpenAIBackendConfig = field(default_factory=OpenAIBackendConfig)

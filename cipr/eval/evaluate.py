@@ -64,6 +64,10 @@ def prepare_tokenizer(tokenizer: Any) -> Any:
 
 def load_model(cfg: EvalConfig) -> tuple[Any, Any]:
     """(model, tokenizer) for the HF backend, in eval mode on the configured device."""
+    if cfg.threads:
+        import torch
+
+        torch.set_num_threads(cfg.threads)
     device, dtype = _device_dtype(cfg)
     if cfg.model == "embedded":
         from cipr.embedded import load_embedded

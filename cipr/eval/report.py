@@ -281,6 +281,11 @@ def render_markdown(summary: Mapping[str, Any], title: str | None = None) -> str
                 if k in meta}
         out.append("")
         out.append("Run: " + ", ".join(f"{k}={v}" for k, v in keep.items()))
+    build = meta.get("build") or {}
+    if build.get("skipped") or build.get("not_applicable"):
+        skipped = ", ".join(f"{t} {n}" for t, n in build.get("skipped", {}).items())
+        out += [""] + ([f"Items a perturbation could not be applied to (reasons in run.json): {skipped}."]
+                       if skipped else []) + [f"Not applicable: {x}." for x in build.get("not_applicable", [])]
     # Table 1 shape: one row per tool names; columns = groups, Mean, Gap.
     cols = groups + (["Mean", "Gap"] if any("mean" in summary["names"][n] for n in names_list) else [])
     rows = []
