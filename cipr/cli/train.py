@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -39,12 +38,10 @@ CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "train"
 
 
 def relaunch_command(num_processes: int, port: int, accelerate_config: str | None, argv: list[str]) -> list[str]:
-    """The `accelerate launch` command that runs this CLI once per process on this node."""
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(num_processes),
-           "--main_process_port", str(port)]
-    if accelerate_config:
-        cmd += ["--config_file", accelerate_config]
-    return cmd + ["-m", "cipr.cli.train", *argv]
+    """The `accelerate launch` command that runs this CLI once per process on this node (`cipr.ops.launch`)."""
+    from cipr.ops.launch import accelerate_command
+
+    return accelerate_command(num_processes, port, accelerate_config, argv)
 
 
 def _main(cfg: DictConfig) -> int:
@@ -60,7 +57,9 @@ def _main(cfg: DictConfig) -> int:
             cmd = relaunch_command(launcher.num_processes, launcher.main_process_port, launcher.accelerate_config,
                                    sys.argv[1:])
             log.info("launching %d processes: %s", launcher.num_processes, " ".join(cmd))
-            return subprocess.call(cmd)
+            from cipr.ops.launch import run_launcher
+
+            return run_launcher(cmd)
         run_dir = run(config)
     except ConfigError as e:
         print(f"cipr-train: configuration error: {e}", file=sys.stderr)

@@ -6,7 +6,9 @@ How a stop is asked for:
   `$CIPR_PREEMPT_FILE`, which every training process checks at each step end (one `stat`). A file
   rather than a forwarded signal, because under `accelerate launch` the shell's child is a launcher
   (torch elastic agent) whose default action on USR1 is to die and orphan its workers.
-- SIGUSR1 sent to a training process directly (`scancel --signal=USR1 --full`, `kill -USR1`).
+- SIGUSR1 sent to a training process directly (`scancel --signal=USR1 --full`, `kill -USR1`), or
+  SIGUSR2, submitit's time-limit signal (Hydra sweeps with `launcher=slurm`; submitit's own handler
+  would requeue and exit at once, mid-step).
 - SIGTERM: what `scancel`, `scontrol requeue` and scheduler preemption send to every process of the
   job, `KillWait` seconds (30 by default) before SIGKILL.
 
@@ -19,7 +21,7 @@ training has ended (after an all-reduce that also acts as a barrier, so every ra
 writing its part of the checkpoint), rank 0 requeues the Slurm job, and the requeued job resumes
 from that checkpoint (`trainer.resume=auto`).
 
-Requeue only on USR1 or the notice file: after SIGTERM, Slurm has already decided (a requeue or
+Requeue only on USR1, USR2 or the notice file: after SIGTERM, Slurm has already decided (a requeue or
 a preemption requeues the job by itself; `scancel` means stop, and requeueing would undo it).
 """
 
@@ -34,13 +36,14 @@ from dataclasses import dataclass
 
 from transformers import TrainerCallback
 
+from cipr.ops.launch import NOTICE_ENV
+
 log = logging.getLogger(__name__)
 
-NOTICE_ENV = "CIPR_PREEMPT_FILE"
 NOTICE = "notice file"
 # What each reason asks for, as the integer all ranks agree on with an all-reduce (max).
 NONE, STOP, STOP_AND_REQUEUE = 0, 1, 2
-REQUEUE_REASONS = ("SIGUSR1", NOTICE)
+REQUEUE_REASONS = ("SIGUSR1", "SIGUSR2", NOTICE)
 
 
 @dataclass
@@ -50,7 +53,7 @@ class PreemptionConfig:
     `notice_file`: None reads `$CIPR_PREEMPT_FILE` (set by slurm/common.sh); "" disables it.
     """
 
-    signals: tuple[str, ...] = ("SIGUSR1", "SIGTERM")
+    signals: tuple[str, ...] = ("SIGUSR1", "SIGUSR2", "SIGTERM")
     requeue: bool = True
     notice_file: str | None = None
 
@@ -65,7 +68,7 @@ def severity(reason: str | None) -> int:
 class PreemptionFlag:
     """Set by the registered signals (or, when polled, by the notice file); read at step boundaries."""
 
-    def __init__(self, signals: Iterable[str] = ("SIGUSR1", "SIGTERM"), notice_file: str | None = None) -> None:
+    def __init__(self, signals: Iterable[str] = ("SIGUSR1", "SIGUSR2", "SIGTERM"), notice_file: str | None = None) -> None:
         self.received: str | None = None
         self.notice_file = notice_file or None
         self._previous: dict[int, object] = {}

@@ -1,0 +1,79 @@
+"""Running cipr-train's processes under `accelerate launch` on one node, with stop requests passed on.
+
+`cipr-train launcher.num_processes=N` re-runs itself as N processes (`cipr.cli.train`). Two things
+need care there, and live here:
+
+- Which launcher. Without a config file, `accelerate launch --num_processes N` only starts N processes
+  when it sees several GPUs; on a CPU machine it silently starts one. `DEFAULT_ACCELERATE_CONFIG`
+  (configs/accelerate/ddp.yaml: torch elastic, gloo on CPU, NCCL on GPUs) is used when none is given;
+  DeepSpeed needs no accelerate config of its own, since `distributed=zero2|zero3` hands the DeepSpeed
+  config to the Trainer; FSDP takes `launcher.accelerate_config=configs/accelerate/fsdp.yaml`.
+- Stop requests. The process that re-runs itself is the one Slurm (or submitit) signals before a time
+  limit, and its child is the launcher, which dies on SIGUSR1/SIGUSR2. `run_launcher` therefore turns
+  SIGUSR1 and SIGUSR2 (submitit's time-limit signal) into the notice file the workers check at each
+  step end (`cipr.ops.preemption`), and passes SIGTERM and SIGINT on to the launcher, which stops its
+  workers; it then waits for the launcher and returns its exit status.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+NOTICE_ENV = "CIPR_PREEMPT_FILE"  # read by cipr.ops.preemption (kept here so launching stays light to import)
+
+DEFAULT_ACCELERATE_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "accelerate" / "ddp.yaml"
+NOTICE_SIGNALS = ("SIGUSR1", "SIGUSR2")
+FORWARDED_SIGNALS = ("SIGTERM", "SIGINT")
+
+
+def accelerate_command(num_processes: int, port: int, accelerate_config: str | None, argv: Sequence[str],
+                       module: str = "cipr.cli.train") -> list[str]:
+    """`python -m accelerate.commands.launch ... -m <module> <argv>` for `num_processes` processes on this node."""
+    if num_processes < 1:
+        raise ValueError(f"num_processes must be >= 1, got {num_processes}")
+    config = accelerate_config or str(DEFAULT_ACCELERATE_CONFIG)
+    if not Path(config).is_file():
+        raise FileNotFoundError(f"accelerate config {config} not found (launcher.accelerate_config)")
+    return [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(num_processes),
+            "--main_process_port", str(port), "--config_file", config, "-m", module, *argv]
+
+
+def run_launcher(cmd: Sequence[str], notice_file: str | None = None) -> int:
+    """Run the launcher `cmd`, turning SIGUSR1/SIGUSR2 into the workers' notice file (module docstring)."""
+    notice_file = notice_file or os.environ.get(NOTICE_ENV)
+    owned = None
+    if not notice_file:
+        owned = tempfile.mkdtemp(prefix="cipr-launch-")
+        notice_file = str(Path(owned) / "preempt")
+    env = {**os.environ, NOTICE_ENV: notice_file}
+    proc = subprocess.Popen(list(cmd), env=env)
+
+    def notice(signum: int, frame: object) -> None:
+        log.warning("%s: asking the workers to save at their next step boundary and stop",
+                    signal.Signals(signum).name)
+        Path(notice_file).touch()
+
+    def forward(signum: int, frame: object) -> None:
+        proc.send_signal(signum)
+
+    previous = {}
+    for name, handler in [*((n, notice) for n in NOTICE_SIGNALS), *((n, forward) for n in FORWARDED_SIGNALS)]:
+        sig = getattr(signal, name)
+        previous[sig] = signal.signal(sig, handler)
+    try:
+        return proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if owned is not None:
+            Path(notice_file).unlink(missing_ok=True)
+            os.rmdir(owned)
