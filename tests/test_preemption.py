@@ -159,3 +159,18 @@ def test_run_launcher_turns_usr1_into_the_workers_notice_file(tmp_path):
     proc.send_signal(signal.SIGUSR1)
     assert proc.wait(timeout=60) == 7  # the worker saw the notice; nobody died of USR1
     assert run_launcher([sys.executable, "-c", "import sys; sys.exit(3)"]) == 3
+
+
+def test_a_handler_installed_before_training_gets_the_signal_after_the_save(fake_scontrol):
+    """submitit's USR2 handler requeues through its own bookkeeping: it is called (once the run has saved)
+    instead of scontrol."""
+    called = []
+    before = signal.signal(signal.SIGUSR2, lambda signum, frame: called.append(signum))
+    try:
+        cb = PreemptionCallback(PreemptionConfig(notice_file=""))
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert not called and _step(cb).should_save
+        _end(cb)
+        assert called == [signal.SIGUSR2] and not fake_scontrol.exists()
+    finally:
+        signal.signal(signal.SIGUSR2, before)

@@ -19,7 +19,9 @@ all-reduce of a scalar per step), so every rank stops after the same step; a ran
 would leave the others waiting in a collective. It then asks the Trainer to save and stop. When
 training has ended (after an all-reduce that also acts as a barrier, so every rank has finished
 writing its part of the checkpoint), rank 0 requeues the Slurm job, and the requeued job resumes
-from that checkpoint (`trainer.resume=auto`).
+from that checkpoint (`trainer.resume=auto`). When the signal had a Python handler before training
+took it over (submitit's USR2 handler, in a `launcher=slurm` sweep), that handler is called instead,
+so submitit requeues the job through its own bookkeeping (`max_num_timeout`).
 
 Requeue only on USR1, USR2 or the notice file: after SIGTERM, Slurm has already decided (a requeue or
 a preemption requeues the job by itself; `scancel` means stop, and requeueing would undo it).
@@ -31,7 +33,7 @@ import logging
 import os
 import signal
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from transformers import TrainerCallback
@@ -89,6 +91,11 @@ class PreemptionFlag:
         if self.received is None and self.notice_file and os.path.exists(self.notice_file):
             self.received = NOTICE
         return self.received is not None
+
+    def previous(self, name: str | None) -> Callable[[int, object], object] | None:
+        """The Python handler `name` had before this flag took it over (e.g. submitit's), if any."""
+        handler = self._previous.get(getattr(signal, name)) if name and name.startswith("SIG") else None
+        return handler if callable(handler) else None
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():
@@ -161,8 +168,15 @@ class PreemptionCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self._agree(args)  # also a barrier: every rank has written its part of the last checkpoint
+        reason = self.flag.received
+        handler = self.flag.previous(reason)
+        self.flag.restore()
         if self.decision == STOP_AND_REQUEUE and self.config.requeue and state.is_world_process_zero \
                 and not self.requeued:
-            self.requeued = requeue_slurm_job()
-        self.flag.restore()
+            self.requeued = True
+            if handler is not None:  # submitit's: it requeues through its own bookkeeping, then exits
+                log.warning("handing %s to the handler installed before training, now that the run is saved", reason)
+                handler(getattr(signal, reason), None)
+            else:
+                self.requeued = requeue_slurm_job()
         return control
