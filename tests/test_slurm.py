@@ -281,3 +281,49 @@ def test_time_limit_warning_saves_requeues_itself_and_resumes(slurm, tmp_path):
     assert 1 <= step < 8 and re.search(rf"resuming sft from \S+checkpoint-{step} \(step {step}\)", text), _tail(log, 40)
     assert [r["step"] for r in _steps(run_dir, "sft")] == list(range(1, 9))
     assert json.loads((run_dir / "sft" / "stage.json").read_text())["steps"] == 8
+
+
+def test_submitit_sweep_runs_each_point_as_a_job_and_a_usr2_point_resumes(slurm, tmp_path):
+    """`cipr-train -m launcher=slurm +sweep=consistency` over two seeds: one array job per point, each in its
+    own run folder. Point 0 gets submitit's time-limit signal (USR2) mid-run: it saves at the step boundary,
+    hands the signal to submitit, which requeues it; it resumes and the sweep ends with both points done."""
+    from cipr.testing import save_tiny
+
+    tiny = save_tiny(tmp_path / "tiny")
+    env = {**slurm.env, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "CIPR_SLURM_GPUS_PER_NODE": "null",
+           "CIPR_SLURM_CPUS_PER_TASK": "1", "CIPR_SLURM_TIME_MIN": "20"}
+    cmd = [sys.executable, "-m", "cipr.cli.train", "-m", "launcher=slurm", "+sweep=consistency", "model=tiny",
+           f"model.name_or_path={tiny}", "data.n=4", "data.tools_per_example=[1,1]", "data.eval_examples=0",
+           "rollout.num_generations=2", "rollout.max_completion_length=16", "trainer=smoke", "trainer.resume=auto",
+           "trainer.max_steps=4", "trainer.save_steps=10", "trainer.per_device_train_batch_size=4",
+           "trainer.warm_start.steps=0", "++trainer.torch_threads=1", "logging.progress_bar=false",
+           "algo.rescore_weight=0.1", "algo.rollout_weight=0.1", "trainer.seed=0,1"]
+    driver = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        root = tmp_path / "runs/sweeps/consistency/tiny"
+        point = root / "rs0.1_ro0.1_s0"
+        _wait("point 0's first CIPR step", lambda: driver.poll() is None and bool(_steps(point, "grpo")), 300, 0.1)
+        array = next((root / ".hydra_multirun/.submitit").iterdir()).name.split("_")[0]
+        job = f"{array}_0"
+        subprocess.run(["scancel", "--signal=USR2", job], env=slurm.env, check=True, capture_output=True)
+        _wait("point 0 to be requeued", lambda: slurm.job(job).get("JobState") == "PENDING", 120)
+        _wait("the start time to be moved to now", lambda: subprocess.run(
+            ["scontrol", "update", f"jobid={job}", "StartTime=now"], env=slurm.env, capture_output=True).returncode == 0,
+            30)
+        out, _ = driver.communicate(timeout=400)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == 0, out[-4000:]
+    logs = "\n".join(p.read_text(errors="replace") for p in (root / ".hydra_multirun/.submitit").rglob(f"{array}_0_*.*")
+                     if p.suffix in (".out", ".err"))
+    stopped = re.search(r"stop requested \(SIGUSR2\): saving at step (\d+)", logs)
+    assert stopped and "handing SIGUSR2 to the handler installed before training" in logs, logs[-4000:]
+    step = int(stopped.group(1))
+    assert step < 4 and re.search(rf"resuming grpo from \S+checkpoint-{step} \(step {step}\)", logs), logs[-4000:]
+    assert slurm.job(job).get("Restarts") == "1"
+    for seed in (0, 1):
+        run_dir = root / f"rs0.1_ro0.1_s{seed}"
+        assert json.loads((run_dir / "config.json").read_text())["trainer"]["seed"] == seed
+        assert [r["step"] for r in _steps(run_dir, "grpo")] == [1, 2, 3, 4]
+        assert json.loads((run_dir / "grpo" / "stage.json").read_text())["steps"] == 4
