@@ -6,6 +6,7 @@ Commands (CPU; the same anywhere, no GPU involved):
     cipr-data export bfcl --names canonical --out bfcl.jsonl
     cipr-data export bfcl --perturb cost_tag_explicit --names canonical --order costly_first --seed 0 --out x.jsonl
     cipr-data list-perturbations
+    cipr-data trajectories --n 64 --seed 0 --out toyshop.json   # ToyShop expert trajectories (AgentInstruct)
 
 Each exported line: id, messages, tools (OpenAI function format), reference_calls (under the written
 interface; BFCL keeps its accepted-values lists in `accepted`), name_map (written name -> original
@@ -146,6 +147,10 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--limit", type=int, default=None, help="only the first N items")
     e.add_argument("--out", required=True, type=Path)
     sub.add_parser("list-perturbations", help="every perturbation type with its group and description")
+    t = sub.add_parser("trajectories", help="write ToyShop expert trajectories as AgentInstruct JSON")
+    t.add_argument("--n", type=int, default=64, help="number of trajectories (tasks 0..n-1)")
+    t.add_argument("--seed", type=int, default=0, help="catalog and task seed")
+    t.add_argument("--out", required=True, type=Path)
     return p
 
 
@@ -163,6 +168,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         for name, group, desc in list_perturbations():
             print(f"{name:40s} {group:24s} {desc}")
+    elif args.cmd == "trajectories":
+        from cipr.data.trajectories import to_agentinstruct, toyshop_trajectories
+
+        records = to_agentinstruct(toyshop_trajectories(args.n, seed=args.seed))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(records, indent=1, ensure_ascii=False))
+        print(f"wrote {len(records)} trajectories to {args.out}", file=sys.stderr)
     elif args.cmd == "export":
         exs = load_source(args.source, args.root, split=args.split, level=args.level, path=args.path,
                           n=args.n, seed=args.seed)

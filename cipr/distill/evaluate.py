@@ -56,6 +56,8 @@ class EvalConfig:
     - `live_tasks`: greedy episodes per model and naming in the environment (0: offline only);
       tasks `live_first_task`, ... (ToyShop trajectories for training use tasks 0..n-1).
     - `live_env`: "toyshop" (seeded with the data seed) or "webshop" (needs `web_agent_site`).
+    - `dtype`: "bfloat16" evaluates bfloat16 copies of the teacher and the student (both alike, so the
+      comparison stays fair; about 2x faster on CPU); "model" evaluates them as loaded.
     """
 
     namings: tuple[str, ...] = NAMINGS
@@ -67,6 +69,7 @@ class EvalConfig:
     live_max_steps: int = 8
     live_max_new_tokens: int = 64
     live_env: str = "toyshop"
+    dtype: str = "model"
 
 
 def check_eval(cfg: EvalConfig) -> None:
@@ -76,6 +79,8 @@ def check_eval(cfg: EvalConfig) -> None:
         raise ValueError(f"algo.eval.namings: unknown {bad or 'empty list'}; choose from {', '.join(NAMINGS)}")
     if cfg.batch_size < 1 or cfg.live_tasks < 0 or cfg.live_max_steps < 1 or cfg.live_max_new_tokens < 1:
         raise ValueError("algo.eval: batch_size, live_max_steps and live_max_new_tokens must be >= 1, live_tasks >= 0")
+    if cfg.dtype not in ("model", "bfloat16"):
+        raise ValueError(f"algo.eval.dtype must be model or bfloat16, got {cfg.dtype!r}")
     if cfg.live_env not in ("toyshop", "webshop"):
         raise ValueError(f"algo.eval.live_env must be toyshop or webshop, got {cfg.live_env!r}")
 
@@ -136,11 +141,10 @@ def compare(reference: Readings, other: Readings, *, eps: float = 1e-6) -> dict[
             "no_call": float((other.probs.argmax(-1) == last).float().mean())}
 
 
-def offline_rows(readings: Mapping[str, Mapping[str, Readings]], reference: tuple[str, str] = ("teacher", "original")
+def offline_rows(readings: Mapping[str, Mapping[str, Readings]], reference: Readings
                  ) -> dict[str, dict[str, dict[str, float]]]:
-    """{model: {naming: compare(reference, readings[model][naming])}}."""
-    ref = readings[reference[0]][reference[1]]
-    return {model: {naming: compare(ref, r) for naming, r in per.items()} for model, per in readings.items()}
+    """{model: {naming: compare(reference, readings[model][naming])}} (reference: the teacher, original names)."""
+    return {model: {naming: compare(reference, r) for naming, r in per.items()} for model, per in readings.items()}
 
 
 def markdown_table(rows: Mapping[str, Mapping[str, Mapping[str, float]]],

@@ -33,6 +33,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,8 @@ def validate(cfg: DistillRunConfig) -> None:
     from cipr.formats import get_format
 
     try:
+        if cfg.algo.teacher_dtype != "model" and cfg.model.lora.enabled:
+            raise ValueError("algo.teacher_dtype must be 'model' with model.lora.enabled (the teacher is the base)")
         check_distill(cfg.algo)
         check_eval(cfg.algo.eval)
         check_data(cfg.data)
@@ -142,21 +145,41 @@ def _truncate_metrics(writer: MetricsWriter, step: int) -> None:
     writer.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
 
 
-def _readings(model: Any, tokenizer: Any, examples: list, fmt: Any, cfg: DistillRunConfig, context: Any = None
+def _eval_model(model: Any, cfg: DistillRunConfig) -> Any:
+    """The model the evaluation runs: itself, or a bfloat16 copy (`algo.eval.dtype`)."""
+    if cfg.algo.eval.dtype == "bfloat16" and next(model.parameters()).dtype != torch.bfloat16:
+        import copy
+
+        return copy.deepcopy(model).to(torch.bfloat16).eval()
+    return model
+
+
+def _readings(model: Any, tokenizer: Any, examples: list, fmt: Any, cfg: DistillRunConfig, namings: Sequence[str]
               ) -> dict[str, Readings]:
+    model = _eval_model(model, cfg)
     out = {}
-    for naming in cfg.algo.eval.namings:
+    for naming in namings:
         rendered = render_named(examples, fmt, tokenizer, naming, rewrite=cfg.data.rewrite_text,  # type: ignore[arg-type]
                                 renames=cfg.algo.eval.renames)
-        kwargs = {"context": context} if context is not None else {}
-        out[naming] = read_rendered(model, tokenizer, rendered, fmt, batch_size=cfg.algo.eval.batch_size, **kwargs)
+        out[naming] = read_rendered(model, tokenizer, rendered, fmt, batch_size=cfg.algo.eval.batch_size)
     return out
+
+
+def _plain_float(model: Any) -> Any:
+    """A GGUF model whose quantizer was dropped after de-quantization still says `is_quantized`; the
+    HF Trainer then refuses to train it. Its weights are plain floats, so the flag is cleared."""
+    base = getattr(model, "get_base_model", lambda: model)()
+    for m in {id(model): model, id(base): base}.values():
+        if getattr(m, "hf_quantizer", None) is None and getattr(m, "is_quantized", False):
+            m.is_quantized = False
+    return model
 
 
 def _live(model: Any, tokenizer: Any, fmt: Any, cfg: DistillRunConfig) -> dict[str, dict[str, float]]:
     ev = cfg.algo.eval
     if not ev.live_tasks:
         return {}
+    model = _eval_model(model, cfg)
     if ev.live_env == "webshop":
         from cipr.envs.webshop import WebShopEnv
 
@@ -221,6 +244,7 @@ def _run(cfg: DistillRunConfig, out: Path, writer: MetricsWriter, started: float
     fmt = get_format(call_format_name(cfg))
     weights = stage_dir / "final" if done else None
     student, tokenizer = load_model(cfg.model, weights=weights)
+    _plain_float(student)
     train_examples, eval_examples, counts = load_split(cfg.data)
     train = build_items(train_examples, fmt, tokenizer, rewrite=cfg.data.rewrite_text)
     held = build_items(eval_examples, fmt, tokenizer, rewrite=cfg.data.rewrite_text)
@@ -239,7 +263,8 @@ def _run(cfg: DistillRunConfig, out: Path, writer: MetricsWriter, started: float
             teacher_readings = {k: Readings.from_json(v) for k, v in json.loads(teacher_file.read_text()).items()}
         else:
             t0 = time.time()
-            teacher_readings = _readings(student, tokenizer, usable_eval, fmt, cfg)
+            namings = ["original", *[n for n in cfg.algo.eval.namings if n != "original"]]
+            teacher_readings = _readings(student, tokenizer, usable_eval, fmt, cfg, namings)
             write_json_atomic(teacher_file, {k: v.to_json() for k, v in teacher_readings.items()})
             log.info("teacher evaluated on %d held-out trajectories in %.0fs", len(usable_eval), time.time() - t0)
         teacher_live = _live(student, tokenizer, fmt, cfg) if cfg.algo.eval.live_tasks else {}
@@ -256,8 +281,9 @@ def _run(cfg: DistillRunConfig, out: Path, writer: MetricsWriter, started: float
                                    f"teacher evaluation, or start a new run_dir")
             teacher_readings = {k: Readings.from_json(v) for k, v in json.loads(teacher_file.read_text()).items()}
         t0 = time.time()
-        student_readings = _readings(student, tokenizer, usable_eval, fmt, cfg)
-        rows = offline_rows({"teacher": teacher_readings, "student": student_readings})
+        student_readings = _readings(student, tokenizer, usable_eval, fmt, cfg, cfg.algo.eval.namings)
+        shown = {n: teacher_readings[n] for n in cfg.algo.eval.namings}
+        rows = offline_rows({"teacher": shown, "student": student_readings}, reference=teacher_readings["original"])
         live = {}
         if cfg.algo.eval.live_tasks:
             teacher_live_file = eval_dir / "teacher_live.json"
@@ -292,7 +318,7 @@ def _train(cfg: DistillRunConfig, student: Any, tokenizer: Any, items: list, fmt
                        warmup=t.warmup_steps, progress_bar=cfg.logging.progress_bar)
     args["include_num_input_tokens_seen"] = "no"
     args["remove_unused_columns"] = False
-    teacher, context = teacher_for(student)
+    teacher, context = teacher_for(student, cfg.algo.teacher_dtype)
     preemption = PreemptionCallback(PreemptionConfig(requeue=bool(os.environ.get("SLURM_JOB_ID"))))
     trainer = DistillTrainer(model=student, args=TrainingArguments(**args), processing_class=tokenizer, items=items,
                              fmt=fmt, algo=cfg.algo, teacher=teacher, teacher_context=context,

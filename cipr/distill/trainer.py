@@ -45,6 +45,10 @@ class DistillConfig:
     - `rescore_weight`: λ of the rescoring consistency KL (student canonical vs relabeled); 0 turns it off.
     - `detach_reference`: the canonical side of the rescoring KL is a fixed target (see `cipr.consistency`).
     - `relabel`: the fresh-name scheme (`cipr.relabel.RelabelConfig`).
+    - `teacher_dtype`: "bfloat16" runs the frozen teacher in bfloat16 (its forward is inference only;
+      about 2x faster on CPUs with AVX512-BF16); "model" keeps the loaded dtype. Without LoRA only.
+    - `autocast_bf16`: on CPU, run the student's forward and backward under bfloat16 autocast (weights
+      and optimizer stay float32); on a GPU use `trainer.precision=bf16` instead.
     """
 
     name: Literal["distill"] = "distill"
@@ -54,6 +58,8 @@ class DistillConfig:
     rescore_weight: float = 1.0
     detach_reference: bool = True
     eps: float = 1e-6
+    teacher_dtype: Literal["model", "bfloat16"] = "model"
+    autocast_bf16: bool = False
     relabel: RelabelConfig = field(default_factory=RelabelConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
@@ -89,13 +95,17 @@ def collate_indices(rows: Sequence[dict[str, int]]) -> dict[str, torch.Tensor]:
     return {"index": torch.tensor([r["index"] for r in rows], dtype=torch.long)}
 
 
-def teacher_for(student: Any) -> tuple[Any, Callable[[], Any]]:
+def teacher_for(student: Any, dtype: str = "model") -> tuple[Any, Callable[[], Any]]:
     """(teacher model, context to enter around its forwards): see the module docstring."""
     if hasattr(student, "disable_adapter") and hasattr(student, "peft_config"):
+        if dtype != "model":
+            raise ValueError("algo.teacher_dtype must be 'model' with LoRA: the teacher is the student's own base")
         return student, student.disable_adapter
     import copy
 
     teacher = copy.deepcopy(student)
+    if dtype == "bfloat16":
+        teacher.to(torch.bfloat16)
     teacher.requires_grad_(False)
     teacher.eval()
     return teacher, contextlib.nullcontext
@@ -127,8 +137,10 @@ class DistillTrainer(CheckpointMixin, Trainer):
             step = self.state.global_step
             relabeled = [relabeled_view(it, self.fmt, tokenizer, self.algo.relabel,
                                         f"{self.algo.relabel.seed}\x1f{it.example.id}\x1f{step}") for it in batch]
-        loss, metrics = batch_loss(model, self.teacher, tokenizer, batch, relabeled, self.fmt, self.algo.weights,
-                                   teacher_context=self.teacher_context)
+        autocast = self.algo.autocast_bf16 and self.args.device.type == "cpu"
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss, metrics = batch_loss(model, self.teacher, tokenizer, batch, relabeled, self.fmt, self.algo.weights,
+                                       teacher_context=self.teacher_context)
         check_finite(loss, self.state.global_step, metrics)
         for k, v in metrics.items():
             self._sums[k] += v

@@ -1,0 +1,164 @@
+"""Self-distillation on a tiny teacher and student: the loss falls, the rescoring term is zero when it must be."""
+
+import copy
+
+import pytest
+import torch
+
+from cipr.data.trajectories import toyshop_trajectories
+from cipr.distill import batch as batch_module
+from cipr.distill.batch import (
+    LossWeights,
+    action_query,
+    batch_loss,
+    build_item,
+    logits_at,
+    read_with_logits,
+    relabeled_view,
+)
+from cipr.distill.conversation import render_conversation
+from cipr.distill.data import trim
+from cipr.distill.naming import rename_example
+from cipr.formats import get_format
+from cipr.relabel import RelabelConfig
+from cipr.testing import tiny_model
+
+FMT = get_format("webshop")
+
+
+def _train_teacher(tokenizer, items, steps=60):
+    """The 'released agent': the tiny model fitted to the expert's turns under the original names."""
+    model = tiny_model(tokenizer, seed=0)
+    width = max(len(it.teacher_tokens.ids) for it in items)
+    ids = torch.full((len(items), width), tokenizer.pad_token_id)
+    keep = torch.zeros((len(items), width), dtype=torch.bool)
+    for b, it in enumerate(items):
+        ids[b, :len(it.teacher_tokens.ids)] = torch.tensor(it.teacher_tokens.ids)
+        keep[b, :len(it.teacher_tokens.ids)] = torch.tensor(
+            [any(lo <= a and z <= hi for lo, hi in it.teacher.turns) for a, z in it.teacher_tokens.offsets])
+    mask = (ids != tokenizer.pad_token_id).long()
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=2e-2)
+    for _ in range(steps):
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+        loss = torch.nn.functional.cross_entropy(logits[keep[:, 1:]], ids[:, 1:][keep[:, 1:]])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    return model
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run faster on one thread than on two contended ones."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_tokenizer, one_thread):
+    examples = [trim(e, 60, 2)[0] for e in toyshop_trajectories(4, seed=0)]
+    items = [build_item(e, FMT, tiny_tokenizer) for e in examples]
+    return tiny_tokenizer, items, _train_teacher(tiny_tokenizer, items)
+
+
+def test_the_trained_teacher_calls_actions(setup):
+    tok, items, teacher = setup
+    probs = read_with_logits(teacher, tok, [action_query(it.teacher, FMT) for it in items], 2,
+                             [it.teacher_tokens.ids for it in items], [0], [1])[0]
+    taken = torch.tensor([0 if d.taken == "search" else 1 for it in items for d in it.teacher.decisions])
+    assert probs[:, -1].max() < 0.5
+    assert (probs.argmax(-1) == taken).all()
+
+
+def test_distillation_loss_falls_over_a_few_steps(setup):
+    tok, items, teacher = setup
+    student = copy.deepcopy(teacher)
+    student.train()
+    opt = torch.optim.Adam(student.parameters(), lr=1e-3)
+    relabeled = [relabeled_view(it, FMT, tok, RelabelConfig(), it.example.id) for it in items]
+    losses, parts = [], []
+    for _ in range(8):
+        loss, m = batch_loss(student, teacher, tok, items, relabeled, FMT, LossWeights())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        parts.append(m)
+    assert losses[0] > 1.0  # the student reads canonical names the teacher never saw
+    assert losses[-1] < 0.7 * losses[0], losses
+    for key in ("distill/token_kl", "distill/action_kl", "rescore/kl"):
+        assert parts[-1][key] < parts[0][key]
+
+
+def test_task_terms_fall_while_relabels_are_redrawn_every_step(setup):
+    tok, items, teacher = setup
+    student = copy.deepcopy(teacher)
+    student.train()
+    opt = torch.optim.Adam(student.parameters(), lr=1e-3)
+    parts = []
+    for step in range(5):
+        relabeled = [relabeled_view(it, FMT, tok, RelabelConfig(), f"{it.example.id}-{step}") for it in items]
+        loss, m = batch_loss(student, teacher, tok, items, relabeled, FMT, LossWeights())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        parts.append(m)
+    assert parts[-1]["distill/token_kl"] < 0.9 * parts[0]["distill/token_kl"]
+    assert parts[-1]["distill/action_kl"] < 0.5 * parts[0]["distill/action_kl"]
+
+
+def test_all_terms_are_zero_when_student_equals_teacher_and_names_do_not_change(setup):
+    tok, items, teacher = setup
+    canonical_named = rename_example(items[0].example, {"search": "function_01", "click": "function_02"})[0]
+    canonical_named = canonical_named.with_(interface=canonical_named.interface.__class__(tuple(
+        t.with_(parameters={**t.parameters, "properties": {"arg_01": t.properties["argument"]},
+                            "required": ["arg_01"]}) for t in canonical_named.interface)))
+    item = build_item(canonical_named, FMT, tok)
+    assert item.teacher.text == item.student.text and item.alignment.b_unpaired == 0
+    loss, m = batch_loss(copy.deepcopy(teacher), teacher, tok, [item], [item.student], FMT, LossWeights())
+    assert m["distill/token_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert m["distill/action_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert m["rescore/kl"] == pytest.approx(0.0, abs=1e-7)
+    assert loss.item() == pytest.approx(0.0, abs=1e-5)
+
+
+def test_rescoring_is_zero_for_a_relabel_the_model_cannot_see_and_positive_otherwise(setup):
+    tok, items, teacher = setup
+    blind = copy.deepcopy(teacher)
+    one, two = tok.convert_tokens_to_ids("01"), tok.convert_tokens_to_ids("02")
+    with torch.no_grad():  # tied embeddings: the model can tell "01" and "02" apart neither in nor out
+        blind.get_input_embeddings().weight[two] = blind.get_input_embeddings().weight[one]
+    swapped = [render_conversation(rename_example(it.student_example, {"function_01": "function_02",
+                                                                       "function_02": "function_01"})[0], FMT, tok)
+               for it in items]
+    _, m = batch_loss(blind, teacher, tok, items, swapped, FMT, LossWeights())
+    assert m["rescore/kl"] == pytest.approx(0.0, abs=1e-6)
+    assert m["rescore/argmax_agree"] == 1.0
+    _, m = batch_loss(teacher, teacher, tok, items, swapped, FMT, LossWeights())
+    assert m["rescore/kl"] > 1e-3
+
+
+def test_one_forward_gives_the_same_logits_as_a_plain_forward(setup, monkeypatch):
+    tok, items, teacher = setup
+    seqs = [it.student_tokens.ids for it in items[:2]]
+    rows, cols = [0, 0, 1], [5, 40, 30]
+    plain = logits_at(teacher, seqs, rows, cols, tok.pad_token_id)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the hooked hidden states should have been used")
+
+    monkeypatch.setattr(batch_module, "logits_at", refuse)
+    _, hooked = read_with_logits(teacher, tok, [action_query(it.student, FMT) for it in items[:2]], 2, seqs, rows, cols)
+    assert torch.allclose(plain, hooked, atol=1e-5)
+
+
+def test_relabeled_view_keeps_decisions_and_changes_every_name(setup):
+    tok, items, _ = setup
+    view = relabeled_view(items[0], FMT, tok, RelabelConfig(scheme="random"), 7)
+    assert set(view.tools).isdisjoint({"function_01", "function_02"})
+    assert [d.taken for d in view.decisions] == [view.tools[0], view.tools[1]]
+    assert view.tools == relabeled_view(items[0], FMT, tok, RelabelConfig(scheme="random"), 7).tools
