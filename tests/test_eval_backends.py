@@ -10,6 +10,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import torch
 
 from cipr.eval.backends import (
     GenRequest,
@@ -30,16 +31,59 @@ def ex(q: str) -> Example:
                    reference=(Call("get_weather", {"city": "Rome"}),))
 
 
-def test_hf_batched_matches_one_by_one(tiny_model, tiny_tokenizer):
-    reqs = [GenRequest(ex(q)) for q in ["Rome?", "What is the weather like in Paris tomorrow morning, please?",
-                                        "Oslo", "Tell me about Lima and its weather today"]]
-    one = HFBackend(tiny_model, tiny_tokenizer, FMT, HFBackendConfig(batch_size=1, max_new_tokens=12))
-    many = HFBackend(tiny_model, tiny_tokenizer, FMT, HFBackendConfig(batch_size=4, max_new_tokens=12))
-    a, b = one.generate(reqs), many.generate(reqs)
+@pytest.fixture(scope="module")
+def sharp_model(tiny_tokenizer):
+    """The tiny model with its matrices scaled up, so that greedy outputs vary with the prompt and the
+    step (at its initial scale it repeats one token everywhere)."""
+    import torch
+
+    from cipr.testing import tiny_model
+
+    model = tiny_model(tiny_tokenizer, seed=1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(10)
+    return model
+
+
+REQS = [GenRequest(ex(q)) for q in ["Rome?", "What is the weather like in Paris tomorrow morning, please?",
+                                     "Oslo", "Tell me about Lima and its weather today"]]
+
+
+def test_hf_batched_matches_one_by_one(sharp_model, tiny_tokenizer):
+    def run(bs, drop):
+        cfg = HFBackendConfig(batch_size=bs, max_new_tokens=12, drop_finished=drop)
+        return [g.text for g in HFBackend(sharp_model, tiny_tokenizer, FMT, cfg).generate(REQS)]
+
+    one = run(1, True)
     assert tiny_tokenizer.padding_side == "left"
-    assert [g.text for g in a] == [g.text for g in b]
-    assert all(g.error is None and g.text for g in b)
-    assert all("<|im_end|>" not in g.text and "<|endoftext|>" not in g.text for g in b)
+    assert run(4, True) == one == run(4, False)
+    assert all(one) and len(set(one)) == len(one)
+    assert all("<|im_end|>" not in t and "<|endoftext|>" not in t for t in one)
+
+
+def test_hf_rows_leave_the_batch_when_they_end(sharp_model, tiny_tokenizer):
+    """Make a token the model emits mid-way an end token, so rows finish at different steps."""
+    probe = HFBackend(sharp_model, tiny_tokenizer, FMT, HFBackendConfig(batch_size=4, max_new_tokens=10))
+    prompts = [probe.prompt(r.example) for r in REQS]
+    enc = tiny_tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    with torch.inference_mode():
+        rows = probe._generate(enc["input_ids"], enc["attention_mask"])
+    counts = {}
+    for row in rows:
+        for t in set(row[1:6]):
+            counts[t] = counts.get(t, 0) + 1
+    stop = min(counts, key=lambda t: (counts[t], t))  # emitted by few rows: they stop early, others go on
+    outs = {}
+    for drop, bs in ((True, 4), (False, 4), (True, 1)):
+        b = HFBackend(sharp_model, tiny_tokenizer, FMT, HFBackendConfig(batch_size=bs, max_new_tokens=10,
+                                                                      drop_finished=drop))
+        b.end_ids = b.end_ids | {stop}
+        outs[(drop, bs)] = [g.text for g in b.generate(REQS)]
+    assert len(set(map(tuple, outs.values()))) == 1
+    lengths = {len(t) for t in outs[(True, 4)]}
+    assert len(lengths) > 1  # the rows did end at different steps
 
 
 def test_hf_batch_failure_is_retried_per_item(tiny_model, tiny_tokenizer):
