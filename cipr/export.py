@@ -245,6 +245,10 @@ def locate(path: str | Path, stage: str | None = None) -> ExportSource:
         if not _is_weights_folder(final):
             raise DataError(f"the finished stage names {final}, which holds no weights", file=str(done), field="final")
         return ExportSource(final, path, stage, _stage_step(stage_dir), True, config)
+    if not _is_weights_folder(path) and (path / "latest").is_file() and list(path.glob("global_step*")):
+        raise DataError("a DeepSpeed checkpoint without consolidated weights (ZeRO-3 without "
+                        "stage3_gather_16bit_weights_on_model_save): consolidate it first with "
+                        f"`python {path / 'zero_to_fp32.py'} {path} {path}` and export again", file=str(path))
     if not _is_weights_folder(path):
         raise DataError(f"neither a cipr-train run folder (config.json with model/algo sections) nor a model "
                         f"folder (one of {', '.join(WEIGHT_FILES)})", file=str(path))

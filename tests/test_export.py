@@ -85,6 +85,11 @@ def test_checkpoint_folder_exports_its_step_and_unfinished_run_is_refused(lora_r
         locate(copy)
     with pytest.raises(DataError, match="stage 'warm_start'"):
         locate(run_dir, stage="warm_start")
+    zero = tmp_path / "checkpoint-7"
+    (zero / "global_step7").mkdir(parents=True)
+    (zero / "latest").write_text("global_step7")
+    with pytest.raises(DataError, match="zero_to_fp32.py"):
+        locate(zero)
 
 
 def test_plain_model_folder_round_trip_and_idempotent_reexport(tmp_path):
