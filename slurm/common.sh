@@ -11,6 +11,8 @@ CIPR_HOME="${CIPR_HOME:-${SLURM_SUBMIT_DIR:-$PWD}}"
 CIPR_VENV="${CIPR_VENV:-$CIPR_HOME/.venv}"
 
 die() { echo "cipr slurm: $*" >&2; exit 2; }
+# has_arg PREFIX ARGS...: whether one of ARGS starts with PREFIX (e.g. an override `trainer.run_dir=`)
+has_arg() { local prefix=$1 a; shift; for a in "$@"; do [[ $a == "$prefix"* ]] && return 0; done; return 1; }
 
 [ -d "$CIPR_HOME/cipr" ] || die "CIPR_HOME=$CIPR_HOME is not a CIPR checkout (no cipr/ folder); submit from the checkout or export CIPR_HOME"
 [ -x "$CIPR_VENV/bin/python" ] || die "no virtual environment at $CIPR_VENV: run the README set-up command there, or export CIPR_VENV"
