@@ -170,3 +170,19 @@ def test_cipr_eval_takes_format_and_names_from_the_manifest(tmp_path, shared_dat
     assert len(records) == 2 and {r["names"] for r in records} == {"canonical"}
     ecfg = apply_manifest(to_eval_config(explicit))  # explicit overrides win over the manifest
     assert (ecfg.call_format, ecfg.names) == ("toolrl", ["original"])
+
+
+def test_cli_exports_in_the_asked_dtype_and_reports_bad_input(tmp_path, capsys):
+    from transformers import AutoModelForCausalLM
+
+    from cipr.cli.export import main
+    from cipr.testing import save_tiny
+
+    folder = save_tiny(tmp_path / "plain")
+    assert main([str(folder), str(tmp_path / "exp"), "--format", "hermes", "--names", "original",
+                 "--dtype", "bfloat16"]) == 0
+    assert next(AutoModelForCausalLM.from_pretrained(str(tmp_path / "exp")).parameters()).dtype == torch.bfloat16
+    assert read_manifest(tmp_path / "exp").dtype == "bfloat16"
+    assert main([str(tmp_path / "missing"), str(tmp_path / "exp2")]) == 2
+    assert "not a folder" in capsys.readouterr().err
+    assert main([str(folder), str(tmp_path / "exp3"), "--format", "nope", "--names", "original"]) == 2
