@@ -153,7 +153,10 @@ def _train_stage(trainer: Any, stage_dir: Path, resume: str, writer: MetricsWrit
         step = 0
     if writer.enabled:
         writer.truncate_after(stage, step)
-    trainer.train(resume_from_checkpoint=checkpoint)
+    try:
+        trainer.train(resume_from_checkpoint=checkpoint)
+    finally:
+        preemption.flag.restore()
     if preemption.flag.set:
         raise Preempted(f"{preemption.flag.received} received: {stage} saved at step {trainer.state.global_step} "
                         f"in {stage_dir}; run the same command again (trainer.resume=auto) to continue")

@@ -154,5 +154,8 @@ def validate_schedule(cfg: TrainerConfig, unit_completions: int) -> None:
             f"trainer.per_device_train_batch_size={cfg.per_device_train_batch_size} must be a multiple of "
             f"{unit_completions} (the completions of one sampling unit: G per prompt, x2 when each prompt is "
             f"paired with its perturbed copy), so a micro-batch never splits a group or a pair")
+    if cfg.save_total_limit is not None and cfg.save_total_limit < 2:
+        raise ConfigError("trainer.save_total_limit must be >= 2 (or null): the tracked checkpoint has to survive "
+                          "while the next one is written and rotated")
     if cfg.warm_start.steps < 0:
         raise ConfigError("trainer.warm_start.steps must be >= 0")
