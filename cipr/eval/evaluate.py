@@ -69,10 +69,14 @@ def load_model(cfg: EvalConfig) -> tuple[Any, Any]:
 
         torch.set_num_threads(cfg.threads)
     device, dtype = _device_dtype(cfg)
+    impl = cfg.attn_implementation
+    if impl == "auto":
+        impl = "eager" if device == "cpu" else None
+    attn = {"attn_implementation": impl} if impl else {}
     if cfg.model == "embedded":
         from cipr.embedded import load_embedded
 
-        model, tokenizer = load_embedded(dtype=dtype)
+        model, tokenizer = load_embedded(dtype=dtype, **attn)
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -80,10 +84,11 @@ def load_model(cfg: EvalConfig) -> tuple[Any, Any]:
         if (path / "adapter_config.json").is_file():
             from peft import AutoPeftModelForCausalLM
 
-            model = AutoPeftModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+            model = AutoPeftModelForCausalLM.from_pretrained(str(path), dtype=dtype, **attn)
             model = model.merge_and_unload()
         else:
-            model = AutoModelForCausalLM.from_pretrained(str(path) if path.exists() else cfg.model, dtype=dtype)
+            model = AutoModelForCausalLM.from_pretrained(str(path) if path.exists() else cfg.model, dtype=dtype,
+                                                         **attn)
         tokenizer = AutoTokenizer.from_pretrained(str(path) if path.exists() else cfg.model)
     model.to(device)
     model.eval()
