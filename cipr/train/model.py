@@ -198,6 +198,10 @@ def _drop_gguf_quantizer(model: Any) -> None:
     """GGUF weights arrive de-quantized; forget the quantizer so they train and save as plain floats."""
     if getattr(model, "hf_quantizer", None) is not None:
         model.hf_quantizer = None
+    if getattr(model, "is_quantized", False):
+        model.is_quantized = False
+    if hasattr(model, "quantization_method"):
+        del model.quantization_method
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
 
