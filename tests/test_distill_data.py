@@ -100,3 +100,24 @@ def test_cipr_data_trajectories_writes_a_loadable_file(tmp_path):
     assert json.loads(out.read_text()) == to_agentinstruct(ref)
     train, held, _ = load_split(TrajectoryDataConfig(path=str(out), n=0, eval_examples=1))
     assert len(train) == 2 and len(held) == 1
+
+
+def test_json_tool_call_trajectories_render_and_align_under_hermes(tmp_path, tiny_tokenizer):
+    from cipr.distill.batch import build_item
+
+    rec = {"id": "tc1",
+           "tools": [{"type": "function", "function": {
+               "name": "get_weather", "description": "Weather of a city.",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
+           "messages": [{"role": "user", "content": "Weather in Paris? Use get_weather."},
+                        {"role": "assistant", "content": "", "tool_calls": [
+                            {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                        {"role": "tool", "name": "get_weather", "content": "sunny"},
+                        {"role": "assistant", "content": "It is sunny in Paris."}]}
+    p = tmp_path / "tc.jsonl"
+    p.write_text(json.dumps(rec) + "\n")
+    item = build_item(load_trajectories(p)[0], get_format("hermes"), tiny_tokenizer)
+    assert '"function_01"' in item.student.text and "get_weather" not in item.student.text
+    assert [d.taken for d in item.teacher.decisions] == ["get_weather", None, None]
+    assert [d.taken for d in item.student.decisions] == ["function_01", None, None]
+    assert len(item.alignment) > 10

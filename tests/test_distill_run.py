@@ -69,3 +69,22 @@ def test_config_errors_name_the_key(tiny_dir, tmp_path):
     bad["data"]["path"] = str(tmp_path / "missing.json")
     with pytest.raises(ConfigError, match="cipr-data trajectories"):
         run_distill(bad)
+
+
+def test_cipr_train_dispatches_algo_distill(tiny_dir, tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from cipr.cli.train import CONFIG_DIR, _main
+
+    overrides = ["algo=distill", "data=trajectories", "model=tiny", f"model.name_or_path={tiny_dir}",
+                 "trainer=smoke", f"trainer.run_dir={tmp_path / 'cli'}", "trainer.per_device_train_batch_size=2",
+                 "data.n=5", "data.eval_examples=1", "data.max_observation_chars=60", "data.max_turns=1",
+                 "logging.progress_bar=false", "algo.eval.namings=[canonical,synonyms]"]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=overrides)
+    assert _main(cfg) == 0
+    assert (tmp_path / "cli" / "eval" / "table.md").is_file()
+    assert json.loads((tmp_path / "cli" / "summary.json").read_text())["algo"] == "distill"
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[*overrides, "algo.rescore_weight=-1"])
+    assert _main(cfg) == 2

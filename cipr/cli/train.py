@@ -50,6 +50,10 @@ def _main(cfg: DictConfig) -> int:
     from cipr.train.run import Preempted, config_from_dict, run
 
     log = logging.getLogger("cipr.train")
+    if cfg.algo.get("name") == "distill":  # self-distillation (paper §4.3) has its own runner: cipr/distill/run.py
+        from cipr.distill.run import distill_main
+
+        return distill_main(OmegaConf.to_container(cfg, resolve=True))
     try:
         config = config_from_dict(OmegaConf.to_container(cfg, resolve=True))
         launcher = config.launcher

@@ -13,8 +13,10 @@ Choices:
   them). Observation turns inside the response are context, never trained on.
 - A turn's trained text is its content plus the template's end-of-turn token (the template's glue
   after it, a newline in ChatML, is not: the model never generates it).
-- Decisions are the call format's decisions of each assistant turn's content, shifted to response
-  offsets, so formats whose parser stops at an `Observation:` line still find every turn's actions.
+- A turn's text is what the template writes between the generation prompt and the end-of-turn token
+  (with native tool calls that is the template's rendering of the calls, not the message content);
+  its decisions are the call format's decisions of that text, shifted to response offsets, so
+  formats whose parser stops at an `Observation:` line still find every turn's actions.
 """
 
 from __future__ import annotations
@@ -93,19 +95,19 @@ def render_conversation(example: Example, fmt: CallFormat, tokenizer: Any) -> Re
             raise UnusableTrajectory("chat template rewrites earlier turns",
                                      f"trajectory {example.id}: turn {t} is not rendered as a prefix of the "
                                      f"conversation, so the turns cannot be located")
-        content = chat[k]["content"]
-        at = text.find(content, len(head), len(upto))
-        if at < 0:
-            raise UnusableTrajectory("turn text not found", f"trajectory {example.id}: turn {t}'s text is not where "
-                                     f"the chat template puts the turn")
+        start = len(head)
         end = len(upto.rstrip())
-        if eos and eos in text[at + len(content):end]:
-            end = text.index(eos, at + len(content)) + len(eos)
+        if eos and eos in text[start:end]:
+            end = text.index(eos, start)
+        turn = text[start:end]
+        if not turn.strip():
+            raise UnusableTrajectory("empty assistant turn", f"trajectory {example.id}: turn {t} renders as no text")
         if prompt_end is None:
-            prompt_end = len(head)
-        spans.append((len(head), end))
-        for d in fmt.decisions(content):
-            decisions.append(Decision(d.start + at - prompt_end, d.opener, d.name_suffix, d.taken))
+            prompt_end = start
+        closed = bool(eos) and text.startswith(eos, end)  # the end-of-turn token is trained on too
+        spans.append((start, end + len(eos) if closed else end))
+        for d in fmt.decisions(turn):
+            decisions.append(Decision(d.start + start - prompt_end, d.opener, d.name_suffix, d.taken))
             turn_of.append(t)
     assert prompt_end is not None
     return Rendered(text[:spans[-1][1]], prompt_end, tuple(spans), tuple(decisions), tuple(turn_of),

@@ -16,6 +16,7 @@ trajectories' call format is `data.call_format` (WebShop ReAct for AgentInstruct
       metrics.jsonl              one line per optimizer step (stage "distill"), plus eval lines
       distill/                   checkpoint-<step>/ (HF format), latest.json, final/, stage.json
       eval/teacher.json          the teacher's action distributions on held-out decisions (computed once)
+      eval/student.json          the trained student's, per naming (both: probs [D, A+1], ∅ last, and segments)
       eval/eval.json, table.md   agreement and KL per model and naming (+ live rewards when played)
       summary.json
 
@@ -30,7 +31,6 @@ import dataclasses
 import json
 import logging
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -282,6 +282,7 @@ def _run(cfg: DistillRunConfig, out: Path, writer: MetricsWriter, started: float
             teacher_readings = {k: Readings.from_json(v) for k, v in json.loads(teacher_file.read_text()).items()}
         t0 = time.time()
         student_readings = _readings(student, tokenizer, usable_eval, fmt, cfg, cfg.algo.eval.namings)
+        write_json_atomic(eval_dir / "student.json", {k: v.to_json() for k, v in student_readings.items()})
         shown = {n: teacher_readings[n] for n in cfg.algo.eval.namings}
         rows = offline_rows({"teacher": shown, "student": student_readings}, reference=teacher_readings["original"])
         live = {}
@@ -356,7 +357,9 @@ def distill_main(container: dict[str, Any]) -> int:
             cmd = relaunch_command(cfg.launcher.num_processes, cfg.launcher.main_process_port,
                                    cfg.launcher.accelerate_config, sys.argv[1:])
             log.info("launching %d processes: %s", cfg.launcher.num_processes, " ".join(cmd))
-            return subprocess.call(cmd)
+            from cipr.ops.launch import run_launcher
+
+            return run_launcher(cmd)
         out = run_distill(cfg)
     except ConfigError as e:
         print(f"cipr-train: configuration error: {e}", file=sys.stderr)
