@@ -4,6 +4,7 @@
 - `conversation`: a trajectory rendered as one chat text, its assistant turns and decisions.
 - `alignment`: token pairs of two renderings whose action names tokenize differently.
 - `loss`: token-level KL on aligned tokens and action-distribution KL at decisions (pure functions).
+- `data`: trajectories for `data=trajectories` (load or generate ToyShop ones, trim, split, build items).
 - `batch`: a trajectory's teacher/student/relabeled views and the loss of a batch of them.
 - `trainer`: the training loop (HF Trainer with the project's checkpoints and metrics).
 - `evaluate`: offline agreement/KL under renames, and live evaluation in an environment.

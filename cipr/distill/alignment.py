@@ -84,8 +84,8 @@ def segment_texts(a: str, b: str, renames: Iterable[tuple[str, str]]) -> list[Se
         shared_from = None
 
     while i < len(a) or j < len(b):
-        hit = next(((old, new) for old, new in by_first.get(a[i], ()) if i < len(a)
-                    and _whole(a, i, old) and _whole(b, j, new)), None) if i < len(a) else None
+        candidates = by_first.get(a[i], ()) if i < len(a) else ()
+        hit = next(((old, new) for old, new in candidates if _whole(a, i, old) and _whole(b, j, new)), None)
         if hit is not None:
             close()
             out.append(Segment("name", i, i + len(hit[0]), j, j + len(hit[1])))
