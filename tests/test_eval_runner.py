@@ -11,7 +11,7 @@ from cipr.eval.backends import Generation, ReplayBackend
 from cipr.eval.compare import write_comparison
 from cipr.eval.items import make_item
 from cipr.eval.report import ReportConfig, read_results, summarize, write_report
-from cipr.eval.runner import RunnerConfig, evaluate_one, run_items
+from cipr.eval.runner import RunnerConfig, Verdict, evaluate_one, run_items
 from cipr.eval.scorers import bfcl_scorer
 from cipr.formats.toolrl import ToolRLFormat
 from cipr.interface import Call, Example, Interface, Message, Tool
@@ -148,6 +148,11 @@ def test_malformed_outputs_are_recorded_not_raised():
     args = FMT.render_target([Call("function_01", {"arg_01": "Roma"})])
     rec = evaluate_one(can, Generation(args), FMT, bfcl_scorer)
     assert rec["taxonomy"] == "argument_error" and rec["error"] == "wrong_value"
+
+    lenient = RunnerConfig(strict_parse=False)
+    rec = evaluate_one(plain, Generation("no format at all"), FMT,
+                       lambda **_: Verdict(False, "parse_failure", "no action"), lenient)
+    assert rec["error"] == "parse_failure" and rec["taxonomy"] == "parse_failure"
 
     def boom(**_):
         raise ZeroDivisionError("scorer bug")

@@ -168,7 +168,8 @@ def evaluate_one(item: EvalItem, gen: Generation, fmt: CallFormat, scorer: Score
         except Exception as e:  # noqa: BLE001 - recorded and counted, never ends the run
             correct, error, detail = False, "scorer_error", f"{type(e).__name__}: {e}"
     taxonomy = classify(interface=item.target.interface, reference=item.target.reference, calls=translated,
-                        correct=correct, parse_ok=parse.ok or not config.strict_parse, undeclared=undeclared,
+                        correct=correct, parse_ok=(parse.ok or not config.strict_parse) and error != "parse_failure",
+                        undeclared=undeclared,
                         backend_error=gen.error is not None, config=config.taxonomy)
     return {
         "id": item.id, "partition": item.partition, "names": item.names, "perturbation": item.perturbation,
