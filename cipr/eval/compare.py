@@ -65,6 +65,9 @@ def compare_runs(run_a: str | Path, run_b: str | Path, config: ReportConfig | No
         out["names"][names] = entry
     if not out["names"]:
         raise DataError(f"the runs share no tool names setting ({sorted(sa)} vs {sorted(sb)})", file=str(run_b))
+    if not any(v["n"] for e in out["names"].values() for v in e["types"].values()):
+        raise DataError(f"the runs share no (item, perturbation) pair to compare ({run_a} vs {run_b})",
+                        file=str(run_b))
     return out
 
 
