@@ -47,6 +47,16 @@ def _wait(what: str, check: Callable[[], object], timeout: float, every: float =
     raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def _settle(seconds: float = 6.0) -> None:
+    """Let slurmd forget the requeued job's previous incarnation before it may start again.
+
+    Slurm delays a requeued job's eligibility (about two minutes) because slurmd keeps the old
+    incarnation's credential revoked for a while; starting it again within a second ("StartTime=now"
+    at once) makes slurmctld kill it as "non-startable: Job credential revoked".
+    """
+    time.sleep(seconds)
+
+
 def _tail(path: Path, n: int = 15) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-n:]) if path.is_file() else f"({path} missing)"
 
@@ -214,6 +224,7 @@ def test_requeued_job_resumes_from_its_checkpoint_with_the_same_final_metrics(sl
     subprocess.run(["scontrol", "requeue", job], env=slurm.env, check=True, capture_output=True, text=True)
     _wait("the first run to exit", lambda: "cipr-train: SIGTERM received" in log.read_text(), 120)
     _wait("the job to be pending again", lambda: slurm.job(job).get("JobState") == "PENDING", 60)
+    _settle()
     _wait("the start time to be moved to now", lambda: subprocess.run(
         ["scontrol", "update", f"jobid={job}", "StartTime=now"], env=slurm.env, capture_output=True).returncode == 0, 30)
 
@@ -268,6 +279,7 @@ def test_time_limit_warning_saves_requeues_itself_and_resumes(slurm, tmp_path):
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=slurm.env, check=True, capture_output=True)
     _wait("the run to requeue itself", lambda: "requeued Slurm job" in log.read_text(), 120)
     _wait("the job to be pending again", lambda: slurm.job(job).get("JobState") == "PENDING", 60)
+    _settle()
     _wait("the start time to be moved to now", lambda: subprocess.run(
         ["scontrol", "update", f"jobid={job}", "StartTime=now"], env=slurm.env, capture_output=True).returncode == 0, 30)
     _wait("the requeued job to finish", lambda: slurm.job(job).get("JobState") in ("COMPLETED", "FAILED"), 300, 1)
@@ -303,10 +315,14 @@ def test_submitit_sweep_runs_each_point_as_a_job_and_a_usr2_point_resumes(slurm,
         root = tmp_path / "runs/sweeps/consistency/tiny"
         point = root / "rs0.1_ro0.1_s0"
         _wait("point 0's first CIPR step", lambda: driver.poll() is None and bool(_steps(point, "grpo")), 300, 0.1)
-        array = next((root / ".hydra_multirun/.submitit").iterdir()).name.split("_")[0]
+        submitit_dir = root / ".hydra_multirun/.submitit"  # holds <array>_<task> folders and .submission_* files
+        array = _wait("the array job's folder", lambda: next(
+            (p.name.split("_")[0] for p in submitit_dir.iterdir() if p.is_dir() and p.name.split("_")[0].isdigit()),
+            None), 60)
         job = f"{array}_0"
         subprocess.run(["scancel", "--signal=USR2", job], env=slurm.env, check=True, capture_output=True)
         _wait("point 0 to be requeued", lambda: slurm.job(job).get("JobState") == "PENDING", 120)
+        _settle()
         _wait("the start time to be moved to now", lambda: subprocess.run(
             ["scontrol", "update", f"jobid={job}", "StartTime=now"], env=slurm.env, capture_output=True).returncode == 0,
             30)
