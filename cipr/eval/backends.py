@@ -12,6 +12,7 @@ and the call formats need it) and cut at the first end-of-turn token.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -102,6 +103,8 @@ class HFBackend:
         tokenizer.padding_side = "left"
         self.end_ids = _end_ids(tokenizer, model)
         self.pad_id = tokenizer.pad_token_id
+        forward = getattr(model, "forward", None)
+        self._logits_to_keep = forward is not None and "logits_to_keep" in inspect.signature(forward).parameters
 
     def prompt(self, example: Example) -> str:
         return self.fmt.render_prompt(self.tokenizer, example.messages, example.interface)
@@ -139,8 +142,9 @@ class HFBackend:
 
         cache = DynamicCache(config=self.model.config)
         pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        last_only = {"logits_to_keep": 1} if self._logits_to_keep else {}
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                         use_cache=True, logits_to_keep=1)
+                         use_cache=True, **last_only)
         rows: list[list[int]] = [[] for _ in range(ids.shape[0])]
         active = torch.arange(ids.shape[0], device=ids.device)
         next_pos = pos[:, -1] + 1
