@@ -64,6 +64,8 @@ class EvalConfig:
     - `limit`: at most this many items, taken round-robin over partitions (BFCL) or per level
       (RoTBench), so a small run still covers every partition. None: all.
     - `partitions`: BFCL partitions to load (None: all ten).
+    - `drop_finished`: HF backend, remove ended sequences from the batch (see `HFBackendConfig`); False
+      decodes with `model.generate`.
     - `replay`: `reference` or `familiar` (see `cipr.eval.backends.ReplayBackend`).
     - `format`: call format name (None: the benchmark's).
     - `device` / `dtype`: `auto` = CUDA with bfloat16 when available, else CPU float32.
@@ -86,6 +88,7 @@ class EvalConfig:
     seed: int = 0
     batch_size: int = 8
     max_new_tokens: int = 512
+    drop_finished: bool = True
     chunk_size: int = 64
     format: str | None = None
     out_dir: str = "evals/run"

@@ -118,8 +118,8 @@ def make_backend(cfg: EvalConfig, fmt: CallFormat, model: Any = None, tokenizer:
         model, tokenizer = load_model(cfg)
     else:
         prepare_tokenizer(tokenizer)
-    return HFBackend(model, tokenizer, fmt, HFBackendConfig(batch_size=cfg.batch_size,
-                                                           max_new_tokens=cfg.max_new_tokens))
+    return HFBackend(model, tokenizer, fmt, HFBackendConfig(batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
+                                                           drop_finished=cfg.drop_finished))
 
 
 def report_config(cfg: EvalConfig) -> ReportConfig:
