@@ -98,6 +98,10 @@ class EvalConfig:
     threads: int | None = None
     attn_implementation: str | None = "auto"
     replay: str = "reference"
+    guard: list[str] | None = None  # drift evaluation of the inference-time guard: policies (cipr/guard)
+    guard_setting: str = "mild"  # mild | medium drift (cipr.perturb drift_mild / drift_medium)
+    guard_sample: str = "study200"  # study200 (the study's 200 items) | full (all 2,501 BFCL items)
+    guard_budget: int = 512  # token budget of a repair (the study's default)
     progress: bool = True
     openai: OpenAIBackendConfig = field(default_factory=OpenAIBackendConfig)
     vllm: VLLMBackendConfig = field(default_factory=VLLMBackendConfig)
