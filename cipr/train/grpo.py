@@ -13,12 +13,13 @@
   exactly as TRL scales its own loss.
 
 Action reads. The task loss needs each completion token's log-probability; TRL computes them with a
-fused LM head that never exposes the logits. When `algo.fold_action_read` is on and re-tokenizing
-each row's prompt and decoded completion gives back exactly the ids the loss uses, one forward of
+fused LM head that never exposes the logits. With `algo.fold_action_read`, one forward of
 `cipr.actions.read_actions(..., response_logprobs=True)` serves both: it returns the completion
 token log-probabilities (handed to TRL's loss through `_get_per_token_logps_and_entropies`) and the
-action distributions at every decision of both interfaces. Otherwise (a sampled non-canonical
-tokenization) TRL's forward runs and the actions are read in a second forward. TRL's token-entropy
+action distributions at every decision of both interfaces. The reader tokenizes text, so this holds
+for the rows whose re-tokenized prompt and decoded completion give back exactly the ids the loss
+uses; a sampled non-canonical tokenization makes a row differ, and TRL's own forward then scores that
+row alone (`actions/folded` logs the fraction of rows folded). TRL's token-entropy
 metric needs full logits and is not computed on the folded path (logged as missing); the
 action-distribution entropy is logged instead. TRL scores tokens at the sampling temperature; the
 reader at temperature 1, so folding also requires `rollout.temperature=1`. The rescoring term always needs a second forward
@@ -46,7 +47,8 @@ from typing import Any
 
 import torch
 from trl import GRPOTrainer
-from trl.trainer.utils import split_tensor_dict
+from trl.models import unwrap_model_for_generation
+from trl.trainer.utils import pad, split_tensor_dict
 
 from cipr.actions import ActionQuery, ActionReaderConfig, read_actions
 from cipr.consistency import rescoring_kl, rollout_kl
@@ -78,6 +80,49 @@ def shuffle_units(batch: dict[str, Any], unit_rows: int, generator: torch.Genera
     return {k: permute(v) for k, v in batch.items()}
 
 
+def consecutive_runs(prompt_ids: Sequence[Sequence[int]]) -> list[tuple[list[int], int]]:
+    """Runs of identical consecutive prompts as (prompt ids, count): TRL repeats each prompt G times."""
+    runs: list[tuple[list[int], int]] = []
+    for ids in prompt_ids:
+        ids = list(ids)
+        if runs and runs[-1][0] == ids:
+            runs[-1] = (ids, runs[-1][1] + 1)
+        else:
+            runs.append((ids, 1))
+    return runs
+
+
+def shared_prefill_generate(model: Any, runs: Sequence[tuple[list[int], int]], pad_id: int, eos_ids: Sequence[int],
+                            generation_config: Any, device: Any) -> list[list[int]]:
+    """Sample completions for runs of identical prompts, computing each distinct prompt's prefill once.
+
+    The distinct prompts (left-padded) are run through the model up to their last token; the cache is
+    then copied once per sample (`batch_select_indices`) and `generate` continues from the last prompt
+    token, with the same position ids (from the attention mask) that a full prefill would use. The
+    sampled distribution is that of TRL's path; on CPU the G-fold prefill of a group is most of the
+    generation time. Completions are cut after their first end token, as TRL does.
+    """
+    prompts = [torch.tensor(ids) for ids, _ in runs]
+    ids = pad(prompts, padding_value=pad_id, padding_side="left").to(device)
+    mask = pad([torch.ones_like(t) for t in prompts], padding_value=0, padding_side="left").to(device)
+    positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    prefix = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
+                   use_cache=True)
+    cache = prefix.past_key_values
+    counts = torch.tensor([n for _, n in runs], device=device)
+    index = torch.repeat_interleave(torch.arange(len(runs), device=device), counts)
+    cache.batch_select_indices(index)
+    out = model.generate(input_ids=ids[index], attention_mask=mask[index], past_key_values=cache,
+                         generation_config=generation_config)
+    completions = out[:, ids.size(1):].tolist()
+    stops = set(int(e) for e in eos_ids)
+    result = []
+    for row in completions:
+        end = next((i for i, t in enumerate(row) if t in stops), None)
+        result.append(row if end is None else row[:end + 1])
+    return result
+
+
 def exact(probs: torch.Tensor) -> torch.Tensor:
     """[D, A] distributions in float64, each row renormalized to sum to 1 (differentiable)."""
     p = probs.double()
@@ -94,7 +139,8 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
     """GRPO with paired interfaces and CIPR's consistency terms (module docstring)."""
 
     def __init__(self, *args: Any, prompts: PromptSet, scorer: RolloutScorer, algo: AlgoConfig, fmt: CallFormat,
-                 relabel_config: RelabelConfig | None = None, fold_allowed: bool = True, **kwargs: Any) -> None:
+                 relabel_config: RelabelConfig | None = None, fold_allowed: bool = True,
+                 share_prefill: bool = True, **kwargs: Any) -> None:
         self.prompt_set = prompts
         self.scorer = scorer
         self.algo = algo
@@ -103,6 +149,7 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         self._cipr_sampler: PairedRepeatSampler | None = None
         self._folded_logps: torch.Tensor | None = None
         self._fold_allowed = fold_allowed
+        self._share_prefill = share_prefill
         super().__init__(*args, reward_funcs=[scorer], **kwargs)
         self.unit_rows = prompts.unit_size * self.num_generations
         if self.args.generation_batch_size % self.unit_rows:
@@ -157,6 +204,27 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         if perturbed:
             metrics["rollout/twin_call_rate"].append(sum(r.twin_calls for r in perturbed) / calls if calls else 0.0)
 
+    # -- generation ------------------------------------------------------------------------------
+    def _generate_single_turn(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,
+                              has_tool_images: bool = False) -> Any:
+        """HF generation that runs each distinct prompt's prefill once (see `shared_prefill_generate`).
+
+        vLLM, continuous batching, multimodal inputs and `rollout.share_prompt_prefill=false` use TRL's path.
+        """
+        runs = consecutive_runs(prompt_ids)
+        if (not self._share_prefill or self.use_vllm or self.use_transformers_continuous_batching or images
+                or multimodal_fields or len(runs) == len(prompt_ids)):
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
+                                                 has_tool_images)
+        with (unwrap_model_for_generation(self.model_wrapped, self.accelerator,
+                                          gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                                          generation_kwargs=self.generation_kwargs,
+                                          gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs)
+              as unwrapped, torch.no_grad(), self._dist.summon_full_params(self.model_wrapped, recurse=False)):
+            completions = shared_prefill_generate(unwrapped, runs, self._tokenizer.pad_token_id, self.eos_token_ids,
+                                                  self.generation_config, self.accelerator.device)
+        return completions, None
+
     # -- losses ----------------------------------------------------------------------------------
     def _get_per_token_logps_and_entropies(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                                            logits_to_keep: int, *args: Any, **kwargs: Any) -> Any:
@@ -172,20 +240,40 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         response = text + (self.processing_class.eos_token if ended else "")
         return ActionQuery(record.prompt, response, tuple(decisions), record.tools, record.classes)
 
-    def _foldable(self, inputs: dict[str, Any], queries: Sequence[ActionQuery]) -> bool:
-        """Whether re-tokenizing the rows gives exactly the prompt and completion ids the loss uses."""
+    def _fold_rows(self, inputs: dict[str, Any], queries: Sequence[ActionQuery]) -> list[bool] | None:
+        """Per row, whether re-tokenizing it gives exactly the prompt and completion ids the loss uses.
+
+        None when folding is off (by config, under vLLM importance-sampling correction, a sampling
+        temperature other than 1, or an entropy-dependent loss, which needs TRL's token entropies).
+        """
         if not (self.algo.fold_action_read and self._fold_allowed) or self.top_entropy_quantile < 1.0 \
                 or self._entropy_bonus_enabled or self.temperature != 1.0:
-            return False
+            return None
         tok = self.processing_class
         prompts = tok([q.prompt for q in queries], add_special_tokens=False)["input_ids"]
         responses = tok([q.response for q in queries], add_special_tokens=False)["input_ids"]
+        out = []
         for b in range(len(queries)):
             prompt = inputs["prompt_ids"][b][inputs["prompt_mask"][b].bool()].tolist()
             completion = inputs["completion_ids"][b][inputs["completion_mask"][b].bool()].tolist()
-            if prompts[b] != prompt or responses[b] != completion:
-                return False
-        return True
+            out.append(prompts[b] == prompt and responses[b] == completion)
+        return out
+
+    def _task_logps(self, model: Any, inputs: dict[str, Any], logps: torch.Tensor, rows: Sequence[bool]
+                    ) -> torch.Tensor:
+        """Completion-token log-probs [B, C]: the folded read's where a row matched, TRL's forward elsewhere."""
+        width = inputs["completion_ids"].size(1)
+        if logps.size(1) < width:
+            logps = torch.nn.functional.pad(logps, (0, width - logps.size(1)))
+        logps = logps[:, :width]
+        missing = [b for b, ok in enumerate(rows) if not ok]
+        if missing:
+            idx = torch.tensor(missing, dtype=torch.long, device=logps.device)
+            ids = torch.cat([inputs["prompt_ids"][idx], inputs["completion_ids"][idx]], dim=1)
+            mask = torch.cat([inputs["prompt_mask"][idx], inputs["completion_mask"][idx]], dim=1)
+            own, _, _ = super()._get_per_token_logps_and_entropies(model, ids, mask, width)
+            logps = logps.index_copy(0, idx, own.to(logps.dtype))
+        return logps
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
         if not self.algo.reads_actions:
@@ -197,17 +285,14 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         queries = [self._query(r.row, r.text, r.ended, r.decisions) for r in rollouts]
         num_actions = max(records[r.row].num_actions for r in rollouts)
         metrics = self._metrics["train" if self.model.training else "eval"]
-        folded = self._foldable(inputs, queries)
-        metrics["actions/folded"].append(float(folded))
+        rows = self._fold_rows(inputs, queries)
+        folded = rows is not None and any(rows)
+        metrics["actions/folded"].append(sum(rows) / len(rows) if rows else 0.0)
         reader = ActionReaderConfig(response_logprobs=folded)
         with self.accelerator.autocast():
             reading = read_actions(model, self.processing_class, queries, num_actions, reader)
         if folded:
-            width = inputs["completion_ids"].size(1)
-            logps = reading.response_logprobs
-            if logps.size(1) < width:
-                logps = torch.nn.functional.pad(logps, (0, width - logps.size(1)))
-            self._folded_logps = logps[:, :width]
+            self._folded_logps = self._task_logps(model, inputs, reading.response_logprobs, rows)
         try:
             task = super()._compute_loss(model, inputs)
         finally:

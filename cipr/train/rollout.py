@@ -24,7 +24,11 @@ from cipr.train.config import ConfigError
 
 @dataclass
 class RolloutConfig:
-    """Sampling of the G responses per prompt (G = `num_generations`; the paper and ToolRL use 4)."""
+    """Sampling of the G responses per prompt (G = `num_generations`; the paper and ToolRL use 4).
+
+    `share_prompt_prefill` (HF backend): compute each prompt's prefill once for its G samples instead
+    of G times (see `cipr.train.grpo.shared_prefill_generate`); same distribution, less CPU time.
+    """
 
     backend: Literal["hf", "vllm_colocate", "vllm_server"] = "hf"
     num_generations: int = 4
@@ -42,6 +46,7 @@ class RolloutConfig:
     server_base_url: str | None = None
     server_timeout: float = 240.0
     importance_sampling_correction: bool = True
+    share_prompt_prefill: bool = True
 
     @property
     def uses_vllm(self) -> bool:

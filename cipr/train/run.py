@@ -328,6 +328,7 @@ def _run_grpo(cfg: TrainConfig, model: Any, tokenizer: Any, prompts: PromptSet, 
     trainer = CIPRGRPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(prompts.rows()),
                               processing_class=tokenizer, prompts=prompts, scorer=scorer, algo=cfg.algo, fmt=fmt,
                               fold_allowed=not (cfg.rollout.uses_vllm and cfg.rollout.importance_sampling_correction),
+                              share_prefill=cfg.rollout.share_prompt_prefill,
                               callbacks=[MetricsCallback(writer, "grpo", cfg.logging.print_metrics), preemption])
     done = _train_stage(trainer, stage_dir, cfg.trainer.resume, writer, "grpo", preemption)
     _finish_stage(trainer, stage_dir, done)

@@ -14,7 +14,8 @@ steps move a 135M model; its header says so.
 
 `precision: auto` trains in float32 on CPU (TRL's GRPOConfig would default to bf16) and in bf16
 mixed precision on a CUDA device that supports it. Gradient checkpointing is off unless asked for
-(TRL turns it on by default; on CPU it only costs time).
+(TRL turns it on by default); when on it is non-reentrant, which also works when the bottom layers
+are frozen (their outputs need no gradient, and a reentrant checkpoint would then cut the graph).
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ def common_args(cfg: TrainerConfig, dist: DistributedConfig, *, output_dir: str,
         "max_grad_norm": cfg.max_grad_norm,
         "optim": cfg.optim,
         "gradient_checkpointing": cfg.gradient_checkpointing,
+        "gradient_checkpointing_kwargs": {"use_reentrant": False} if cfg.gradient_checkpointing else None,
         "seed": cfg.seed,
         "data_seed": cfg.seed,
         "logging_steps": 1,
