@@ -11,9 +11,13 @@ makes) under the same RNG seed for both, so the canonical and perturbed groups a
 - scoring: `_generate_and_score_completions` with the replayed completions (rewards, advantages,
   decisions);
 - update: the trainer's loss (`compute_loss`), backward and optimizer step.
-The whole step is generation + scoring + update. Medians over repetitions (algorithms alternate
-within a repetition so drift in machine load hits both). The last line is
-`step_ratio=<r> update_ratio=<r>`, the larger ratio over the models benchmarked (targets: 1.5, 2.2).
+The whole step is generation + scoring + update. Medians over repetitions (the order of the
+algorithms alternates between repetitions so drift in machine load hits all). `cipr_unfolded` is
+CIPR with `algo.fold_action_read=false`: TRL's own forward for the task loss plus separate action
+reads, i.e. the cost of the consistency terms on top of TRL's path (the folded read skips TRL's
+per-token entropy, which is why folded CIPR can update faster than multi-interface training). The
+last line is `step_ratio=<r> update_ratio=<r>` for `cipr` (the default) against `multi_interface`,
+the larger ratio over the models benchmarked (targets: 1.5, 2.2).
 
     .venv/bin/python scripts/bench_step.py                 # tiny model and SmolLM2-135M (a few minutes on CPU)
     .venv/bin/python scripts/bench_step.py --models tiny --repeats 3
@@ -63,16 +67,19 @@ def make_trainer(algo: str, model: Any, tokenizer: Any, fmt: Any, prompts: Any, 
     from cipr.train.replay import ReplayRollouts
     from cipr.train.reward import RolloutScorer
 
-    weights = (0.1, 0.1) if algo == "cipr" else (0.0, 0.0)
-    algo_cfg = AlgoConfig(name=algo, rescore_weight=weights[0], rollout_weight=weights[1])
+    weights = (0.1, 0.1) if algo.startswith("cipr") else (0.0, 0.0)
+    algo_cfg = AlgoConfig(name="cipr" if algo.startswith("cipr") else algo, rescore_weight=weights[0],
+                          rollout_weight=weights[1], fold_action_read=algo != "cipr_unfolded")
     args = GRPOConfig(output_dir=str(out / algo), per_device_train_batch_size=2 * g * pairs, num_generations=g,
-                      max_completion_length=max_len, learning_rate=1e-6, bf16=False, gradient_checkpointing=False,
+                      max_completion_length=max_len, learning_rate=1e-6, bf16=False, gradient_checkpointing=True,
+                      gradient_checkpointing_kwargs={"use_reentrant": False},
                       report_to="none", use_cpu=not torch.cuda.is_available(), beta=0.0, loss_type="grpo",
                       logging_steps=1, disable_tqdm=True, remove_unused_columns=False)
     scorer = RolloutScorer(prompts.records, fmt, tokenizer, [tokenizer.eos_token_id, tokenizer.pad_token_id])
     trainer = CIPRGRPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(prompts.rows()),
                               processing_class=tokenizer, prompts=prompts, scorer=scorer, algo=algo_cfg, fmt=fmt)
     ReplayRollouts(prompts.records, fmt, tokenizer, max_completion_length=max_len).install(trainer)
+    trainer.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     trainer.create_optimizer()
     trainer.current_gradient_accumulation_steps = 1
     trainer.model.train()
@@ -89,12 +96,13 @@ def batch_rows(trainer: Any, start_pair: int, pairs: int, g: int) -> list[dict[s
 
 
 def time_generation(trainer: Any, inputs: list[dict[str, Any]]) -> float:
-    from trl import GRPOTrainer
+    """The trainer's own HF generation (shared prompt prefill) of this batch; replay replaced it on the instance."""
+    from cipr.train.grpo import CIPRGRPOTrainer
 
     ids = trainer.processing_class(text=[x["prompt"] for x in inputs])["input_ids"]
     start = time.perf_counter()
     with torch.no_grad():
-        GRPOTrainer._generate_single_turn(trainer, ids, None, {}, trainer.num_generations)
+        CIPRGRPOTrainer._generate_single_turn(trainer, ids, None, {}, trainer.num_generations)
     return time.perf_counter() - start
 
 
@@ -116,21 +124,21 @@ def bench_model(name: str, repeats: int, pairs: int, g: int, max_len: int) -> di
         work = Path(tmp)
         model, tokenizer, fmt, prompts = build(name, work, pairs, g, max_len)
         trainers = {algo: make_trainer(algo, copy.deepcopy(model), tokenizer, fmt, prompts, g, pairs, max_len, work)
-                    for algo in ("multi_interface", "cipr")}
+                    for algo in ("multi_interface", "cipr", "cipr_unfolded")}
         times: dict[str, dict[str, list[float]]] = {a: {"gen": [], "score": [], "update": []} for a in trainers}
         for r in range(repeats + 1):  # the first repetition warms up and is not counted
             inputs = batch_rows(trainers["cipr"], (r * pairs) % (len(prompts.records) // 2 - pairs), pairs, g)
             gen = time_generation(trainers["cipr"], inputs)
             completions = {}
-            order = list(trainers) if r % 2 == 0 else list(reversed(trainers))
+            order = list(trainers)[r % len(trainers):] + list(trainers)[:r % len(trainers)]
             for algo in order:
                 score, update, completions[algo] = one_step(trainers[algo], inputs, seed=1000 + r)
                 if r:
                     times[algo]["gen"].append(gen)
                     times[algo]["score"].append(score)
                     times[algo]["update"].append(update)
-            if not torch.equal(completions["cipr"], completions["multi_interface"]):
-                raise RuntimeError("the two algorithms did not see identical rollouts")
+            if not all(torch.equal(c, completions["multi_interface"]) for c in completions.values()):
+                raise RuntimeError("the algorithms did not see identical rollouts")
     med = {a: {k: statistics.median(v) for k, v in t.items()} for a, t in times.items()}
     step = {a: m["gen"] + m["score"] + m["update"] for a, m in med.items()}
     print(f"\n{name}: {pairs} pair(s) x G={g} x 2 interfaces per step, {repeats} repetitions (medians, seconds)")
@@ -139,7 +147,9 @@ def bench_model(name: str, repeats: int, pairs: int, g: int, max_len: int) -> di
         print(f"{algo:<16}{m['gen']:>12.3f}{m['score']:>10.3f}{m['update']:>10.3f}{step[algo]:>10.3f}")
     ratios = {"step": step["cipr"] / step["multi_interface"],
               "update": med["cipr"]["update"] / med["multi_interface"]["update"]}
-    print(f"{name}: step_ratio={ratios['step']:.2f} update_ratio={ratios['update']:.2f}")
+    unfolded = med["cipr_unfolded"]["update"] / med["multi_interface"]["update"]
+    print(f"{name}: step_ratio={ratios['step']:.2f} update_ratio={ratios['update']:.2f} "
+          f"(unfolded: update_ratio={unfolded:.2f})")
     return ratios
 
 

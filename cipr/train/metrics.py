@@ -13,11 +13,13 @@ Evaluation lines (`kind: "eval"`) record the reward of greedy responses on held-
 and after the warm start.
 
 On resume, lines of the resumed stage past the checkpoint's step (and of later stages) are dropped
-first, so the file reads as one uninterrupted run.
+first, so the file reads as one uninterrupted run. The wandb run id is derived from the run folder,
+so a resumed run continues the same wandb run.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import resource
@@ -52,6 +54,7 @@ class LoggingConfig:
     wandb: WandbOptions = field(default_factory=WandbOptions)
     log_completions: bool = False
     print_metrics: bool = False
+    rollout_samples: int = 16  # completions per GRPO step written to rollouts.jsonl (rank 0's; 0: none)
 
 
 def peak_memory_gb() -> float:
@@ -76,14 +79,16 @@ class MetricsWriter:
     def __init__(self, run_dir: str | Path, wandb: WandbOptions | None = None, config: dict[str, Any] | None = None,
                  enabled: bool = True) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
+        self.samples_path = Path(run_dir) / "rollouts.jsonl"
         self.enabled = enabled
         self._wandb = None
         if enabled and wandb is not None and wandb.mode != "disabled":
             import wandb as wandb_lib
 
+            run_id = hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
             self._wandb = wandb_lib.init(project=wandb.project, entity=wandb.entity, name=wandb.name,
                                          tags=list(wandb.tags), mode=wandb.mode, dir=str(run_dir),
-                                         config=config, resume="allow")
+                                         config=config, id=run_id, resume="allow")
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
@@ -98,22 +103,34 @@ class MetricsWriter:
                        and not isinstance(v, bool) and k not in ("step",)}
             self._wandb.log(numeric)
 
+    def write_samples(self, stage: str, step: int, samples: list[dict[str, Any]]) -> None:
+        """Append sampled completions of `stage` at `step` to `rollouts.jsonl` (one line each)."""
+        if not self.enabled or not samples:
+            return
+        with self.samples_path.open("a") as f:
+            for sample in samples:
+                f.write(json.dumps({"stage": stage, "step": step, **sample}) + "\n")
+
     def truncate_after(self, stage: str, step: int) -> int:
-        """Drop step lines of `stage` after `step` and every line of later stages; returns how many."""
-        if not self.enabled or not self.path.is_file():
+        """Drop lines of `stage` after `step` and every line of later stages (metrics and samples); how many."""
+        if not self.enabled:
             return 0
         order = {s: i for i, s in enumerate(STAGES)}
-        kept, dropped = [], 0
-        for line in self.path.read_text().splitlines():
-            rec = json.loads(line)
-            rs = rec.get("stage")
-            later = rs in order and order[rs] > order[stage]
-            past = rs == stage and rec.get("step", 0) > step
-            if later or past:
-                dropped += 1
-            else:
-                kept.append(line)
-        self.path.write_text("".join(k + "\n" for k in kept))
+        dropped = 0
+        for path in (self.path, self.samples_path):
+            if not path.is_file():
+                continue
+            kept = []
+            for line in path.read_text().splitlines():
+                rec = json.loads(line)
+                rs = rec.get("stage")
+                later = rs in order and order[rs] > order[stage]
+                past = rs == stage and rec.get("step", 0) > step
+                if later or past:
+                    dropped += 1
+                else:
+                    kept.append(line)
+            path.write_text("".join(k + "\n" for k in kept))
         return dropped
 
     def read(self) -> list[dict[str, Any]]:
