@@ -26,8 +26,6 @@ Rerunning a command continues its run folder from the latest complete checkpoint
 
 from __future__ import annotations
 
-import logging
-import os
 import sys
 from pathlib import Path
 
@@ -45,37 +43,15 @@ def relaunch_command(num_processes: int, port: int, accelerate_config: str | Non
 
 
 def _main(cfg: DictConfig) -> int:
-    from cipr.train.checkpoint import NonFiniteLossError
-    from cipr.train.config import ConfigError
-    from cipr.train.run import Preempted, config_from_dict, run
-
-    log = logging.getLogger("cipr.train")
+    container = OmegaConf.to_container(cfg, resolve=True)
     if cfg.algo.get("name") == "distill":  # self-distillation (paper §4.3) has its own runner: cipr/distill/run.py
         from cipr.distill.run import distill_main
 
-        return distill_main(OmegaConf.to_container(cfg, resolve=True))
-    try:
-        config = config_from_dict(OmegaConf.to_container(cfg, resolve=True))
-        launcher = config.launcher
-        if launcher.num_processes > 1 and "LOCAL_RANK" not in os.environ:
-            cmd = relaunch_command(launcher.num_processes, launcher.main_process_port, launcher.accelerate_config,
-                                   sys.argv[1:])
-            log.info("launching %d processes: %s", launcher.num_processes, " ".join(cmd))
-            from cipr.ops.launch import run_launcher
+        return distill_main(container)
+    from cipr.ops.launch import run_entry
+    from cipr.train.run import config_from_dict, run
 
-            return run_launcher(cmd)
-        run_dir = run(config)
-    except ConfigError as e:
-        print(f"cipr-train: configuration error: {e}", file=sys.stderr)
-        return 2
-    except NonFiniteLossError as e:
-        print(f"cipr-train: {e}", file=sys.stderr)
-        return 3
-    except Preempted as e:
-        print(f"cipr-train: {e}", file=sys.stderr)
-        return 0
-    print(f"cipr-train: done; run folder {run_dir} (metrics.jsonl, summary.json, checkpoints)")
-    return 0
+    return run_entry(container, config_from_dict, run, "metrics.jsonl, summary.json, checkpoints")
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")

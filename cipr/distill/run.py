@@ -31,7 +31,6 @@ import dataclasses
 import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -52,7 +51,6 @@ from cipr.distill.evaluate import (
 )
 from cipr.distill.trainer import DistillConfig, DistillTrainer, check_distill, teacher_for
 from cipr.train.checkpoint import (
-    NonFiniteLossError,
     latest_complete,
     mark_stage_done,
     resolve_resume,
@@ -82,10 +80,6 @@ class DistillRunConfig:
     rollout: dict[str, Any] = field(default_factory=dict)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
-
-
-class Preempted(RuntimeError):
-    """A preemption signal stopped the run after a saved checkpoint; rerun to resume."""
 
 
 def config_from_dict(data: dict[str, Any]) -> DistillRunConfig:
@@ -332,6 +326,8 @@ def _train(cfg: DistillRunConfig, student: Any, tokenizer: Any, items: list, fmt
     _truncate_metrics(writer, step)
     trainer.train(resume_from_checkpoint=checkpoint)
     if preemption.flag.set:
+        from cipr.ops.preemption import Preempted
+
         raise Preempted(f"{preemption.flag.received} received: saved at step {trainer.state.global_step} in "
                         f"{stage_dir}; run the same command again (trainer.resume=auto) to continue")
     final = stage_dir / "final"
@@ -346,29 +342,9 @@ def _train(cfg: DistillRunConfig, student: Any, tokenizer: Any, items: list, fmt
 def distill_main(container: dict[str, Any]) -> int:
     """The `cipr-train` entry for `algo=distill` (a resolved Hydra config as a dict); returns the exit status.
 
-    0 done (or preempted after a save), 2 configuration error (nothing started), 3 non-finite loss.
-    Re-launches itself under `accelerate launch` when `launcher.num_processes` > 1.
+    Exit statuses and the re-launch under `accelerate launch` are those of `cipr.ops.launch.run_entry`.
     """
-    try:
-        cfg = config_from_dict(container)
-        if cfg.launcher.num_processes > 1 and "LOCAL_RANK" not in os.environ:
-            from cipr.cli.train import relaunch_command
+    from cipr.ops.launch import run_entry
 
-            cmd = relaunch_command(cfg.launcher.num_processes, cfg.launcher.main_process_port,
-                                   cfg.launcher.accelerate_config, sys.argv[1:])
-            log.info("launching %d processes: %s", cfg.launcher.num_processes, " ".join(cmd))
-            from cipr.ops.launch import run_launcher
-
-            return run_launcher(cmd)
-        out = run_distill(cfg)
-    except ConfigError as e:
-        print(f"cipr-train: configuration error: {e}", file=sys.stderr)
-        return 2
-    except NonFiniteLossError as e:
-        print(f"cipr-train: {e}", file=sys.stderr)
-        return 3
-    except Preempted as e:
-        print(f"cipr-train: {e}", file=sys.stderr)
-        return 0
-    print(f"cipr-train: done; run folder {out} (metrics.jsonl, eval/table.md, summary.json, checkpoints)")
-    return 0
+    return run_entry(container, config_from_dict, run_distill,
+                     "metrics.jsonl, eval/table.md, summary.json, checkpoints")

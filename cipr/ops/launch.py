@@ -13,6 +13,9 @@ need care there, and live here:
   SIGUSR1 and SIGUSR2 (submitit's time-limit signal) into the notice file the workers check at each
   step end (`cipr.ops.preemption`), and passes SIGTERM and SIGINT on to the launcher, which stops its
   workers; it then waits for the launcher and returns its exit status.
+
+`run_entry` is what both training runners (`cipr.train.run`, `cipr.distill.run`) share behind
+`cipr-train`: parse the config, re-launch or train, and map the outcome to an exit status.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -77,3 +81,38 @@ def run_launcher(cmd: Sequence[str], notice_file: str | None = None) -> int:
         if owned is not None:
             Path(notice_file).unlink(missing_ok=True)
             os.rmdir(owned)
+
+
+def run_entry(container: dict[str, Any], parse: Callable[[dict[str, Any]], Any], train: Callable[[Any], Any],
+              artifacts: str, argv: Sequence[str] | None = None) -> int:
+    """Parse a resolved config, re-launch it as `launcher.num_processes` processes or train it; the exit status.
+
+    0 done (or preempted after a save: rerun to resume), 2 configuration error (nothing was started),
+    3 non-finite loss (the last checkpoint is intact). `parse` raises ConfigError on bad input; the
+    parsed config has a `launcher` with num_processes, main_process_port and accelerate_config;
+    `train` returns the run folder, named in the closing line with its `artifacts`.
+    """
+    from cipr.ops.preemption import Preempted
+    from cipr.train.checkpoint import NonFiniteLossError
+    from cipr.train.config import ConfigError
+
+    try:
+        config = parse(container)
+        launcher = config.launcher
+        if launcher.num_processes > 1 and "LOCAL_RANK" not in os.environ:
+            cmd = accelerate_command(launcher.num_processes, launcher.main_process_port, launcher.accelerate_config,
+                                     sys.argv[1:] if argv is None else argv)
+            log.info("launching %d processes: %s", launcher.num_processes, " ".join(cmd))
+            return run_launcher(cmd)
+        run_dir = train(config)
+    except ConfigError as e:
+        print(f"cipr-train: configuration error: {e}", file=sys.stderr)
+        return 2
+    except NonFiniteLossError as e:
+        print(f"cipr-train: {e}", file=sys.stderr)
+        return 3
+    except Preempted as e:
+        print(f"cipr-train: {e}", file=sys.stderr)
+        return 0
+    print(f"cipr-train: done; run folder {run_dir} ({artifacts})")
+    return 0

@@ -48,6 +48,10 @@ NONE, STOP, STOP_AND_REQUEUE = 0, 1, 2
 REQUEUE_REASONS = ("SIGUSR1", "SIGUSR2", NOTICE)
 
 
+class Preempted(RuntimeError):
+    """A preemption signal stopped the run after a saved checkpoint; rerun the same command to resume."""
+
+
 @dataclass
 class PreemptionConfig:
     """Which signals mean "save and stop", the notice file, and whether to requeue the Slurm job afterwards.
