@@ -123,6 +123,13 @@ def test_two_optimizer_steps_of_every_grpo_algorithm(warm_dir, tmp_path, replaye
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["algo"] == algo and summary["final"][stage]["step"] == 2
     assert all("reward" in r and "reward/format" in r and "rollout/no_call_rate" in r for r in lines)
+    samples = [json.loads(x) for x in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+    rows = 2 * G * accumulation  # the generation batch: accumulation micro-batches of 2G rows
+    assert [s["step"] for s in samples] == [1] * rows + [2] * rows
+    for step, record in ((1, lines[0]), (2, lines[1])):  # the logged samples are the step's rollouts
+        mine = [s for s in samples if s["step"] == step]
+        assert mine and all(s["stage"] == "grpo" and isinstance(s["completion"], str) for s in mine)
+        assert sum(s["format"] + s["correctness"] for s in mine) / len(mine) == pytest.approx(record["reward"])
     if ALGOS[algo]["perturbed"]:
         assert all("reward/perturbed" in r and "rollout/twin_call_rate" in r for r in lines)
     if algo == "cipr":
@@ -180,6 +187,7 @@ def test_resume_after_kill_reproduces_the_uninterrupted_run(warm_dir, tmp_path, 
         for key, value in reference[step].items():
             assert resumed[step][key] == pytest.approx(value, rel=1e-4, abs=1e-6), (step, key)
     assert len(steps(cut, "warm_start")) == 1  # the finished warm start was not rerun
+    assert (cut / "rollouts.jsonl").read_text() == (full / "rollouts.jsonl").read_text()
 
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(warm_dir, tmp_path, replayed, monkeypatch):
@@ -202,3 +210,29 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(warm_dir, tmp_path
     weights = load_file(good / "model.safetensors")
     assert all(torch.isfinite(w).all() for w in weights.values())
     assert not (run_dir / "grpo" / "stage.json").exists()
+
+
+def test_lora_adapter_trains_saves_and_feeds_the_next_stage(warm_dir, tmp_path, replayed):
+    cfg = make_config(warm_dir, tmp_path / "lora", "cipr", warm_start={"steps": 1})
+    cfg.model.lora.enabled = True
+    cfg.model.lora.target_modules = ("q_proj", "v_proj")
+    run_dir = run(cfg)
+    assert (run_dir / "warm_start" / "final" / "adapter_config.json").is_file()
+    assert (run_dir / "grpo" / "checkpoint-2" / "adapter_model.safetensors").is_file()
+    lines = steps(run_dir, "grpo")
+    assert [r["step"] for r in lines] == [1, 2] and all(math.isfinite(r["loss"]) for r in lines)
+    assert all(r["consistency/rollout_kl"] >= 0 for r in lines)
+
+
+def test_resume_truncation_drops_metrics_and_samples_past_the_checkpoint(tmp_path):
+    from cipr.train.metrics import MetricsWriter
+
+    writer = MetricsWriter(tmp_path)
+    for step in (1, 2, 3):
+        writer.write({"stage": "grpo", "kind": "step", "step": step})
+        writer.write_samples("grpo", step, [{"completion": f"c{step}a"}, {"completion": f"c{step}b"}])
+    writer.write({"stage": "warm_start", "kind": "step", "step": 5})
+    assert writer.truncate_after("grpo", 1) == 2 + 4
+    assert [(r["stage"], r["step"]) for r in writer.read()] == [("grpo", 1), ("warm_start", 5)]
+    samples = [json.loads(x) for x in writer.samples_path.read_text().splitlines()]
+    assert [s["completion"] for s in samples] == ["c1a", "c1b"]

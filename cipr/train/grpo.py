@@ -42,7 +42,7 @@ Choices the paper leaves open:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -140,8 +140,11 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
 
     def __init__(self, *args: Any, prompts: PromptSet, scorer: RolloutScorer, algo: AlgoConfig, fmt: CallFormat,
                  relabel_config: RelabelConfig | None = None, fold_allowed: bool = True,
-                 share_prefill: bool = True, **kwargs: Any) -> None:
+                 share_prefill: bool = True, sample_log: Callable[[int, list[dict[str, Any]]], None] | None = None,
+                 samples_per_step: int = 0, **kwargs: Any) -> None:
         self.prompt_set = prompts
+        self._sample_log = sample_log
+        self._samples_per_step = samples_per_step
         self.scorer = scorer
         self.algo = algo
         self.fmt = fmt
@@ -203,6 +206,13 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         calls = sum(len(r.calls) for r in perturbed)
         if perturbed:
             metrics["rollout/twin_call_rate"].append(sum(r.twin_calls for r in perturbed) / calls if calls else 0.0)
+        if self._sample_log is not None and self._samples_per_step > 0:
+            self._sample_log(self.state.global_step + 1, [
+                {"pair_id": records[r.row].pair_id, "side": records[r.row].side, "id": records[r.row].example.id,
+                 "reference": [c.name for c in records[r.row].example.reference], "completion": r.text,
+                 "ended": r.ended, "calls": [c.name for c in r.calls], "twin_calls": r.twin_calls,
+                 "format": r.format, "correctness": r.correctness}
+                for r in rollouts[:self._samples_per_step]])
 
     # -- generation ------------------------------------------------------------------------------
     def _generate_single_turn(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,

@@ -139,10 +139,6 @@ def _preemption_callback() -> Any:
     return PreemptionCallback(PreemptionConfig(requeue=bool(os.environ.get("SLURM_JOB_ID"))))
 
 
-class Preempted(RuntimeError):
-    """A preemption signal stopped the run after a saved checkpoint; rerun to resume."""
-
-
 def _train_stage(trainer: Any, stage_dir: Path, resume: str, writer: MetricsWriter, stage: str,
                  preemption: Any) -> int:
     checkpoint = resolve_resume(resume, stage_dir)
@@ -158,6 +154,8 @@ def _train_stage(trainer: Any, stage_dir: Path, resume: str, writer: MetricsWrit
     finally:
         preemption.flag.restore()
     if preemption.flag.set:
+        from cipr.ops.preemption import Preempted
+
         raise Preempted(f"{preemption.flag.received} received: {stage} saved at step {trainer.state.global_step} "
                         f"in {stage_dir}; run the same command again (trainer.resume=auto) to continue")
     return trainer.state.global_step
@@ -329,6 +327,8 @@ def _run_grpo(cfg: TrainConfig, model: Any, tokenizer: Any, prompts: PromptSet, 
                               processing_class=tokenizer, prompts=prompts, scorer=scorer, algo=cfg.algo, fmt=fmt,
                               fold_allowed=not (cfg.rollout.uses_vllm and cfg.rollout.importance_sampling_correction),
                               share_prefill=cfg.rollout.share_prompt_prefill,
+                              sample_log=lambda step, samples: writer.write_samples("grpo", step, samples),
+                              samples_per_step=cfg.logging.rollout_samples,
                               callbacks=[MetricsCallback(writer, "grpo", cfg.logging.print_metrics), preemption])
     done = _train_stage(trainer, stage_dir, cfg.trainer.resume, writer, "grpo", preemption)
     _finish_stage(trainer, stage_dir, done)
