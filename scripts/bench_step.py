@@ -19,7 +19,7 @@ per-token entropy, which is why folded CIPR can update faster than multi-interfa
 last line is `step_ratio=<r> update_ratio=<r>` for `cipr` (the default) against `multi_interface`,
 the larger ratio over the models benchmarked (targets: 1.5, 2.2).
 
-    .venv/bin/python scripts/bench_step.py                 # tiny model and SmolLM2-135M (a few minutes on CPU)
+    .venv/bin/python scripts/bench_step.py                 # tiny model and SmolLM2-135M (~35 min on 2 CPU cores; tiny alone ~1 min)
     .venv/bin/python scripts/bench_step.py --models tiny --repeats 3
 """
 
@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 
 def build(model_name: str, workdir: Path, pairs: int, g: int, max_len: int) -> tuple[Any, Any, Any, Any]:
@@ -126,7 +127,7 @@ def bench_model(name: str, repeats: int, pairs: int, g: int, max_len: int) -> di
         trainers = {algo: make_trainer(algo, copy.deepcopy(model), tokenizer, fmt, prompts, g, pairs, max_len, work)
                     for algo in ("multi_interface", "cipr", "cipr_unfolded")}
         times: dict[str, dict[str, list[float]]] = {a: {"gen": [], "score": [], "update": []} for a in trainers}
-        for r in range(repeats + 1):  # the first repetition warms up and is not counted
+        for r in tqdm(range(repeats + 1), desc=f"{name}: repetitions (first is warm-up)"):  # warm-up not counted
             inputs = batch_rows(trainers["cipr"], (r * pairs) % (len(prompts.records) // 2 - pairs), pairs, g)
             gen = time_generation(trainers["cipr"], inputs)
             completions = {}
