@@ -236,3 +236,20 @@ def test_resume_truncation_drops_metrics_and_samples_past_the_checkpoint(tmp_pat
     assert [(r["stage"], r["step"]) for r in writer.read()] == [("grpo", 1), ("warm_start", 5)]
     samples = [json.loads(x) for x in writer.samples_path.read_text().splitlines()]
     assert [s["completion"] for s in samples] == ["c1a", "c1b"]
+
+
+def test_wandb_offline_mirrors_metrics_and_a_resumed_writer_continues_the_same_run(tmp_path, monkeypatch):
+    from cipr.train.metrics import MetricsWriter, WandbOptions
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    options = WandbOptions(mode="offline", project="cipr-test")
+    ids = []
+    for step in (1, 2):  # the second writer is what a resumed run opens
+        writer = MetricsWriter(tmp_path, options, config={"algo": "cipr"})
+        ids.append(writer._wandb.id)
+        writer.write({"stage": "grpo", "kind": "step", "step": step, "loss": 0.5})
+        writer.close()
+    assert ids[0] == ids[1]
+    runs = sorted((tmp_path / "wandb").glob(f"offline-run-*-{ids[0]}"))
+    assert len(runs) == 2 and all((r / f"run-{ids[0]}.wandb").stat().st_size > 0 for r in runs)
+    assert [r["step"] for r in MetricsWriter(tmp_path).read()] == [1, 2]
