@@ -105,12 +105,7 @@ def read_manifest(path: str | Path) -> Manifest | None:
     file = path / MANIFEST if path.is_dir() else path
     if file.name != MANIFEST or not file.is_file():
         return None
-    try:
-        data = json.loads(file.read_text())
-    except json.JSONDecodeError as e:
-        raise DataError(f"not valid JSON ({e})", file=str(file)) from e
-    if not isinstance(data, dict):
-        raise DataError("expected a JSON object", file=str(file))
+    data = _read_json(file)
     version = data.get("version")
     if not isinstance(version, int) or version > MANIFEST_VERSION:
         raise DataError(f"manifest version {version!r} is not one this code reads (<= {MANIFEST_VERSION}); "

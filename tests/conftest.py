@@ -45,3 +45,12 @@ def tiny_model(tiny_tokenizer):
     from cipr.testing import tiny_model as build
 
     return build(tiny_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run faster on one thread than on two contended ones (`usefixtures` per module)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

@@ -24,13 +24,7 @@ FMT = get_format("webshop")
 
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run faster on one thread than on two contended ones."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 def test_compare_hand_computed():
     ref = Readings(torch.tensor([[0.5, 0.5, 0.0], [0.9, 0.1, 0.0], [0.2, 0.7, 0.1]]), torch.tensor([0, 0, 1]))

@@ -3,20 +3,12 @@
 import json
 
 import pytest
-import torch
 
 from cipr.distill.run import config_from_dict, distill_main, run_distill
 from cipr.testing import save_tiny
 from cipr.train.config import ConfigError
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run faster on one thread than on two contended ones."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
