@@ -1,9 +1,27 @@
-"""Errors that name where bad input came from (file, item, field)."""
+"""The project's error vocabulary and the one policy every command applies to it.
+
+Every error a user can cause by what they typed or pointed us at derives from `CiprError`:
+`DataError` (a file, item or field is wrong), `ConfigError` (an option cannot run), `UnsafeOutputError`
+(an output path would overwrite or delete something we did not create). `cli_errors` turns any of
+them, and the standard library's errors for missing or unreadable files, into one line on stderr and
+exit status 2; `--debug` on a command, or `CIPR_DEBUG=1`, shows the traceback instead.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
 
-class DataError(ValueError):
+EXIT_INPUT = 2
+
+
+class CiprError(Exception):
+    """Base of every error caused by the user's input or configuration (never by a bug of ours)."""
+
+
+class DataError(CiprError, ValueError):
     """Bad input data: says which file, which item and which field is wrong, and why."""
 
     def __init__(self, message: str, *, file: str | None = None, item: str | None = None,
@@ -11,3 +29,34 @@ class DataError(ValueError):
         self.file, self.item, self.field, self.reason = file, item, field, message
         where = ", ".join(f"{k} {v!r}" for k, v in (("file", file), ("item", item), ("field", field)) if v)
         super().__init__(f"{where}: {message}" if where else message)
+
+
+class ConfigError(CiprError, ValueError):
+    """A configuration that cannot run: says which key is wrong and what to change."""
+
+
+class UnsafeOutputError(CiprError, ValueError):
+    """An output path that would overwrite or delete an input, a parent of one, or a folder we did not create."""
+
+
+def debug_enabled(argv: list[str] | None = None) -> bool:
+    """Whether tracebacks are wanted: `--debug` among the arguments, or CIPR_DEBUG set to a true value."""
+    args = sys.argv[1:] if argv is None else argv
+    return "--debug" in args or os.environ.get("CIPR_DEBUG", "").lower() in ("1", "true", "yes")
+
+
+@contextlib.contextmanager
+def cli_errors(program: str, debug: bool | None = None) -> Iterator[None]:
+    """Run a command's body: a `CiprError` or an unreadable file becomes `program: message` and exit 2.
+
+    Anything else is a bug and keeps its traceback. With `debug`, nothing is caught.
+    """
+    if debug if debug is not None else debug_enabled():
+        yield
+        return
+    try:
+        yield
+    except (CiprError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
+        message = str(e) if isinstance(e, CiprError) else f"{e.strerror or type(e).__name__}: {e.filename}"
+        print(f"{program}: {message} (CIPR_DEBUG=1 shows the traceback)", file=sys.stderr)
+        raise SystemExit(EXIT_INPUT) from None

@@ -16,11 +16,11 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
+from cipr.errors import ConfigError
+
+__all__ = ["ConfigError", "from_dict"]
+
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot run: says which key is wrong and what to change."""
 
 
 def _suggest(key: str, valid: list[str]) -> str:
