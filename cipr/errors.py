@@ -1,8 +1,9 @@
 """The project's error vocabulary and the one policy every command applies to it.
 
 Every error a user can cause by what they typed or pointed us at derives from `CiprError`:
-`DataError` (a file, item or field is wrong), `ConfigError` (an option cannot run), `UnsafeOutputError`
-(an output path would overwrite or delete something we did not create). `cli_errors` turns any of
+`DataError` (a file, item or field is wrong; `MissingInputError` when it does not exist),
+`ConfigError` (an option cannot run), `UnsafeOutputError` (an output path would overwrite or delete
+something we did not create). `cli_errors` turns any of
 them, and the standard library's errors for missing or unreadable files, into one line on stderr and
 exit status 2; `--debug` on a command, or `CIPR_DEBUG=1`, shows the traceback instead.
 """
@@ -31,6 +32,10 @@ class DataError(CiprError, ValueError):
         super().__init__(f"{where}: {message}" if where else message)
 
 
+class MissingInputError(DataError, FileNotFoundError):
+    """An input file or folder that does not exist: says which, and how to get it."""
+
+
 class ConfigError(CiprError, ValueError):
     """A configuration that cannot run: says which key is wrong and what to change."""
 
@@ -56,7 +61,11 @@ def cli_errors(program: str, debug: bool | None = None) -> Iterator[None]:
         return
     try:
         yield
-    except (CiprError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
-        message = str(e) if isinstance(e, CiprError) else f"{e.strerror or type(e).__name__}: {e.filename}"
+    except (CiprError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
+            PermissionError) as e:
+        if isinstance(e, CiprError) or getattr(e, "filename", None) is None:
+            message = str(e)
+        else:
+            message = f"{e.strerror or type(e).__name__}: {e.filename}"
         print(f"{program}: {message} (CIPR_DEBUG=1 shows the traceback)", file=sys.stderr)
         raise SystemExit(EXIT_INPUT) from None

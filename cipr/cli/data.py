@@ -27,7 +27,9 @@ from tqdm import tqdm
 
 from cipr.canonical import canonicalize
 from cipr.data.paths import data_root
+from cipr.errors import ConfigError, cli_errors
 from cipr.interface import Example
+from cipr.io import atomic_write, check_output_file, write_text_atomic
 
 SOURCES = ("bfcl", "toolrl", "rotbench", "synthetic")
 
@@ -52,7 +54,7 @@ def load_source(source: str, root: str | None = None, *, split: str = "First_Tur
         from cipr.data.synthetic import generate_synthetic
 
         return generate_synthetic(n, seed)
-    raise SystemExit(f"unknown source {source!r}; choose one of {', '.join(SOURCES)}")
+    raise ConfigError(f"unknown source {source!r}; choose one of {', '.join(SOURCES)}")
 
 
 def stats(source: str, root: str | None = None) -> dict[str, Any]:
@@ -73,7 +75,7 @@ def stats(source: str, root: str | None = None) -> dict[str, Any]:
         from cipr.data.synthetic import synthetic_stats
 
         return synthetic_stats()
-    raise SystemExit(f"unknown source {source!r}; choose one of {', '.join(SOURCES)}")
+    raise ConfigError(f"unknown source {source!r}; choose one of {', '.join(SOURCES)}")
 
 
 def export_record(example: Example, *, names: str = "original", perturb: str | None = None, seed: int = 0,
@@ -113,15 +115,43 @@ def export_record(example: Example, *, names: str = "original", perturb: str | N
 
 def export(examples: Iterable[Example], out: Path, **kwargs: Any) -> int:
     """Write one JSON object per example; returns the count. Writes to a temp file, then renames."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".partial")
     n = 0
-    with tmp.open("w") as f:
+    with atomic_write(out) as f:
         for ex in tqdm(examples, desc=f"export {out.name}", unit="item", disable=None):
             f.write(json.dumps(export_record(ex, **kwargs), ensure_ascii=False, default=str) + "\n")
             n += 1
-    tmp.replace(out)
     return n
+
+
+def source_inputs(source: str, root: str | None, path: str | None) -> list[Path]:
+    """The files and folders `source` reads (an output may not lie inside any of them)."""
+    if source == "synthetic":
+        return []
+    folder = {"bfcl": "bfcl_v4", "rotbench": "rotbench", "toolrl": "toolrl"}[source]
+    inputs = [data_root(root) / folder]
+    return inputs + [Path(path)] if path else inputs
+
+
+def check_perturbation(perturb: str | None, names: str, order: str) -> None:
+    """Refuse a perturbation option that `apply_perturbation` would reject on the first item."""
+    from cipr.perturb.registry import ORDERED_TYPES, PERTURBATIONS
+
+    if perturb is None:
+        if order != "original":
+            raise ConfigError(f"--order {order} applies to a cost or latency --perturb type")
+        return
+    if perturb not in PERTURBATIONS:
+        raise ConfigError(f"--perturb {perturb!r} is not a perturbation type; `cipr-data list-perturbations` "
+                          f"lists them")
+    if order != "original" and perturb not in ORDERED_TYPES:
+        raise ConfigError(f"--order {order} applies only to the cost and latency types, not {perturb!r}")
+    if perturb == "in_distribution" and names != "canonical":
+        raise ConfigError("--perturb in_distribution is defined on canonical names: add --names canonical")
+
+
+def _check_count(value: int | None, option: str, *, allow_zero: bool = False) -> None:
+    if value is not None and (value < 0 or (value == 0 and not allow_zero)):
+        raise ConfigError(f"{option} {value}: give a positive number" + (" (or 0)" if allow_zero else ""))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -145,17 +175,27 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--order", choices=["original", "costly_first"], default="original")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--limit", type=int, default=None, help="only the first N items")
-    e.add_argument("--out", required=True, type=Path)
-    sub.add_parser("list-perturbations", help="every perturbation type with its group and description")
+    e.add_argument("--out", required=True, type=Path, help="the JSONL file to write (a new file)")
+    e.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    lp = sub.add_parser("list-perturbations", help="every perturbation type with its group and description")
     t = sub.add_parser("trajectories", help="write ToyShop expert trajectories as AgentInstruct JSON")
     t.add_argument("--n", type=int, default=64, help="number of trajectories (tasks 0..n-1)")
     t.add_argument("--seed", type=int, default=0, help="catalog and task seed")
-    t.add_argument("--out", required=True, type=Path)
+    t.add_argument("--out", required=True, type=Path, help="the JSON file to write (a new file)")
+    t.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    for sp in (f, s, e, lp, t):
+        sp.add_argument("--debug", action="store_true", help="show the traceback of an error")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """`cipr-data` entry point: bad input ends with one line on stderr and exit status 2."""
     args = _parser().parse_args(argv)
+    with cli_errors("cipr-data", debug=getattr(args, "debug", False) or None):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.cmd == "fetch":
         from cipr.data.fetch import fetch_bfcl
 
@@ -171,11 +211,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.cmd == "trajectories":
         from cipr.data.trajectories import to_agentinstruct, toyshop_trajectories
 
+        _check_count(args.n, "--n")
+        check_output_file(args.out, overwrite=args.overwrite)
         records = to_agentinstruct(toyshop_trajectories(args.n, seed=args.seed))
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(records, indent=1, ensure_ascii=False))
+        write_text_atomic(args.out, json.dumps(records, indent=1, ensure_ascii=False))
         print(f"wrote {len(records)} trajectories to {args.out}", file=sys.stderr)
     elif args.cmd == "export":
+        _check_count(args.limit, "--limit")
+        _check_count(args.n, "--n")
+        check_perturbation(args.perturb, args.names, args.order)
+        check_output_file(args.out, inputs=source_inputs(args.source, args.root, args.path), overwrite=args.overwrite)
         exs = load_source(args.source, args.root, split=args.split, level=args.level, path=args.path,
                           n=args.n, seed=args.seed)
         if args.limit is not None:

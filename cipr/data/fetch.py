@@ -18,12 +18,15 @@ import tempfile
 import zipfile
 from pathlib import Path, PurePosixPath
 
+from cipr.errors import CiprError
+from cipr.io import make_temp_dir
+
 BFCL_EVAL_VERSION = "2026.3.23"
 BFCL_EVAL_SHA256 = "3bb6dfa5f0c68ad403c9ec50b00db2bb3b4cc9b38ab1ff33f48fe30d853d3a0a"
 DATA_PREFIX = "bfcl_eval/data/"
 
 
-class FetchError(RuntimeError):
+class FetchError(CiprError, RuntimeError):
     """The download failed, the wheel is not the pinned one, or it does not hold the data."""
 
 
@@ -91,13 +94,15 @@ def fetch_bfcl(dest: str | Path, *, overwrite: bool = False, wheel: str | Path |
     dest = Path(dest)
     target = dest / "bfcl_v4"
     if target.exists() and not overwrite:
-        raise FetchError(f"{target} already exists; pass overwrite=True to replace it")
+        raise FetchError(f"{target} already exists: remove it first, or choose another --dest")
+    if dest.exists() and not dest.is_dir():
+        raise FetchError(f"--dest {dest} is a file, not a folder")
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="cipr-bfcl-") as tmp:
         tmpdir = Path(tmp)
         whl = Path(wheel) if wheel is not None else download_wheel(tmpdir)
         verify_wheel(whl, sha256)
-        staging = Path(tempfile.mkdtemp(prefix=".bfcl_v4-", dir=dest))
+        staging = make_temp_dir(dest, ".bfcl_v4-")
         try:
             extract_data(whl, staging)
             if target.exists():

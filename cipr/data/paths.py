@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from cipr.errors import MissingInputError
+
 _REPO = Path(__file__).resolve().parents[2]
 
 
@@ -19,9 +21,9 @@ def data_root(root: str | os.PathLike[str] | None = None) -> Path:
 
 
 def require_dir(path: Path, what: str) -> Path:
-    """`path` if it is a directory; else a FileNotFoundError that says how to get the data."""
+    """`path` if it is a directory; else a MissingInputError that says how to get the data."""
     if not path.is_dir():
-        raise FileNotFoundError(
-            f"{what} not found at {path}. Pass --root DIR (or data.root=DIR), set CIPR_DATA_ROOT, "
-            f"or for BFCL run `cipr-data fetch bfcl --dest DIR`.")
+        raise MissingInputError(
+            f"{what} not found at {path}. Point at the data root with --root DIR (cipr-data) or "
+            f"data_root=DIR (cipr-eval), or set CIPR_DATA_ROOT; for BFCL, `cipr-data fetch bfcl --dest DIR`.")
     return path

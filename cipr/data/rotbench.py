@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from cipr.data.paths import data_root, require_dir
-from cipr.errors import DataError
+from cipr.errors import DataError, MissingInputError
 from cipr.interface import Call, Example, Interface, Message, Tool
 
 SPLITS = ("First_Turn", "Third_Turn")
@@ -174,7 +174,7 @@ def load_rotbench_file(path: str | Path, split: str, level: str, *, strict: bool
     path = Path(path)
     file = str(path)
     if not path.is_file():
-        raise FileNotFoundError(f"RoTBench file not found at {path}")
+        raise MissingInputError(f"RoTBench file not found at {path}")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from cipr.data.paths import data_root
-from cipr.errors import DataError
+from cipr.errors import DataError, MissingInputError
 from cipr.interface import Call, Example, Interface, Message, Tool
 
 HISTORY_HEADER = "**Dialogue Records History**"
@@ -322,7 +322,7 @@ def load_toolrl_parquet(path: str | Path, *, strict: bool = False) -> list[Examp
     path = Path(path)
     file = str(path)
     if not path.is_file():
-        raise FileNotFoundError(f"ToolRL parquet not found at {path}")
+        raise MissingInputError(f"ToolRL parquet not found at {path}")
     try:
         rows = pq.read_table(path).to_pylist()
     except Exception as e:  # pyarrow raises several types for a file that is not parquet
@@ -360,7 +360,7 @@ def load_toolrl_sft(path: str | Path, *, strict: bool = False) -> list[Example]:
     path = Path(path)
     file = str(path)
     if not path.is_file():
-        raise FileNotFoundError(f"ToolRL SFT JSON not found at {path}")
+        raise MissingInputError(f"ToolRL SFT JSON not found at {path}")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:

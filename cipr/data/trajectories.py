@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from cipr.envs.toyshop import ACTIONS, ToyShop
-from cipr.errors import DataError
+from cipr.errors import DataError, MissingInputError
 from cipr.formats import get_format
 from cipr.formats.base import CallFormat
 from cipr.interface import Call, Example, Interface, Message
@@ -125,7 +125,7 @@ def load_trajectories(path: str | Path, *, interface: Interface = ACTIONS, call_
     path = Path(path)
     fmt = get_format(call_format)
     if not path.is_file():
-        raise FileNotFoundError(f"trajectory file {path} not found (data.path=...); generate a toy set with "
+        raise MissingInputError(f"trajectory file {path} not found (data.path=...); generate a toy set with "
                                 f"`cipr-data trajectories --out FILE`")
     out = []
     for i, rec in enumerate(_records(path)):

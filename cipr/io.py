@@ -1,0 +1,134 @@
+"""Safe outputs: atomic writes, and the checks that keep a command off its own inputs.
+
+Every output file is written under a temporary name in its own folder and renamed over the target
+(`atomic_write`), so a reader sees the old file or the complete new one, never a torn one; a failed
+write leaves nothing behind. New files and folders get the permissions the user's umask gives
+(`tempfile` alone would create them private). Before writing, a command checks its output path:
+`check_output_file` refuses a folder, an existing file (unless `overwrite`), and any of the
+command's inputs; `check_output_dir` refuses a source or a folder holding one, and with `overwrite`
+replaces only a folder that carries this project's marker file (what the command itself wrote).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from cipr.errors import UnsafeOutputError
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """The mode a plain `open(path, "w")` would give a new file (0o666 less the umask)."""
+    return 0o666 & ~_umask()
+
+
+def dir_mode() -> int:
+    """The mode `mkdir` would give a new folder (0o777 less the umask)."""
+    return 0o777 & ~_umask()
+
+
+def make_temp_dir(parent: Path, prefix: str) -> Path:
+    """A fresh folder in `parent` (for a folder that is renamed into place) with the umask's mode."""
+    path = Path(tempfile.mkdtemp(dir=parent, prefix=prefix))
+    path.chmod(dir_mode())
+    return path
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO[Any]]:
+    """Open a temporary file next to `path`; on success it is synced and renamed over `path`.
+
+    On an exception the temporary file is removed and `path` is untouched. An existing file keeps its
+    mode; a new one gets the umask's.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.chmod(tmp, path.stat().st_mode & 0o777 if path.is_file() else file_mode())
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write `text` to `path` atomically (`atomic_write`)."""
+    with atomic_write(path) as f:
+        f.write(text)
+
+
+def write_json_atomic(path: str | Path, payload: Any, indent: int | None = 2) -> None:
+    """Write `payload` as JSON (with a final newline) to `path` atomically."""
+    write_text_atomic(path, json.dumps(payload, indent=indent, ensure_ascii=False, default=str) + "\n")
+
+
+def _resolved(path: str | Path) -> Path:
+    return Path(path).expanduser().resolve()
+
+
+def is_within(path: str | Path, folder: str | Path) -> bool:
+    """Whether `path` is `folder` or lies inside it (after resolving links)."""
+    path, folder = _resolved(path), _resolved(folder)
+    return path == folder or folder in path.parents
+
+
+def check_output_file(out: str | Path, *, inputs: Iterable[str | Path] = (), overwrite: bool = False,
+                      option: str = "--out") -> Path:
+    """The resolved output file, or UnsafeOutputError when writing it would be unsafe (module docstring)."""
+    path = _resolved(out)
+    if path.is_dir():
+        raise UnsafeOutputError(f"{option} {out} is a folder: give the name of the file to write")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UnsafeOutputError(f"{option} {out}: {parent} is a file, not a folder")
+            break
+    for source in inputs:
+        if source is not None and Path(source).expanduser().exists() and is_within(path, source):
+            raise UnsafeOutputError(f"{option} {out} is (inside) this command's input {source}: "
+                                    f"write the output elsewhere")
+    if path.exists() and not overwrite:
+        raise UnsafeOutputError(f"{option} {out} already exists: choose another name, or pass --overwrite "
+                                f"to replace it")
+    return path
+
+
+def check_output_dir(out: str | Path, *, sources: Iterable[str | Path] = (), marker: str,
+                     overwrite: bool = False, option: str = "OUT_DIR") -> Path:
+    """The resolved output folder, or UnsafeOutputError (module docstring).
+
+    A source, or a folder holding one, is never a target, `overwrite` or not. An existing non-empty
+    folder is refused unless `overwrite` is given and the folder carries `marker`.
+    """
+    path = _resolved(out)
+    if path.exists() and not path.is_dir():
+        raise UnsafeOutputError(f"{option} {out} is a file, not a folder")
+    for source in sources:
+        if is_within(source, path):
+            what = "is" if _resolved(source) == path else "holds"
+            raise UnsafeOutputError(f"{option} {out} {what} the source {source}: writing there would destroy it; "
+                                    f"choose another output folder")
+    if path.is_dir() and any(path.iterdir()):
+        if not overwrite:
+            raise UnsafeOutputError(f"{option} {out} exists and is not empty: choose another, or pass --overwrite")
+        if not (path / marker).is_file():
+            raise UnsafeOutputError(f"{option} {out} holds no {marker}, so it was not written by this command; "
+                                    f"--overwrite only replaces such folders: remove it yourself or choose another")
+    return path
