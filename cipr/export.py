@@ -26,6 +26,8 @@ Choices the spec leaves open, and why:
 - The folder is written next to `out_dir` under a temporary name and renamed at the end, so a
   killed (or preempted) export never leaves a half-written folder that looks complete; re-exporting
   the same checkpoint into the same folder is a no-op, so a requeued export job just finishes.
+- `out_dir` is never the source, nor a folder holding it (with `overwrite` or not), and `overwrite`
+  replaces only a folder holding `cipr_manifest.json`, i.e. an earlier export (`cipr.io`).
 - Tool naming at evaluation (`eval_names_for`): a model trained under canonical names is evaluated
   through the canonicalization adapter, one trained under original names with original names, and
   a function-masking model (random names in training) with the original names, since masking
@@ -38,13 +40,13 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from cipr.errors import DataError
+from cipr.errors import ConfigError, DataError
+from cipr.io import check_not_source, check_output_dir, make_temp_dir, write_json_atomic, write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -229,11 +231,10 @@ def locate(path: str | Path, stage: str | None = None) -> ExportSource:
         stage_dir = path / stage
         done = stage_dir / "stage.json"
         if not done.is_file():
-            tracker = stage_dir / "latest.json"
-            hint = ""
-            if tracker.is_file():
-                hint = f"; its latest complete checkpoint is {stage_dir / _read_json(tracker)['checkpoint']}, " \
-                       f"which you may export explicitly"
+            from cipr.train.checkpoint import latest_complete
+
+            latest = latest_complete(stage_dir) if stage_dir.is_dir() else None
+            hint = f"; its latest complete checkpoint is {latest}, which you may export explicitly" if latest else ""
             raise DataError(f"stage {stage!r} of this run has not finished (no {done.name}){hint}; or finish the "
                             f"run by rerunning its cipr-train command", file=str(path), field=stage)
         final = stage_dir / _read_json(done).get("final", "final")
@@ -431,12 +432,6 @@ def model_card(manifest: Manifest, train_config: dict[str, Any] | None, run_summ
     return "\n".join(lines)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def _same_export(out_dir: Path, source: ExportSource) -> bool:
     try:
         existing = read_manifest(out_dir)
@@ -449,7 +444,8 @@ def export(path: str | Path, out_dir: str | Path, cfg: ExportConfig | None = Non
     """Export the checkpoint `path` locates into `out_dir` (module docstring); returns `out_dir`."""
     cfg = cfg or ExportConfig()
     source = locate(path, cfg.stage)
-    out_dir = Path(out_dir).expanduser().resolve()
+    sources = [Path(path).expanduser(), source.checkpoint, *([source.run_dir] if source.run_dir else [])]
+    out_dir = check_not_source(out_dir, sources=sources)
     eval_dirs = [Path(d).expanduser() for d in cfg.eval_dirs]
     for d in eval_dirs:
         if not (d / "summary.json").is_file():
@@ -457,7 +453,10 @@ def export(path: str | Path, out_dir: str | Path, cfg: ExportConfig | None = Non
     fmt, names, algo, base = _training_identity(source, cfg)
     from cipr.formats import get_format
 
-    get_format(fmt)
+    try:
+        get_format(fmt)
+    except ValueError as e:
+        raise ConfigError(f"{e} (--format, or model.call_format of the run)") from e
     run_summary = None
     if source.run_dir is not None and (source.run_dir / "summary.json").is_file():
         run_summary = _read_json(source.run_dir / "summary.json")
@@ -466,15 +465,13 @@ def export(path: str | Path, out_dir: str | Path, cfg: ExportConfig | None = Non
             if eval_dirs:
                 manifest = read_manifest(out_dir)
                 card = model_card(manifest, source.train_config, run_summary, eval_dirs, out_dir.name)  # type: ignore[arg-type]
-                _write_atomic(out_dir / "README.md", card)
+                write_text_atomic(out_dir / "README.md", card)
                 log.info("%s already holds this export; model card updated with %d evaluation(s)", out_dir,
                          len(eval_dirs))
             else:
                 log.info("%s already holds this export of %s; nothing to do", out_dir, source.checkpoint)
             return out_dir
-        if not cfg.overwrite:
-            raise DataError("the output folder exists and is not empty: choose another, or pass --overwrite",
-                            file=str(out_dir))
+        check_output_dir(out_dir, sources=sources, marker=MANIFEST, overwrite=cfg.overwrite)
     model, tokenizer = _load(source, cfg.dtype)
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     manifest = Manifest(call_format=fmt, training_names=names, eval_names=eval_names_for(names), algo=algo,
@@ -483,13 +480,13 @@ def export(path: str | Path, out_dir: str | Path, cfg: ExportConfig | None = Non
                         step=source.step, finished=source.finished, lora_merged=source.is_adapter, dtype=dtype,
                         created=time.strftime("%Y-%m-%dT%H:%M:%S"))
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
+    tmp = make_temp_dir(out_dir.parent, f".{out_dir.name}.tmp-")
     try:
         model.save_pretrained(str(tmp), max_shard_size=cfg.max_shard_size)
         tokenizer.save_pretrained(str(tmp))
-        (tmp / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=2) + "\n")
-        (tmp / "README.md").write_text(model_card(manifest, source.train_config, run_summary, eval_dirs,
-                                                  out_dir.name))
+        write_json_atomic(tmp / MANIFEST, manifest.to_json())
+        write_text_atomic(tmp / "README.md", model_card(manifest, source.train_config, run_summary, eval_dirs,
+                                                        out_dir.name))
         if out_dir.exists():
             old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
             out_dir.rename(old)

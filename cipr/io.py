@@ -110,13 +110,8 @@ def check_output_file(out: str | Path, *, inputs: Iterable[str | Path] = (), ove
     return path
 
 
-def check_output_dir(out: str | Path, *, sources: Iterable[str | Path] = (), marker: str,
-                     overwrite: bool = False, option: str = "OUT_DIR") -> Path:
-    """The resolved output folder, or UnsafeOutputError (module docstring).
-
-    A source, or a folder holding one, is never a target, `overwrite` or not. An existing non-empty
-    folder is refused unless `overwrite` is given and the folder carries `marker`.
-    """
+def check_not_source(out: str | Path, *, sources: Iterable[str | Path] = (), option: str = "OUT_DIR") -> Path:
+    """The resolved output folder; UnsafeOutputError when it is a file, a source, or holds a source."""
     path = _resolved(out)
     if path.exists() and not path.is_dir():
         raise UnsafeOutputError(f"{option} {out} is a file, not a folder")
@@ -125,6 +120,17 @@ def check_output_dir(out: str | Path, *, sources: Iterable[str | Path] = (), mar
             what = "is" if _resolved(source) == path else "holds"
             raise UnsafeOutputError(f"{option} {out} {what} the source {source}: writing there would destroy it; "
                                     f"choose another output folder")
+    return path
+
+
+def check_output_dir(out: str | Path, *, sources: Iterable[str | Path] = (), marker: str,
+                     overwrite: bool = False, option: str = "OUT_DIR") -> Path:
+    """The resolved output folder, or UnsafeOutputError (module docstring).
+
+    A source, or a folder holding one, is never a target, `overwrite` or not. An existing non-empty
+    folder is refused unless `overwrite` is given and the folder carries `marker`.
+    """
+    path = check_not_source(out, sources=sources, option=option)
     if path.is_dir() and any(path.iterdir()):
         if not overwrite:
             raise UnsafeOutputError(f"{option} {out} exists and is not empty: choose another, or pass --overwrite")

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from cipr.errors import DataError
+from cipr.errors import DataError, UnsafeOutputError
 from cipr.export import MANIFEST, ExportConfig, apply_manifest, eval_names_for, export, locate, read_manifest
 
 
@@ -111,7 +111,7 @@ def test_plain_model_folder_round_trip_and_idempotent_reexport(tmp_path):
     export(folder, out, ExportConfig(call_format="toolrl", names="original"))  # same source: nothing to do
     assert (out / "model.safetensors").stat().st_mtime_ns == stamp
     other = save_tiny(tmp_path / "other", seed=1)
-    with pytest.raises(DataError, match="--overwrite"):
+    with pytest.raises(UnsafeOutputError, match="--overwrite"):
         export(other, out, ExportConfig(call_format="toolrl", names="original"))
 
 
@@ -183,6 +183,35 @@ def test_cli_exports_in_the_asked_dtype_and_reports_bad_input(tmp_path, capsys):
                  "--dtype", "bfloat16"]) == 0
     assert next(AutoModelForCausalLM.from_pretrained(str(tmp_path / "exp")).parameters()).dtype == torch.bfloat16
     assert read_manifest(tmp_path / "exp").dtype == "bfloat16"
-    assert main([str(tmp_path / "missing"), str(tmp_path / "exp2")]) == 2
-    assert "not a folder" in capsys.readouterr().err
-    assert main([str(folder), str(tmp_path / "exp3"), "--format", "nope", "--names", "original"]) == 2
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path / "missing"), str(tmp_path / "exp2")])
+    assert exit_info.value.code == 2 and "not a folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(folder), str(tmp_path / "exp3"), "--format", "nope", "--names", "original"])
+    assert exit_info.value.code == 2 and "unknown call format" in capsys.readouterr().err
+
+
+def test_export_never_replaces_its_source_or_a_folder_it_did_not_write(tmp_path):
+    import os
+    import stat
+
+    from cipr.testing import save_tiny
+
+    folder = save_tiny(tmp_path / "plain")
+    options = ExportConfig(call_format="toolrl", names="original", overwrite=True)
+    for target in (folder, tmp_path):  # the source itself, and a folder holding it
+        with pytest.raises(UnsafeOutputError, match="source"):
+            export(folder, target, options)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    with pytest.raises(UnsafeOutputError, match="holds no cipr_manifest.json"):
+        export(folder, mine, options)
+    assert (mine / "notes.txt").read_text() == "keep" and (folder / "config.json").is_file()
+    old = os.umask(0o022)
+    try:
+        out = export(folder, tmp_path / "exp", options)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    assert stat.S_IMODE((out / MANIFEST).stat().st_mode) == 0o644

@@ -24,7 +24,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from cipr.errors import DataError
+from cipr.errors import cli_errors
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,8 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tool naming in training, for a folder outside any cipr-train run")
     p.add_argument("--eval", dest="eval_dirs", action="append", default=[],
                    help="a cipr-eval output folder to summarize in the model card (repeatable)")
-    p.add_argument("--overwrite", action="store_true", help="replace a different export already in OUT_DIR")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a different export already in OUT_DIR (only a folder cipr-export wrote; never "
+                        "the source or a folder holding it)")
     p.add_argument("--max-shard-size", default="5GB", help="safetensors shard size (default 5GB)")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     return p
 
 
@@ -54,11 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     cfg = ExportConfig(stage=args.stage, dtype=args.dtype, call_format=args.call_format, names=args.names,
                        eval_dirs=tuple(args.eval_dirs), overwrite=args.overwrite, max_shard_size=args.max_shard_size)
-    try:
+    with cli_errors("cipr-export", debug=args.debug or None):
         out = export(args.source, args.out_dir, cfg)
-    except (DataError, ValueError) as e:
-        print(f"cipr-export: {e}", file=sys.stderr)
-        return 2
     print(f"cipr-export: {out} (load with from_pretrained or `vllm serve`; evaluate with cipr-eval model={out})")
     return 0
 
