@@ -13,8 +13,18 @@ from perturb_examples import examples, parallel_example, weather_example
 from cipr.canonical import canonicalize
 from cipr.interface import Call, Example
 from cipr.perturb import TrainingPerturbationConfig, in_distribution, perturb_for_training
+from cipr.perturb.cost_latency import (
+    EXPLICIT_REQUESTS,
+    IMPLICIT_REQUESTS,
+    KINDS,
+    STYLES,
+    VERSIONS,
+    CostLatencySpec,
+    annotate,
+    draw_values,
+)
 from cipr.perturb.pool import UNRELATED_ARGUMENTS
-from cipr.perturb.training import DEGRADED_WORDINGS, VARIANTS
+from cipr.perturb.training import COST_WORDINGS, DEGRADED_WORDINGS, VARIANTS
 from cipr.scoring.bfcl import score_bfcl
 
 ID = re.compile(r"function_\d{2,}$")
@@ -133,6 +143,8 @@ def test_config_validation() -> None:
         TrainingPerturbationConfig(relabel="alphabetic")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         TrainingPerturbationConfig(wordings=())
+    with pytest.raises(ValueError):
+        TrainingPerturbationConfig(twin_wordings="cost")  # type: ignore[arg-type]
 
 
 def test_deterministic_per_seed_and_item() -> None:
@@ -177,3 +189,117 @@ def test_property_random_interfaces(ex: Example, seed: int, variant: str) -> Non
     wrong = tuple(Call(c.name, dict(c.arguments)) for c in canon.reference)
     if all(c.name not in p.interface.names for c in wrong):
         assert not score_bfcl(wrong, p).correct
+
+
+# -- twins never carry the held-out cost or latency cue ------------------------------------------------
+
+COST_WORDS = ("cost", "price", "expensive", "cheap", "$")
+TIME_WORDS = ("latency", "millisecond", "second", "responds", " ms")
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"\$|[a-z]+|\d+(?:\.\d+)?", text.lower())
+
+
+def _spans(text: str, n: int = 4) -> set[tuple[str, ...]]:
+    w = _words(text)
+    return {tuple(w[i:i + n]) for i in range(len(w) - n + 1)}
+
+
+def held_out_templates() -> list[str]:
+    """Every text the held-out cost/latency types write: annotations of each kind and style at every value
+    `draw_values` can draw, and the explicit and implicit query requests."""
+    import random
+
+    texts: set[str] = set()
+    for kind in KINDS:
+        values = {v for seed in range(400) for v in draw_values(kind, random.Random(seed))}
+        for style in STYLES:
+            for version in VERSIONS:
+                spec = CostLatencySpec(kind, style, version)
+                texts.update(annotate("", spec, v) for v in values)
+        texts.update(EXPLICIT_REQUESTS[kind])
+    texts.update(IMPLICIT_REQUESTS)
+    return sorted(texts)
+
+
+HELD_OUT_SPANS = set().union(*(_spans(t) for t in held_out_templates()))
+
+
+def _leaks(text: str) -> list[str]:
+    """What in `text` repeats the held-out cue: a cost word, or a 4-word span of a held-out template."""
+    low = text.lower()
+    found = [w for w in COST_WORDS if w in low]
+    found += [" ".join(s) for s in _spans(text) & HELD_OUT_SPANS]
+    return found
+
+
+def test_held_out_templates_are_enumerated() -> None:
+    texts = held_out_templates()
+    assert any(t.startswith("[Cost: $") for t in texts) and any(t.startswith("[Latency: ") for t in texts)
+    assert any("costs about $" in t for t in texts) and any("responds in about" in t for t in texts)
+    assert any("seconds" in t for t in texts) and any("milliseconds" in t for t in texts)
+    assert len(HELD_OUT_SPANS) > 50
+    # the check bites: each cost wording of the ablation pool is caught
+    assert all(_leaks(w) for w in COST_WORDINGS)
+
+
+def test_default_wordings_share_no_cue_with_the_held_out_templates() -> None:
+    for wording in DEGRADED_WORDINGS:
+        assert not _leaks(wording), wording
+        assert not any(w in wording.lower() for w in TIME_WORDS), wording
+        assert not re.search(r"\d", wording), wording
+    pool = TrainingPerturbationConfig().wording_pool
+    assert pool == DEGRADED_WORDINGS and not set(pool) & set(COST_WORDINGS)
+
+
+def test_cost_wordings_only_behind_the_ablation_switch() -> None:
+    cfg = TrainingPerturbationConfig.preset("full", twin_wordings="with_cost")
+    assert set(COST_WORDINGS) <= set(cfg.wording_pool) and set(DEGRADED_WORDINGS) <= set(cfg.wording_pool)
+    ex = _canon(parallel_example())
+    p, _ = perturb_for_training(ex, cfg, seed=0)
+    assert p.meta["perturbation"]["variant"] == "full" and p.meta["perturbation"]["twin_wordings"] == "with_cost"
+    assert perturb_for_training(ex, seed=0)[0].meta["perturbation"]["twin_wordings"] == "default"
+    costly = 0
+    for seed in range(40):
+        p, corr = perturb_for_training(ex, TrainingPerturbationConfig(schema_twin_prob=0.0, twin_wordings="with_cost"),
+                                       seed=seed)
+        costly += sum(any(w in t.description for w in COST_WORDINGS) for i, t in enumerate(p.interface)
+                      if corr.is_added(i))
+    assert costly > 0
+
+
+def _added_text(p: Example, corr, i: int) -> str:
+    """What twin i adds to the tool it degrades: description words and swapped argument descriptions."""
+    twin = p.interface[i]
+    (j,) = corr.written_for(corr.twin_of[i])
+    original = p.interface[j]
+    assert original.description.strip() in twin.description
+    added = twin.description.replace(original.description.strip(), "", 1)
+    before = {json.dumps(s, sort_keys=True) for s in original.properties.values()}
+    swapped = [s for s in twin.properties.values() if json.dumps(s, sort_keys=True) not in before]
+    return " ".join([added] + [str(s.get("description", "")) for s in swapped])
+
+
+def test_bfcl_twins_carry_no_held_out_cue(shared_data) -> None:
+    """Every twin of every BFCL item (three seeds) adds a default wording or a schema swap, never the cue."""
+    from cipr.data.bfcl import load_bfcl
+
+    items = load_bfcl(shared_data)
+    assert len(items) == 2501
+    twins = described = 0
+    for seed in (0, 5, 11):
+        for ex in items:
+            p, corr = in_distribution(ex, seed=seed)
+            for i in range(len(p.interface)):
+                if not corr.is_added(i):
+                    continue
+                twins += 1
+                added = _added_text(p, corr, i)
+                assert not _leaks(added), (ex.id, seed, added)
+                (j,) = corr.written_for(corr.twin_of[i])
+                wording = p.interface[i].description.replace(p.interface[j].description.strip(), "", 1).strip()
+                if wording:
+                    described += 1
+                    assert wording in DEGRADED_WORDINGS, (ex.id, wording)
+    assert twins > 3 * 6000 and described > twins // 3

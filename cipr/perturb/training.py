@@ -4,7 +4,7 @@ Applied to the canonical example (`cipr.canonical.canonicalize` first); the Corr
 names the canonical tools it was given. Steps, in the paper's order:
 1. Twin expansion: every tool gets a degraded twin, either a *description twin* (the description
    states it is worse: a wording drawn from `DEGRADED_WORDINGS`, put before or after the original
-   text) or a *schema twin* (one argument the task needs is replaced by an unrelated one from
+   text: deprecated, unmaintained, less accurate or slower, never costlier; see below) or a *schema twin* (one argument the task needs is replaced by an unrelated one from
    `UNRELATED_ARGUMENTS`: the argument a reference call passes, for a called tool; a required
    argument, else any, for the others). A tool without arguments always gets a description twin.
    The originals, their descriptions and the query are unchanged.
@@ -21,6 +21,15 @@ Ablation variants (paper Table 2 / Table 9) via `TrainingPerturbationConfig.pres
 - `single_near_duplicate`: one degraded twin of one called tool (a random tool when nothing is
   called), placed right after it; relabel; no reordering. Placing it after its original reproduces
   the position cue the paper reports for this ablation (the correct tool always comes first).
+
+Twin wordings. The paper keeps cost and latency as the held-out cues "least like anything seen in
+training" and says preferring a cheaper or faster tool "is never rewarded during training"; its twins
+are "for example deprecated or slower". So the default pool (`twin_wordings="default"`) states no
+cost, price or amount, names no unit of time, and shares no four-word span with any held-out cost
+or latency template (`cost_latency.annotate` in every style, and the query requests); a test checks
+this against the templates and against the twins generated for every BFCL item. The cost wordings
+(`COST_WORDINGS`) enter the pool only under the ablation switch `twin_wordings="with_cost"`, which
+the perturbation metadata and the training run's summary.json name.
 
 Choices the paper leaves open: the wording pool, the twin-kind probability (`schema_twin_prob`, 0.5),
 whether argument ids are renumbered (yes), and the id space (99, or n when there are more tools).
@@ -40,14 +49,24 @@ from cipr.perturb.pool import UNRELATED_ARGUMENTS
 
 DEGRADED_WORDINGS: tuple[str, ...] = (
     "Deprecated: this version will be removed soon and may return outdated results.",
-    "This version is slower than the current one.",
-    "This version is more expensive to call than the current one.",
-    "This version is less accurate and may return approximate results.",
     "Legacy endpoint kept only for backward compatibility; prefer the maintained version.",
-    "Responses from this version are often delayed by several seconds.",
-    "Each call to this version costs more than the standard one.",
+    "No longer maintained: known bugs in this version will not be fixed.",
+    "This version is unmaintained and may fail on inputs the current one handles.",
+    "This version is less accurate and may return approximate results.",
     "This version is known to return lower-quality results.",
+    "This version is slower than the current one.",
+    "This version takes noticeably longer to finish than the maintained one.",
 )
+"""Default twin wordings: deprecated, unmaintained, less accurate, slower (two each); no cost cue."""
+
+COST_WORDINGS: tuple[str, ...] = (
+    "This version is more expensive to call than the current one.",
+    "Each call to this version costs more than the standard one.",
+)
+"""Cost wordings, added to the pool only by the ablation switch `twin_wordings="with_cost"`."""
+
+TwinWordings = Literal["default", "with_cost"]
+TWIN_WORDINGS: tuple[str, ...] = ("default", "with_cost")
 
 Variant = Literal["full", "reorder_only", "twins_only", "single_near_duplicate"]
 VARIANTS: tuple[str, ...] = ("full", "reorder_only", "twins_only", "single_near_duplicate")
@@ -63,6 +82,7 @@ class TrainingPerturbationConfig:
     relabel: Literal["random", "positional"] = "random"
     schema_twin_prob: float = 0.5
     wordings: tuple[str, ...] = DEGRADED_WORDINGS
+    twin_wordings: TwinWordings = "default"
     id_space: int = 99
 
     def __post_init__(self) -> None:
@@ -74,18 +94,26 @@ class TrainingPerturbationConfig:
             raise ValueError(f"schema_twin_prob must be in [0, 1], got {self.schema_twin_prob}")
         if not self.wordings:
             raise ValueError("wordings must not be empty")
+        if self.twin_wordings not in TWIN_WORDINGS:
+            raise ValueError(f"twin_wordings must be default or with_cost, got {self.twin_wordings!r}")
+
+    @property
+    def wording_pool(self) -> tuple[str, ...]:
+        """The wordings description twins draw from: `wordings`, plus `COST_WORDINGS` under `with_cost`."""
+        return self.wordings + (COST_WORDINGS if self.twin_wordings == "with_cost" else ())
 
     @classmethod
-    def preset(cls, variant: str) -> TrainingPerturbationConfig:
-        """The configuration of one ablation variant: full, reorder_only, twins_only, single_near_duplicate."""
+    def preset(cls, variant: str, twin_wordings: TwinWordings = "default") -> TrainingPerturbationConfig:
+        """The configuration of one ablation variant (full, reorder_only, twins_only, single_near_duplicate),
+        with the default twin wordings or, for the cost ablation, `twin_wordings="with_cost"`."""
         if variant == "full":
-            return cls()
+            return cls(twin_wordings=twin_wordings)
         if variant == "reorder_only":
-            return cls(twins="none")
+            return cls(twins="none", twin_wordings=twin_wordings)
         if variant == "twins_only":
-            return cls(reorder_tools=False, reorder_arguments=False)
+            return cls(reorder_tools=False, reorder_arguments=False, twin_wordings=twin_wordings)
         if variant == "single_near_duplicate":
-            return cls(twins="single", reorder_tools=False, reorder_arguments=False)
+            return cls(twins="single", reorder_tools=False, reorder_arguments=False, twin_wordings=twin_wordings)
         raise ValueError(f"unknown training variant {variant!r}; choose one of {', '.join(VARIANTS)}")
 
 
@@ -105,7 +133,7 @@ def degraded_twin(tool: Tool, needed: list[str], rng: random.Random,
         params = dict(tool.parameters)
         params["properties"] = new_props
         return Tool(tool.name, tool.description, params), "schema"
-    wording = rng.choice(config.wordings)
+    wording = rng.choice(config.wording_pool)
     desc = tool.description.strip()
     text = f"{wording} {desc}" if rng.random() < 0.5 else f"{desc} {wording}"
     return Tool(tool.name, text.strip(), tool.parameters), "description"
@@ -170,7 +198,8 @@ def perturb_for_training(example: Example, config: TrainingPerturbationConfig | 
     _add_twins(draft, rng, config)
     _relabel_and_reorder(draft, rng, config)
     return draft.finish(names="original", perturbation="in_distribution",
-                        meta={"seed": seed, "variant": _variant_name(config), "names": "fresh_ids"})
+                        meta={"seed": seed, "variant": _variant_name(config), "names": "fresh_ids",
+                              "twin_wordings": config.twin_wordings})
 
 
 def in_distribution(example: Example, *, seed: int,
@@ -184,6 +213,6 @@ def in_distribution(example: Example, *, seed: int,
 
 def _variant_name(config: TrainingPerturbationConfig) -> str:
     for v in VARIANTS:
-        if TrainingPerturbationConfig.preset(v) == config:
+        if TrainingPerturbationConfig.preset(v, config.twin_wordings) == config:
             return v
     return "custom"

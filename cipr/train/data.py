@@ -10,11 +10,12 @@ and digits), drawn per example from (seed, example id), applied to the query and
 canonicalization is; used in training only.
 
 With `algo.perturbed`, every canonical example is followed by its perturbed copy
-(`cipr.perturb.training.perturb_for_training`: twins, relabeling, reordering), and the two rows share
-a `pair_id`. Each row records the equivalence class of each declared tool: canonical tool i has
-class i; a perturbed tool has the class of the canonical tool it is equivalent to, and each added
-twin a class of its own after the n canonical ones (`num_actions` = n + twins), so the two sides'
-action distributions live on one index set.
+(`cipr.perturb.training.perturb_for_training`: twins, relabeling, reordering; `data.perturbation`
+picks the ablation variant and `data.twin_wordings` the twin wordings: `default`, never a cost cue,
+or the `with_cost` ablation), and the two rows share a `pair_id`. Each row records the equivalence
+class of each declared tool: canonical tool i has class i; a perturbed tool has the class of the
+canonical tool it is equivalent to, and each added twin a class of its own after the n canonical ones
+(`num_actions` = n + twins), so the two sides' action distributions live on one index set.
 
 Choices:
 - A held-out slice (`eval_examples`, drawn with the data seed) is kept out of training; the run
@@ -57,6 +58,7 @@ class DataConfig:
     tools_per_example: tuple[int, ...] = (2, 5)
     eval_examples: int = 8
     perturbation: Literal["full", "reorder_only", "twins_only", "single_near_duplicate"] = "full"
+    twin_wordings: Literal["default", "with_cost"] = "default"
     rewrite_text: Literal["identifiers", "all", "none"] = "identifiers"
     mask_length: int = 8
     sft_think: Literal["placeholder", "example"] = "placeholder"
@@ -189,10 +191,10 @@ def mask_example(example: Example, *, seed: int, length: int = 8,
     return apply_name_map(example, Interface(tuple(tools)), nmap, rewrite), nmap
 
 
-def _perturbation_config(preset: str) -> Any:
+def _perturbation_config(preset: str, twin_wordings: str) -> Any:
     from cipr.perturb.training import TrainingPerturbationConfig
 
-    return TrainingPerturbationConfig.preset(preset)
+    return TrainingPerturbationConfig.preset(preset, twin_wordings)
 
 
 def _record(row: int, pair_id: int, side: Side, example: Example, fmt: CallFormat, tokenizer: Any,
@@ -213,7 +215,7 @@ def build_prompts(examples: Sequence[Example], cfg: DataConfig, *, names: str, p
     order = list(range(len(examples)))
     random.Random(f"{cfg.seed}\x1fheld-out").shuffle(order)
     held_out = set(order[:cfg.eval_examples])
-    perturb_cfg = _perturbation_config(cfg.perturbation) if perturbed else None
+    perturb_cfg = _perturbation_config(cfg.perturbation, cfg.twin_wordings) if perturbed else None
     train: list[PromptRecord] = []
     evals: list[PromptRecord] = []
     for index, source in enumerate(examples):
