@@ -1,0 +1,158 @@
+"""`cipr-serve key=value ...`: the adapter (and optionally the guard) as an OpenAI-compatible endpoint.
+
+One CPU (the embedded SmolLM2-135M in this process; clients use http://127.0.0.1:8000/v1):
+    cipr-serve backend=embedded names=canonical port=8000 threads=1
+In front of any OpenAI-compatible server (e.g. vLLM, CPU build or GPU), with the guard and its audit log:
+    python -m vllm.entrypoints.openai.api_server --model exports/q3b_cipr --port 8001 &
+    cipr-serve backend=http://127.0.0.1:8001/v1 names=canonical guard=repair audit=runs/audit.jsonl port=8000
+One GPU: the same two lines (vLLM on the GPU), or `backend=exports/q3b_cipr device=cuda` (HF in process).
+Several GPUs: one vLLM server with `--tensor-parallel-size N` behind one cipr-serve.
+Slurm: run both lines inside one job step (`srun --gres=gpu:1 bash -c '... & cipr-serve ...'`); clients on
+    other nodes need host=0.0.0.0 and the node's name in their URL.
+
+Both arms of a comparison from one server: `/original/v1` forwards names unchanged, `/canonical/v1`
+canonicalizes; `/v1` uses `names=`. Options (defaults in `ServeCommand`): backend, names, guard
+(off|none|naive_retry|tool_list|repair), guard_budget, audit, rewrite_text, host, port (0: a free
+port, written to port_file), model_name, call_format, max_new_tokens, device, dtype, threads,
+api_key_env, timeout_s. Streaming is not supported (400). Stop the server with SIGINT or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from cipr.errors import ConfigError, cli_errors
+
+
+@dataclass
+class ServeCommand:
+    """The command's options (see the module docstring)."""
+
+    backend: str = "embedded"
+    names: str = "canonical"
+    guard: str = "off"
+    guard_budget: int = 512
+    audit: str | None = None
+    rewrite_text: str = "identifiers"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    port_file: str | None = None
+    model_name: str | None = None
+    call_format: str = "hermes"
+    max_new_tokens: int = 512
+    device: str = "cpu"
+    dtype: str = "float32"
+    threads: int | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout_s: float = 600.0
+
+
+def parse_args(argv: Sequence[str]) -> ServeCommand:
+    """`key=value` arguments into a ServeCommand (ConfigError for an unknown key or a bad value)."""
+    types = {f.name: f.type for f in fields(ServeCommand)}
+    values: dict[str, Any] = {}
+    for arg in argv:
+        if arg == "--debug":
+            continue
+        key, sep, value = arg.partition("=")
+        if not sep or key not in types:
+            raise ConfigError(f"unknown option {arg!r}; options are key=value with key one of {', '.join(types)}")
+        kind = str(types[key])
+        if value in ("null", "None") and "None" in kind:
+            values[key] = None
+        elif kind.startswith("int"):
+            try:
+                values[key] = int(value)
+            except ValueError as e:
+                raise ConfigError(f"{key}={value!r}: expected an integer") from e
+        elif kind.startswith("float"):
+            try:
+                values[key] = float(value)
+            except ValueError as e:
+                raise ConfigError(f"{key}={value!r}: expected a number") from e
+        else:
+            values[key] = value
+    return ServeCommand(**values)
+
+
+def load_hf(source: str, device: str, dtype: str) -> tuple[Any, Any, str]:
+    """(model, tokenizer, served name) for `embedded` or a local model folder; nothing from a hub."""
+    import torch
+
+    from cipr.eval.evaluate import prepare_tokenizer
+
+    torch_dtype = getattr(torch, dtype)
+    if source == "embedded":
+        from cipr.embedded import load_embedded
+
+        model, tokenizer = load_embedded(dtype=torch_dtype)
+        name = "embedded"
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = Path(source).expanduser()
+        if not path.is_dir():
+            raise ConfigError(f"backend={source!r}: expected embedded, an http(s):// URL or a model folder")
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype)
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        name = path.name
+    model.to(device)
+    model.eval()
+    return model, prepare_tokenizer(tokenizer), name
+
+
+def build_backend(cmd: ServeCommand) -> Any:
+    """The chat backend `cmd.backend` names."""
+    from cipr.serve.backends import HFChatBackend, OpenAIChatBackend
+
+    if cmd.backend.startswith(("http://", "https://")):
+        return OpenAIChatBackend(cmd.backend, model_name=cmd.model_name, api_key_env=cmd.api_key_env,
+                                 timeout_s=cmd.timeout_s)
+    if cmd.threads:
+        import torch
+
+        torch.set_num_threads(cmd.threads)
+    model, tokenizer, name = load_hf(cmd.backend, cmd.device, cmd.dtype)
+    return HFChatBackend(model, tokenizer, call_format=cmd.call_format, model_name=cmd.model_name or name,
+                         max_new_tokens=cmd.max_new_tokens)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`cipr-serve` entry point."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help", "help") for a in argv):
+        print(__doc__)
+        return
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    with cli_errors("cipr-serve"):
+        from cipr.serve import ChatService, ServeConfig, start, stop
+
+        cmd = parse_args(argv)
+        config = ServeConfig(names=cmd.names, guard=cmd.guard, guard_budget=cmd.guard_budget, audit=cmd.audit,
+                             rewrite_text=cmd.rewrite_text)  # type: ignore[arg-type]
+        service = ChatService(build_backend(cmd), config)
+        server, thread = start(service, cmd.host, cmd.port)
+        if cmd.port_file:
+            Path(cmd.port_file).write_text(f"{server.server_address[1]}\n")
+        print(f"cipr-serve: {server.url}/v1 (names={cmd.names}), {server.url}/original/v1, "
+              f"{server.url}/canonical/v1; backend={cmd.backend}, guard={cmd.guard}", flush=True)
+        done = {"stop": False}
+
+        def _stop(signum: int, frame: Any) -> None:
+            done["stop"] = True
+
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+        while not done["stop"] and thread.is_alive():
+            thread.join(0.5)
+        stop(server, thread)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""What cipr-serve forwards to: an OpenAI-compatible URL, or a transformers model in the same process.
+
+A backend takes a chat-completions request body (already under the names the model should see)
+and returns a `chat.completion` object whose first choice holds the assistant message with native
+`tool_calls`. Backends hold no per-request state, so one instance serves concurrent requests:
+
+- `OpenAIChatBackend`: POSTs the body to `<base_url>/chat/completions` (a vLLM server, a hosted
+  API; key from the environment variable `api_key_env`). `model_name` replaces the client's model
+  name when set. A transport failure or an upstream 5xx becomes a 502 for the client, an upstream
+  4xx keeps its status; the upstream message is quoted.
+- `HFChatBackend`: renders the conversation with a `cipr.formats` call format (Hermes by default:
+  tools in the prompt, so models without a tool-aware template such as the embedded SmolLM2 work),
+  generates greedily through `cipr.guard.HFBackend` (which also forces `tool_choice` by
+  prefilling), and parses the calls back into `tool_calls`. Generation is serialized by a lock:
+  one model, one forward at a time; requests still run their own translation concurrently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from cipr.interface import Call, Message
+from cipr.serve.protocol import ApiError, completion, tool_choice_name
+
+
+class ChatBackend(Protocol):
+    """A chat-completions backend (see the module docstring)."""
+
+    name: str
+
+    def models(self) -> list[str]: ...
+
+    def complete(self, body: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def wire_call(call: Call, call_id: str | None = None) -> dict[str, Any]:
+    """A Call as an OpenAI `tool_calls` entry (arguments as a JSON string)."""
+    args = call.arguments
+    text = json.dumps(dict(args) if isinstance(args, Mapping) else args, ensure_ascii=False)
+    return {"id": call_id or new_call_id(), "type": "function", "function": {"name": call.name, "arguments": text}}
+
+
+@dataclass
+class OpenAIChatBackend:
+    """Forwards to an OpenAI-compatible endpoint (see the module docstring)."""
+
+    base_url: str
+    model_name: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout_s: float = 600.0
+    name: str = "openai"
+
+    def __post_init__(self) -> None:
+        import httpx
+
+        key = os.environ.get(self.api_key_env, "")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._httpx = httpx
+        self._client = httpx.Client(base_url=self.base_url.rstrip("/") + "/", headers=headers, timeout=self.timeout_s)
+
+    def models(self) -> list[str]:
+        if self.model_name:
+            return [self.model_name]
+        try:
+            r = self._client.get("models")
+            r.raise_for_status()
+            return [m["id"] for m in r.json().get("data", [])]
+        except (self._httpx.HTTPError, ValueError, KeyError) as e:
+            raise ApiError(502, f"backend {self.base_url} did not list its models: {e}", type="upstream_error",
+                           code="backend_unavailable") from e
+
+    def complete(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        payload = dict(body)
+        if self.model_name:
+            payload["model"] = self.model_name
+        try:
+            r = self._client.post("chat/completions", json=payload)
+        except self._httpx.HTTPError as e:
+            raise ApiError(502, f"backend {self.base_url} unreachable: {type(e).__name__}: {e}",
+                           type="upstream_error", code="backend_unavailable") from e
+        if r.status_code != 200:
+            try:
+                detail = r.json().get("error", {}).get("message") or r.text
+            except ValueError:
+                detail = r.text
+            status = 502 if r.status_code >= 500 else r.status_code
+            raise ApiError(status, f"backend {self.base_url} answered HTTP {r.status_code}: {str(detail)[:500]}",
+                           type="upstream_error", code="backend_error")
+        try:
+            data = r.json()
+            data["choices"][0]["message"]
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            raise ApiError(502, f"backend {self.base_url} sent a malformed completion: {e}", type="upstream_error",
+                           code="backend_error") from e
+        return data
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, Mapping) and p.get("type") == "text")
+    return content or ""
+
+
+def to_messages(messages: Sequence[Mapping[str, Any]]) -> list[Message]:
+    """OpenAI chat messages as `cipr.interface.Message`s (a tool result gets the name of the call it answers)."""
+    names: dict[str, str] = {}
+    out: list[Message] = []
+    for m in messages:
+        role = "system" if m["role"] == "developer" else m["role"]
+        calls = []
+        for tc in m.get("tool_calls") or ():
+            fn = tc.get("function", {})
+            try:
+                args = json.loads(fn.get("arguments") or "{}")
+            except json.JSONDecodeError:
+                args = {}
+            calls.append(Call(fn.get("name", ""), args if isinstance(args, dict) else {}))
+            if tc.get("id"):
+                names[tc["id"]] = fn.get("name", "")
+        name = m.get("name") if role == "tool" else None
+        if role == "tool" and name is None:
+            name = names.get(m.get("tool_call_id", ""))
+        out.append(Message(role, _text(m.get("content")), tuple(calls), name))
+    return out
+
+
+class HFChatBackend:
+    """A transformers model behind the chat API (see the module docstring)."""
+
+    name = "hf"
+
+    def __init__(self, model: Any, tokenizer: Any, *, call_format: str = "hermes", model_name: str = "embedded",
+                 max_new_tokens: int = 512) -> None:
+        from cipr.formats import get_format
+        from cipr.guard.backend import HFBackend
+
+        self.format = get_format(call_format)
+        self.generator = HFBackend(model, tokenizer, self.format)
+        self.tokenizer = tokenizer
+        self.model_name, self.max_new_tokens = model_name, max_new_tokens
+        self.max_length = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        self._lock = threading.Lock()
+
+    def models(self) -> list[str]:
+        return [self.model_name]
+
+    def complete(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        choice = body.get("tool_choice")
+        tools = None if choice == "none" else body.get("tools")
+        forced = tool_choice_name(choice) or ("required" if choice == "required" else None)
+        limit = body.get("max_completion_tokens") or body.get("max_tokens") or self.max_new_tokens
+        messages = to_messages(body["messages"])
+        prompt = self.generator.render(messages, tools)
+        n_prompt = len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        if self.max_length and n_prompt >= self.max_length:
+            raise ApiError(400, f"the prompt has {n_prompt} tokens; the model's context is {self.max_length}",
+                           param="messages", code="context_length_exceeded")
+        limit = min(int(limit), self.max_new_tokens, (self.max_length or 1 << 30) - n_prompt)
+        with self._lock:
+            text, usage = self.generator.generate(messages, tools=tools, tool_choice=forced, max_tokens=limit)
+        parsed = self.format.parse(text)
+        if parsed.calls:
+            message = {"role": "assistant", "content": parsed.response,
+                       "tool_calls": [wire_call(c) for c in parsed.calls]}
+            finish = "tool_calls"
+        else:
+            message = {"role": "assistant", "content": parsed.response if parsed.ok else text}
+            finish = "length" if usage.completion_tokens >= limit else "stop"
+        return completion(self.model_name, message, finish_reason=finish, usage=usage.to_json(),
+                          extra={"cipr_raw": text} if not parsed.ok else None)

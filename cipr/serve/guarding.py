@@ -1,0 +1,99 @@
+"""The guard on served tool calls: `cipr.guard.Guard` over the tools of each request, with its audit log.
+
+The guard checks the calls in the namespace the model sees (canonical ids under the adapter, the
+client's names otherwise), against a contract snapshot of the request's tools: its repair and retry
+prompts then go to the same model with the same tools, and a call it lets through always translates
+back. Policies are the guard's own (`none` validates and blocks only; `naive_retry`, `tool_list`,
+`repair`); `off` skips the guard. One Guard is built per request (no state shared between requests
+except the audit log, which is thread-safe).
+
+`ChatGuardBackend` lets the guard call the served backend: its chat-completions reply is written
+as text the guard's parser reads (`<tool_call>` blocks of `{"name", "arguments"}` JSON after the
+message content); a forced `tool_choice` goes through as OpenAI's function object.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cipr.guard import AuditLog, ContractSnapshot, Guard, GuardOutcome, Usage
+from cipr.interface import Call
+from cipr.serve.backends import ChatBackend, wire_call
+from cipr.serve.conversation import _arguments
+
+GUARD_CHOICES = ("off", "none", "naive_retry", "tool_list", "repair")
+
+
+def reply_text(message: Mapping[str, Any]) -> str:
+    """An assistant message as text: its content, then one `<tool_call>` JSON block per call."""
+    parts = [message.get("content") or ""]
+    for tc in message.get("tool_calls") or ():
+        fn = tc.get("function", {})
+        args = _arguments(fn.get("arguments"))
+        parts.append("<tool_call>\n" + json.dumps({"name": fn.get("name", ""),
+                                                    "arguments": args if args is not None else fn.get("arguments")},
+                                                   ensure_ascii=False) + "\n</tool_call>")
+    return "\n".join(p for p in parts if p)
+
+
+@dataclass
+class ChatGuardBackend:
+    """The guard's `Backend` protocol over a chat backend; `base` holds the request's other fields (model, ...)."""
+
+    backend: ChatBackend
+    base: Mapping[str, Any]
+    supports_forced_tool_choice: bool = True
+
+    def generate(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None,
+                 tool_choice: str | None = None, max_tokens: int = 512) -> tuple[str, Usage]:
+        body: dict[str, Any] = {**self.base, "messages": [dict(m) for m in messages], "max_tokens": max_tokens}
+        body.pop("max_completion_tokens", None)
+        if tools:
+            body["tools"] = [dict(t) for t in tools]
+        if tool_choice in ("auto", "none", "required"):
+            body["tool_choice"] = tool_choice
+        elif tool_choice:
+            body["tool_choice"] = {"type": "function", "function": {"name": tool_choice}}
+        data = self.backend.complete(body)
+        usage = data.get("usage") or {}
+        return reply_text(data["choices"][0]["message"]), Usage(int(usage.get("prompt_tokens") or 0),
+                                                                 int(usage.get("completion_tokens") or 0))
+
+
+def proposed_calls(message: Mapping[str, Any]) -> list[Call]:
+    """The message's tool calls as Calls (arguments that are not a JSON object are kept as they are)."""
+    calls = []
+    for tc in message.get("tool_calls") or ():
+        fn = tc.get("function", {})
+        args = _arguments(fn.get("arguments"))
+        calls.append(Call(fn.get("name", ""), args if args is not None else fn.get("arguments")))
+    return calls
+
+
+def guard_turn(policy: str, body: Mapping[str, Any], message: Mapping[str, Any], backend: ChatBackend, *,
+               audit: AuditLog, budget: int, item_id: str | None = None) -> tuple[dict[str, Any], GuardOutcome]:
+    """Guard one assistant turn of a request `body` (in the model's namespace): the message with only
+    the calls the guard lets through, and the guard's outcome."""
+    snapshot = ContractSnapshot.from_openai(body.get("tools") or [], where="<request tools>")
+    base = {k: v for k, v in body.items() if k not in ("messages", "tools", "tool_choice")}
+    guard = Guard(snapshot, ChatGuardBackend(backend, base) if policy != "none" else None, policy=policy,
+                  budget=budget, audit=audit)
+    calls = proposed_calls(message)
+    outcome = guard.process(list(body["messages"]), calls, item_id=item_id)
+    ids = {c.key(): tc.get("id") for c, tc in zip(calls, message.get("tool_calls") or (), strict=True)}
+    out = dict(message)
+    out["tool_calls"] = [wire_call(c, ids.get(c.key())) for c in outcome.calls] or None
+    if out["tool_calls"] is None:
+        out.pop("tool_calls")
+    return out, outcome
+
+
+def guard_info(outcome: GuardOutcome, policy: str) -> dict[str, Any]:
+    """What the client is told about the guard's decision (the full record is in the audit log)."""
+    rec = outcome.record
+    return {"policy": policy, "status": outcome.status, "contract_version": rec.contract_version,
+            "refused": list(outcome.refused), "decisions": rec.decisions, "original_calls": rec.original_calls,
+            "final_calls": rec.final_calls, "tokens": rec.usage.to_json()}
