@@ -13,7 +13,10 @@ look-alike takes), `added_optional_parameter`, `became_optional`, `widened_type`
 Contract kinds: `removed_tool`, `removed_parameter` (both: a removed capability),
 `added_required_parameter`, `became_required`, `narrowed_type`, `changed_type`, `added_enum`,
 `removed_enum_values`, `replaced_enum_values`, `changed_constraint` (minimum, pattern,
-additionalProperties, ...), and `added_tool` (a tool unlike any existing one).
+additionalProperties, ...), `changed_reference` (a `$ref` or the definitions it points into changed:
+what the reference accepts is not compared, so any change blocks), `invalid_schema` (a new schema
+that cannot be a contract: a remote or dangling `$ref`, nesting beyond the limit, not a valid
+schema; see `cipr.guard.contract.schema_problem`), and `added_tool` (a tool unlike any existing one).
 
 Choices the spec leaves open:
 - Renames are found by matching, not by names: an old and a new tool that are both unmatched by
@@ -28,8 +31,11 @@ Choices the spec leaves open:
   effects as authorization changes, and a contract refresh never authorizes a tool by itself, so
   by default it is a contract change (`added_tool_is_contract=False` makes it drift).
 - Type comparison treats `integer` as a subset of `number` and a schema without `type` as any
-  value. Constraint keywords are compared for equality only (tightening and loosening are not
-  told apart, so any change blocks: a conservative gate).
+  value, except that a schema with a `$ref` is not read as "any value" (string → `$ref` is a
+  `changed_reference`, never a widened type). Constraint keywords, and the composition keywords
+  the diff does not model (`allOf`, `not`, `if`, `patternProperties`, ...), are compared for
+  equality only (tightening and loosening are not told apart, so any change blocks: a
+  conservative gate).
 """
 
 from __future__ import annotations
@@ -42,8 +48,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cipr.errors import DataError
-from cipr.guard.contract import contract_hash
+from cipr.errors import ConfigError, DataError
+from cipr.guard.contract import (
+    MAX_SCHEMA_DEPTH,
+    check_entries_depth,
+    contract_hash,
+    nesting_depth,
+    schema_problem,
+)
 from cipr.interface import Interface, Tool
 
 DRIFT, CONTRACT = "drift", "contract"
@@ -54,10 +66,14 @@ DRIFT_KINDS = frozenset({
 CONTRACT_KINDS = frozenset({
     "removed_tool", "removed_parameter", "added_required_parameter", "became_required", "narrowed_type",
     "changed_type", "added_enum", "removed_enum_values", "replaced_enum_values", "changed_constraint",
-    "added_tool"})
+    "changed_reference", "invalid_schema", "added_tool"})
 CONSTRAINT_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minLength",
                    "maxLength", "pattern", "format", "minItems", "maxItems", "uniqueItems", "const",
-                   "additionalProperties", "minProperties", "maxProperties")
+                   "additionalProperties", "minProperties", "maxProperties",
+                   "allOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
+                   "patternProperties", "propertyNames", "prefixItems", "contains", "minContains",
+                   "maxContains", "unevaluatedProperties", "unevaluatedItems")
+REFERENCE_KEYS = ("$ref", "$defs", "definitions", "$dynamicRef", "$anchor", "$dynamicAnchor", "$id")
 
 
 @dataclass(frozen=True)
@@ -67,6 +83,12 @@ class DiffConfig:
     rename_threshold: float = 0.6
     overlap_threshold: float = 0.5
     added_tool_is_contract: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("rename_threshold", "overlap_threshold"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+                raise ConfigError(f"{name} must be a number from 0 to 1, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -246,8 +268,12 @@ def _compare_schema(tool: str, path: str, old: Any, new: Any, cfg: DiffConfig) -
     old = old if isinstance(old, Mapping) else {}
     new = new if isinstance(new, Mapping) else {}
     out: list[Change] = []
+    for key in REFERENCE_KEYS:
+        if old.get(key) != new.get(key):
+            out.append(_change("changed_reference", tool, path, {key: old.get(key)}, {key: new.get(key)},
+                               "what a reference accepts is not compared"))
     to, tn = _types(old), _types(new)
-    if to != tn:
+    if to != tn and "$ref" not in old and "$ref" not in new:
         fwd, back = _covers(tn, to), _covers(to, tn)
         if fwd and not back:
             out.append(_change("widened_type", tool, path, sorted(to), sorted(tn)))
@@ -323,12 +349,18 @@ def diff_interfaces(old: Interface | Sequence[Tool], new: Interface | Sequence[T
         if dup:
             raise DataError(f"duplicate tool name(s) {sorted(set(dup))}: a release list must name each tool once",
                             file=f"<{label}>", field="name")
+    problems = {t.name: schema_problem(t.parameters) for t in new_tools}
+    for t in old_tools:
+        if nesting_depth(t.parameters, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
+            raise DataError(f"parameters nest deeper than {MAX_SCHEMA_DEPTH} levels", file="<old>", item=t.name,
+                            field="parameters")
     by_old = {t.name: t for t in old_tools}
     by_new = {t.name: t for t in new_tools}
     mapping = {n: n for n in by_old if n in by_new}
     lost = [t.name for t in old_tools if t.name not in by_new]
     gained = [t.name for t in new_tools if t.name not in by_old]
-    changes: list[Change] = []
+    changes = [_change("invalid_schema", name, "parameters", None, None, problem)
+               for name, problem in problems.items() if problem is not None]
     for o, n, s in _pair(lost, gained, lambda o, n: tool_similarity(by_old[o], by_new[n]), cfg.rename_threshold):
         mapping[o] = n
         changes.append(_change("renamed_tool", o, "", o, n, f"matched by description and schema, score {s:.2f}"))
@@ -353,7 +385,8 @@ def diff_interfaces(old: Interface | Sequence[Tool], new: Interface | Sequence[T
         to, tn = by_old[o], by_new[n]
         if " ".join(to.description.split()) != " ".join(tn.description.split()):
             changes.append(_change("reworded_description", o, "", to.description, tn.description))
-        changes += _compare_schema(o, "", to.parameters, tn.parameters, cfg)
+        if nesting_depth(tn.parameters, MAX_SCHEMA_DEPTH) <= MAX_SCHEMA_DEPTH:
+            changes += _compare_schema(o, "", to.parameters, tn.parameters, cfg)
     return DiffReport(contract_hash(old_tools), contract_hash(new_tools), tuple(changes))
 
 
@@ -378,13 +411,18 @@ def _read_json(text: str, where: str, item: str | None) -> Any:
         return json.loads(text)
     except json.JSONDecodeError:
         pass
+    except RecursionError as e:
+        raise DataError(f"nests too deeply to read (a tool schema may nest at most {MAX_SCHEMA_DEPTH} levels)",
+                        file=where) from e
     rows = []
     for k, line in enumerate(text.splitlines()):
         if line.strip():
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
-                raise DataError(f"line {k + 1} is not JSON: {e.msg}", file=where) from e
+                raise DataError(f"not JSON (line {k + 1}: {e.msg})", file=where) from e
+            except RecursionError as e:
+                raise DataError(f"line {k + 1} nests too deeply to read", file=where) from e
     if item is None:
         raise DataError("a JSON-lines file holds several tool lists: pass the item id", file=where, field="id")
     found = [r for r in rows if isinstance(r, Mapping) and r.get("id") == item]
@@ -402,8 +440,11 @@ def load_tool_list(path: str | Path, *, item: str | None = None) -> Interface:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
-        raise DataError(f"cannot read the tool list: {e.strerror}", file=where) from e
+        raise DataError(f"cannot read the tool list: {e.strerror or e}", file=where) from e
+    except UnicodeDecodeError as e:
+        raise DataError(f"not a UTF-8 text file ({e.reason} at byte {e.start})", file=where) from e
     data = _read_json(text, where, item)
+    check_entries_depth(data, where=where)
     if isinstance(data, Mapping) and item is not None and data.get("id") not in (None, item):
         raise DataError(f"the file holds item {data.get('id')!r}, not the requested one", file=where, item=item)
     if isinstance(data, Mapping):

@@ -52,6 +52,10 @@ def _json_values(text: str) -> list[Any]:
             except json.JSONDecodeError:
                 i += 1
                 continue
+            except RecursionError:  # nested too deeply to read: skip the whole run of openers
+                while i < len(text) and (text[i] in "{[" or text[i].isspace()):
+                    i += 1
+                continue
             values.append(value)
             i = end
         else:
@@ -68,7 +72,7 @@ def _to_call(obj: Mapping[str, Any], *, whole: bool) -> Call | None:
         if isinstance(args, str):
             try:
                 args = json.loads(args)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 pass
         return Call(name if isinstance(name, str) else "", args)
     if whole:
@@ -114,7 +118,10 @@ def parse_json_calls(text: str) -> ParsedReply:
 def parse_reply(text: str, call_format: Any = None) -> ParsedReply:
     """Calls in a model reply: the call format's parser first (if given), then the JSON scan."""
     if call_format is not None:
-        result = call_format.parse(text)
+        try:
+            result = call_format.parse(text)
+        except RecursionError:
+            return ParsedReply((Call("", {}),), True, "the reply nests too deeply to read")
         if result.calls:
             return ParsedReply(tuple(result.calls), True, result.error)
         fallback = parse_json_calls(text)

@@ -19,6 +19,10 @@ Choices the spec leaves open:
   (the project's BFCL scoring rule); the report shows the declaration with the fewest issues.
 - Only the declared name and schema are checked: a valid call may still be the wrong tool or value
   (the study's "validator-invisible" errors). That is for the caller's semantic review.
+- Schemas are untrusted: validation is offline (`OFFLINE_REGISTRY`: no reference is ever fetched).
+  A declaration whose schema cannot be a contract (`cipr.guard.contract.schema_problem`: too deep,
+  a remote or dangling `$ref`, ...) accepts no call: every call to it gets a `contract_error`.
+  Arguments nested deeper than `MAX_ARGUMENT_DEPTH` get a `constraint` issue without being walked.
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
+from referencing.exceptions import Unresolvable
 
-from cipr.guard.contract import ContractSnapshot
+from cipr.guard.contract import OFFLINE_REGISTRY, ContractSnapshot, nesting_depth, schema_problem
 from cipr.interface import Call, Tool
 
 # Issue codes. Name-level codes mean the call cannot be checked against any tool's schema.
@@ -45,7 +50,10 @@ UNKNOWN_ARGUMENT = "unknown_argument"
 WRONG_TYPE = "wrong_type"
 ENUM_MISMATCH = "enum_mismatch"
 CONSTRAINT = "constraint"
+CONTRACT_ERROR = "contract_error"
 NAME_CODES = frozenset({MISSING_NAME, UNKNOWN_TOOL})
+MAX_ARGUMENT_DEPTH = 32
+"""Deepest nesting of objects and arrays accepted in a call's arguments (deeper ones are refused unread)."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,8 @@ def call_to_json(call: Call) -> dict[str, Any]:
 
 
 def _short(value: Any, limit: int = 120) -> str:
+    if nesting_depth(value, MAX_ARGUMENT_DEPTH) > MAX_ARGUMENT_DEPTH:
+        return f"<nested deeper than {MAX_ARGUMENT_DEPTH} levels>"
     text = json.dumps(value, ensure_ascii=False, default=str)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -259,12 +269,32 @@ class CallValidator:
         self.config = config or ValidatorConfig()
         self._ignored = frozenset(code for code, on in ((WRONG_TYPE, self.config.check_types),
                                                         (ENUM_MISMATCH, self.config.check_enums)) if not on)
-        self._validators: list[tuple[Tool, Draft202012Validator]] = []
+        self._validators: list[tuple[Tool, Draft202012Validator | str]] = []
         for tool in snapshot.tools:
+            problem = schema_problem(tool.parameters)
+            if problem is not None:
+                self._validators.append((tool, problem))
+                continue
             schema = dict(tool.parameters)
             if self.config.strict_unknown:
                 schema = close_schema(schema)
-            self._validators.append((tool, Draft202012Validator(schema)))
+            self._validators.append((tool, Draft202012Validator(schema, registry=OFFLINE_REGISTRY)))
+
+    def _check(self, tool: Tool, validator: Draft202012Validator | str, arguments: Mapping[str, Any]
+               ) -> tuple[ValidationIssue, ...]:
+        if isinstance(validator, str):
+            return (ValidationIssue("arguments", CONTRACT_ERROR, None, None,
+                                    f"the contract's schema for {tool.name!r} cannot be checked: {validator}"),)
+        if nesting_depth(arguments, MAX_ARGUMENT_DEPTH) > MAX_ARGUMENT_DEPTH:
+            return (ValidationIssue("arguments", CONSTRAINT, {"max_depth": MAX_ARGUMENT_DEPTH}, None,
+                                    f"arguments nest deeper than {MAX_ARGUMENT_DEPTH} levels"),)
+        try:
+            errors = list(validator.iter_errors(dict(arguments)))
+        except (Unresolvable, RecursionError) as e:
+            return (ValidationIssue("arguments", CONTRACT_ERROR, None, None,
+                                    f"the contract's schema for {tool.name!r} cannot be checked: "
+                                    f"{type(e).__name__}"),)
+        return tuple(i for i in _issues_from_errors(errors) if i.code not in self._ignored)
 
     def validate(self, call: Call) -> ValidationReport:
         """The report on `call` (never raises on a malformed call: that is what reports are for)."""
@@ -283,8 +313,7 @@ class CallValidator:
                 f"arguments must be a JSON object, got {_json_type(call.arguments)} {_short(call.arguments)}"),))
         best: tuple[ValidationIssue, ...] | None = None
         for tool, validator in candidates:
-            issues = tuple(i for i in _issues_from_errors(list(validator.iter_errors(dict(call.arguments))))
-                           if i.code not in self._ignored)
+            issues = self._check(tool, validator, call.arguments)
             if not issues:
                 return ValidationReport(call, version, tool.name, ())
             if best is None or len(issues) < len(best):
