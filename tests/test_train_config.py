@@ -112,3 +112,92 @@ def test_train_config_round_trips_through_its_dict():
     cfg = config_from_dict(composed())
     assert from_dict(TrainConfig, to_dict(cfg)) == cfg
     assert Path(CONFIG_DIR / "train.yaml").is_file()
+
+
+# -- ToolRL's GRPO recipe (trainer=gpu) as TRL sees it ------------------------------------------------
+
+
+def _grpo_config(cfg, tmp_path, world: int):
+    """The GRPOConfig the GRPO stage builds (TRL counts the processes of this test run: one)."""
+    from trl import GRPOConfig
+
+    from cipr.train.run import grpo_args
+
+    args = grpo_args(cfg, str(tmp_path / "grpo"), world=world)
+    args.update({"use_vllm": False, "bf16": False, "fp16": False, "use_cpu": True})
+    return args, GRPOConfig(**args)
+
+
+@pytest.mark.parametrize("experiment", ["qwen25_3b_grpo", "qwen25_3b_cipr", "qwen25_3b_multi_interface",
+                                        "qwen25_3b_masking", "qwen35_4b_grpo", "qwen35_4b_cipr"])
+def test_gpu_recipe_is_toolrl_in_trl_terms(experiment, tmp_path):
+    from cipr.train.run import batch_geometry
+
+    cfg = config_from_dict(composed(f"experiment={experiment}"))
+    paired = cfg.algo.perturbed
+    g = cfg.rollout.num_generations
+    assert g == 4 and cfg.rollout.max_completion_length == 1024 and cfg.trainer.max_prompt_length == 2048
+    for world in (1, 8):
+        batch = batch_geometry(cfg, world)
+        assert batch.prompts_per_step == 512  # the same examples per step for every algorithm, any GPU count
+        assert batch.rows_per_step == (1024 if paired else 512)
+        assert batch.updates_per_generation == 4
+        assert batch.completions_per_update * 4 == batch.completions_per_step == batch.rows_per_step * g
+        assert (batch.per_device_train_batch_size * world * batch.gradient_accumulation_steps
+                == batch.completions_per_update)
+        assert batch.steps_per_generation == 4 * batch.gradient_accumulation_steps
+        args, trl = _grpo_config(cfg, tmp_path, world)
+        assert args["gradient_accumulation_steps"] == batch.gradient_accumulation_steps
+        assert args["steps_per_generation"] == batch.steps_per_generation
+    assert batch_geometry(cfg, 1).gradient_accumulation_steps == (128 if paired else 64)
+    assert batch_geometry(cfg, 8).gradient_accumulation_steps == (16 if paired else 8)
+    # TRL's own view on one process: generation batch = 512 examples (x2 rows when paired) x G completions,
+    # consumed by steps_per_generation / gradient_accumulation_steps = 4 optimizer updates
+    _, trl = _grpo_config(cfg, tmp_path, 1)
+    assert trl.generation_batch_size == (2 if paired else 1) * 512 * g
+    assert trl.steps_per_generation // trl.gradient_accumulation_steps == 4
+    assert trl.learning_rate == 1e-6 and trl.lr_scheduler_type == "constant" and trl.warmup_steps == 0
+    assert trl.weight_decay == 0.01 and trl.optim == "adamw_torch" and trl.max_grad_norm == 1.0
+    assert trl.epsilon == 0.2 and trl.beta == 0.0 and trl.num_iterations == 1
+    assert trl.loss_type == "bnpo"  # token mean per micro-batch, as verl's masked_mean / accumulation
+    assert trl.entropy_coef == 0.001
+    assert trl.max_steps == -1 and trl.num_train_epochs == 15
+    assert trl.max_completion_length == 1024
+
+
+def test_pairing_budget_defaults_to_prompts_and_can_match_completions():
+    from cipr.train.run import batch_geometry
+
+    grpo = batch_geometry(config_from_dict(composed("experiment=qwen25_3b_grpo")), 8)
+    cipr = batch_geometry(config_from_dict(composed("experiment=qwen25_3b_cipr")), 8)
+    assert cipr.pairing_budget == "prompts" and cipr.prompts_per_step == grpo.prompts_per_step == 512
+    assert cipr.completions_per_step == 2 * grpo.completions_per_step
+    matched = batch_geometry(config_from_dict(composed("experiment=qwen25_3b_cipr", "algo.pairing_budget=completions")),
+                             8)
+    assert matched.completions_per_step == grpo.completions_per_step and matched.prompts_per_step == 256
+    assert matched.gradient_accumulation_steps == grpo.gradient_accumulation_steps
+
+
+def test_batch_geometry_failures_name_the_fix():
+    cfg = config_from_dict(composed("experiment=qwen25_3b_grpo", "model=smollm2_embedded", "rollout=hf",
+                                    "data=synthetic", "trainer.gradient_accumulation_steps=4"))
+    with pytest.raises(ConfigError, match="derived from prompts_per_step"):
+        validate(cfg)
+    from cipr.train.run import batch_geometry
+
+    cfg = config_from_dict(composed("experiment=qwen25_3b_grpo", "trainer.per_device_train_batch_size=24"))
+    with pytest.raises(ConfigError, match="must be a multiple of per_device_train_batch_size x processes"):
+        batch_geometry(cfg, 1)
+    with pytest.raises(ConfigError, match="must be >= 1, or -1"):
+        validate(config_from_dict(composed("trainer.max_steps=0")))
+
+
+def test_cpu_schedule_is_unchanged_one_update_per_generation(tmp_path):
+    from cipr.train.run import batch_geometry
+
+    cfg = config_from_dict(composed())
+    batch = batch_geometry(cfg, 1)
+    assert batch.gradient_accumulation_steps == cfg.trainer.gradient_accumulation_steps == 1
+    assert batch.steps_per_generation == 1 and batch.completions_per_step == cfg.trainer.per_device_train_batch_size
+    args, trl = _grpo_config(cfg, tmp_path, 1)
+    assert trl.generation_batch_size == 8 and trl.max_steps == cfg.trainer.max_steps == 2

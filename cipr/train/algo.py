@@ -39,6 +39,10 @@ class AlgoConfig:
       canonical policy. Set false for a symmetric gradient.
     - `fold_action_read`: read the action distributions in the same forward as the GRPO token
       log-probabilities when the re-tokenized rollouts match the generated tokens (see `grpo.py`).
+    - `pairing_budget`: what a paired algorithm matches with `grpo` per step (`trainer.prompts_per_step`):
+      `prompts` (default), the same number of training examples, each with its perturbed copy, so the
+      same data in the same number of steps at twice the completions; `completions`, the same number
+      of completions, so half the examples per step. No effect on unpaired algorithms.
     """
 
     name: AlgoName = "cipr"
@@ -48,6 +52,7 @@ class AlgoConfig:
     rollout_weight: float = 0.1
     detach_reference: bool = True
     fold_action_read: bool = True
+    pairing_budget: Literal["prompts", "completions"] = "prompts"
 
     @property
     def uses_grpo(self) -> bool:

@@ -30,6 +30,7 @@ Choices:
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import string
 from collections import Counter
@@ -100,6 +101,21 @@ class PromptSet:
     eval_records: list[PromptRecord]
     unit_size: int
     skipped: Counter = field(default_factory=Counter)
+
+    def without_long_prompts(self, tokenizer: Any, max_tokens: int) -> PromptSet:
+        """A copy without the training units (a prompt, or a pair) holding a prompt over `max_tokens`
+        tokens, counted in `skipped`; rows renumbered. The GRPO counterpart of verl's
+        `filter_overlong_prompts`, applied to whole pairs so a copy never loses its canonical row."""
+        lengths = [len(ids) for ids in tokenizer([r.prompt for r in self.records], add_special_tokens=False)["input_ids"]]
+        keep: list[PromptRecord] = []
+        skipped = Counter(self.skipped)
+        for start in range(0, len(self.records), self.unit_size):
+            unit = self.records[start:start + self.unit_size]
+            if max(lengths[start:start + self.unit_size]) > max_tokens:
+                skipped[f"prompt over trainer.max_prompt_length={max_tokens} tokens"] += 1
+                continue
+            keep.extend(dataclasses.replace(r, row=len(keep) + i) for i, r in enumerate(unit))
+        return PromptSet(keep, self.eval_records, self.unit_size, skipped)
 
     def rows(self) -> list[dict[str, Any]]:
         """The columns of the HF dataset the trainers read."""

@@ -37,11 +37,14 @@ from cipr.train.model import ModelConfig, load_model, resolve_source
 from cipr.train.rollout import RolloutConfig, check_backend, grpo_kwargs
 from cipr.train.schedule import (
     DistributedConfig,
+    GrpoBatch,
     LauncherConfig,
     TrainerConfig,
     common_args,
+    grpo_batch,
     precision_flags,
     validate_schedule,
+    world_size,
 )
 
 log = logging.getLogger("cipr.train")
@@ -81,6 +84,7 @@ def validate(cfg: TrainConfig) -> None:
     unit = cfg.rollout.num_generations * cfg.algo.unit_size if cfg.algo.uses_grpo else 1
     validate_schedule(cfg.trainer, unit)
     if cfg.algo.uses_grpo:
+        batch_geometry(cfg)
         check_backend(cfg.rollout)
     precision_flags(cfg.trainer.precision)
     resolve_source(cfg.model)
@@ -105,6 +109,10 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.trainer.resume == "never":
         for stage in _stages(cfg):
             resolve_resume("never", Path(cfg.trainer.run_dir) / stage)
+    elif cfg.trainer.resume == "auto":  # a damaged checkpoint without a complete one before it fails here
+        for stage in _stages(cfg):
+            if not stage_done(Path(cfg.trainer.run_dir) / stage):
+                latest_complete(Path(cfg.trainer.run_dir) / stage)
 
 
 def _check_run_dir(cfg: TrainConfig, run_dir: Path) -> None:
@@ -212,6 +220,8 @@ def _run(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter, started: float)
     names = cfg.algo.names
     prompts = build_prompts(examples, cfg.data, names=names, perturbed=cfg.algo.perturbed, fmt=fmt,
                             tokenizer=tokenizer)
+    if cfg.algo.uses_grpo and cfg.trainer.max_prompt_length is not None:
+        prompts = prompts.without_long_prompts(tokenizer, cfg.trainer.max_prompt_length)
     if prompts.skipped:
         log.warning("skipped %d of %d examples: %s", sum(prompts.skipped.values()), len(examples),
                     dict(prompts.skipped))
@@ -237,6 +247,8 @@ def _run(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter, started: float)
             "final": {s: next((r for r in reversed(steps) if r["stage"] == s), None) for s in stages},
             "eval": evals,
             "train_prompts": len(prompts.records),
+            "twin_wordings": cfg.data.twin_wordings if cfg.algo.perturbed else None,
+            "grpo_batch": batch_geometry(cfg).to_dict() if cfg.algo.uses_grpo else None,
             "held_out_prompts": len(prompts.eval_records),
             "skipped_examples": dict(prompts.skipped),
             "peak_memory_gb": peak_memory_gb(),
@@ -288,17 +300,26 @@ def _run_sft(cfg: TrainConfig, stage: str, model: Any, tokenizer: Any, prompts: 
     return done
 
 
-def grpo_args(cfg: TrainConfig, output_dir: str) -> dict[str, Any]:
-    """GRPOConfig fields for the GRPO stage."""
+def batch_geometry(cfg: TrainConfig, world: int | None = None) -> GrpoBatch:
+    """The GRPO stage's prompts, completions and accumulation on `world` processes (default: this run's)."""
+    return grpo_batch(cfg.trainer, num_generations=cfg.rollout.num_generations, unit_size=cfg.algo.unit_size,
+                      pairing_budget=cfg.algo.pairing_budget,
+                      world=world if world is not None else world_size(cfg.launcher))
+
+
+def grpo_args(cfg: TrainConfig, output_dir: str, world: int | None = None) -> dict[str, Any]:
+    """GRPOConfig fields for the GRPO stage (accumulation and steps_per_generation from `batch_geometry`)."""
     t = cfg.trainer
+    batch = batch_geometry(cfg, world)
     args = common_args(t, cfg.distributed, output_dir=output_dir, max_steps=t.max_steps, learning_rate=t.learning_rate,
-                       batch=t.per_device_train_batch_size, accumulation=t.gradient_accumulation_steps,
+                       batch=t.per_device_train_batch_size, accumulation=batch.gradient_accumulation_steps,
                        scheduler=t.lr_scheduler_type, warmup=t.warmup_steps, progress_bar=cfg.logging.progress_bar)
     args["include_num_input_tokens_seen"] = "no"
     args.update(grpo_kwargs(cfg.rollout))
     args.update({"beta": t.beta, "num_iterations": t.num_iterations, "epsilon": t.epsilon,
                  "epsilon_high": t.epsilon_high, "loss_type": t.loss_type, "scale_rewards": t.scale_rewards,
                  "mask_truncated_completions": t.mask_truncated_completions, "shuffle_dataset": True,
+                 "steps_per_generation": batch.steps_per_generation, "entropy_coef": t.entropy_coeff,
                  "remove_unused_columns": False, "log_completions": cfg.logging.log_completions})
     return args
 
@@ -312,7 +333,13 @@ def _run_grpo(cfg: TrainConfig, model: Any, tokenizer: Any, prompts: PromptSet, 
     from cipr.train.reward import RolloutScorer
 
     stage_dir = run_dir / "grpo"
+    batch = batch_geometry(cfg)
     args = GRPOConfig(**grpo_args(cfg, str(stage_dir)))
+    if args.generation_batch_size != batch.completions_per_step:
+        raise ConfigError(f"TRL sees {args.world_size} process(es) and a generation batch of "
+                          f"{args.generation_batch_size} completions, but the schedule was computed for "
+                          f"{batch.world_size} ({batch.completions_per_step}); launch with launcher.num_processes="
+                          f"{args.world_size} or set WORLD_SIZE")
     unit_rows = prompts.unit_size * cfg.rollout.num_generations
     units_per_batch = args.generation_batch_size // unit_rows
     units = len(prompts.records) // prompts.unit_size

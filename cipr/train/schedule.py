@@ -3,24 +3,42 @@
 Batch sizes follow TRL: `per_device_train_batch_size` counts *completions* in a GRPO micro-batch
 (prompts x G) and examples in SFT. In a paired algorithm a micro-batch must hold whole units of
 2G completions (a canonical prompt's group and its perturbed copy's group), which
-`validate_schedule` checks. Prompts per optimizer step = per_device_train_batch_size x
-gradient_accumulation_steps x processes / G.
+`validate_schedule` checks.
 
-The GRPO defaults follow ToolRL's recipe where the paper keeps it (its Table 3 did not survive
-extraction): AdamW, learning rate 1e-6, no reference-model KL (`beta: 0`), clip ε 0.2, one update
-per generation (`num_iterations: 1`), per-sequence token mean (`loss_type: grpo`, the GRPO objective
-as ToolRL writes it), group-normalized advantages. The CPU config raises the learning rate so a few
-steps move a 135M model; its header says so.
+GRPO batch geometry (`grpo_batch`). With `prompts_per_step` set (the GPU recipe), one *step* is one
+generation batch as in verl (ToolRL's `data.train_batch_size`): `prompts_per_step` canonical prompts
+are sampled G times, and the batch is consumed by `updates_per_generation` optimizer updates (verl's
+`train_batch_size / ppo_mini_batch_size`), whatever the number of processes W:
+
+    units per step            = prompts_per_step                  (algo.pairing_budget=prompts)
+                              = prompts_per_step / unit_size      (algo.pairing_budget=completions)
+    completions per step      = units x unit_size x G
+    completions per update    = completions per step / updates_per_generation
+    gradient_accumulation     = completions per update / (per_device_train_batch_size x W)
+    TRL steps_per_generation  = gradient_accumulation x updates_per_generation
+
+so the accumulation absorbs the number of GPUs (computed at start from `WORLD_SIZE`, else
+`launcher.num_processes`; a W that does not divide evenly is refused with the sizes that would).
+For unpaired algorithms unit_size = 1 and both budgets agree. Without `prompts_per_step` (the CPU
+and smoke configs) `gradient_accumulation_steps` is used as given and a step is
+`updates_per_generation` updates of per_device x accumulation x W completions each.
+`max_steps: -1` trains `num_train_epochs` passes over the data instead (HF's convention); TRL then
+counts optimizer updates, `updates_per_generation` per generation batch, incomplete final batches
+dropped (as verl's `drop_last`).
 
 `precision: auto` trains in float32 on CPU (TRL's GRPOConfig would default to bf16) and in bf16
 mixed precision on a CUDA device that supports it. Gradient checkpointing is off unless asked for
 (TRL turns it on by default); when on it is non-reentrant, which also works when the bottom layers
 are frozen (their outputs need no gradient, and a reentrant checkpoint would then cut the graph).
+The GRPO recipe itself (ToolRL's settings and where TRL differs from verl) is stated in
+`configs/train/trainer/gpu.yaml` and docs/method.md.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+import os
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -44,14 +62,25 @@ class WarmStartConfig:
 
 @dataclass
 class TrainerConfig:
-    """Optimization and bookkeeping of the main stage (GRPO, or SFT for algo=sft)."""
+    """Optimization and bookkeeping of the main stage (GRPO, or SFT for algo=sft).
+
+    `max_steps: -1` trains `num_train_epochs` instead. `prompts_per_step`, `updates_per_generation`:
+    the GRPO batch geometry (module docstring); with `prompts_per_step` set, the gradient accumulation
+    is derived and `gradient_accumulation_steps` must stay 1. `entropy_coeff`: weight of the mean
+    token-entropy bonus (verl's `entropy_coeff`, TRL's `entropy_coef`). `max_prompt_length`: GRPO
+    training units with a longer prompt (in tokens) are left out and counted, as verl's
+    `filter_overlong_prompts`.
+    """
 
     run_dir: str = "runs/default"
     resume: str = "auto"
     seed: int = 0
     max_steps: int = 10
+    num_train_epochs: float = 1.0
     per_device_train_batch_size: int = 8
     gradient_accumulation_steps: int = 1
+    prompts_per_step: int | None = None
+    updates_per_generation: int = 1
     learning_rate: float = 1e-6
     lr_scheduler_type: str = "constant"
     warmup_steps: int = 0
@@ -71,6 +100,8 @@ class TrainerConfig:
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "grpo"
     scale_rewards: Literal["group", "batch", "none"] = "group"
     mask_truncated_completions: bool = False
+    entropy_coeff: float = 0.0
+    max_prompt_length: int | None = None
     torch_threads: int | None = None
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
 
@@ -108,6 +139,7 @@ def common_args(cfg: TrainerConfig, dist: DistributedConfig, *, output_dir: str,
     args: dict[str, Any] = {
         "output_dir": output_dir,
         "max_steps": max_steps,
+        "num_train_epochs": cfg.num_train_epochs,
         "learning_rate": learning_rate,
         "per_device_train_batch_size": batch,
         "gradient_accumulation_steps": accumulation,
@@ -145,10 +177,59 @@ def common_args(cfg: TrainerConfig, dist: DistributedConfig, *, output_dir: str,
     return args
 
 
+def _check(key: str, value: float | None, ok: bool, expected: str) -> None:
+    if value is not None and (not ok or not math.isfinite(value)):
+        raise ConfigError(f"trainer.{key}={value}: must be {expected}")
+
+
+def check_numbers(cfg: TrainerConfig) -> None:
+    """Every number of the optimization in its range (a negative learning rate would train backwards)."""
+    ws = cfg.warm_start
+    for key, value, ok, expected in [
+        ("learning_rate", cfg.learning_rate, cfg.learning_rate > 0, "> 0"),
+        ("per_device_train_batch_size", cfg.per_device_train_batch_size, cfg.per_device_train_batch_size >= 1, ">= 1"),
+        ("gradient_accumulation_steps", cfg.gradient_accumulation_steps, cfg.gradient_accumulation_steps >= 1, ">= 1"),
+        ("warmup_steps", cfg.warmup_steps, cfg.warmup_steps >= 0, ">= 0"),
+        ("weight_decay", cfg.weight_decay, cfg.weight_decay >= 0, ">= 0"),
+        ("adam_beta1", cfg.adam_beta1, 0 <= cfg.adam_beta1 < 1, "in [0, 1)"),
+        ("adam_beta2", cfg.adam_beta2, 0 <= cfg.adam_beta2 < 1, "in [0, 1)"),
+        ("max_grad_norm", cfg.max_grad_norm, cfg.max_grad_norm > 0, "> 0"),
+        ("num_iterations", cfg.num_iterations, cfg.num_iterations >= 1, ">= 1"),
+        ("epsilon", cfg.epsilon, cfg.epsilon > 0, "> 0"),
+        ("epsilon_high", cfg.epsilon_high, cfg.epsilon_high is None or cfg.epsilon_high > 0, "> 0 (or null)"),
+        ("beta", cfg.beta, cfg.beta >= 0, ">= 0"),
+        ("torch_threads", cfg.torch_threads, cfg.torch_threads is None or cfg.torch_threads >= 1, ">= 1 (or null)"),
+        ("warm_start.learning_rate", ws.learning_rate, ws.steps == 0 or ws.learning_rate > 0, "> 0"),
+        ("warm_start.per_device_train_batch_size", ws.per_device_train_batch_size,
+         ws.steps == 0 or ws.per_device_train_batch_size >= 1, ">= 1"),
+        ("warm_start.gradient_accumulation_steps", ws.gradient_accumulation_steps,
+         ws.steps == 0 or ws.gradient_accumulation_steps >= 1, ">= 1"),
+        ("warm_start.warmup_steps", ws.warmup_steps, ws.warmup_steps >= 0, ">= 0"),
+    ]:
+        _check(key, value, ok, expected)
+
+
 def validate_schedule(cfg: TrainerConfig, unit_completions: int) -> None:
     """Checks that need no model or data (`unit_completions`: 2G for paired algorithms, else G)."""
-    if cfg.max_steps < 1:
-        raise ConfigError("trainer.max_steps must be >= 1")
+    check_numbers(cfg)
+    if cfg.max_steps < 1 and cfg.max_steps != -1:
+        raise ConfigError("trainer.max_steps must be >= 1, or -1 to train trainer.num_train_epochs epochs")
+    if cfg.max_steps == -1 and cfg.num_train_epochs <= 0:
+        raise ConfigError("trainer.max_steps=-1 trains trainer.num_train_epochs epochs, which must be > 0")
+    if cfg.updates_per_generation < 1:
+        raise ConfigError("trainer.updates_per_generation must be >= 1")
+    if cfg.entropy_coeff < 0:
+        raise ConfigError("trainer.entropy_coeff must be >= 0 (an entropy bonus)")
+    if cfg.max_prompt_length is not None and cfg.max_prompt_length < 1:
+        raise ConfigError("trainer.max_prompt_length must be >= 1 or null")
+    if cfg.prompts_per_step is not None:
+        if cfg.prompts_per_step < 1:
+            raise ConfigError("trainer.prompts_per_step must be >= 1 or null")
+        if cfg.gradient_accumulation_steps != 1:
+            raise ConfigError(
+                f"trainer.gradient_accumulation_steps={cfg.gradient_accumulation_steps} with trainer.prompts_per_step="
+                f"{cfg.prompts_per_step}: the accumulation is derived from prompts_per_step and the number of "
+                f"processes; leave gradient_accumulation_steps at 1, or set trainer.prompts_per_step=null")
     if cfg.save_steps < 1:
         raise ConfigError("trainer.save_steps must be >= 1")
     if cfg.per_device_train_batch_size % unit_completions:
@@ -161,3 +242,65 @@ def validate_schedule(cfg: TrainerConfig, unit_completions: int) -> None:
                           "while the next one is written and rotated")
     if cfg.warm_start.steps < 0:
         raise ConfigError("trainer.warm_start.steps must be >= 0")
+
+
+@dataclass(frozen=True)
+class GrpoBatch:
+    """The effective GRPO batch geometry of a run (module docstring); summary.json records it."""
+
+    world_size: int
+    unit_size: int
+    num_generations: int
+    pairing_budget: str
+    prompts_per_step: int
+    rows_per_step: int
+    completions_per_step: int
+    updates_per_generation: int
+    completions_per_update: int
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+    steps_per_generation: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def world_size(launcher: LauncherConfig) -> int:
+    """Processes of this run: `WORLD_SIZE` inside a launched process, else `launcher.num_processes`."""
+    return int(os.environ.get("WORLD_SIZE") or launcher.num_processes)
+
+
+def grpo_batch(cfg: TrainerConfig, *, num_generations: int, unit_size: int, pairing_budget: str,
+               world: int) -> GrpoBatch:
+    """Prompts, completions, accumulation and TRL's `steps_per_generation` for `world` processes."""
+    per_device, updates = cfg.per_device_train_batch_size, cfg.updates_per_generation
+    unit_rows = unit_size * num_generations
+    if cfg.prompts_per_step is None:
+        accumulation = cfg.gradient_accumulation_steps
+        per_update = per_device * world * accumulation
+        completions = per_update * updates
+        units = completions // unit_rows
+    else:
+        if pairing_budget == "prompts":
+            units = cfg.prompts_per_step
+        elif cfg.prompts_per_step % unit_size:
+            raise ConfigError(f"algo.pairing_budget=completions pairs {cfg.prompts_per_step} prompts per step into "
+                              f"units of {unit_size}: trainer.prompts_per_step must be a multiple of {unit_size}")
+        else:
+            units = cfg.prompts_per_step // unit_size
+        completions = units * unit_rows
+        per_update, rest = divmod(completions, updates)
+        accumulation, rest2 = divmod(per_update, per_device * world) if not rest else (0, 1)
+        if rest or rest2 or accumulation < 1:
+            raise ConfigError(
+                f"{completions} completions per step ({units} units x {unit_rows}) cannot be split into "
+                f"trainer.updates_per_generation={updates} updates of whole micro-batches of "
+                f"trainer.per_device_train_batch_size={per_device} on {world} process(es): completions per update "
+                f"({completions}/{updates}) must be a multiple of per_device_train_batch_size x processes "
+                f"({per_device * world}); change per_device_train_batch_size or the number of processes")
+    return GrpoBatch(world_size=world, unit_size=unit_size, num_generations=num_generations,
+                     pairing_budget=pairing_budget, prompts_per_step=units,
+                     rows_per_step=units * unit_size, completions_per_step=completions,
+                     updates_per_generation=updates, completions_per_update=per_update,
+                     per_device_train_batch_size=per_device, gradient_accumulation_steps=accumulation,
+                     steps_per_generation=accumulation * updates)
