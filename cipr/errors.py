@@ -50,6 +50,36 @@ def debug_enabled(argv: list[str] | None = None) -> bool:
     return "--debug" in args or os.environ.get("CIPR_DEBUG", "").lower() in ("1", "true", "yes")
 
 
+USER_ERRORS = (CiprError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError)
+
+
+def user_message(e: BaseException) -> str | None:
+    """The one-line message of an error the user caused (`USER_ERRORS`), or None for anything else (a bug)."""
+    if not isinstance(e, USER_ERRORS):
+        return None
+    if isinstance(e, CiprError) or getattr(e, "filename", None) is None:
+        return " ".join(str(e).split("\n"))
+    return f"{e.strerror or type(e).__name__}: {e.filename}"
+
+
+def report(program: str, e: BaseException) -> None:
+    """Print `program: message` for a user error on stderr (one line)."""
+    print(f"{program}: {user_message(e)} (CIPR_DEBUG=1 shows the traceback)", file=sys.stderr)
+
+
+def pop_debug_flag(argv: list[str] | None = None) -> list[str]:
+    """Remove `--debug` from `argv` (default: sys.argv, in place) and set CIPR_DEBUG=1 when it was there.
+
+    For Hydra commands, which would read `--debug` as an unknown option; the variable reaches any
+    process the command starts.
+    """
+    args = sys.argv if argv is None else argv
+    if "--debug" in args:
+        args[:] = [a for a in args if a != "--debug"]
+        os.environ["CIPR_DEBUG"] = "1"
+    return args
+
+
 @contextlib.contextmanager
 def cli_errors(program: str, debug: bool | None = None) -> Iterator[None]:
     """Run a command's body: a `CiprError` or an unreadable file becomes `program: message` and exit 2.
@@ -61,11 +91,6 @@ def cli_errors(program: str, debug: bool | None = None) -> Iterator[None]:
         return
     try:
         yield
-    except (CiprError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
-            PermissionError) as e:
-        if isinstance(e, CiprError) or getattr(e, "filename", None) is None:
-            message = str(e)
-        else:
-            message = f"{e.strerror or type(e).__name__}: {e.filename}"
-        print(f"{program}: {message} (CIPR_DEBUG=1 shows the traceback)", file=sys.stderr)
+    except USER_ERRORS as e:
+        report(program, e)
         raise SystemExit(EXIT_INPUT) from None

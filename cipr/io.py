@@ -138,3 +138,32 @@ def check_output_dir(out: str | Path, *, sources: Iterable[str | Path] = (), mar
             raise UnsafeOutputError(f"{option} {out} holds no {marker}, so it was not written by this command; "
                                     f"--overwrite only replaces such folders: remove it yourself or choose another")
     return path
+
+
+def file_in_the_way(path: str | Path) -> Path | None:
+    """The file at `path` or at one of its parents, which keeps a folder from being created there."""
+    path = Path(path).expanduser()
+    for p in (path, *path.parents):
+        if p.exists():
+            return None if p.is_dir() else p
+    return None
+
+
+def override_value(argv: Iterable[str], key: str) -> str | None:
+    """The value of a Hydra override `key=value` (or `+key=` / `++key=`) in `argv`, the last one given."""
+    value = None
+    for arg in argv:
+        name, sep, rest = arg.partition("=")
+        if sep and name.lstrip("+") == key:
+            value = rest
+    return value
+
+
+def read_json(path: str | Path) -> Any:
+    """The JSON value in `path`; DataError naming the file when it is not valid JSON."""
+    from cipr.errors import DataError
+
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DataError(f"not valid JSON ({e})", file=str(path)) from None

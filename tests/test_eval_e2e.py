@@ -102,7 +102,7 @@ def test_rotbench_levels_pair_original_and_canonical(tmp_path, shared_data):
     assert "Table 10 shape" in md and "corrupted (pooled)" in md
 
 
-def test_hydra_entry_point_with_saved_tiny_model(tmp_path, shared_data):
+def test_hydra_entry_point_with_saved_tiny_model(tmp_path, shared_data, capsys):
     from hydra import compose, initialize_config_dir
 
     from cipr.cli.eval import CONFIG_DIR, run, to_eval_config
@@ -124,5 +124,6 @@ def test_hydra_entry_point_with_saved_tiny_model(tmp_path, shared_data):
     assert again["run_stats"]["evaluated"] == 0 and again["run_stats"]["skipped"] == 10
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         other = compose(config_name="eval", overrides=[*overrides, "seed=1"])
-    with pytest.raises(ValueError, match="another configuration"):
+    with pytest.raises(SystemExit) as stop:  # one line on stderr, exit status 2 (cipr.errors)
         run(other)
+    assert stop.value.code == 2 and "another configuration" in capsys.readouterr().err

@@ -33,18 +33,28 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cipr.errors import MissingInputError, cli_errors
+from cipr.io import check_not_source
+
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
 
 
 def to_eval_config(cfg: Any) -> Any:
-    """A Hydra/OmegaConf config (without its `hydra` node) as a validated EvalConfig."""
+    """A Hydra/OmegaConf config (without its `hydra` node) as a validated EvalConfig (else ConfigError)."""
     from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
 
+    from cipr.errors import ConfigError
     from cipr.eval.config import EvalConfig
 
-    data = OmegaConf.to_container(cfg, resolve=True)
-    data.pop("hydra", None)
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EvalConfig), data))
+    try:
+        data = OmegaConf.to_container(cfg, resolve=True)
+        data.pop("hydra", None)
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EvalConfig), data))
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None)
+        reason = str(e).split("\n")[0]
+        raise ConfigError(f"{key}: {reason}" if key else reason) from None
 
 
 def run_guard(ecfg: Any) -> dict[str, Any]:
@@ -59,7 +69,9 @@ def run_guard(ecfg: Any) -> dict[str, Any]:
     from cipr.guard.evaluate import STUDY_PARTITIONS, GuardEvalConfig, evaluate_guard, study_sample
 
     if ecfg.guard_sample not in ("study200", "full"):
-        raise ValueError(f"guard_sample={ecfg.guard_sample!r}: expected study200 or full")
+        from cipr.errors import ConfigError
+
+        raise ConfigError(f"guard_sample={ecfg.guard_sample!r}: expected study200 or full")
     policies = tuple(dict.fromkeys(["none", *ecfg.guard]))
     config = GuardEvalConfig(setting=ecfg.guard_setting, policies=policies, seed=ecfg.seed,
                              max_new_tokens=ecfg.max_new_tokens, budget=ecfg.guard_budget)
@@ -77,7 +89,14 @@ def run_guard(ecfg: Any) -> dict[str, Any]:
 
 
 def run(cfg: Any) -> dict[str, Any]:
-    """Evaluate a composed config and print where the outputs are."""
+    """Evaluate a composed config and print where the outputs are (bad input: one line, exit status 2)."""
+    from cipr.errors import cli_errors
+
+    with cli_errors("cipr-eval"):
+        return _run(cfg)
+
+
+def _run(cfg: Any) -> dict[str, Any]:
     from cipr.eval.evaluate import evaluate
 
     ecfg = to_eval_config(cfg)
@@ -96,26 +115,47 @@ def run(cfg: Any) -> dict[str, Any]:
 
 
 def main() -> None:
-    """`cipr-eval` entry point (Hydra parses sys.argv overrides such as `limit=20`)."""
+    """`cipr-eval` entry point (Hydra parses sys.argv overrides such as `limit=20`; `--debug` shows tracebacks)."""
     import hydra
 
+    from cipr.errors import EXIT_INPUT, debug_enabled, pop_debug_flag, report
+    from cipr.hub import stay_offline
+    from cipr.io import file_in_the_way, override_value
+
+    pop_debug_flag()
+    stay_offline()
+    out_dir = override_value(sys.argv[1:], "out_dir")
+    blocker = file_in_the_way(out_dir) if out_dir else None
+    if blocker is not None and not debug_enabled():  # Hydra creates out_dir before the config is read
+        from cipr.errors import UnsafeOutputError
+
+        report("cipr-eval", UnsafeOutputError(f"out_dir={out_dir!r}: {blocker} is a file; give a folder"))
+        sys.exit(EXIT_INPUT)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     hydra.main(config_path=CONFIG_DIR, config_name="eval", version_base=None)(run)()
 
 
 def compare_main(argv: Sequence[str] | None = None) -> int:
     """`cipr-eval-compare RUN_A RUN_B [--out DIR]`: B − A per type and group, paired over items."""
-    from cipr.eval.compare import render_comparison, write_comparison
-
     p = argparse.ArgumentParser(prog="cipr-eval-compare", description=compare_main.__doc__)
     p.add_argument("run_a", type=Path, help="baseline run directory (A)")
     p.add_argument("run_b", type=Path, help="run directory compared with it (B)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default: RUN_B/compare_<A name>)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON instead of markdown")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     args = p.parse_args(argv)
+    with cli_errors("cipr-eval-compare", debug=args.debug or None):
+        return _compare(args)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from cipr.eval.compare import render_comparison, write_comparison
+
     for d in (args.run_a, args.run_b):
         if not (d / "results.jsonl").is_file():
-            p.error(f"{d} has no results.jsonl")
+            raise MissingInputError(f"{d} is not a cipr-eval output folder (no results.jsonl)", file=str(d))
+    if args.out is not None:
+        check_not_source(args.out, sources=[args.run_a, args.run_b], option="--out")
     cmp = write_comparison(args.run_a, args.run_b, args.out)
     print(json.dumps(cmp, indent=2) if args.json else render_comparison(cmp))
     print(f"written to {cmp['out_dir']}", file=sys.stderr)

@@ -20,8 +20,10 @@ own folder so their group names do not capture `cipr-eval`'s top-level `model=` 
             trainer.run_dir=runs/qwen25_3b_cipr
 
 Rerunning a command continues its run folder from the latest complete checkpoint
-(`trainer.resume=auto`). Exit status: 0 done (or preempted after a save), 2 configuration error
-(nothing was started), 3 non-finite loss (the last checkpoint is intact).
+(`trainer.resume=auto`); a damaged latest checkpoint is reported and the previous complete one is
+used. Exit status: 0 done (or preempted after a save), 2 bad input (a configuration error: nothing was
+started; or a missing or damaged input, named on one line; `--debug` or CIPR_DEBUG=1 shows the
+traceback), 3 non-finite loss (the last checkpoint is intact).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
+
+from cipr.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "train"
 
@@ -62,7 +66,21 @@ def _hydra_entry(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    """Console entry point (`cipr-train`)."""
+    """Console entry point (`cipr-train`); `--debug` shows the traceback of an input error."""
+    from cipr.errors import EXIT_INPUT, debug_enabled, pop_debug_flag, report
+    from cipr.hub import stay_offline
+    from cipr.io import override_value
+    from cipr.ops.launch import check_run_dir
+
+    pop_debug_flag()
+    stay_offline()
+    run_dir = override_value(sys.argv[1:], "trainer.run_dir")
+    if run_dir is not None and not debug_enabled():  # Hydra creates it before the config is read
+        try:
+            check_run_dir(run_dir)
+        except ConfigError as e:
+            report("cipr-train", e)
+            sys.exit(EXIT_INPUT)
     _hydra_entry()
 
 

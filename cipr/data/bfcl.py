@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from cipr.data.paths import data_root, require_dir
-from cipr.errors import DataError
+from cipr.errors import ConfigError, DataError
 from cipr.interface import Call, Example, Interface, Message, Tool
 from cipr.schema import normalize_schema
 from cipr.scoring.bfcl_literals import NESTED_TYPES, write_value
@@ -138,7 +138,7 @@ def load_bfcl(root: str | Path | None = None, partitions: Iterable[str] | None =
     names = list(PARTITIONS) if partitions is None else list(partitions)
     unknown = [p for p in names if p not in PARTITIONS]
     if unknown:
-        raise ValueError(f"unknown BFCL partition(s) {unknown}; choose from {', '.join(PARTITIONS)}")
+        raise ConfigError(f"unknown BFCL partition(s) {unknown}; choose from {', '.join(PARTITIONS)}")
     report = report if report is not None else BfclReport()
     out: list[Example] = []
     for part in names:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from cipr.data.paths import data_root, require_dir
-from cipr.errors import DataError, MissingInputError
+from cipr.errors import ConfigError, DataError, MissingInputError
 from cipr.interface import Call, Example, Interface, Message, Tool
 
 SPLITS = ("First_Turn", "Third_Turn")
@@ -162,9 +162,9 @@ def _example(obj: Any, i: int, file: str, split: str, level: str, strict: bool) 
 def rotbench_file(root: str | Path | None = None, split: str = "First_Turn", level: str = "clean") -> Path:
     """Path of one RoTBench file under the data root (`<root>/rotbench/<split>/<level>.json`)."""
     if split not in SPLITS:
-        raise ValueError(f"unknown RoTBench split {split!r}; choose one of {', '.join(SPLITS)}")
+        raise ConfigError(f"unknown RoTBench split {split!r}; choose one of {', '.join(SPLITS)}")
     if level not in LEVELS:
-        raise ValueError(f"unknown RoTBench level {level!r}; choose one of {', '.join(LEVELS)}")
+        raise ConfigError(f"unknown RoTBench level {level!r}; choose one of {', '.join(LEVELS)}")
     base = require_dir(data_root(root) / "rotbench", "RoTBench data")
     return base / split / f"{level}.json"
 

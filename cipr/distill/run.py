@@ -60,7 +60,14 @@ from cipr.train.checkpoint import (
 from cipr.train.config import ConfigError, from_dict, to_dict
 from cipr.train.metrics import LoggingConfig, MetricsCallback, MetricsWriter, peak_memory_gb
 from cipr.train.model import ModelConfig, load_model, resolve_source
-from cipr.train.schedule import DistributedConfig, LauncherConfig, TrainerConfig, common_args, precision_flags
+from cipr.train.schedule import (
+    DistributedConfig,
+    LauncherConfig,
+    TrainerConfig,
+    check_numbers,
+    common_args,
+    precision_flags,
+)
 
 log = logging.getLogger("cipr.distill")
 
@@ -105,6 +112,7 @@ def validate(cfg: DistillRunConfig) -> None:
         raise ConfigError(str(e)) from e
     if cfg.trainer.max_steps < 1 or cfg.trainer.save_steps < 1 or cfg.trainer.per_device_train_batch_size < 1:
         raise ConfigError("trainer.max_steps, trainer.save_steps and trainer.per_device_train_batch_size must be >= 1")
+    check_numbers(cfg.trainer)
     precision_flags(cfg.trainer.precision)
     resolve_source(cfg.model)
     try:
@@ -131,11 +139,11 @@ def _check_run_dir(cfg: DistillRunConfig, run_dir: Path) -> None:
 
 
 def _truncate_metrics(writer: MetricsWriter, step: int) -> None:
-    """Drop step lines past the resumed checkpoint, so metrics.jsonl reads as one run."""
+    """Drop step lines past the resumed checkpoint and the stage's end line, so metrics.jsonl reads as one run."""
     if not writer.enabled or not writer.path.is_file():
         return
-    kept = [r for r in writer.read() if not (r.get("stage") == STAGE and r.get("kind") == "step"
-                                             and r.get("step", 0) > step)]
+    kept = [r for r in writer.read() if not (r.get("stage") == STAGE and (r.get("kind") == "stage_end" or (
+        r.get("kind") == "step" and r.get("step", 0) > step)))]
     writer.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
 
 

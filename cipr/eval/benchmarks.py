@@ -26,7 +26,7 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
-from cipr.errors import DataError
+from cipr.errors import ConfigError, DataError
 from cipr.eval.config import EvalConfig
 from cipr.eval.items import make_item, make_shown_item
 from cipr.eval.runner import EvalItem, Scorer
@@ -127,7 +127,7 @@ def resolve_perturbations(tokens: Sequence[str] | None, cfg: EvalConfig) -> list
             for n in groups[tok]:
                 out.setdefault(n, known[n])
         else:
-            raise ValueError(f"unknown perturbation or group {tok!r} for benchmark {cfg.benchmark.name}; "
+            raise ConfigError(f"unknown perturbation or group {tok!r} for benchmark {cfg.benchmark.name}; "
                              f"types: {', '.join(known)}; groups: {', '.join(sorted(groups))}")
     return list(out.items())
 
@@ -210,5 +210,5 @@ def build(cfg: EvalConfig) -> tuple[list[EvalItem], list[tuple[str, str]], Build
 
 def scorer_for(cfg: EvalConfig) -> Scorer:
     if cfg.benchmark.scorer not in SCORERS:
-        raise ValueError(f"unknown scorer {cfg.benchmark.scorer!r}; choose one of {', '.join(SCORERS)}")
+        raise ConfigError(f"unknown scorer {cfg.benchmark.scorer!r}; choose one of {', '.join(SCORERS)}")
     return SCORERS[cfg.benchmark.scorer]

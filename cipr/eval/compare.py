@@ -8,7 +8,6 @@ the number left unpaired is reported. Per-item scores, groups and Mean are built
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from cipr.eval.report import (
     report_config_from_meta,
     table,
 )
+from cipr.io import read_json, write_json_atomic, write_text_atomic
 
 
 def _load(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -33,7 +33,7 @@ def _load(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     if not records:
         raise DataError("no results in run directory", file=str(run_dir / RESULTS))
     meta_path = run_dir / RUN_META
-    return records, (json.loads(meta_path.read_text()) if meta_path.exists() else {})
+    return records, (read_json(meta_path) if meta_path.exists() else {})
 
 
 def compare_runs(run_a: str | Path, run_b: str | Path, config: ReportConfig | None = None) -> dict[str, Any]:
@@ -125,8 +125,8 @@ def write_comparison(run_a: str | Path, run_b: str | Path, out_dir: str | Path |
     cmp = compare_runs(run_a, run_b)
     out = Path(out_dir) if out_dir else Path(run_b) / f"compare_{Path(run_a).resolve().name}"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "compare.json").write_text(json.dumps(cmp, indent=2, ensure_ascii=False) + "\n")
-    (out / "compare.md").write_text(render_comparison(cmp))
+    write_json_atomic(out / "compare.json", cmp)
+    write_text_atomic(out / "compare.md", render_comparison(cmp))
     plot_comparison(cmp, out / "compare.png")
     cmp["out_dir"] = str(out)
     return cmp

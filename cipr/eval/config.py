@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from cipr.errors import ConfigError
 from cipr.eval.backends import OpenAIBackendConfig, VLLMBackendConfig
 
 BENCHMARKS = ("bfcl", "rotbench", "toolrl_test", "synthetic")
@@ -108,14 +109,22 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         if self.benchmark.name not in BENCHMARKS:
-            raise ValueError(f"benchmark={self.benchmark.name!r}; choose one of {', '.join(BENCHMARKS)}")
+            raise ConfigError(f"benchmark={self.benchmark.name!r}; choose one of {', '.join(BENCHMARKS)}")
         if self.backend not in BACKENDS:
-            raise ValueError(f"backend={self.backend!r}; choose one of {', '.join(BACKENDS)}")
+            raise ConfigError(f"backend={self.backend!r}; choose one of {', '.join(BACKENDS)}")
         for n in self.names or []:
             if n not in ("original", "canonical"):
-                raise ValueError(f"names={n!r}; use original, canonical or [original,canonical]")
+                raise ConfigError(f"names={n!r}; use original, canonical or [original,canonical]")
         if self.limit is not None and self.limit < 1:
-            raise ValueError(f"limit={self.limit} must be a positive number of items (or null for all)")
+            raise ConfigError(f"limit={self.limit} must be a positive number of items (or null for all)")
+        for key in ("batch_size", "max_new_tokens", "chunk_size", "threads", "guard_budget"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ConfigError(f"{key}={value} must be >= 1")
+        if self.benchmark.n < 1:
+            raise ConfigError(f"benchmark.n={self.benchmark.n} must be >= 1")
+        if not self.out_dir:
+            raise ConfigError("out_dir is empty: give the folder to write the results into")
 
     @property
     def call_format(self) -> str:

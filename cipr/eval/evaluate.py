@@ -10,17 +10,19 @@ generation (`cipr.eval.backends`).
 
 run.json in the run directory records the configuration; a rerun into the same directory must agree
 on model, benchmark, format, backend, seed, max_new_tokens, split and replay mode (else it raises
-rather than mixing two runs in one results.jsonl); it may add perturbations, names or items.
+rather than mixing two runs in one results.jsonl); it may add perturbations, names or items, but not
+select fewer than the results already there (`check_same_selection`). A run.json next to no results
+(a start that failed before its first result) does not bind the rerun.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
+from cipr.errors import ConfigError
 from cipr.eval.backends import (
     Backend,
     HFBackend,
@@ -31,10 +33,12 @@ from cipr.eval.backends import (
 )
 from cipr.eval.benchmarks import build, scorer_for
 from cipr.eval.config import EvalConfig
-from cipr.eval.report import RUN_META, ReportConfig, write_report
-from cipr.eval.runner import RunnerConfig, run_items
+from cipr.eval.report import RESULTS, RUN_META, ReportConfig, write_report
+from cipr.eval.runner import RunnerConfig, check_same_selection, run_items
 from cipr.export import apply_manifest
 from cipr.formats import CallFormat, get_format
+from cipr.hub import resolve_model
+from cipr.io import read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -107,12 +111,16 @@ def make_backend(cfg: EvalConfig, fmt: CallFormat, model: Any = None, tokenizer:
         ocfg.max_new_tokens = cfg.max_new_tokens
         return OpenAIBackend(fmt, ocfg)
     if kind == "vllm":
+        cfg.vllm.max_new_tokens = cfg.max_new_tokens
         if cfg.model == "embedded":
-            raise ValueError("backend=vllm needs a model folder or hub id; the embedded GGUF runs with backend=hf")
+            from cipr.embedded import embedded_hf_dir, load_embedded_tokenizer
+
+            # vLLM reads the GGUF's transformers copy; the GGUF tokenizer keeps the HF backend's stop tokens
+            tok = tokenizer or prepare_tokenizer(load_embedded_tokenizer())
+            return VLLMBackend(str(embedded_hf_dir()), tok, fmt, cfg.vllm)
         from transformers import AutoTokenizer
 
         tok = tokenizer or prepare_tokenizer(AutoTokenizer.from_pretrained(cfg.model))
-        cfg.vllm.max_new_tokens = cfg.max_new_tokens
         return VLLMBackend(cfg.model, tok, fmt, cfg.vllm)
     if model is None or tokenizer is None:
         model, tokenizer = load_model(cfg)
@@ -128,16 +136,24 @@ def report_config(cfg: EvalConfig) -> ReportConfig:
                         mean_groups=tuple(r.mean_groups) if r.mean_groups is not None else None)
 
 
+def previous_meta(out_dir: Path, cfg: EvalConfig) -> dict[str, Any]:
+    """run.json of the run `out_dir` holds ({} when it holds no results); ConfigError if `cfg` differs from it."""
+    path = out_dir / RUN_META
+    has_results = (out_dir / RESULTS).is_file() and (out_dir / RESULTS).stat().st_size > 0
+    old: dict[str, Any] = read_json(path) if path.exists() and has_results else {}  # no results: a failed start
+    clash = {k: (old[k], v) for k, v in cfg.meta().items() if k in old and old[k] != v}
+    if clash:
+        detail = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in clash.items())
+        raise ConfigError(f"{out_dir} holds a run with another configuration ({detail}); use a new out_dir")
+    return old
+
+
 def write_meta(out_dir: Path, cfg: EvalConfig, perts: list[tuple[str, str]], build_report: dict[str, Any],
                n_items: int) -> dict[str, Any]:
     """Create or extend run.json; raise if the directory holds a run with another configuration."""
     path = out_dir / RUN_META
     new = cfg.meta()
-    old: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
-    clash = {k: (old[k], v) for k, v in new.items() if k in old and old[k] != v}
-    if clash:
-        detail = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in clash.items())
-        raise ValueError(f"{out_dir} holds a run with another configuration ({detail}); use a new out_dir")
+    old = previous_meta(out_dir, cfg)
     rc = report_config(cfg)
     meta = {**old, **new,
             "perturbations": list(dict.fromkeys([*old.get("perturbations", []), *(p for p, _ in perts)])),
@@ -149,23 +165,32 @@ def write_meta(out_dir: Path, cfg: EvalConfig, perts: list[tuple[str, str]], bui
                        "mean_groups": list(rc.mean_groups) if rc.mean_groups is not None else None},
             "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
     meta.setdefault("created", meta["updated"])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(meta, indent=2) + "\n")
-    tmp.replace(path)
+    write_json_atomic(path, meta)
     return meta
 
 
-def evaluate(cfg: EvalConfig, *, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
-    """Run the evaluation described by `cfg` into `cfg.out_dir`; returns the summary."""
+def evaluate(cfg: EvalConfig, *, model: Any = None, tokenizer: Any = None, backend: Backend | None = None
+             ) -> dict[str, Any]:
+    """Run the evaluation described by `cfg` into `cfg.out_dir`; returns the summary.
+
+    `backend`: an already built backend (e.g. one vLLM engine reused over several runs) instead of
+    the one `cfg` describes.
+    """
+    if cfg.model != "embedded" and cfg.resolved_backend in ("hf", "vllm") and model is None:
+        resolve_model(cfg.model)  # a missing folder or an uncached hub id fails here, before any output
     apply_manifest(cfg)  # an exported model's call format and tool naming (cipr-export's manifest)
     out_dir = Path(cfg.out_dir)
-    fmt = get_format(cfg.call_format)
+    try:
+        fmt = get_format(cfg.call_format)
+    except ValueError as e:
+        raise ConfigError(f"format={cfg.call_format!r}: {e}") from None
     items, perts, build_report = build(cfg)
     if not items:
-        raise ValueError("nothing to evaluate: the benchmark, perturbations and names select no item")
+        raise ConfigError("nothing to evaluate: the benchmark, perturbations and names select no item")
+    previous_meta(out_dir, cfg)
+    check_same_selection(items, out_dir)
     write_meta(out_dir, cfg, perts, build_report.to_json(), len(items))
-    backend = make_backend(cfg, fmt, model, tokenizer)
+    backend = backend or make_backend(cfg, fmt, model, tokenizer)
     rcfg = RunnerConfig(chunk_size=cfg.chunk_size, strict_parse=cfg.benchmark.strict_parse, progress=cfg.progress)
     stats = run_items(items, backend, fmt, scorer_for(cfg), out_dir, rcfg)
     log.info("evaluated %d, skipped %d already done, %d correct", stats.evaluated, stats.skipped, stats.correct)

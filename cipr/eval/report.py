@@ -31,6 +31,7 @@ from typing import Any, Literal
 from cipr.errors import DataError
 from cipr.eval.stats import Estimate, accuracy, mean_estimate, paired_difference
 from cipr.eval.taxonomy import CLASSES
+from cipr.io import read_json, write_json_atomic, write_text_atomic
 
 RESULTS = "results.jsonl"
 RUN_META = "run.json"
@@ -432,15 +433,15 @@ def write_report(run_dir: str | Path, config: ReportConfig | None = None) -> dic
     """Read a run directory's results.jsonl (and run.json), write summary.json, report.md, plots/."""
     run_dir = Path(run_dir)
     meta_path = run_dir / RUN_META
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    meta = read_json(meta_path) if meta_path.exists() else {}
     config = config or report_config_from_meta(meta)
     records, torn = read_results(run_dir / RESULTS)
     if not records:
         raise DataError("no results to report", file=str(run_dir / RESULTS))
     summary = summarize(records, config, {k: v for k, v in meta.items() if k != "report"})
     summary["torn_lines"] = torn
-    (run_dir / SUMMARY).write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
-    (run_dir / REPORT).write_text(render_markdown(summary))
+    write_json_atomic(run_dir / SUMMARY, summary)
+    write_text_atomic(run_dir / REPORT, render_markdown(summary))
     plot_summary(summary, run_dir / PLOTS)
     return summary
 

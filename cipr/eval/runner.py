@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from tqdm import tqdm
 
 from cipr.canonical import NameMap, UndeclaredToolError
-from cipr.errors import DataError
+from cipr.errors import ConfigError, DataError
 from cipr.eval.backends import Backend, Generation, GenRequest
 from cipr.eval.report import RESULTS
 from cipr.eval.taxonomy import TaxonomyConfig, classify
@@ -128,9 +128,41 @@ def existing_keys(path: Path) -> tuple[set[Key], int]:
             continue
         try:
             keys.add(record_key(json.loads(line)))
-        except (json.JSONDecodeError, KeyError) as e:
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise DataError(f"line {i + 1} is not a result record: {e}", file=str(path), field="results") from e
     return keys, torn
+
+
+def recorded_keys(path: Path) -> set[Key]:
+    """Keys of the complete lines of results.jsonl, read only (a torn last line is ignored, not cut)."""
+    if not path.is_file():
+        return set()
+    keys: set[Key] = set()
+    lines = path.read_bytes().split(b"\n")
+    for i, line in enumerate(lines[:-1]):
+        if not line.strip():
+            continue
+        try:
+            keys.add(record_key(json.loads(line)))
+        except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
+            raise DataError(f"line {i + 1} is not a result record: {e}", file=str(path), field="results") from e
+    return keys
+
+
+def check_same_selection(items: Sequence[EvalItem], out_dir: str | Path) -> None:
+    """Refuse a rerun that would mix runs: results in `out_dir` for units this run does not select.
+
+    A rerun may continue a run or extend it (more items, perturbations or names), so its report
+    covers what it selected; one that selects less would report the older run's units with it.
+    """
+    path = Path(out_dir) / RESULTS
+    foreign = recorded_keys(path) - {it.key for it in items}
+    if foreign:
+        example = sorted(foreign)[0]
+        raise ConfigError(f"{path} already holds {len(foreign)} results this run does not select (e.g. item "
+                          f"{example[0]!r}, names {example[1]}, perturbation {example[2]}): it was written by a larger "
+                          f"or different run. Rerun with the same or a larger selection (limit, partitions, "
+                          f"perturbations, names), or use a new out_dir")
 
 
 def translate(calls: Sequence[Call], name_map: NameMap | None) -> tuple[tuple[Call, ...], tuple[str, ...]]:

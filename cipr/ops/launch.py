@@ -43,10 +43,14 @@ def accelerate_command(num_processes: int, port: int, accelerate_config: str | N
                        module: str = "cipr.cli.train") -> list[str]:
     """`python -m accelerate.commands.launch ... -m <module> <argv>` for `num_processes` processes on this node."""
     if num_processes < 1:
-        raise ValueError(f"num_processes must be >= 1, got {num_processes}")
+        from cipr.errors import ConfigError
+
+        raise ConfigError(f"launcher.num_processes={num_processes}: must be >= 1")
     config = accelerate_config or str(DEFAULT_ACCELERATE_CONFIG)
     if not Path(config).is_file():
-        raise FileNotFoundError(f"accelerate config {config} not found (launcher.accelerate_config)")
+        from cipr.errors import MissingInputError
+
+        raise MissingInputError(f"accelerate config {config} not found (launcher.accelerate_config)")
     return [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(num_processes),
             "--main_process_port", str(port), "--config_file", config, "-m", module, *argv]
 
@@ -83,21 +87,36 @@ def run_launcher(cmd: Sequence[str], notice_file: str | None = None) -> int:
             os.rmdir(owned)
 
 
+def check_run_dir(path: str | Path, option: str = "trainer.run_dir") -> None:
+    """Refuse a run folder that names a file (or lies under one) before anything starts."""
+    from cipr.errors import ConfigError
+    from cipr.io import file_in_the_way
+
+    blocker = file_in_the_way(path)
+    if blocker is not None:
+        raise ConfigError(f"{option}={str(path)!r}: {blocker} is a file; give a folder for the run")
+
+
 def run_entry(container: dict[str, Any], parse: Callable[[dict[str, Any]], Any], train: Callable[[Any], Any],
               artifacts: str, argv: Sequence[str] | None = None) -> int:
     """Parse a resolved config, re-launch it as `launcher.num_processes` processes or train it; the exit status.
 
-    0 done (or preempted after a save: rerun to resume), 2 configuration error (nothing was started),
-    3 non-finite loss (the last checkpoint is intact). `parse` raises ConfigError on bad input; the
-    parsed config has a `launcher` with num_processes, main_process_port and accelerate_config;
-    `train` returns the run folder, named in the closing line with its `artifacts`.
+    0 done (or preempted after a save: rerun to resume), 2 bad input: a configuration error (nothing
+    was started), or a missing or damaged input file, one line naming it (`cipr.errors`; CIPR_DEBUG=1
+    shows the traceback), 3 non-finite loss (the last checkpoint is intact). `parse` raises
+    ConfigError on bad input; the parsed config has a `launcher` with num_processes,
+    main_process_port and accelerate_config; `train` returns the run folder, named in the closing
+    line with its `artifacts`.
     """
+    from cipr.errors import EXIT_INPUT, USER_ERRORS, ConfigError, debug_enabled, user_message
     from cipr.ops.preemption import Preempted
     from cipr.train.checkpoint import NonFiniteLossError
-    from cipr.train.config import ConfigError
 
     try:
         config = parse(container)
+        trainer = getattr(config, "trainer", None)
+        if getattr(trainer, "run_dir", None):
+            check_run_dir(trainer.run_dir)
         launcher = config.launcher
         if launcher.num_processes > 1 and "LOCAL_RANK" not in os.environ:
             cmd = accelerate_command(launcher.num_processes, launcher.main_process_port, launcher.accelerate_config,
@@ -105,14 +124,17 @@ def run_entry(container: dict[str, Any], parse: Callable[[dict[str, Any]], Any],
             log.info("launching %d processes: %s", launcher.num_processes, " ".join(cmd))
             return run_launcher(cmd)
         run_dir = train(config)
-    except ConfigError as e:
-        print(f"cipr-train: configuration error: {e}", file=sys.stderr)
-        return 2
     except NonFiniteLossError as e:
         print(f"cipr-train: {e}", file=sys.stderr)
         return 3
     except Preempted as e:
         print(f"cipr-train: {e}", file=sys.stderr)
         return 0
+    except USER_ERRORS as e:
+        if debug_enabled():
+            raise
+        kind = "configuration error: " if isinstance(e, ConfigError) else ""
+        print(f"cipr-train: {kind}{user_message(e)} (CIPR_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return EXIT_INPUT
     print(f"cipr-train: done; run folder {run_dir} ({artifacts})")
     return 0

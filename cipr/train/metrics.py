@@ -112,9 +112,12 @@ class MetricsWriter:
                 f.write(json.dumps({"stage": stage, "step": step, **sample}) + "\n")
 
     def truncate_after(self, stage: str, step: int) -> int:
-        """Drop lines of `stage` after `step` and every line of later stages (metrics and samples); how many."""
+        """Drop lines of `stage` after `step`, its end line (it is being resumed), every line of later
+        stages, and a line torn by a kill (metrics and samples); how many."""
         if not self.enabled:
             return 0
+        from cipr.io import write_text_atomic
+
         order = {s: i for i, s in enumerate(STAGES)}
         dropped = 0
         for path in (self.path, self.samples_path):
@@ -122,15 +125,19 @@ class MetricsWriter:
                 continue
             kept = []
             for line in path.read_text().splitlines():
-                rec = json.loads(line)
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    dropped += 1
+                    continue
                 rs = rec.get("stage")
                 later = rs in order and order[rs] > order[stage]
-                past = rs == stage and rec.get("step", 0) > step
+                past = rs == stage and (rec.get("step", 0) > step or rec.get("kind") == "stage_end")
                 if later or past:
                     dropped += 1
                 else:
                     kept.append(line)
-            path.write_text("".join(k + "\n" for k in kept))
+            write_text_atomic(path, "".join(k + "\n" for k in kept))
         return dropped
 
     def read(self) -> list[dict[str, Any]]:

