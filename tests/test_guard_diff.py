@@ -180,11 +180,10 @@ def test_cli_exit_codes_and_reports(tmp_path, capsys):
     assert main(["diff", str(old), str(contract), "--report", str(tmp_path / "gate.json")]) == 2
     assert json.loads((tmp_path / "gate.json").read_text())["changes"][0]["kind"] == "removed_tool"
     assert "removed_tool" in (tmp_path / "gate.md").read_text()
-    assert main(["diff", str(old), str(tmp_path / "missing.json")]) == 1
+    assert main(["diff", str(old), str(tmp_path / "missing.json")]) == 2  # bad input stops the gate too
     assert "missing.json" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as e:
-        main(["diff", str(old)])
-    assert e.value.code == 1
+    assert main(["diff", str(old)]) == 2
+    assert "required" in capsys.readouterr().err
 
 
 def test_cli_on_real_bfcl_item_via_subprocess(shared_data, tmp_path):

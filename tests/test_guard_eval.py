@@ -90,7 +90,7 @@ def test_cli_eval_smoke_with_the_tiny_model(tmp_path, shared_data, capsys):
     assert row["drift_tokens"] > 0 and row["policies"]["none"]["status"] == "none"
     assert "none:" in capsys.readouterr().out
     assert main(["eval", "--model", str(tmp_path / "nope"), "--out", str(tmp_path), "--limit", "1",
-                 "--data-root", str(shared_data)]) == 1
+                 "--data-root", str(shared_data)]) == 2
     with pytest.raises(ValueError, match="unknown drift setting"):
         GuardEvalConfig(setting="wild")
 
@@ -112,3 +112,122 @@ def test_validator_sees_stale_calls_and_accepts_drifted_references(study, settin
             broken += 1
             visible += not all(validator.validate(c).valid for c in example.reference)
     assert broken > 0 and visible == broken
+
+
+class Interrupted(Exception):
+    """Stands for a crash or a kill in the middle of an item."""
+
+
+def _stale_model(sample):
+    shifted = {e.id: drifted(e, "mild", 0) for e in sample}
+
+    def reply(req: Request) -> str:
+        text = " ".join(str(m["content"]) for m in req.messages)
+        ex = next(e for e in sample if e.query in text)
+        if req.messages[0]["content"] in (REPAIR_INSTRUCTIONS, CANDIDATE_INSTRUCTIONS):
+            return _calls_text(shifted[ex.id].reference)
+        return _calls_text(ex.reference)
+
+    return FunctionBackend(reply)
+
+
+def _crash_at(item_id: str, after: int):
+    """A scorer that raises on its `after`-th call for `item_id` (clean, drift, then each guarded policy)."""
+    from cipr.guard.evaluate import bfcl_correct
+
+    seen = {"n": 0}
+
+    def scorer(calls, example):
+        if example.id == item_id:
+            seen["n"] += 1
+            if seen["n"] == after:
+                raise Interrupted(item_id)
+        return bfcl_correct(calls, example)
+
+    return scorer
+
+
+def _stable(summary: dict) -> dict:
+    return {p: {k: v for k, v in s.items() if "latency" not in k} for p, s in summary["policies"].items()}
+
+
+def test_an_interrupted_run_resumes_every_unit_exactly_once(study, tmp_path):
+    sample = study_sample(study, per_partition=2, seed=0)
+    cfg = GuardEvalConfig(setting="mild")
+    ref = evaluate_guard(sample, _stale_model(sample), cfg, out_dir=tmp_path / "ref")
+    out = tmp_path / "run"
+    k = 5
+    with pytest.raises(Interrupted):  # item k dies after its first guarded policy ran
+        evaluate_guard(sample, _stale_model(sample), cfg, out_dir=out, scorer=_crash_at(sample[k].id, 4))
+    results, audit = (out / "results.jsonl").read_bytes(), (out / "audit.jsonl").read_bytes()
+    assert [json.loads(x)["id"] for x in results.splitlines()] == [e.id for e in sample[:k]]
+    assert len(audit.splitlines()) == 3 * k  # the interrupted item left no partial unit
+    with (out / "results.jsonl").open("ab") as f:  # and a torn line, as a kill during a write leaves
+        f.write(b'{"id": "torn')
+    resumed = evaluate_guard(sample, _stale_model(sample), cfg, out_dir=out)
+    after_results, after_audit = (out / "results.jsonl").read_bytes(), (out / "audit.jsonl").read_bytes()
+    assert after_results.startswith(results) and after_audit.startswith(audit)  # earlier lines byte-identical
+    rows = [json.loads(x) for x in after_results.splitlines()]
+    assert [r["id"] for r in rows] == [e.id for e in sample]
+    units = [json.loads(x)["item_id"] for x in after_audit.splitlines()]
+    assert sorted(units) == sorted(f"{e.id}|{p}" for e in sample for p in ("naive_retry", "tool_list", "repair"))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["n"] == len(sample) and summary["resumed"] == k
+    assert _stable(summary) == _stable(json.loads((tmp_path / "ref" / "summary.json").read_text()))
+    assert [r["id"] for r in resumed.rows] == [r["id"] for r in ref.rows]
+    again = evaluate_guard(sample, _stale_model(sample), cfg, out_dir=out)  # nothing left: nothing appended
+    assert (out / "results.jsonl").read_bytes() == after_results and (out / "audit.jsonl").read_bytes() == after_audit
+    assert again.summaries["repair"] == resumed.summaries["repair"]
+
+
+def test_a_larger_rerun_extends_and_a_different_one_is_refused_untouched(study, tmp_path):
+    from cipr.errors import CiprError
+
+    sample = study_sample(study, per_partition=2, seed=0)
+    out = tmp_path / "run"
+    evaluate_guard(sample[:3], _stale_model(sample), GuardEvalConfig(setting="mild"), out_dir=out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    refusals = [
+        (dict(config=GuardEvalConfig(setting="medium")), "another configuration"),
+        (dict(config=GuardEvalConfig(setting="mild", policies=("none", "repair"))), "another configuration"),
+        (dict(config=GuardEvalConfig(setting="mild", budget=64)), "budget"),
+        (dict(config=GuardEvalConfig(setting="mild"), identity={"model": "other"}), "model"),
+        (dict(config=GuardEvalConfig(setting="mild"), examples=sample[1:3]), "does not ask for"),
+    ]
+    for kwargs, message in refusals:
+        examples = kwargs.pop("examples", sample)
+        with pytest.raises(CiprError, match=message):
+            evaluate_guard(examples, _stale_model(sample), out_dir=out, **kwargs)
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    evaluate_guard(sample, _stale_model(sample), GuardEvalConfig(setting="mild"), out_dir=out)
+    rows = (out / "results.jsonl").read_bytes()
+    assert rows.startswith(before["results.jsonl"]) and len(rows.splitlines()) == len(sample)
+
+
+def test_a_folder_of_other_data_is_refused_untouched(study, tmp_path):
+    from cipr.errors import CiprError
+
+    sample = study_sample(study, per_partition=1, seed=0)
+    other = tmp_path / "eval_run"
+    other.mkdir()
+    (other / "results.jsonl").write_text("".join(json.dumps({"id": f"x{i}", "correct": True}) + "\n"
+                                                 for i in range(1000)))
+    with pytest.raises(CiprError, match="no run.json"):
+        evaluate_guard(sample, _stale_model(sample), out_dir=other)
+    (other / "run.json").write_text(json.dumps({"model": "m", "benchmark": "bfcl"}))
+    with pytest.raises(CiprError, match="another kind of run"):
+        evaluate_guard(sample, _stale_model(sample), out_dir=other)
+    assert len((other / "results.jsonl").read_text().splitlines()) == 1000
+    assert sorted(p.name for p in other.iterdir()) == ["results.jsonl", "run.json"]
+
+
+def test_a_run_that_failed_before_any_unit_does_not_pin_its_configuration(study, tmp_path):
+    sample = study_sample(study, per_partition=1, seed=0)
+    out = tmp_path / "run"
+    with pytest.raises(Interrupted):
+        evaluate_guard(sample, _stale_model(sample), GuardEvalConfig(setting="medium"), out_dir=out,
+                       scorer=_crash_at(sample[0].id, 1))
+    assert json.loads((out / "run.json").read_text())["config"]["setting"] == "medium"
+    evaluate_guard(sample, _stale_model(sample), GuardEvalConfig(setting="mild"), out_dir=out)
+    assert json.loads((out / "run.json").read_text())["config"]["setting"] == "mild"
+    assert len((out / "results.jsonl").read_text().splitlines()) == len(sample)

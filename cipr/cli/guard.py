@@ -10,9 +10,12 @@ JSON-lines file, `--item ID` picks the row). The markdown report goes to stdout,
 `--report PATH` to PATH with the JSON report beside it (PATH with the suffix `.json`; a PATH
 ending in `.json` gets the JSON, and the markdown goes beside it with `.md`).
 
-`diff` exit status: 0 when every change is drift, 2 when any contract change is present (a
-deployment pipeline stops on it), 1 for unreadable input or bad usage. It runs on CPU in well under
-a second, the same on any machine.
+Exit status: 0 when every change is drift; 2 when any contract change is present (a deployment
+pipeline stops on it) and also for bad input or usage (a missing or unreadable file, malformed
+JSON, a tool list of the wrong shape, a bad threshold, an output path that is a folder or an
+input): one line on stderr says which file, item and field, and what to do (`--debug` or
+`CIPR_DEBUG=1` shows the traceback instead). Reports are written to a temporary name and renamed,
+and never over an input. `diff` runs on CPU in well under a second, the same on any machine.
 
 `eval` runs `cipr.guard.evaluate.evaluate_guard` on BFCL (the study's 200-item sample or the full
 2,501 items) and writes results.jsonl, audit.jsonl and summary.json to `--out`:
@@ -21,30 +24,37 @@ a second, the same on any machine.
 - one GPU: the same with `--model DIR --device cuda --batch-size 32` (a transformers folder);
 - several GPUs or Slurm: run one process per setting (mild, medium) or per `--shard K/N`, each with
   its own `--out`, e.g. `srun --gpus=1 cipr-guard eval ... --shard $SLURM_PROCID/$SLURM_NTASKS`.
+Rerunning the same command resumes it: finished items are kept byte for byte and skipped; an
+`--out` holding another configuration or another kind of run is refused (`cipr.guard.evaluate`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cipr.errors import DataError
+from cipr.errors import EXIT_INPUT, ConfigError, DataError, UnsafeOutputError, cli_errors, debug_enabled
 from cipr.guard.diff import DiffConfig, diff_interfaces, load_tool_list
 
-EXIT_OK, EXIT_INPUT, EXIT_CONTRACT = 0, 1, 2
+EXIT_OK, EXIT_CONTRACT = 0, 2
+PROG = "cipr-guard"
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # usage errors exit 1, so 2 always means a contract change
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_INPUT, f"{self.prog}: error: {message}\n")
+    def error(self, message: str) -> None:  # one line, the policy's exit status
+        self.exit(EXIT_INPUT, f"{self.prog}: {message} (see {PROG} {self._subcommand()}--help)\n")
+
+    def _subcommand(self) -> str:
+        name = self.prog.split()[-1]
+        return f"{name} " if name != PROG else ""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="cipr-guard", description="Release gate: classify tool-interface changes.")
+    parser = _Parser(prog=PROG, description="Release gate: classify tool-interface changes.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     d = sub.add_parser("diff", help="compare two tool lists; exit 2 on a contract change")
     d.add_argument("old", type=Path)
@@ -53,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--item", help="row id when a file holds several tool lists (JSON lines)")
     d.add_argument("--new-tools-are-drift", action="store_true",
                    help="classify an added tool that overlaps nothing as drift instead of a contract change")
+    d.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     d.add_argument("--rename-threshold", type=float, default=DiffConfig.rename_threshold)
     d.add_argument("--overlap-threshold", type=float, default=DiffConfig.overlap_threshold)
     e = sub.add_parser("eval", help="drift evaluation of the guard policies on BFCL")
@@ -71,11 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--device", default="auto", help="auto, cpu or cuda")
     e.add_argument("--data-root", help="the data root holding bfcl_v4/ (default: cipr.data.paths.data_root())")
     e.add_argument("--out", type=Path, required=True)
+    e.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     return parser
 
 
 def _load_model(spec: str, device: str):
-    import torch
 
     if spec == "tiny":
         from cipr.testing import tiny_model, tiny_tokenizer
@@ -91,71 +102,146 @@ def _load_model(spec: str, device: str):
 
         if not Path(spec).is_dir():
             raise DataError("not a model folder (pass a transformers folder, 'embedded' or 'tiny')", file=spec)
-        tokenizer = AutoTokenizer.from_pretrained(spec, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(spec, local_files_only=True, dtype="auto")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(spec, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(spec, local_files_only=True, dtype="auto")
+        except (OSError, ValueError, KeyError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise DataError(f"cannot load a model from this folder: {first}", file=spec) from e
     model.to(device).eval()
     return model, tokenizer
 
 
+def _device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cpu" or (name.startswith("cuda") and torch.cuda.is_available()):
+        return name
+    if name.startswith("cuda"):
+        raise ConfigError(f"--device {name}: no CUDA device is available here; use --device cpu or auto")
+    raise ConfigError(f"--device {name!r}: expected auto, cpu or cuda")
+
+
+def _shard(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ConfigError(f"--shard must be K/N with 0 <= K < N, got {text!r}") from None
+    if not 0 <= k < n:
+        raise ConfigError(f"--shard must be K/N with 0 <= K < N, got {text!r}")
+    return k, n
+
+
 def _eval(args: argparse.Namespace) -> int:
-    from cipr.data.bfcl import load_bfcl
-    from cipr.guard.backend import HFBackend
+    from cipr.formats import FORMATS
     from cipr.guard.evaluate import STUDY_PARTITIONS, GuardEvalConfig, evaluate_guard, study_sample
 
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     config = GuardEvalConfig(setting=args.setting, policies=policies, seed=args.seed, budget=args.budget,
                              max_new_tokens=args.max_new_tokens)
-    call_format = None if args.format == "json" else args.format
-    model, tokenizer = _load_model(args.model, args.device)
-    backend = HFBackend(model, tokenizer, call_format, batch_size=args.batch_size)
+    for name in ("limit", "batch_size"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
+    if args.format != "json" and args.format not in FORMATS:
+        raise ConfigError(f"--format {args.format!r}: expected json or one of {', '.join(sorted(FORMATS))}")
+    shard = _shard(args.shard)
+    if args.out.exists() and not args.out.is_dir():
+        raise UnsafeOutputError(f"--out {str(args.out)!r} is a file, not a folder; pass a folder for the outputs")
+    device = _device(args.device)
+    from cipr.data.bfcl import load_bfcl
+
     if args.sample == "study200":
         examples = study_sample(load_bfcl(args.data_root, partitions=STUDY_PARTITIONS), seed=args.seed)
     else:
         examples = load_bfcl(args.data_root)
-    if args.shard:
-        k, n = (int(x) for x in args.shard.split("/"))
-        if not 0 <= k < n:
-            raise DataError(f"--shard must be K/N with 0 <= K < N, got {args.shard}", field="shard")
-        examples = examples[k::n]
+    if shard is not None:
+        examples = examples[shard[0]::shard[1]]
     if args.limit is not None:
         examples = examples[: args.limit]
+    from cipr.guard.backend import HFBackend
+
+    model, tokenizer = _load_model(args.model, device)
+    backend = HFBackend(model, tokenizer, None if args.format == "json" else args.format,
+                        batch_size=args.batch_size)
     result = evaluate_guard(examples, backend, config, call_format=backend.call_format, out_dir=args.out,
-                            progress=lambda msg: print(msg, file=sys.stderr))
+                            progress=lambda msg: print(msg, file=sys.stderr),
+                            identity={"model": args.model, "sample": args.sample})
     for policy, summary in result.summaries.items():
         line = ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items())
         print(f"{policy}: {line}")
     return EXIT_OK
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command == "eval":
-        try:
-            return _eval(args)
-        except (DataError, ValueError) as e:
-            print(f"cipr-guard: {e}", file=sys.stderr)
-            return EXIT_INPUT
+def _same(a: Path, b: Path) -> bool:
     try:
-        old = load_tool_list(args.old, item=args.item)
-        new = load_tool_list(args.new, item=args.item)
-        config = DiffConfig(rename_threshold=args.rename_threshold, overlap_threshold=args.overlap_threshold,
-                            added_tool_is_contract=not args.new_tools_are_drift)
-        report = diff_interfaces(old, new, config)
-    except DataError as e:
-        print(f"cipr-guard: {e}", file=sys.stderr)
-        return EXIT_INPUT
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def _report_paths(report: Path, inputs: Sequence[Path]) -> tuple[Path, Path]:
+    """(markdown, json) paths for `--report`, refused when one is a folder or an input."""
+    md_path, json_path = ((report.with_suffix(".md"), report) if report.suffix == ".json"
+                          else (report, report.with_suffix(".json")))
+    for path in (md_path, json_path):
+        if path.is_dir():
+            raise UnsafeOutputError(f"--report {str(report)!r}: {str(path)!r} is a folder; pass a file path such "
+                                    f"as {str(path / 'diff.md')!r}")
+        if any(_same(path, i) for i in inputs):
+            raise UnsafeOutputError(f"--report {str(report)!r} would overwrite the input {str(path)!r}; "
+                                    "write the report elsewhere")
+    parent = md_path.parent
+    if parent.exists() and not parent.is_dir() or any(p.exists() and not p.is_dir() for p in parent.parents):
+        raise UnsafeOutputError(f"--report {str(report)!r}: a parent of it is a file, not a folder")
+    return md_path, json_path
+
+
+def _write_atomic(path: Path, text: str) -> Path:
+    """Write `text` to a temporary file beside `path`; return it (the caller renames it into place)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    return tmp
+
+
+def _diff(args: argparse.Namespace) -> int:
+    config = DiffConfig(rename_threshold=args.rename_threshold, overlap_threshold=args.overlap_threshold,
+                        added_tool_is_contract=not args.new_tools_are_drift)
+    paths = _report_paths(args.report, (args.old, args.new)) if args.report is not None else None
+    old = load_tool_list(args.old, item=args.item)
+    new = load_tool_list(args.new, item=args.item)
+    report = diff_interfaces(old, new, config)
     markdown = report.to_markdown()
-    sys.stdout.write(markdown)
-    if args.report is not None:
-        md_path, json_path = ((args.report.with_suffix(".md"), args.report) if args.report.suffix == ".json"
-                              else (args.report, args.report.with_suffix(".json")))
+    if paths is not None:
+        md_path, json_path = paths
         md_path.parent.mkdir(parents=True, exist_ok=True)
-        md_path.write_text(markdown, encoding="utf-8")
-        json_path.write_text(json.dumps(report.to_json(), indent=2, ensure_ascii=False, default=str) + "\n",
-                             encoding="utf-8")
+        texts = ((md_path, markdown),
+                 (json_path, json.dumps(report.to_json(), indent=2, ensure_ascii=False, default=str) + "\n"))
+        tmps = []
+        try:
+            tmps = [(_write_atomic(path, text), path) for path, text in texts]
+            for tmp, path in tmps:
+                os.replace(tmp, path)
+        finally:
+            for tmp, _ in tmps:
+                tmp.unlink(missing_ok=True)
+    sys.stdout.write(markdown)
     return EXIT_CONTRACT if report.has_contract_change else EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The `cipr-guard` entry point; returns the exit status (see the module docstring)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+        with cli_errors(PROG, debug_enabled(argv)):
+            return _eval(args) if args.command == "eval" else _diff(args)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else EXIT_INPUT
 
 
 if __name__ == "__main__":

@@ -24,18 +24,29 @@ Choices the spec leaves open:
   drawn with `random.Random(seed)` per partition and kept in load order (`study_sample`).
 - Token overhead counts prompt and completion tokens on both sides (the guard's calls, and the
   drifted call), as reported by the backend.
+
+Output folder (`out_dir`): results.jsonl (one row per item, every policy in it), audit.jsonl (one
+record per item and guarded policy, `item_id` "ID|policy"), summary.json and run.json (the
+configuration). A rerun into the same folder resumes: files are only appended to, items with a
+row are neither generated nor guarded again, an item's audit records are written together just
+before its row (so an interrupted item leaves no partial unit) and a record already present is not
+written twice; only a last line torn by a crash (no newline) is cut off. The summary covers every
+requested item, earlier rows included. A folder holding another configuration, another kind of
+run, files we cannot read as ours, or rows for items this run does not ask for (another sample,
+shard or limit) is refused, and nothing in it is touched.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cipr.errors import DataError
+from cipr.errors import ConfigError, DataError, UnsafeOutputError
 from cipr.guard.audit import AuditLog
 from cipr.guard.backend import Backend, Usage
 from cipr.guard.contract import ContractSnapshot
@@ -47,6 +58,8 @@ from cipr.interface import Call, Example
 
 STUDY_PARTITIONS = ("simple_python", "multiple", "live_simple", "live_multiple")
 SETTINGS = {"mild": "drift_mild", "medium": "drift_medium"}
+RESULTS, AUDIT, SUMMARY, RUN_META = "results.jsonl", "audit.jsonl", "summary.json", "run.json"
+RUN_KIND = "guard_eval"
 
 Scorer = Callable[[Sequence[Call], Example], bool]
 
@@ -86,10 +99,22 @@ class GuardEvalConfig:
 
     def __post_init__(self) -> None:
         if self.setting not in SETTINGS:
-            raise ValueError(f"unknown drift setting {self.setting!r}; expected one of {', '.join(SETTINGS)}")
+            raise ConfigError(f"unknown drift setting {self.setting!r}; expected one of {', '.join(SETTINGS)}")
         bad = [p for p in self.policies if p not in POLICIES]
         if bad:
-            raise ValueError(f"unknown guard policies {bad}; expected some of {', '.join(POLICIES)}")
+            raise ConfigError(f"unknown guard policies {bad}; expected some of {', '.join(POLICIES)}")
+        if not self.policies or len(set(self.policies)) != len(self.policies):
+            raise ConfigError(f"policies must name at least one policy, each once; got {list(self.policies)}")
+        for name in ("max_new_tokens", "budget"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be a positive number of tokens, got {getattr(self, name)!r}")
+
+    def identity(self, call_format: Any = None) -> dict[str, Any]:
+        """What run.json records, and what a resumed run must match."""
+        return {"setting": self.setting, "perturbation": SETTINGS[self.setting], "policies": list(self.policies),
+                "seed": self.seed, "max_new_tokens": self.max_new_tokens, "budget": self.budget,
+                "candidate_retry": self.candidate_retry, "cards": self.cards,
+                "call_format": getattr(call_format, "name", None) if call_format is not None else "json"}
 
 
 @dataclass
@@ -130,25 +155,140 @@ def drifted(example: Example, setting: str, seed: int) -> Example:
     return perturbed
 
 
+def _write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file in the same folder and a rename."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _read_lines(path: Path, say: Callable[[str], None]) -> list[dict[str, Any]]:
+    """The JSON records of a JSON-lines file we append to, after cutting a last line torn by a crash."""
+    if not path.exists():
+        return []
+    if not path.is_file():
+        raise UnsafeOutputError(f"{path} is not a file; use a new out folder")
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        cut = data.rfind(b"\n") + 1
+        say(f"{path}: cutting a torn last line ({len(data) - cut} bytes) left by an interrupted run")
+        with path.open("r+b") as f:
+            f.truncate(cut)
+        data = data[:cut]
+    records = []
+    for i, line in enumerate(data.decode("utf-8", errors="replace").splitlines()):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise DataError(f"line {i + 1} is not JSON; the folder was not written by a guard evaluation, "
+                            "use a new out folder", file=str(path)) from e
+        if not isinstance(record, dict):
+            raise DataError(f"line {i + 1} is not a record; use a new out folder", file=str(path))
+        records.append(record)
+    return records
+
+
+@dataclass
+class _Folder:
+    """What an output folder already holds: finished rows by item id, and the audit units written."""
+
+    rows: dict[str, dict[str, Any]]
+    audited: set[str]
+
+
+def _open_folder(out: Path, meta: dict[str, Any], ids: Sequence[str], say: Callable[[str], None]) -> _Folder:
+    """Check that `out` is empty or holds this very evaluation (see the module docstring); record run.json."""
+    if out.exists() and not out.is_dir():
+        raise UnsafeOutputError(f"out {str(out)!r} is a file, not a folder; pass a folder for the outputs")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as e:
+        raise UnsafeOutputError(f"cannot create the out folder {str(out)!r}: a parent is a file") from e
+    meta_path = out / RUN_META
+    old: Any = None
+    if meta_path.exists():
+        try:
+            old = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError, IsADirectoryError) as e:
+            raise UnsafeOutputError(f"{meta_path} is not a run description we wrote; use a new out folder") from e
+        if not isinstance(old, dict) or old.get("kind") != RUN_KIND:
+            raise UnsafeOutputError(f"{out} holds another kind of run ({RUN_META} is not a guard evaluation's); "
+                                    "use a new out folder")
+    rows = _read_lines(out / RESULTS, say)
+    audit = _read_lines(out / AUDIT, say)
+    if old is None and (rows or audit):
+        raise UnsafeOutputError(f"{out} holds {RESULTS} or {AUDIT} but no {RUN_META}: not a guard evaluation "
+                                "this run can resume; use a new out folder")
+    if old is not None and (rows or audit) and old.get("config") != meta:
+        had = old.get("config") if isinstance(old.get("config"), dict) else {}
+        detail = "; ".join(f"{k}: {had.get(k)!r} there, {v!r} now" for k, v in meta.items() if had.get(k) != v)
+        raise ConfigError(f"{out} holds a guard evaluation with another configuration ({detail or 'unreadable'}); "
+                          "use a new out folder, or the same options to resume it")
+    done: dict[str, dict[str, Any]] = {}
+    for i, row in enumerate(rows):
+        if not isinstance(row.get("id"), str) or not isinstance(row.get("policies"), dict) \
+                or sorted(row["policies"]) != sorted(meta["policies"]):
+            raise DataError(f"line {i + 1} is not a result row of this evaluation; use a new out folder",
+                            file=str(out / RESULTS))
+        done[row["id"]] = row
+    extra = [i for i in done if i not in set(ids)]
+    if extra:
+        raise ConfigError(f"{out} holds results for {len(extra)} item(s) this run does not ask for (e.g. "
+                          f"{extra[0]!r}: another sample, shard or limit); use a new out folder or the same options")
+    if old is None or old.get("config") != meta:
+        _write_atomic(meta_path, json.dumps({"kind": RUN_KIND, "config": meta}, indent=2) + "\n")
+    return _Folder(done, {str(r.get("item_id")) for r in audit})
+
+
+def _append(path: Path, lines: Sequence[str]) -> None:
+    if lines:
+        with path.open("a", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in lines))
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _outcome(policy: str, row: Mapping[str, Any]) -> ItemOutcome:
+    """An item's outcome under `policy`, read back from its results row."""
+    p = row["policies"][policy]
+    return ItemOutcome(row["id"], drift=row["drift_correct"], guard=p["correct"], status=p["status"],
+                       triggered=p["triggered"], guard_tokens=p["guard_tokens"], drift_tokens=row["drift_tokens"],
+                       added_latency_s=p["latency_s"], clean=row["clean_correct"])
+
+
 def evaluate_guard(examples: Sequence[Example], backend: Backend, config: GuardEvalConfig | None = None, *,
                    call_format: Any = None, scorer: Scorer = bfcl_correct, out_dir: str | Path | None = None,
-                   progress: Callable[[str], None] | None = None) -> GuardEvalResult:
-    """Run the drift evaluation; with `out_dir`, write results.jsonl, audit.jsonl and summary.json there."""
+                   progress: Callable[[str], None] | None = None,
+                   identity: Mapping[str, Any] | None = None) -> GuardEvalResult:
+    """Run the drift evaluation; with `out_dir`, write results.jsonl, audit.jsonl and summary.json there,
+    resuming what an earlier run of the same configuration left (see the module docstring).
+
+    `identity`: more that run.json must match on a resume (e.g. the model), besides the config.
+    """
     cfg = config or GuardEvalConfig()
-    out = Path(out_dir) if out_dir is not None else None
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        for name in ("results.jsonl", "audit.jsonl"):
-            (out / name).unlink(missing_ok=True)
-    audit = AuditLog(out / "audit.jsonl" if out is not None else None)
-    shifted = [drifted(e, cfg.setting, cfg.seed) for e in examples]
     say = progress or (lambda _msg: None)
-    say(f"generating {len(examples)} undrifted turns")
-    clean = _generate(backend, examples, cfg.max_new_tokens)
-    say(f"generating {len(examples)} drifted turns ({SETTINGS[cfg.setting]})")
+    out = Path(out_dir) if out_dir is not None else None
+    ids = [e.id for e in examples]
+    if len(set(ids)) != len(ids):
+        raise DataError("the examples repeat an item id; each item can be evaluated once", field="id")
+    meta = {**cfg.identity(call_format), **dict(identity or {})}
+    folder = _open_folder(out, meta, ids, say) if out is not None else _Folder({}, set())
+    if folder.rows:
+        say(f"resuming: {sum(i in folder.rows for i in ids)} of {len(ids)} items already done in {out}")
+    todo = [e for e in examples if e.id not in folder.rows]
+    shifted = [drifted(e, cfg.setting, cfg.seed) for e in todo]
+    say(f"generating {len(todo)} undrifted turns")
+    clean = _generate(backend, todo, cfg.max_new_tokens)
+    say(f"generating {len(todo)} drifted turns ({SETTINGS[cfg.setting]})")
     drift = _generate(backend, shifted, cfg.max_new_tokens)
-    result = GuardEvalResult({p: [] for p in cfg.policies})
-    for k, (ex, dex) in enumerate(zip(examples, shifted, strict=True)):
+    new_rows: dict[str, dict[str, Any]] = {}
+    for k, (ex, dex) in enumerate(zip(todo, shifted, strict=True)):
+        audit = AuditLog()
         (clean_text, _), (drift_text, drift_usage) = clean[k], drift[k]
         clean_ok = _score(clean_text, ex, call_format, scorer)
         drift_ok = _score(drift_text, dex, call_format, scorer)
@@ -173,20 +313,24 @@ def evaluate_guard(examples: Sequence[Example], backend: Backend, config: GuardE
                 status, triggered = outcome.status, outcome.triggered
                 tokens, latency = outcome.usage.total, outcome.record.latency_s
                 calls = [c.to_dict() for c in outcome.calls]
-            result.outcomes[policy].append(ItemOutcome(ex.id, drift=drift_ok, guard=ok, status=status,
-                                                       triggered=triggered, guard_tokens=tokens,
-                                                       drift_tokens=drift_usage.total, added_latency_s=latency,
-                                                       clean=clean_ok))
             row["policies"][policy] = {"correct": ok, "status": status, "triggered": triggered,
                                        "guard_tokens": tokens, "latency_s": latency, "calls": calls}
-        result.rows.append(row)
+        new_rows[ex.id] = row
         if out is not None:
-            with (out / "results.jsonl").open("a", encoding="utf-8") as f:
-                f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
-        say(f"item {k + 1}/{len(examples)} {ex.id}")
+            _append(out / AUDIT, [json.dumps(r.to_json(), ensure_ascii=False, default=str)
+                                  for r in audit.records if r.item_id not in folder.audited])
+            _append(out / RESULTS, [json.dumps(row, ensure_ascii=False, default=str)])
+        say(f"item {k + 1}/{len(todo)} {ex.id}")
+    result = GuardEvalResult({p: [] for p in cfg.policies})
+    for ex in examples:
+        row = new_rows.get(ex.id) or folder.rows[ex.id]
+        result.rows.append(row)
+        for policy in cfg.policies:
+            result.outcomes[policy].append(_outcome(policy, row))
     result.summaries = {p: summarize(items) for p, items in result.outcomes.items()}
     if out is not None:
         summary = {"setting": cfg.setting, "perturbation": SETTINGS[cfg.setting], "seed": cfg.seed,
-                   "n": len(examples), "budget": cfg.budget, "policies": result.summaries}
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+                   "n": len(examples), "resumed": len(examples) - len(todo), "budget": cfg.budget,
+                   "policies": result.summaries}
+        _write_atomic(out / SUMMARY, json.dumps(summary, indent=2) + "\n")
     return result

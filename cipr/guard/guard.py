@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from cipr.errors import ConfigError
 from cipr.guard.audit import AuditLog, AuditRecord
 from cipr.guard.backend import Backend, Usage
 from cipr.guard.baselines import retry_turn
@@ -63,9 +64,9 @@ class GuardConfig:
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
-            raise ValueError(f"unknown guard policy {self.policy!r}; expected one of {', '.join(POLICIES)}")
-        if self.budget < 1:
-            raise ValueError(f"guard budget must be a positive number of tokens, got {self.budget}")
+            raise ConfigError(f"unknown guard policy {self.policy!r}; expected one of {', '.join(POLICIES)}")
+        if not isinstance(self.budget, int) or self.budget < 1:
+            raise ConfigError(f"guard budget must be a positive number of tokens, got {self.budget}")
 
 
 @dataclass(frozen=True)
