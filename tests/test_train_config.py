@@ -201,3 +201,21 @@ def test_cpu_schedule_is_unchanged_one_update_per_generation(tmp_path):
     assert batch.steps_per_generation == 1 and batch.completions_per_step == cfg.trainer.per_device_train_batch_size
     args, trl = _grpo_config(cfg, tmp_path, 1)
     assert trl.generation_batch_size == 8 and trl.max_steps == cfg.trainer.max_steps == 2
+
+
+def test_prompts_over_max_prompt_length_leave_with_their_pair():
+    from collections import Counter
+
+    from cipr.train.data import PromptRecord, PromptSet
+
+    class Words:
+        def __call__(self, texts, add_special_tokens=False):
+            return {"input_ids": [t.split() for t in texts]}
+
+    texts = ["a b", "a b c d e", "a", "a", "a b c", "a"]
+    records = [PromptRecord(i, i // 2, "canonical" if i % 2 == 0 else "perturbed", None, t, "", (), (), 0)
+               for i, t in enumerate(texts)]
+    kept = PromptSet(records, [], 2, Counter({"no declared tools": 1})).without_long_prompts(Words(), 3)
+    assert [(r.row, r.pair_id, r.side) for r in kept.records] == [(0, 1, "canonical"), (1, 1, "perturbed"),
+                                                                   (2, 2, "canonical"), (3, 2, "perturbed")]
+    assert kept.skipped == {"no declared tools": 1, "prompt over trainer.max_prompt_length=3 tokens": 1}

@@ -114,7 +114,8 @@ class PromptSet:
             if max(lengths[start:start + self.unit_size]) > max_tokens:
                 skipped[f"prompt over trainer.max_prompt_length={max_tokens} tokens"] += 1
                 continue
-            keep.extend(dataclasses.replace(r, row=len(keep) + i) for i, r in enumerate(unit))
+            base = len(keep)
+            keep.extend([dataclasses.replace(r, row=base + i) for i, r in enumerate(unit)])
         return PromptSet(keep, self.eval_records, self.unit_size, skipped)
 
     def rows(self) -> list[dict[str, Any]]:
