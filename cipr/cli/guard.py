@@ -137,8 +137,14 @@ def _shard(text: str | None) -> tuple[int, int] | None:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from cipr.formats import FORMATS
-    from cipr.guard.evaluate import STUDY_PARTITIONS, GuardEvalConfig, evaluate_guard, study_sample
+    from cipr.formats import FORMATS, get_format
+    from cipr.guard.evaluate import (
+        STUDY_PARTITIONS,
+        GuardEvalConfig,
+        check_out_dir,
+        evaluate_guard,
+        study_sample,
+    )
 
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     config = GuardEvalConfig(setting=args.setting, policies=policies, seed=args.seed, budget=args.budget,
@@ -150,8 +156,6 @@ def _eval(args: argparse.Namespace) -> int:
     if args.format != "json" and args.format not in FORMATS:
         raise ConfigError(f"--format {args.format!r}: expected json or one of {', '.join(sorted(FORMATS))}")
     shard = _shard(args.shard)
-    if args.out.exists() and not args.out.is_dir():
-        raise UnsafeOutputError(f"--out {str(args.out)!r} is a file, not a folder; pass a folder for the outputs")
     device = _device(args.device)
     from cipr.data.bfcl import load_bfcl
 
@@ -163,14 +167,15 @@ def _eval(args: argparse.Namespace) -> int:
         examples = examples[shard[0]::shard[1]]
     if args.limit is not None:
         examples = examples[: args.limit]
+    identity = {"model": args.model, "sample": args.sample}
+    call_format = None if args.format == "json" else get_format(args.format)
+    check_out_dir(args.out, examples, config, call_format=call_format, identity=identity)  # before the model
     from cipr.guard.backend import HFBackend
 
     model, tokenizer = _load_model(args.model, device)
-    backend = HFBackend(model, tokenizer, None if args.format == "json" else args.format,
-                        batch_size=args.batch_size)
+    backend = HFBackend(model, tokenizer, call_format, batch_size=args.batch_size)
     result = evaluate_guard(examples, backend, config, call_format=backend.call_format, out_dir=args.out,
-                            progress=lambda msg: print(msg, file=sys.stderr),
-                            identity={"model": args.model, "sample": args.sample})
+                            progress=lambda msg: print(msg, file=sys.stderr), identity=identity)
     for policy, summary in result.summaries.items():
         line = ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items())
         print(f"{policy}: {line}")

@@ -165,8 +165,9 @@ def _write_atomic(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _read_lines(path: Path, say: Callable[[str], None]) -> list[dict[str, Any]]:
-    """The JSON records of a JSON-lines file we append to, after cutting a last line torn by a crash."""
+def _read_lines(path: Path, say: Callable[[str], None], *, write: bool = True) -> list[dict[str, Any]]:
+    """The JSON records of a JSON-lines file we append to, after cutting a last line torn by a crash
+    (with `write=False`, the torn line is only ignored)."""
     if not path.exists():
         return []
     if not path.is_file():
@@ -174,9 +175,10 @@ def _read_lines(path: Path, say: Callable[[str], None]) -> list[dict[str, Any]]:
     data = path.read_bytes()
     if data and not data.endswith(b"\n"):
         cut = data.rfind(b"\n") + 1
-        say(f"{path}: cutting a torn last line ({len(data) - cut} bytes) left by an interrupted run")
-        with path.open("r+b") as f:
-            f.truncate(cut)
+        if write:
+            say(f"{path}: cutting a torn last line ({len(data) - cut} bytes) left by an interrupted run")
+            with path.open("r+b") as f:
+                f.truncate(cut)
         data = data[:cut]
     records = []
     for i, line in enumerate(data.decode("utf-8", errors="replace").splitlines()):
@@ -201,14 +203,21 @@ class _Folder:
     audited: set[str]
 
 
-def _open_folder(out: Path, meta: dict[str, Any], ids: Sequence[str], say: Callable[[str], None]) -> _Folder:
-    """Check that `out` is empty or holds this very evaluation (see the module docstring); record run.json."""
+def _open_folder(out: Path, meta: dict[str, Any], ids: Sequence[str], say: Callable[[str], None], *,
+                 write: bool = True) -> _Folder:
+    """Check that `out` is empty or holds this very evaluation (see the module docstring); record run.json.
+
+    With `write=False` nothing is created or changed (a check before an expensive model load)."""
     if out.exists() and not out.is_dir():
         raise UnsafeOutputError(f"out {str(out)!r} is a file, not a folder; pass a folder for the outputs")
+    if any(p.exists() and not p.is_dir() for p in out.parents):
+        raise UnsafeOutputError(f"cannot create the out folder {str(out)!r}: a parent of it is a file")
+    if not out.exists() and not write:
+        return _Folder({}, set())
     try:
         out.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError) as e:
-        raise UnsafeOutputError(f"cannot create the out folder {str(out)!r}: a parent is a file") from e
+        raise UnsafeOutputError(f"cannot create the out folder {str(out)!r}: a parent of it is a file") from e
     meta_path = out / RUN_META
     old: Any = None
     if meta_path.exists():
@@ -219,8 +228,8 @@ def _open_folder(out: Path, meta: dict[str, Any], ids: Sequence[str], say: Calla
         if not isinstance(old, dict) or old.get("kind") != RUN_KIND:
             raise UnsafeOutputError(f"{out} holds another kind of run ({RUN_META} is not a guard evaluation's); "
                                     "use a new out folder")
-    rows = _read_lines(out / RESULTS, say)
-    audit = _read_lines(out / AUDIT, say)
+    rows = _read_lines(out / RESULTS, say, write=write)
+    audit = _read_lines(out / AUDIT, say, write=write)
     if old is None and (rows or audit):
         raise UnsafeOutputError(f"{out} holds {RESULTS} or {AUDIT} but no {RUN_META}: not a guard evaluation "
                                 "this run can resume; use a new out folder")
@@ -240,7 +249,7 @@ def _open_folder(out: Path, meta: dict[str, Any], ids: Sequence[str], say: Calla
     if extra:
         raise ConfigError(f"{out} holds results for {len(extra)} item(s) this run does not ask for (e.g. "
                           f"{extra[0]!r}: another sample, shard or limit); use a new out folder or the same options")
-    if old is None or old.get("config") != meta:
+    if write and (old is None or old.get("config") != meta):
         _write_atomic(meta_path, json.dumps({"kind": RUN_KIND, "config": meta}, indent=2) + "\n")
     return _Folder(done, {str(r.get("item_id")) for r in audit})
 
@@ -259,6 +268,13 @@ def _outcome(policy: str, row: Mapping[str, Any]) -> ItemOutcome:
     return ItemOutcome(row["id"], drift=row["drift_correct"], guard=p["correct"], status=p["status"],
                        triggered=p["triggered"], guard_tokens=p["guard_tokens"], drift_tokens=row["drift_tokens"],
                        added_latency_s=p["latency_s"], clean=row["clean_correct"])
+
+
+def check_out_dir(out_dir: str | Path, examples: Sequence[Example], config: GuardEvalConfig, *,
+                  call_format: Any = None, identity: Mapping[str, Any] | None = None) -> int:
+    """Raise what `evaluate_guard` would refuse about `out_dir`, changing nothing; return the items done."""
+    meta = {**config.identity(call_format), **dict(identity or {})}
+    return len(_open_folder(Path(out_dir), meta, [e.id for e in examples], lambda _m: None, write=False).rows)
 
 
 def evaluate_guard(examples: Sequence[Example], backend: Backend, config: GuardEvalConfig | None = None, *,

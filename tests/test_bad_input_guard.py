@@ -1,0 +1,145 @@
+"""Bad input to cipr-guard: exit 2, one clear line, no traceback, every input and earlier output untouched.
+
+Each case builds its files in a fresh folder, runs the command and compares every file's bytes (and
+the set of files) before and after. The eval cases fail before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from cipr.cli.guard import main
+
+OLD = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather for a city.",
+                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                        "required": ["city"]}}}]
+
+
+def _nested(depth: int) -> str:
+    schema = '{"type": "string"}'
+    for _ in range(depth):
+        schema = '{"type": "object", "properties": {"a": ' + schema + "}}"
+    return '[{"name": "f", "description": "d", "parameters": ' + schema + "}]"
+
+
+def _guard_rows(n: int) -> str:
+    return "".join(json.dumps({"id": f"other_{i}", "correct": True}) + "\n" for i in range(n))
+
+
+@dataclass(frozen=True)
+class Case:
+    """A command line (`{d}` is the case's folder), the files to create first, and the expected message."""
+
+    name: str
+    argv: tuple[str, ...]
+    message: str
+    files: dict[str, str | bytes] | None = None
+    dirs: tuple[str, ...] = ()
+    skip: Callable[[], bool] | None = None
+
+
+OK = {"old.json": json.dumps(OLD), "new.json": json.dumps(OLD)}
+DIFF = ("diff", "{d}/old.json", "{d}/new.json")
+EVAL = ("eval", "--model", "tiny", "--limit", "1", "--out", "{d}/out")
+
+CASES = [
+    Case("missing old file", ("diff", "{d}/nope.json", "{d}/new.json"), "No such file", OK),
+    Case("new is a folder", ("diff", "{d}/old.json", "{d}/sub"), "Is a directory", OK, ("sub",)),
+    Case("malformed json", DIFF, "not JSON", {**OK, "new.json": '[{"name": "f",'}),
+    Case("binary file", DIFF, "not a UTF-8 text file", {**OK, "new.json": b"\xff\xfe\x00garbage"}),
+    Case("wrong shape", DIFF, "expected a list of tools", {**OK, "new.json": json.dumps({"foo": 1})}),
+    Case("entry not an object", DIFF, "a tool entry must be an object", {**OK, "new.json": "[1, 2]"}),
+    Case("tool without a name", DIFF, "tool name must be a non-empty string",
+         {**OK, "new.json": json.dumps([{"description": "d", "parameters": {}}])}),
+    Case("duplicate tool names", DIFF, "duplicate tool name", {**OK, "new.json": json.dumps(OLD + OLD)}),
+    Case("bad BFCL type", DIFF, "unknown type 'blob'", {**OK, "new.json": json.dumps(
+        [{"name": "f", "description": "d", "parameters": {"type": "dict", "properties": {"a": {"type": "blob"}}}}])}),
+    Case("3000-deep nesting", DIFF, "nests too deeply", {**OK, "new.json": _nested(3000)}),
+    Case("200-deep nesting", DIFF, "deeper than", {**OK, "new.json": _nested(200)}),
+    Case("json lines without --item", DIFF, "pass the item id",
+         {**OK, "new.json": json.dumps({"id": "a", "function": []}) + "\n" + json.dumps({"id": "b", "function": []})}),
+    Case("--item not found", (*DIFF, "--item", "zzz"), "no row has this id",
+         {**OK, "new.json": json.dumps({"id": "a", "function": []}) + "\n" + json.dumps({"id": "b", "function": []})}),
+    Case("threshold above 1", (*DIFF, "--rename-threshold", "1.5"), "rename_threshold must be a number from 0 to 1", OK),
+    Case("threshold nan", (*DIFF, "--overlap-threshold", "nan"), "overlap_threshold must be a number from 0 to 1", OK),
+    Case("threshold not a number", (*DIFF, "--rename-threshold", "x"), "invalid float value", OK),
+    Case("unknown option", (*DIFF, "--bogus"), "unrecognized arguments", OK),
+    Case("missing argument", ("diff", "{d}/old.json"), "required", OK),
+    Case("--report names a folder", (*DIFF, "--report", "{d}/reports"), "is a folder", OK, ("reports",)),
+    Case("--report would overwrite the new input", (*DIFF, "--report", "{d}/new.json"), "would overwrite the input", OK),
+    Case("--report .md beside an input .json", (*DIFF, "--report", "{d}/old.md"), "would overwrite the input", OK),
+    Case("--report under a file", (*DIFF, "--report", "{d}/old.json/r.md"), "a parent of it is a file", OK),
+    Case("eval --limit 0", ("eval", "--model", "tiny", "--limit", "0", "--out", "{d}/out"), "--limit must be a positive number", {}),
+    Case("eval --limit -1", ("eval", "--model", "tiny", "--limit", "-1", "--out", "{d}/out"), "--limit must be", {}),
+    Case("eval --shard 3/2", (*EVAL, "--shard", "3/2"), "--shard must be K/N", {}),
+    Case("eval --shard x", (*EVAL, "--shard", "x"), "--shard must be K/N", {}),
+    Case("eval unknown policy", (*EVAL, "--policies", "none,bogus"), "unknown guard policies", {}),
+    Case("eval --budget 0", (*EVAL, "--budget", "0"), "budget must be a positive", {}),
+    Case("eval --batch-size 0", (*EVAL, "--batch-size", "0"), "--batch-size must be", {}),
+    Case("eval unknown format", (*EVAL, "--format", "bogus"), "--format 'bogus'", {}),
+    Case("eval --device cuda without one", (*EVAL, "--device", "cuda"), "no CUDA device",
+         {}, skip=torch.cuda.is_available),
+    Case("eval --out names a file", EVAL, "is a file, not a folder", {"out": "my notes\n"}),
+    Case("eval missing model folder", ("eval", "--model", "{d}/no_model", "--limit", "1", "--out", "{d}/out"),
+         "not a model folder", {}),
+    Case("eval model folder without a model", ("eval", "--model", "{d}/empty", "--limit", "1", "--out", "{d}/out"),
+         "cannot load a model", {}, ("empty",)),
+    Case("eval missing data root", (*EVAL, "--data-root", "{d}/nodata"), "data not found", {}),
+    Case("eval --out holds another run's 1,000 results", EVAL, "no run.json",
+         {"out/results.jsonl": _guard_rows(1000)}),
+    Case("eval --out holds another kind of run", EVAL, "another kind of run",
+         {"out/results.jsonl": _guard_rows(3), "out/run.json": json.dumps({"model": "m"})}),
+]
+
+
+def _snapshot(root: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+def _build(root: Path, case: Case) -> list[str]:
+    for name in case.dirs:
+        (root / name).mkdir(parents=True)
+    for name, content in (case.files or {}).items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return [a.replace("{d}", str(root)) for a in case.argv]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input_is_one_clear_line_and_touches_nothing(case, tmp_path, shared_data, capsys, monkeypatch):
+    if case.skip is not None and case.skip():
+        pytest.skip("not a bad input on this machine")
+    monkeypatch.delenv("CIPR_DEBUG", raising=False)
+    argv = _build(tmp_path, case)
+    if argv[0] == "eval" and "--data-root" not in argv:
+        argv += ["--data-root", str(shared_data)]
+    before = _snapshot(tmp_path)
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == 2, (out, err)
+    assert err.count("\n") == 1 and err.startswith("cipr-guard"), err
+    assert case.message in err, err
+    assert "Traceback" not in err + out
+    assert _snapshot(tmp_path) == before  # inputs, earlier outputs and the file set are all unchanged
+
+
+def test_the_console_command_gives_one_line_and_debug_gives_the_traceback(tmp_path):
+    (tmp_path / "old.json").write_text(json.dumps(OLD))
+    (tmp_path / "new.json").write_text('[{"name": "f",')
+    cmd = [sys.executable, "-m", "cipr.cli.guard", "diff", str(tmp_path / "old.json"), str(tmp_path / "new.json")]
+    env = {k: v for k, v in os.environ.items() if k != "CIPR_DEBUG"}
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.count("\n") == 1 and "new.json" in run.stderr and "Traceback" not in run.stderr
+    run = subprocess.run([*cmd, "--debug"], capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode != 0 and "Traceback" in run.stderr and "DataError" in run.stderr
