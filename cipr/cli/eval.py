@@ -83,7 +83,8 @@ def run_guard(ecfg: Any) -> dict[str, Any]:
         examples = load_bfcl(ecfg.data_root, partitions=ecfg.partitions)
     if ecfg.limit is not None:
         examples = examples[: ecfg.limit]
-    result = evaluate_guard(examples, backend, config, call_format=backend.call_format, out_dir=ecfg.out_dir)
+    result = evaluate_guard(examples, backend, config, call_format=backend.call_format, out_dir=ecfg.out_dir,
+                            identity={"model": str(ecfg.model), "sample": ecfg.guard_sample})
     print(f"guard drift evaluation ({ecfg.guard_setting}, {len(examples)} items): {Path(ecfg.out_dir) / 'summary.json'}")
     return dict(result.summaries)
 
