@@ -25,9 +25,11 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from cipr.errors import ConfigError, cli_errors
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -53,9 +55,33 @@ class ServeCommand:
     timeout_s: float = 600.0
 
 
-def parse_args(argv: Sequence[str]) -> ServeCommand:
-    """`key=value` arguments into a ServeCommand (ConfigError for an unknown key or a bad value)."""
-    types = {f.name: f.type for f in fields(ServeCommand)}
+def _value(key: str, kind: str, value: str) -> Any:
+    """`value` converted to the field type named `kind` (a string annotation)."""
+    if value in ("null", "None") and "None" in kind:
+        return None
+    try:
+        if kind.startswith("list"):
+            inner = value.strip()
+            if not (inner.startswith("[") and inner.endswith("]")):
+                raise ValueError("expected [a,b,...]")
+            return [v.strip() for v in inner[1:-1].split(",") if v.strip()]
+        if kind.startswith("bool"):
+            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError("expected true or false")
+            return value.lower() in ("true", "1", "yes")
+        if kind.startswith("int"):
+            return int(value)
+        if kind.startswith("float"):
+            return float(value)
+    except ValueError as e:
+        raise ConfigError(f"{key}={value!r}: {e}") from e
+    return value
+
+
+def parse_key_values(argv: Sequence[str], cls: type[T]) -> T:
+    """`key=value` arguments into the dataclass `cls` (ConfigError for an unknown key or a bad value);
+    lists are written `[a,b]`, booleans true/false, null is None."""
+    types = {f.name: str(f.type) for f in fields(cls)}  # type: ignore[arg-type]
     values: dict[str, Any] = {}
     for arg in argv:
         if arg == "--debug":
@@ -63,22 +89,12 @@ def parse_args(argv: Sequence[str]) -> ServeCommand:
         key, sep, value = arg.partition("=")
         if not sep or key not in types:
             raise ConfigError(f"unknown option {arg!r}; options are key=value with key one of {', '.join(types)}")
-        kind = str(types[key])
-        if value in ("null", "None") and "None" in kind:
-            values[key] = None
-        elif kind.startswith("int"):
-            try:
-                values[key] = int(value)
-            except ValueError as e:
-                raise ConfigError(f"{key}={value!r}: expected an integer") from e
-        elif kind.startswith("float"):
-            try:
-                values[key] = float(value)
-            except ValueError as e:
-                raise ConfigError(f"{key}={value!r}: expected a number") from e
-        else:
-            values[key] = value
-    return ServeCommand(**values)
+        values[key] = _value(key, types[key], value)
+    return cls(**values)
+
+
+def parse_args(argv: Sequence[str]) -> ServeCommand:
+    return parse_key_values(argv, ServeCommand)
 
 
 def load_hf(source: str, device: str, dtype: str) -> tuple[Any, Any, str]:

@@ -57,6 +57,8 @@ def _rename_call(tool_call: Mapping[str, Any], rename: Any) -> dict[str, Any]:
     args = _arguments(fn.get("arguments"))
     new = rename(Call(fn.get("name", ""), args if args is not None else {}))
     fn["name"] = new.name
+    if "name" in out:  # some clients (litellm from tau2) repeat the name beside `function`
+        out["name"] = new.name
     if args is not None:
         fn["arguments"] = json.dumps(dict(new.arguments), ensure_ascii=False)
     return out

@@ -39,7 +39,7 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "cipr-serve"
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.info("%s %s", self.address_string(), format % args)
+        log.debug("%s %s", self.address_string(), format % args)
 
     def _send(self, status: int, payload: dict[str, Any]) -> None:
         data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
