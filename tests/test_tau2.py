@@ -1,0 +1,167 @@
+"""τ²-bench through cipr-serve: conversion into our results format, the scripted gold-replay agent, and
+the served model end to end (the last two need the τ² environment of `scripts/setup_tau2.sh`)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cipr.errors import ConfigError, MissingInputError
+from cipr.eval.compare import compare_runs
+from cipr.eval.report import RESULTS, read_results
+from cipr.serve.conversation import canonical_request
+from cipr.tau2.convert import RECORDS, convert, read_records, to_result
+from cipr.tau2.gold import GoldReplayBackend
+from cipr.tau2.run import ROOT, Tau2Config, run_tau2, user_guidelines
+
+VENV = Path(os.environ.get("CIPR_TAU2_VENV", ROOT / ".venv-tau2"))
+needs_venv = pytest.mark.skipif(not (VENV / "bin" / "python").exists(),
+                                reason=f"no τ² environment at {VENV}: run scripts/setup_tau2.sh")
+
+
+def record(names: str, domain: str, task: str, reward: float, **extra: Any) -> dict[str, Any]:
+    return {"names": names, "domain": domain, "task_id": task, "trial": 0, "split": "base", "reward": reward,
+            "termination_reason": "user_stop", "error": None, "error_code": None, "duration_s": 2.0,
+            "n_messages": 6, "n_tool_calls": 2, **extra}
+
+
+def test_records_become_our_results_with_a_paired_gap(tmp_path):
+    recs = [record("original", "airline", "1", 1.0), record("canonical", "airline", "1", 1.0),
+            record("original", "airline", "2", 0.0), record("canonical", "airline", "2", 1.0),
+            record("original", "retail", "5", 1.0),
+            record("canonical", "retail", "5", 0.0, error="APIError: undeclared_tool function_09",
+                   error_code="undeclared_tool", termination_reason="infrastructure_error"),
+            {"names": "original", "domain": "retail", "task_id": "7", "trial": 0, "skipped": "needs a judge"}]
+    (tmp_path / RECORDS).write_text("".join(json.dumps(r) + "\n" for r in recs) + '{"torn')
+    summary = convert(tmp_path, {"model": "m"})
+    results, torn = read_results(tmp_path / RESULTS)
+    assert torn == 0 and len(results) == 6
+    assert {r["taxonomy"] for r in results} == {"correct", "other", "undeclared_tool"}
+    orig = summary["names"]["original"]["types"]["original"]["accuracy"]
+    can = summary["names"]["canonical"]["types"]["original"]["accuracy"]
+    assert (orig["value"], orig["n"]) == pytest.approx((200 / 3, 3)) and can["value"] == pytest.approx(200 / 3)
+    assert 0 < orig["low"] < orig["value"] < orig["high"] < 100
+    gap = summary["canonical_minus_original"]["types"]["original"]
+    assert gap["value"] == pytest.approx(0.0) and gap["n"] == 3
+    assert summary["names"]["original"]["partitions"]["airline"]["n_items"] == 2
+    assert summary["tau2"]["skipped"] == {"needs a judge": ["original:retail/7"]}
+    assert "τ²-bench pass rate" in (tmp_path / "report.md").read_text()
+    assert json.loads((tmp_path / "run.json").read_text())["benchmark"] == "tau2"
+    assert compare_runs(tmp_path, tmp_path)["names"]["canonical"]["types"]["original"]["value"] == 0.0
+
+
+def test_trials_average_per_task():
+    r0, r1 = record("original", "airline", "1", 1.0), {**record("original", "airline", "1", 0.0), "trial": 1}
+    assert [to_result(r)["order"] for r in (r0, r1)] == ["trial0", "trial1"]
+
+
+def test_torn_record_line_is_cut_before_a_resume(tmp_path):
+    path = tmp_path / RECORDS
+    path.write_text(json.dumps(record("original", "airline", "1", 1.0)) + "\n{\"names\": \"orig")
+    assert len(read_records(path)) == 1 and path.read_text().endswith("\n")
+
+
+def test_gold_agent_answers_in_the_namespace_it_is_shown(tmp_path, shared_data):
+    tools = [{"type": "function", "function": {"name": "get_order_details", "description": "Get an order.",
+                                               "parameters": {"type": "object", "properties": {
+                                                   "order_id": {"type": "string"}}}}},
+             {"type": "function", "function": {"name": "find_user_id_by_name_zip", "description": "Find a user.",
+                                               "parameters": {"type": "object", "properties": {
+                                                   "first_name": {"type": "string"}, "last_name": {"type": "string"},
+                                                   "zip": {"type": "string"}}}}}]
+    (tmp_path / "tools_retail.json").write_text(json.dumps(tools))
+    gold = GoldReplayBackend(shared_data, tmp_path)
+    body = {"model": "gold", "cipr_task": "retail/0", "tools": tools,
+            "messages": [{"role": "user", "content": "hi"}]}
+    canonical, _ = canonical_request(body)
+    call = gold.complete(canonical)["choices"][0]["message"]["tool_calls"][0]["function"]
+    assert call["name"] == "function_02"
+    assert json.loads(call["arguments"]) == {"arg_01": "Yusuf", "arg_02": "Rossi", "arg_03": "19122"}
+    user = gold.complete({"model": "u", "messages": [{"role": "system", "content": "s"},
+                                                      {"role": "user", "content": "Hi! How can I help you today?"}]})
+    assert "###STOP###" not in user["choices"][0]["message"]["content"]
+
+
+def test_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="domains"):
+        Tau2Config(domains=["telecom"]).check()
+    with pytest.raises(ConfigError, match="names"):
+        Tau2Config(names=["both"]).check()
+    with pytest.raises(MissingInputError, match="simulation_guidelines.md"):
+        user_guidelines(Tau2Config(backend="embedded", user_guidelines=str(tmp_path)), tmp_path, tmp_path)
+
+
+class RecordingGold(GoldReplayBackend):
+    """The gold backend, noting the tool names of each agent request it answers."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.seen: list[tuple[str, ...]] = []
+
+    def complete(self, body):
+        if body.get("cipr_task"):
+            self.seen.append(tuple(t["function"]["name"] for t in body.get("tools") or []))
+        return super().complete(body)
+
+
+def _gold_run(out: Path, shared_data: Path, **config: Any) -> tuple[dict[str, Any], RecordingGold]:
+    cfg = Tau2Config(out_dir=str(out), backend="gold", judge="none", venv=str(VENV), **config)
+    backend = RecordingGold(shared_data, out)
+    return run_tau2(cfg, backend=backend), backend
+
+
+@needs_venv
+@pytest.mark.slow
+def test_gold_replay_through_the_adapter_passes_in_tau2s_evaluator(tmp_path, shared_data):
+    """Two airline and two retail tasks, both arms: τ²'s evaluator replays the translated calls on a fresh
+    database and compares it with the gold one, so every task passes only if names went through."""
+    tasks = ["airline/1", "airline/3", "retail/0", "retail/1"]
+    summary, backend = _gold_run(tmp_path, shared_data, tasks=tasks)
+    for names in ("original", "canonical"):
+        acc = summary["names"][names]["types"]["original"]["accuracy"]
+        assert (acc["value"], acc["n"]) == (100.0, 4), names
+    assert summary["canonical_minus_original"]["types"]["original"]["value"] == 0.0
+    canonical_turns = [s for s in backend.seen if s and s[0].startswith("function_")]
+    original_turns = [s for s in backend.seen if s and not s[0].startswith("function_")]
+    assert canonical_turns and original_turns
+    assert all(all(n.startswith("function_") for n in s) for s in canonical_turns)
+    results, _ = read_results(tmp_path / RESULTS)
+    assert {r["id"] for r in results} == set(tasks) and all(r["n_tool_calls"] >= 1 for r in results)
+    before = len(read_records(tmp_path / RECORDS))
+    _gold_run(tmp_path, shared_data, tasks=tasks)  # a rerun resumes: nothing left to simulate
+    assert len(read_records(tmp_path / RECORDS)) == before
+
+
+@needs_venv
+@pytest.mark.integration
+def test_gold_replay_every_task(tmp_path, shared_data):
+    """All 50 airline and 114 retail tasks, both arms (tasks whose reward needs the NL judge are skipped)."""
+    summary, _ = _gold_run(tmp_path, shared_data)
+    for names in ("original", "canonical"):
+        parts = summary["names"][names]["partitions"]
+        assert parts["airline"]["n_items"] == 50 and parts["retail"]["n_items"] == 74
+        assert summary["names"][names]["types"]["original"]["accuracy"]["value"] == 100.0
+    assert len(summary["tau2"]["skipped"]["its reward needs the NL-assertion judge and no judge endpoint is "
+                                        "configured"]) == 2 * 40
+
+
+@needs_venv
+@pytest.mark.integration
+def test_served_model_as_agent_and_user_end_to_end(tmp_path):
+    """Two airline and two retail tasks with the served model as agent and user simulator, both arms.
+    The embedded SmolLM2 in process by default; CIPR_TAU2_BACKEND=http://host:port/v1 uses a server
+    (e.g. vLLM's CPU build). Scores are near zero: the point is that every part runs and lands in our format."""
+    backend = os.environ.get("CIPR_TAU2_BACKEND", "embedded")
+    cfg = Tau2Config(out_dir=str(tmp_path), backend=backend, tasks=["airline/0", "airline/1", "retail/0", "retail/1"],
+                     max_steps=6, max_new_tokens=48, threads=1, venv=str(VENV))
+    summary = run_tau2(cfg)
+    results, _ = read_results(tmp_path / RESULTS)
+    assert len(results) == 8 and {r["names"] for r in results} == {"original", "canonical"}
+    assert all(r["taxonomy"] in ("correct", "other", "undeclared_tool", "backend_error") for r in results)
+    for names in ("original", "canonical"):
+        assert summary["names"][names]["types"]["original"]["accuracy"]["n"] == 4
+    assert "canonical_minus_original" in summary
