@@ -304,7 +304,7 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_fetch_matches_the_shared_copy(tmp_path, shared_data):
     """The full user path: pip download, hash check, extract; same files as ../shared/data/bfcl_v4."""
     target = fetch_bfcl(tmp_path / "data")
@@ -320,7 +320,7 @@ def test_fetch_matches_the_shared_copy(tmp_path, shared_data):
         fetch_bfcl(tmp_path / "data")
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_fetch_rejects_a_wheel_with_another_hash(tmp_path):
     wheel = download_wheel(tmp_path)
     tampered = tmp_path / "tampered" / wheel.name
@@ -339,7 +339,7 @@ def test_fetch_rejects_a_wheel_with_another_hash(tmp_path):
     assert _sha(wheel) == BFCL_EVAL_SHA256
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_fetch_reports_a_failed_download(tmp_path):
     with pytest.raises(FetchError, match="pip download"):
         download_wheel(tmp_path, version="0.0.0.dev999")

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.integration  # subprocesses / end-to-end runs: the integration tier
+
 ROOT = Path(__file__).resolve().parents[1]
 G = 2  # completions per prompt
 

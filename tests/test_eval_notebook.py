@@ -6,7 +6,10 @@ import json
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
+
+pytestmark = pytest.mark.integration  # subprocesses / end-to-end runs: the integration tier
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "results.ipynb"
 TYPES = [("original", "original", ("original",)), ("typos", "typos_distractors", ("original",)),

@@ -28,7 +28,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "scontrol", "sinfo", "squeue", "scancel")
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration  # starts a private Slurm: the integration tier
 
 
 def _free_port() -> int:

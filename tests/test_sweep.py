@@ -11,7 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from cipr.cli.train import CONFIG_DIR
+
+pytestmark = pytest.mark.integration  # subprocesses / end-to-end runs: the integration tier
 
 
 def _compose(*overrides: str):

