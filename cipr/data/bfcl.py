@@ -14,7 +14,7 @@ Each Example has:
   is not `""` (or `""` itself when it is the only one), dict values and the dicts in a list of
   dicts unwrapped from their own accepted lists the same way; an argument is omitted exactly when
   `""` is accepted and the tool's schema does not require it. Java and JavaScript values are
-  written as source literals in strings (`cipr.scoring.bfcl_literals`), as BFCL's models answer,
+  written as source literals in strings (`cipr.bfcl_literals`), as BFCL's models answer,
   so `score_bfcl(example.reference, example)` is correct for every item;
 - `meta`: `language` (python, java, javascript), and `anomalies` when the item has any.
 
@@ -42,11 +42,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cipr.bfcl_literals import NESTED_TYPES, write_value
 from cipr.data.paths import data_root, require_dir
 from cipr.errors import ConfigError, DataError
 from cipr.interface import Call, Example, Interface, Message, Tool
 from cipr.schema import normalize_schema
-from cipr.scoring.bfcl_literals import NESTED_TYPES, write_value
 
 # Partition -> number of items with a reference answer (BFCL v4, bfcl-eval 2026.3.23).
 PARTITIONS: dict[str, int] = {

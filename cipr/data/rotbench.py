@@ -37,6 +37,7 @@ from typing import Any
 
 from cipr.data.paths import data_root, require_dir
 from cipr.errors import ConfigError, DataError, MissingInputError
+from cipr.formats.react import extract_action
 from cipr.interface import Call, Example, Interface, Message, Tool
 
 SPLITS = ("First_Turn", "Third_Turn")
@@ -44,22 +45,6 @@ LEVELS = ("clean", "slight", "medium", "heavy", "union")
 SCENARIOS = {"TG": "Text Generation", "RS": "Real-Time Search", "DU": "Data Understanding",
              "PL": "Personal Life", "AM": "Application Manipulation", "IR": "Information Retrieval",
              "FT": "Financial Transactions"}
-
-
-def extract_action(text: str) -> tuple[str, str] | None:
-    """(action name, action input text) of a ReAct answer, extracted exactly as RoTBench does.
-
-    Mirrors `get_test_value`/`cf_eval` in RoTBench's `Code/Evaluation/evaluate.py`: the name is the
-    text from 8 characters after `Action:` up to `Action Input:`, minus one trailing newline; the
-    input is the text from 14 characters after `Action Input:`. None when either marker is missing.
-    """
-    a, b = text.find("Action:"), text.find("Action Input:")
-    if a < 0 or b < 0:
-        return None
-    name = text[a + 8:b]
-    if name.endswith("\n"):
-        name = name[:-1]
-    return name, text[b + 14:]
 
 
 def parse_answer(text: str, *, file: str = "<answer>", item: str | None = None,

@@ -339,3 +339,19 @@ def _single_argument(call: Call) -> str:
     if not isinstance(value, str) or "\n" in value:
         raise ValueError(f"webshop format: the argument of {call.name!r} must be a one-line string, got {value!r}")
     return value
+
+
+def extract_action(text: str) -> tuple[str, str] | None:
+    """(action name, action input text) of a ReAct answer, extracted exactly as RoTBench does.
+
+    Mirrors `get_test_value`/`cf_eval` in RoTBench's `Code/Evaluation/evaluate.py`: the name is the
+    text from 8 characters after `Action:` up to `Action Input:`, minus one trailing newline; the
+    input is the text from 14 characters after `Action Input:`. None when either marker is missing.
+    """
+    a, b = text.find("Action:"), text.find("Action Input:")
+    if a < 0 or b < 0:
+        return None
+    name = text[a + 8:b]
+    if name.endswith("\n"):
+        name = name[:-1]
+    return name, text[b + 14:]

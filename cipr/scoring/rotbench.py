@@ -35,7 +35,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cipr.data.rotbench import extract_action
+from cipr.formats.react import extract_action
 from cipr.interface import Call, Example
 
 CRITERIA = ("tool_selection", "parameter_identification", "content_filling")
