@@ -314,6 +314,11 @@ def _load(source: ExportSource, dtype: str) -> tuple[Any, Any]:
         else:
             from peft import AutoPeftModelForCausalLM
 
+            from cipr.hub import resolve_model
+
+            adapter = source.checkpoint / "adapter_config.json"
+            resolve_model(str(_read_json(adapter).get("base_model_name_or_path")),
+                          option=f"base_model_name_or_path in {adapter}")
             model = AutoPeftModelForCausalLM.from_pretrained(str(source.checkpoint), dtype=torch_dtype)
         model = model.merge_and_unload()
         if dtype != "auto":

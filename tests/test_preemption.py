@@ -174,3 +174,18 @@ def test_a_handler_installed_before_training_gets_the_signal_after_the_save(fake
         assert called == [signal.SIGUSR2] and not fake_scontrol.exists()
     finally:
         signal.signal(signal.SIGUSR2, before)
+
+
+def test_resume_drops_the_end_line_a_preempted_stage_wrote_and_a_torn_line(tmp_path):
+    import json
+
+    from cipr.train.metrics import MetricsWriter
+
+    writer = MetricsWriter(tmp_path)
+    for record in ({"stage": "sft", "kind": "step", "step": 1}, {"stage": "sft", "kind": "step", "step": 2},
+                   {"stage": "sft", "kind": "stage_end", "step": 2}):  # SIGTERM: the Trainer still ends the stage
+        writer.write(record)
+    with writer.path.open("a") as f:
+        f.write('{"stage": "sft", "ki')  # a kill in the middle of a line
+    assert writer.truncate_after("sft", 2) == 2
+    assert [json.loads(x)["kind"] for x in writer.path.read_text().splitlines()] == ["step", "step"]

@@ -52,7 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point (`cipr-export`)."""
     from cipr.export import ExportConfig, export
+    from cipr.hub import stay_offline
 
+    stay_offline()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
     cfg = ExportConfig(stage=args.stage, dtype=args.dtype, call_format=args.call_format, names=args.names,
