@@ -151,13 +151,18 @@ def test_gold_replay_every_task(tmp_path, shared_data):
 
 @needs_venv
 @pytest.mark.integration
-def test_served_model_as_agent_and_user_end_to_end(tmp_path):
+def test_served_model_as_agent_and_user_end_to_end(tmp_path, shared_data):
     """Two airline and two retail tasks with the served model as agent and user simulator, both arms.
     The embedded SmolLM2 in process by default; CIPR_TAU2_BACKEND=http://host:port/v1 uses a server
-    (e.g. vLLM's CPU build). Scores are near zero: the point is that every part runs and lands in our format."""
+    (e.g. vLLM's CPU build). Scores are near zero: the point is that every part runs and lands in our format.
+    τ²'s user simulator needs its guidelines: `tau2/user_simulator` under the data root, or
+    CIPR_TAU2_USER_GUIDELINES=DIR."""
+    guidelines = os.environ.get("CIPR_TAU2_USER_GUIDELINES") or str(shared_data / "tau2" / "user_simulator")
+    if not (Path(guidelines) / "simulation_guidelines.md").is_file():
+        pytest.skip(f"no τ² user-simulator guidelines in {guidelines} (set CIPR_TAU2_USER_GUIDELINES)")
     backend = os.environ.get("CIPR_TAU2_BACKEND", "embedded")
     cfg = Tau2Config(out_dir=str(tmp_path), backend=backend, tasks=["airline/0", "airline/1", "retail/0", "retail/1"],
-                     max_steps=6, max_new_tokens=48, threads=1, venv=str(VENV))
+                     max_steps=6, max_new_tokens=48, threads=1, venv=str(VENV), user_guidelines=guidelines)
     summary = run_tau2(cfg)
     results, _ = read_results(tmp_path / RESULTS)
     assert len(results) == 8 and {r["names"] for r in results} == {"original", "canonical"}
