@@ -40,6 +40,14 @@ class ConfigError(CiprError, ValueError):
     """A configuration that cannot run: says which key is wrong and what to change."""
 
 
+class Preempted(RuntimeError):
+    """A preemption signal stopped the run after a saved checkpoint; rerun the same command to resume."""
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or infinite; training stopped before applying it."""
+
+
 class UnsafeOutputError(CiprError, ValueError):
     """An output path that would overwrite or delete an input, a parent of one, or a folder we did not create."""
 

@@ -334,7 +334,7 @@ def _train(cfg: DistillRunConfig, student: Any, tokenizer: Any, items: list, fmt
     _truncate_metrics(writer, step)
     trainer.train(resume_from_checkpoint=checkpoint)
     if preemption.flag.set:
-        from cipr.ops.preemption import Preempted
+        from cipr.errors import Preempted
 
         raise Preempted(f"{preemption.flag.received} received: saved at step {trainer.state.global_step} in "
                         f"{stage_dir}; run the same command again (trainer.resume=auto) to continue")

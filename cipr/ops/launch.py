@@ -30,9 +30,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from cipr.ops import NOTICE_ENV
+
 log = logging.getLogger(__name__)
 
-NOTICE_ENV = "CIPR_PREEMPT_FILE"  # read by cipr.ops.preemption (kept here so launching stays light to import)
 
 DEFAULT_ACCELERATE_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "accelerate" / "ddp.yaml"
 NOTICE_SIGNALS = ("SIGUSR1", "SIGUSR2")
@@ -108,9 +109,15 @@ def run_entry(container: dict[str, Any], parse: Callable[[dict[str, Any]], Any],
     main_process_port and accelerate_config; `train` returns the run folder, named in the closing
     line with its `artifacts`.
     """
-    from cipr.errors import EXIT_INPUT, USER_ERRORS, ConfigError, debug_enabled, user_message
-    from cipr.ops.preemption import Preempted
-    from cipr.train.checkpoint import NonFiniteLossError
+    from cipr.errors import (
+        EXIT_INPUT,
+        USER_ERRORS,
+        ConfigError,
+        NonFiniteLossError,
+        Preempted,
+        debug_enabled,
+        user_message,
+    )
 
     try:
         config = parse(container)

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from transformers import TrainerCallback
 
-from cipr.ops.launch import NOTICE_ENV
+from cipr.ops import NOTICE_ENV
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +46,6 @@ NOTICE = "notice file"
 # What each reason asks for, as the integer all ranks agree on with an all-reduce (max).
 NONE, STOP, STOP_AND_REQUEUE = 0, 1, 2
 REQUEUE_REASONS = ("SIGUSR1", "SIGUSR2", NOTICE)
-
-
-class Preempted(RuntimeError):
-    """A preemption signal stopped the run after a saved checkpoint; rerun the same command to resume."""
 
 
 @dataclass

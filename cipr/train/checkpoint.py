@@ -32,7 +32,7 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cipr.errors import DataError
+from cipr.errors import DataError, NonFiniteLossError
 from cipr.io import write_json_atomic as _write_json
 from cipr.train.config import ConfigError
 
@@ -44,10 +44,6 @@ log = logging.getLogger(__name__)
 TRACKER = "latest.json"
 STAGE_DONE = "stage.json"
 EXTRA_STATE = "cipr_state.pt"
-
-
-class NonFiniteLossError(RuntimeError):
-    """The loss became NaN or infinite; training stopped before applying it."""
 
 
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:

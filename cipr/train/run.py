@@ -162,7 +162,7 @@ def _train_stage(trainer: Any, stage_dir: Path, resume: str, writer: MetricsWrit
     finally:
         preemption.flag.restore()
     if preemption.flag.set:
-        from cipr.ops.preemption import Preempted
+        from cipr.errors import Preempted
 
         raise Preempted(f"{preemption.flag.received} received: {stage} saved at step {trainer.state.global_step} "
                         f"in {stage_dir}; run the same command again (trainer.resume=auto) to continue")
