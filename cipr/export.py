@@ -302,7 +302,7 @@ def _load(source: ExportSource, dtype: str) -> tuple[Any, Any]:
     torch_dtype: Any = "auto" if dtype == "auto" else getattr(torch, dtype)
     model_cfg = None
     if source.train_config is not None:
-        from cipr.train.config import from_dict
+        from cipr.config import from_dict
         from cipr.train.model import ModelConfig
 
         model_cfg = from_dict(ModelConfig, source.train_config["model"], "model")

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from cipr.config import ConfigError
 from cipr.distill.run import config_from_dict, distill_main, run_distill
 from cipr.testing import save_tiny
-from cipr.train.config import ConfigError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

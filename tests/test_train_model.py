@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cipr.train.config import ConfigError
+from cipr.config import ConfigError
 from cipr.train.model import ModelConfig, load_model, load_tokenizer, resolve_source
 
 

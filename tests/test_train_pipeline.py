@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
+from cipr.config import from_dict
 from cipr.train.checkpoint import NonFiniteLossError, latest_complete
-from cipr.train.config import from_dict
 from cipr.train.grpo import CIPRGRPOTrainer
 from cipr.train.replay import ReplayRollouts
 from cipr.train.run import TrainConfig, run

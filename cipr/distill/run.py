@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from cipr.config import ConfigError, from_dict, to_dict
 from cipr.distill.data import DataConfigError, TrajectoryDataConfig, build_items, check_data, load_split
 from cipr.distill.evaluate import (
     Readings,
@@ -57,7 +58,6 @@ from cipr.train.checkpoint import (
     stage_done,
     write_json_atomic,
 )
-from cipr.train.config import ConfigError, from_dict, to_dict
 from cipr.train.metrics import LoggingConfig, MetricsCallback, MetricsWriter, peak_memory_gb
 from cipr.train.model import ModelConfig, load_model, resolve_source
 from cipr.train.schedule import (

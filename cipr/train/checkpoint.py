@@ -32,9 +32,9 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cipr.config import ConfigError
 from cipr.errors import DataError, NonFiniteLossError
 from cipr.io import write_json_atomic as _write_json
-from cipr.train.config import ConfigError
 
 if TYPE_CHECKING:
     import torch

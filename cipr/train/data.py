@@ -40,10 +40,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cipr.canonical import NameMap, apply_name_map, canonicalize
+from cipr.config import ConfigError
 from cipr.errors import DataError
 from cipr.formats.base import CallFormat
 from cipr.interface import Example, Interface, Tool
-from cipr.train.config import ConfigError
 
 Side = Literal["canonical", "perturbed", "single"]
 

@@ -31,7 +31,7 @@ from typing import Any, Literal
 import torch
 
 from cipr import hub
-from cipr.train.config import ConfigError
+from cipr.config import ConfigError
 
 log = logging.getLogger(__name__)
 

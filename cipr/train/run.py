@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
+from cipr.config import ConfigError, from_dict, to_dict
 from cipr.train.algo import AlgoConfig, validate_algo
 from cipr.train.checkpoint import latest_complete, mark_stage_done, resolve_resume, stage_done
-from cipr.train.config import ConfigError, from_dict, to_dict
 from cipr.train.data import DataConfig, PromptSet, build_prompts, check_source, load_examples
 from cipr.train.metrics import LoggingConfig, MetricsCallback, MetricsWriter, peak_memory_gb
 from cipr.train.model import ModelConfig, load_model, resolve_source

@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 import torch
 
-from cipr.train.config import ConfigError
+from cipr.config import ConfigError
 
 
 @dataclass

@@ -1,0 +1,131 @@
+"""The one config loader: a composed (Hydra) config, as plain nested dicts, into dataclasses.
+
+Every option group is a dataclass owned by the module that uses it (`ModelConfig` in
+`cipr/train/model.py`, `BenchmarkConfig` in `cipr/eval/config.py`, ...); a command's top-level config
+(`TrainConfig`, `DistillRunConfig`, `EvalConfig`) only composes them. `from_dict` builds any of
+these dataclasses and rejects, before any work starts, a key the dataclass does not declare (with
+the closest valid key as a suggestion), a value of the wrong type, and a value outside a `Literal`.
+Each error names the dotted key and says what to change. Checks that relate several fields stay in
+the dataclass's `__post_init__` or the runner's `validate`, and raise the same `ConfigError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+
+from cipr.errors import ConfigError
+
+__all__ = ["ConfigError", "from_dict", "to_dict"]
+
+T = TypeVar("T")
+
+
+def _suggest(key: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+    return f" Did you mean '{close[0]}'?" if close else ""
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any] | None, where: str = "") -> T:
+    """Build dataclass `cls` from `data`, recursively; unknown keys and wrong types raise ConfigError."""
+    data = dict(data or {})
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = [k for k in data if k not in fields]
+    if unknown:
+        key = unknown[0]
+        dotted = f"{where}.{key}" if where else key
+        raise ConfigError(
+            f"unknown config key '{dotted}'.{_suggest(key, list(fields))} Valid keys under "
+            f"'{where or '<top>'}': {', '.join(sorted(fields))}. Fix the override or the YAML file that sets it.")
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        kwargs[name] = _coerce(hints[name], value, f"{where}.{name}" if where else name)
+    try:
+        return cls(**kwargs)
+    except TypeError as e:  # a required field without a default that the config did not give
+        raise ConfigError(f"config section '{where or '<top>'}' is incomplete: {e}") from e
+
+
+def _is_optional(typ: Any) -> tuple[bool, Any]:
+    origin = get_origin(typ)
+    if origin in (Union, types.UnionType):
+        args = [a for a in get_args(typ) if a is not type(None)]
+        if len(args) < len(get_args(typ)):
+            return True, (args[0] if len(args) == 1 else Union[tuple(args)])  # noqa: UP007
+    return False, typ
+
+
+def _coerce(typ: Any, value: Any, dotted: str) -> Any:
+    optional, inner = _is_optional(typ)
+    if value is None:
+        if optional or typ is Any:
+            return None
+        raise ConfigError(f"'{dotted}' may not be null; give a value of type {_name(typ)}")
+    typ = inner
+    if typ is Any:
+        return value
+    if dataclasses.is_dataclass(typ):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"'{dotted}' must be a mapping of {typ.__name__} options, got {value!r}")
+        return from_dict(typ, value, dotted)
+    origin = get_origin(typ)
+    if origin is Literal:
+        allowed = get_args(typ)
+        if value not in allowed:
+            raise ConfigError(f"'{dotted}' must be one of {', '.join(map(repr, allowed))}; got {value!r}")
+        return value
+    if origin in (Union, types.UnionType):
+        for option in get_args(typ):
+            try:
+                return _coerce(option, value, dotted)
+            except ConfigError:
+                continue
+        raise ConfigError(f"'{dotted}' must be {_name(typ)}; got {value!r}")
+    if origin in (tuple, list):
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+            raise ConfigError(f"'{dotted}' must be a list; got {value!r}")
+        args = get_args(typ)
+        item = args[0] if args else Any
+        items = [_coerce(item, v, f"{dotted}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin in (dict, Mapping) or typ in (dict, Mapping):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"'{dotted}' must be a mapping; got {value!r}")
+        return dict(value)
+    if typ is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"'{dotted}' must be true or false; got {value!r}")
+        return value
+    if typ is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"'{dotted}' must be an integer; got {value!r}")
+        return value
+    if typ is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"'{dotted}' must be a number; got {value!r}")
+        return float(value)
+    if typ is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"'{dotted}' must be a string; got {value!r}")
+        return value
+    return value
+
+
+def _name(typ: Any) -> str:
+    return getattr(typ, "__name__", None) or str(typ).replace("typing.", "")
+
+
+def to_dict(obj: Any) -> Any:
+    """A dataclass tree as plain dicts/lists (for the resolved-config file)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, Mapping):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
