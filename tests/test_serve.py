@@ -367,3 +367,19 @@ def test_backend_pointing_nowhere_is_a_502(tmp_path):
     finally:
         stop(server, thread)
 
+
+
+def test_litellm_message_shape_is_renamed_everywhere():
+    """litellm (τ²'s client) repeats the name beside `function`, sends `tool_calls: null` on text turns and
+    tool results without a name: all renamed or kept consistently."""
+    messages = [{"role": "assistant", "content": "Hi!", "tool_calls": None},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c1", "name": "book_flight", "type": "function",
+                     "function": {"name": "book_flight", "arguments": json.dumps({"origin": "A", "destination": "B"})}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    shown, nmap = canonical_request({"model": "m", "messages": messages, "tools": TOOLS})
+    call = shown["messages"][1]["tool_calls"][0]
+    assert call["name"] == call["function"]["name"] == "function_02"
+    assert json.loads(call["function"]["arguments"]) == {"arg_01": "A", "arg_02": "B"}
+    assert shown["messages"][0]["tool_calls"] is None and "name" not in shown["messages"][2]
+    assert translate_reply(shown["messages"][1], nmap) == messages[1]
