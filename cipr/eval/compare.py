@@ -68,6 +68,11 @@ def compare_runs(run_a: str | Path, run_b: str | Path, config: ReportConfig | No
     if not any(v["n"] for e in out["names"].values() for v in e["types"].values()):
         raise DataError(f"the runs share no (item, perturbation) pair to compare ({run_a} vs {run_b})",
                         file=str(run_b))
+    from cipr.eval.consistency_metric import compare_consistency
+
+    consistency = compare_consistency(run_a, run_b, config)
+    if consistency:
+        out["consistency"] = consistency
     return out
 
 
@@ -83,6 +88,10 @@ def render_comparison(cmp: Mapping[str, Any]) -> str:
             if k in e:
                 rows.append([f"**{k.capitalize()}**", fmt(e[k], signed=True), str(e[k]["n"]), str(e[k]["unpaired"])])
         out += ["", f"## {names} names", "", table(["", "B − A", "paired n", "unpaired"], rows)]
+    if cmp.get("consistency"):
+        from cipr.eval.consistency_metric import render_consistency_comparison
+
+        out.append(render_consistency_comparison(cmp["consistency"]))
     out.append("")
     return "\n".join(out)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from cipr.errors import ConfigError
 from cipr.eval.backends import OpenAIBackendConfig, VLLMBackendConfig
+from cipr.eval.consistency_metric import ConsistencyConfig
 
 BENCHMARKS = ("bfcl", "rotbench", "toolrl_test", "synthetic")
 BACKENDS = ("auto", "hf", "vllm", "openai", "replay")
@@ -106,6 +107,7 @@ class EvalConfig:
     progress: bool = True
     openai: OpenAIBackendConfig = field(default_factory=OpenAIBackendConfig)
     vllm: VLLMBackendConfig = field(default_factory=VLLMBackendConfig)
+    consistency: ConsistencyConfig = field(default_factory=ConsistencyConfig)  # held-out action consistency
 
     def __post_init__(self) -> None:
         if self.benchmark.name not in BENCHMARKS:

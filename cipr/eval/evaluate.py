@@ -194,7 +194,27 @@ def evaluate(cfg: EvalConfig, *, model: Any = None, tokenizer: Any = None, backe
     rcfg = RunnerConfig(chunk_size=cfg.chunk_size, strict_parse=cfg.benchmark.strict_parse, progress=cfg.progress)
     stats = run_items(items, backend, fmt, scorer_for(cfg), out_dir, rcfg)
     log.info("evaluated %d, skipped %d already done, %d correct", stats.evaluated, stats.skipped, stats.correct)
+    if cfg.consistency.enabled:
+        _consistency(cfg, items, backend, fmt, out_dir)
     summary = write_report(out_dir)
     summary["run_stats"] = {"total": stats.total, "evaluated": stats.evaluated, "skipped": stats.skipped,
                             "torn_lines": stats.torn_lines}
     return summary
+
+
+def _consistency(cfg: EvalConfig, items: list[Any], backend: Backend, fmt: CallFormat, out_dir: Path) -> None:
+    """The held-out consistency metric (`consistency.enabled`): the HF backend's model, else an HF load."""
+    from cipr.eval.benchmarks import load_examples
+    from cipr.eval.consistency_metric import run_consistency
+
+    if cfg.benchmark.name == "rotbench":
+        raise ConfigError("consistency.enabled=true reads held-out correspondences, which RoTBench's levels lack; "
+                          "use bfcl, synthetic or toolrl_test")
+    if isinstance(backend, HFBackend):
+        model, tokenizer = backend.model, backend.tokenizer
+    elif cfg.resolved_backend == "vllm":
+        model, tokenizer = load_model(cfg)
+    else:
+        raise ConfigError(f"consistency.enabled=true reads the model's token probabilities: backend="
+                          f"{cfg.resolved_backend} gives none; use backend=hf or vllm (HF loads it for the read)")
+    run_consistency(items, load_examples(cfg), model, tokenizer, fmt, out_dir, cfg.consistency, cfg.seed)

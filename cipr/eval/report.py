@@ -440,8 +440,11 @@ def write_report(run_dir: str | Path, config: ReportConfig | None = None) -> dic
         raise DataError("no results to report", file=str(run_dir / RESULTS))
     summary = summarize(records, config, {k: v for k, v in meta.items() if k != "report"})
     summary["torn_lines"] = torn
+    from cipr.eval.consistency_metric import attach
+
+    consistency = attach(run_dir, summary, config)
     write_json_atomic(run_dir / SUMMARY, summary)
-    write_text_atomic(run_dir / REPORT, render_markdown(summary))
+    write_text_atomic(run_dir / REPORT, render_markdown(summary) + consistency)
     plot_summary(summary, run_dir / PLOTS)
     return summary
 
