@@ -251,7 +251,7 @@ CASES = [
     Case("eval-limit-negative", cipr_eval("limit=-1", "backend=replay"), "limit=-1"),
     Case("eval-limit-not-a-number", cipr_eval("limit=abc", "backend=replay"), "limit"),
     Case("eval-batch-size-zero", cipr_eval("batch_size=0"), "batch_size=0"),
-    Case("eval-unknown-names", cipr_eval("names=[both]", "backend=replay"), "names='both'"),
+    Case("eval-unknown-names", cipr_eval("names=[both]", "backend=replay"), "got 'both'"),
     Case("eval-unknown-perturbation", cipr_eval("perturbations=[nope]", "backend=replay", "limit=1"), "'nope'"),
     Case("eval-unknown-partition", cipr_eval("partitions=[nope]", "backend=replay", "limit=1"), "nope"),
     Case("eval-unknown-format", cipr_eval("format=nope", "backend=replay", "limit=1"), "format='nope'"),

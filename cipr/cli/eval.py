@@ -45,16 +45,15 @@ def to_eval_config(cfg: Any) -> Any:
     from omegaconf.errors import OmegaConfBaseException
 
     from cipr.errors import ConfigError
-    from cipr.eval.config import EvalConfig
+    from cipr.eval.config import eval_config_from_dict
 
     try:
         data = OmegaConf.to_container(cfg, resolve=True)
-        data.pop("hydra", None)
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EvalConfig), data))
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)
         reason = str(e).split("\n")[0]
         raise ConfigError(f"{key}: {reason}" if key else reason) from None
+    return eval_config_from_dict(data)
 
 
 def run_guard(ecfg: Any) -> dict[str, Any]:

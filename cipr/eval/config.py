@@ -2,21 +2,27 @@
 
 `EvalConfig` composes the options of the modules it drives: the benchmark (`BenchmarkConfig`), the
 backends (`HFBackendConfig` fields are flat here: `batch_size`, `max_new_tokens`), the OpenAI and
-vLLM backend configs, and the report's aggregation. Hydra's YAML is merged onto these dataclasses
-(`OmegaConf.structured`), so a misspelled key or a wrong type fails before anything loads.
+vLLM backend configs, and the report's aggregation. `eval_config_from_dict` builds it with the
+project's one strict loader (`cipr.config.from_dict`), so a misspelled key (with a "did you mean"),
+a wrong type or a value outside a `Literal` fails before anything loads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
+from cipr.config import from_dict
 from cipr.errors import ConfigError
 from cipr.eval.backends import OpenAIBackendConfig, VLLMBackendConfig
 from cipr.eval.consistency_metric import ConsistencyConfig
 
-BENCHMARKS = ("bfcl", "rotbench", "toolrl_test", "synthetic")
-BACKENDS = ("auto", "hf", "vllm", "openai", "replay")
+Benchmark = Literal["bfcl", "rotbench", "toolrl_test", "synthetic"]
+Backend = Literal["auto", "hf", "vllm", "openai", "replay"]
+Names = Literal["original", "canonical"]
+BENCHMARKS: tuple[str, ...] = get_args(Benchmark)
+BACKENDS: tuple[str, ...] = get_args(Backend)
 
 
 @dataclass
@@ -24,7 +30,7 @@ class BenchmarkReportConfig:
     """How the benchmark's records aggregate (see `cipr.eval.report.ReportConfig`)."""
 
     original: str = "original"
-    group_mode: str = "item_mean"
+    group_mode: Literal["item_mean", "pool"] = "item_mean"
     mean_groups: list[str] | None = None
 
 
@@ -41,12 +47,12 @@ class BenchmarkConfig:
       for RoTBench, whose own extraction decides.
     """
 
-    name: str = "bfcl"
+    name: Benchmark = "bfcl"
     format: str = "toolrl"
-    scorer: str = "bfcl"
+    scorer: Literal["bfcl", "rotbench"] = "bfcl"
     perturbations: list[str] = field(default_factory=lambda: ["original", "held_out"])
-    names: list[str] = field(default_factory=lambda: ["original"])
-    split: str = "First_Turn"
+    names: list[Names] = field(default_factory=lambda: ["original"])
+    split: Literal["First_Turn", "Third_Turn"] = "First_Turn"
     path: str | None = None
     n: int = 200
     strict_parse: bool = True
@@ -82,9 +88,9 @@ class EvalConfig:
 
     model: str = "embedded"
     benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
-    backend: str = "auto"
+    backend: Backend = "auto"
     perturbations: list[str] | None = None
-    names: list[str] | None = None
+    names: list[Names] | None = None
     limit: int | None = None
     partitions: list[str] | None = None
     seed: int = 0
@@ -96,10 +102,10 @@ class EvalConfig:
     out_dir: str = "evals/run"
     data_root: str | None = None
     device: str = "auto"
-    dtype: str = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     threads: int | None = None
     attn_implementation: str | None = "auto"
-    replay: str = "reference"
+    replay: Literal["reference", "familiar"] = "reference"
     guard: list[str] | None = None  # drift evaluation of the inference-time guard: policies (cipr/guard)
     guard_setting: str = "mild"  # mild | medium drift (cipr.perturb drift_mild / drift_medium)
     guard_sample: str = "study200"  # study200 (the study's 200 items) | full (all 2,501 BFCL items)
@@ -110,12 +116,13 @@ class EvalConfig:
     consistency: ConsistencyConfig = field(default_factory=ConsistencyConfig)  # held-out action consistency
 
     def __post_init__(self) -> None:
+        """Checks a `Literal` cannot state (from_dict checks the choices; this catches direct construction)."""
         if self.benchmark.name not in BENCHMARKS:
             raise ConfigError(f"benchmark={self.benchmark.name!r}; choose one of {', '.join(BENCHMARKS)}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend={self.backend!r}; choose one of {', '.join(BACKENDS)}")
         for n in self.names or []:
-            if n not in ("original", "canonical"):
+            if n not in get_args(Names):
                 raise ConfigError(f"names={n!r}; use original, canonical or [original,canonical]")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"limit={self.limit} must be a positive number of items (or null for all)")
@@ -148,3 +155,8 @@ class EvalConfig:
                 "backend": self.resolved_backend, "seed": self.seed, "max_new_tokens": self.max_new_tokens,
                 "split": self.benchmark.split if self.benchmark.name == "rotbench" else None,
                 "replay": self.replay if self.resolved_backend == "replay" else None}
+
+
+def eval_config_from_dict(data: Mapping[str, Any]) -> EvalConfig:
+    """An EvalConfig from a composed (Hydra) config as plain dicts; bad keys and values raise ConfigError."""
+    return from_dict(EvalConfig, {k: v for k, v in data.items() if k != "hydra"})
