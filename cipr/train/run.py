@@ -5,6 +5,7 @@
       metrics.jsonl    one line per optimizer step of every stage, plus eval and stage-end lines
       summary.json     what ran, final metrics, held-out reward before/after the warm start, peak memory
       warm_start/      SFT stage: checkpoint-<step>/ (HF format), latest.json, final/, stage.json
+                       (or a folder shared by many runs: trainer.warm_start.shared_dir, cipr/train/warm_start.py)
       grpo/ or sft/    the algorithm's stage, same layout
 
 Everything that can be checked without a model is checked first (`validate`): unknown keys,
@@ -16,6 +17,7 @@ or rollout config is refused rather than mixed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import json
@@ -29,6 +31,7 @@ from typing import Any
 import torch
 
 from cipr.config import ConfigError, from_dict, to_dict
+from cipr.run_folder import prepare
 from cipr.train.algo import AlgoConfig, validate_algo
 from cipr.train.checkpoint import latest_complete, mark_stage_done, resolve_resume, stage_done
 from cipr.train.data import DataConfig, PromptSet, build_prompts, check_source, load_examples
@@ -46,6 +49,7 @@ from cipr.train.schedule import (
     validate_schedule,
     world_size,
 )
+from cipr.train.warm_start import claim, stage_dir, validate_shared, warm_start_prompts, warm_start_seed
 
 log = logging.getLogger("cipr.train")
 
@@ -78,9 +82,19 @@ def _stages(cfg: TrainConfig) -> list[str]:
     return (["warm_start"] if cfg.trainer.warm_start.steps > 0 else []) + ["grpo"]
 
 
+def _stage_dir(cfg: TrainConfig, run_dir: Path, stage: str) -> Path:
+    return stage_dir(cfg, run_dir) if stage == "warm_start" else run_dir / stage
+
+
+def _own_stages(cfg: TrainConfig) -> list[str]:
+    """The stages trained in this run's folder (a shared warm start is not one)."""
+    return [s for s in _stages(cfg) if s != "warm_start" or not cfg.trainer.warm_start.shared_dir]
+
+
 def validate(cfg: TrainConfig) -> None:
     """Every check that needs neither model nor data in memory; raises ConfigError with the fix."""
     validate_algo(cfg.algo)
+    validate_shared(cfg)
     unit = cfg.rollout.num_generations * cfg.algo.unit_size if cfg.algo.uses_grpo else 1
     validate_schedule(cfg.trainer, unit)
     if cfg.algo.uses_grpo:
@@ -107,38 +121,17 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"algo=cipr reads action distributions with a tree-shaped attention mask, which needs "
                           f"model.attn_implementation=sdpa or eager (got {cfg.model.attn_implementation})")
     if cfg.trainer.resume == "never":
-        for stage in _stages(cfg):
+        for stage in _own_stages(cfg):
             resolve_resume("never", Path(cfg.trainer.run_dir) / stage)
     elif cfg.trainer.resume == "auto":  # a damaged checkpoint without a complete one before it fails here
         for stage in _stages(cfg):
-            if not stage_done(Path(cfg.trainer.run_dir) / stage):
-                latest_complete(Path(cfg.trainer.run_dir) / stage)
+            if not stage_done(_stage_dir(cfg, Path(cfg.trainer.run_dir), stage)):
+                latest_complete(_stage_dir(cfg, Path(cfg.trainer.run_dir), stage))
 
 
-def _check_run_dir(cfg: TrainConfig, run_dir: Path) -> None:
-    previous = run_dir / "config.json"
-    if not previous.is_file():
-        return
-    old = json.loads(previous.read_text())
-    new = to_dict(cfg)
-    differing = [f"{section}.{k}" for section in COMPARED_SECTIONS
-                 for k in sorted(set(old.get(section, {})) | set(new[section]))
-                 if old.get(section, {}).get(k) != new[section].get(k)]
-    if differing and any(latest_complete(run_dir / s) or stage_done(run_dir / s) for s in _stages(cfg)):
-        raise ConfigError(f"{run_dir} holds a run started with a different config ({', '.join(differing[:8])}); "
-                          f"resuming it would mix two runs. Choose another trainer.run_dir or delete that folder.")
-
-
-def _write_config(cfg: TrainConfig, run_dir: Path) -> None:
-    import yaml
-
-    data = to_dict(cfg)
-    (run_dir / "config.json").write_text(json.dumps(data, indent=2))
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-
-
-def _is_main_process() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
+def _started(cfg: TrainConfig, run_dir: Path) -> bool:
+    """Whether `run_dir` holds progress of this run's stages (a complete checkpoint or a finished stage)."""
+    return any(latest_complete(run_dir / s) or stage_done(run_dir / s) for s in _own_stages(cfg))
 
 
 def _preemption_callback() -> Any:
@@ -188,11 +181,7 @@ def run(cfg: TrainConfig) -> Path:
     if cfg.trainer.torch_threads:
         torch.set_num_threads(cfg.trainer.torch_threads)
     run_dir = Path(cfg.trainer.run_dir).expanduser()
-    main = _is_main_process()
-    if main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        _check_run_dir(cfg, run_dir)
-        _write_config(cfg, run_dir)
+    main = prepare(run_dir, to_dict(cfg), COMPARED_SECTIONS, lambda: _started(cfg, run_dir))
     writer = MetricsWriter(run_dir, cfg.logging.wandb, to_dict(cfg), enabled=main)
     try:
         return _run(cfg, run_dir, writer, started)
@@ -204,7 +193,7 @@ def _run(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter, started: float)
     from cipr.formats import get_format
 
     stages = _stages(cfg)
-    pending = [s for s in stages if not stage_done(run_dir / s)]
+    pending = [s for s in stages if not stage_done(_stage_dir(cfg, run_dir, s))]
     summary_path = run_dir / "summary.json"
     if not pending:
         log.info("every stage of %s is already complete; nothing to do", run_dir)
@@ -213,7 +202,7 @@ def _run(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter, started: float)
     log.info("loading model (%s)", cfg.model.name_or_path or f"{cfg.model.gguf_package}/{cfg.model.gguf_file}")
     weights = None
     if "grpo" in pending and "warm_start" in stages and "warm_start" not in pending:
-        weights = run_dir / "warm_start" / "final"
+        weights = _stage_dir(cfg, run_dir, "warm_start") / "final"
     model, tokenizer = load_model(cfg.model, weights=weights)
     fmt = get_format(cfg.model.call_format)
     examples = load_examples(cfg.data)
@@ -231,7 +220,20 @@ def _run(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter, started: float)
 
     if "warm_start" in pending or "sft" in pending:
         stage = "sft" if cfg.algo.name == "sft" else "warm_start"
-        results[stage] = _run_sft(cfg, stage, model, tokenizer, prompts, fmt, run_dir, writer)
+        sft_prompts = prompts if stage == "sft" else warm_start_prompts(cfg, examples, fmt, tokenizer, prompts)
+        shared = stage == "warm_start" and cfg.trainer.warm_start.shared_dir
+        sft_writer = MetricsWriter(stage_dir(cfg, run_dir), None, to_dict(cfg), enabled=writer.enabled) \
+            if shared else writer
+        with claim(cfg) if stage == "warm_start" else contextlib.nullcontext():
+            final = _stage_dir(cfg, run_dir, stage) / "final"
+            if shared and stage_done(final.parent):  # another run finished it while this one waited
+                del model
+                gc.collect()
+                model, tokenizer = load_model(cfg.model, weights=final)
+            else:
+                results[stage] = _run_sft(cfg, stage, model, tokenizer, sft_prompts, fmt, run_dir, sft_writer)
+        if shared:
+            sft_writer.close()
         gc.collect()
     if "grpo" in pending:
         results["grpo"] = _run_grpo(cfg, model, tokenizer, prompts, fmt, run_dir, writer)
@@ -243,7 +245,8 @@ def _run(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter, started: float)
         summary = {
             "run_dir": str(run_dir),
             "algo": cfg.algo.name,
-            "stages": {s: stage_done(run_dir / s) for s in stages},
+            "stages": {s: stage_done(_stage_dir(cfg, run_dir, s)) for s in stages},
+            "warm_start_dir": str(stage_dir(cfg, run_dir)) if "warm_start" in stages else None,
             "final": {s: next((r for r in reversed(steps) if r["stage"] == s), None) for s in stages},
             "eval": evals,
             "train_prompts": len(prompts.records),
@@ -277,7 +280,8 @@ def _run_sft(cfg: TrainConfig, stage: str, model: Any, tokenizer: Any, prompts: 
     from cipr.train.sft import build_sft_trainer
 
     ws = cfg.trainer.warm_start
-    stage_dir = run_dir / stage
+    folder = _stage_dir(cfg, run_dir, stage)
+    trainer_cfg = cfg.trainer if stage == "sft" else dataclasses.replace(cfg.trainer, seed=warm_start_seed(cfg))
     if stage == "sft":
         steps, lr, batch, accum = (cfg.trainer.max_steps, cfg.trainer.learning_rate,
                                    cfg.trainer.per_device_train_batch_size, cfg.trainer.gradient_accumulation_steps)
@@ -286,15 +290,15 @@ def _run_sft(cfg: TrainConfig, stage: str, model: Any, tokenizer: Any, prompts: 
         steps, lr, batch, accum = ws.steps, ws.learning_rate, ws.per_device_train_batch_size, ws.gradient_accumulation_steps
         scheduler, warmup = ws.lr_scheduler_type, ws.warmup_steps
     _evaluate(cfg, model, tokenizer, prompts, fmt, writer, stage, "before", 0)
-    args = common_args(cfg.trainer, cfg.distributed, output_dir=str(stage_dir), max_steps=steps, learning_rate=lr,
+    args = common_args(trainer_cfg, cfg.distributed, output_dir=str(folder), max_steps=steps, learning_rate=lr,
                        batch=batch, accumulation=accum, scheduler=scheduler, warmup=warmup,
                        progress_bar=cfg.logging.progress_bar)
     args["include_num_input_tokens_seen"] = "non_padding"
     preemption = _preemption_callback()
     trainer = build_sft_trainer(model, tokenizer, prompts.records, args, ws.max_length,
                                 callbacks=[MetricsCallback(writer, stage, cfg.logging.print_metrics), preemption])
-    done = _train_stage(trainer, stage_dir, cfg.trainer.resume, writer, stage, preemption)
-    _finish_stage(trainer, stage_dir, done)
+    done = _train_stage(trainer, folder, cfg.trainer.resume, writer, stage, preemption)
+    _finish_stage(trainer, folder, done)
     _evaluate(cfg, model, tokenizer, prompts, fmt, writer, stage, "after", done)
     del trainer
     return done
@@ -362,7 +366,3 @@ def _run_grpo(cfg: TrainConfig, model: Any, tokenizer: Any, prompts: PromptSet, 
     del trainer
     return done
 
-
-def replace(cfg: TrainConfig, **sections: Any) -> TrainConfig:
-    """A copy of `cfg` with whole sections replaced (for tests and scripts)."""
-    return dataclasses.replace(cfg, **sections)

@@ -48,9 +48,17 @@ from cipr.config import ConfigError
 
 @dataclass
 class WarmStartConfig:
-    """The SFT warm start that precedes a GRPO algorithm (`steps: 0` skips it)."""
+    """The SFT warm start that precedes a GRPO algorithm (`steps: 0` skips it).
+
+    `shared_dir`: train it once in that folder and load it from there in every run that names it
+    (`cipr.train.warm_start`); `names`: its prompts' naming (null: the algorithm's own prompts);
+    `seed`: its data order (null: `trainer.seed`).
+    """
 
     steps: int = 0
+    shared_dir: str | None = None
+    names: str | None = None
+    seed: int | None = None
     learning_rate: float = 1e-5
     per_device_train_batch_size: int = 4
     gradient_accumulation_steps: int = 1
