@@ -12,4 +12,6 @@ Modules, one concept each:
 - `report`: summary.json, report.md (Tables 1, 6, 10 shapes), plots.
 - `compare`: paired differences between two runs.
 - `evaluate`: one run end to end (`evaluate(cfg)`).
+- `consistency_metric`: held-out action consistency read from the model (`consistency.enabled`).
+- `ladder`: a ladder sweep's points exported, evaluated and compared in Table 1's layout (`cipr-ladder`).
 """
