@@ -51,6 +51,7 @@ from cipr.distill.evaluate import (
     write_report,
 )
 from cipr.distill.trainer import DistillConfig, DistillTrainer, check_distill, teacher_for
+from cipr.run_folder import prepare
 from cipr.train.checkpoint import (
     latest_complete,
     mark_stage_done,
@@ -126,25 +127,9 @@ def validate(cfg: DistillRunConfig) -> None:
         resolve_resume(cfg.trainer.resume, Path(cfg.trainer.run_dir) / STAGE)
 
 
-def _check_run_dir(cfg: DistillRunConfig, run_dir: Path) -> None:
-    previous = run_dir / "config.json"
-    if not previous.is_file():
-        return
-    old, new = json.loads(previous.read_text()), to_dict(cfg)
-    differing = [f"{s}.{k}" for s in COMPARED for k in sorted(set(old.get(s, {})) | set(new[s]))
-                 if old.get(s, {}).get(k) != new[s].get(k)]
-    if differing and (latest_complete(run_dir / STAGE) or stage_done(run_dir / STAGE)):
-        raise ConfigError(f"{run_dir} holds a run started with a different config ({', '.join(differing[:8])}); "
-                          f"resuming it would mix two runs. Choose another trainer.run_dir or delete that folder.")
-
-
-def _truncate_metrics(writer: MetricsWriter, step: int) -> None:
-    """Drop step lines past the resumed checkpoint and the stage's end line, so metrics.jsonl reads as one run."""
-    if not writer.enabled or not writer.path.is_file():
-        return
-    kept = [r for r in writer.read() if not (r.get("stage") == STAGE and (r.get("kind") == "stage_end" or (
-        r.get("kind") == "step" and r.get("step", 0) > step)))]
-    writer.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+def _started(out: Path) -> bool:
+    """Whether the run folder holds training progress (a complete checkpoint or the finished stage)."""
+    return bool(latest_complete(out / STAGE) or stage_done(out / STAGE))
 
 
 def _eval_model(model: Any, cfg: DistillRunConfig) -> Any:
@@ -200,10 +185,6 @@ def _live(model: Any, tokenizer: Any, fmt: Any, cfg: DistillRunConfig) -> dict[s
             for naming in ev.namings}
 
 
-def _is_main_process() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
-
-
 def run_distill(cfg: DistillRunConfig | dict[str, Any], run_dir: str | Path | None = None) -> Path:
     """Train (resuming where a previous run stopped) and evaluate; returns the run folder.
 
@@ -218,14 +199,7 @@ def run_distill(cfg: DistillRunConfig | dict[str, Any], run_dir: str | Path | No
     if cfg.trainer.torch_threads:
         torch.set_num_threads(cfg.trainer.torch_threads)
     out = Path(cfg.trainer.run_dir).expanduser()
-    main = _is_main_process()
-    if main:
-        out.mkdir(parents=True, exist_ok=True)
-        _check_run_dir(cfg, out)
-        import yaml
-
-        (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
-        (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    main = prepare(out, to_dict(cfg), COMPARED, lambda: _started(out))
     writer = MetricsWriter(out, cfg.logging.wandb, to_dict(cfg), enabled=main)
     try:
         _run(cfg, out, writer, started, main)
@@ -331,7 +305,7 @@ def _train(cfg: DistillRunConfig, student: Any, tokenizer: Any, items: list, fmt
     if checkpoint is not None:
         step = json.loads((Path(checkpoint) / "trainer_state.json").read_text())["global_step"]
         log.info("resuming from %s (step %d)", checkpoint, step)
-    _truncate_metrics(writer, step)
+    writer.truncate_after(STAGE, step)
     trainer.train(resume_from_checkpoint=checkpoint)
     if preemption.flag.set:
         from cipr.errors import Preempted

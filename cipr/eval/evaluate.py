@@ -39,6 +39,7 @@ from cipr.export import apply_manifest
 from cipr.formats import CallFormat, get_format
 from cipr.hub import resolve_model
 from cipr.io import read_json, write_json_atomic
+from cipr.run_folder import changed_keys
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ def previous_meta(out_dir: Path, cfg: EvalConfig) -> dict[str, Any]:
     path = out_dir / RUN_META
     has_results = (out_dir / RESULTS).is_file() and (out_dir / RESULTS).stat().st_size > 0
     old: dict[str, Any] = read_json(path) if path.exists() and has_results else {}  # no results: a failed start
-    clash = {k: (old[k], v) for k, v in cfg.meta().items() if k in old and old[k] != v}
+    clash = changed_keys(old, cfg.meta(), recorded_only=True)
     if clash:
         detail = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in clash.items())
         raise ConfigError(f"{out_dir} holds a run with another configuration ({detail}); use a new out_dir")

@@ -35,6 +35,7 @@ from cipr.eval.report import RESULTS
 from cipr.eval.taxonomy import TaxonomyConfig, classify
 from cipr.formats.base import CallFormat, ParseResult
 from cipr.interface import Call, Example
+from cipr.run_folder import complete_lines
 
 log = logging.getLogger(__name__)
 
@@ -114,14 +115,9 @@ def existing_keys(path: Path) -> tuple[set[Key], int]:
     """Keys already in results.jsonl, after cutting off a torn last line (returns how many were cut)."""
     if not path.exists():
         return set(), 0
-    data = path.read_bytes()
-    torn = 0
-    if data and not data.endswith(b"\n"):
-        cut = data.rfind(b"\n") + 1
-        log.warning("%s: cutting a torn last line (%d bytes) left by an interrupted run", path, len(data) - cut)
-        with path.open("r+b") as f:
-            f.truncate(cut)
-        data, torn = data[:cut], 1
+    size = path.stat().st_size
+    data = complete_lines(path, cut=True)
+    torn = int(len(data) < size)
     keys: set[Key] = set()
     for i, line in enumerate(data.decode("utf-8").splitlines()):
         if not line.strip():
@@ -138,8 +134,7 @@ def recorded_keys(path: Path) -> set[Key]:
     if not path.is_file():
         return set()
     keys: set[Key] = set()
-    lines = path.read_bytes().split(b"\n")
-    for i, line in enumerate(lines[:-1]):
+    for i, line in enumerate(complete_lines(path, cut=False).split(b"\n")):
         if not line.strip():
             continue
         try:

@@ -32,7 +32,7 @@ from typing import Any, Literal
 import torch
 from transformers import TrainerCallback
 
-STAGES = ("warm_start", "sft", "grpo")
+STAGES = ("warm_start", "sft", "grpo", "distill")  # the order stages run in (distill runs alone)
 
 
 @dataclass
@@ -116,29 +116,9 @@ class MetricsWriter:
         stages, and a line torn by a kill (metrics and samples); how many."""
         if not self.enabled:
             return 0
-        from cipr.io import write_text_atomic
+        from cipr.run_folder import truncate_metrics
 
-        order = {s: i for i, s in enumerate(STAGES)}
-        dropped = 0
-        for path in (self.path, self.samples_path):
-            if not path.is_file():
-                continue
-            kept = []
-            for line in path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    dropped += 1
-                    continue
-                rs = rec.get("stage")
-                later = rs in order and order[rs] > order[stage]
-                past = rs == stage and (rec.get("step", 0) > step or rec.get("kind") == "stage_end")
-                if later or past:
-                    dropped += 1
-                else:
-                    kept.append(line)
-            write_text_atomic(path, "".join(k + "\n" for k in kept))
-        return dropped
+        return truncate_metrics([self.path, self.samples_path], stage, step, STAGES)
 
     def read(self) -> list[dict[str, Any]]:
         if not self.path.is_file():

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from cipr.config import ConfigError, from_dict, to_dict
+from cipr.run_folder import prepare
 from cipr.train.algo import AlgoConfig, validate_algo
 from cipr.train.checkpoint import latest_complete, mark_stage_done, resolve_resume, stage_done
 from cipr.train.data import DataConfig, PromptSet, build_prompts, check_source, load_examples
@@ -128,30 +129,9 @@ def validate(cfg: TrainConfig) -> None:
                 latest_complete(_stage_dir(cfg, Path(cfg.trainer.run_dir), stage))
 
 
-def _check_run_dir(cfg: TrainConfig, run_dir: Path) -> None:
-    previous = run_dir / "config.json"
-    if not previous.is_file():
-        return
-    old = json.loads(previous.read_text())
-    new = to_dict(cfg)
-    differing = [f"{section}.{k}" for section in COMPARED_SECTIONS
-                 for k in sorted(set(old.get(section, {})) | set(new[section]))
-                 if old.get(section, {}).get(k) != new[section].get(k)]
-    if differing and any(latest_complete(run_dir / s) or stage_done(run_dir / s) for s in _own_stages(cfg)):
-        raise ConfigError(f"{run_dir} holds a run started with a different config ({', '.join(differing[:8])}); "
-                          f"resuming it would mix two runs. Choose another trainer.run_dir or delete that folder.")
-
-
-def _write_config(cfg: TrainConfig, run_dir: Path) -> None:
-    import yaml
-
-    data = to_dict(cfg)
-    (run_dir / "config.json").write_text(json.dumps(data, indent=2))
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-
-
-def _is_main_process() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
+def _started(cfg: TrainConfig, run_dir: Path) -> bool:
+    """Whether `run_dir` holds progress of this run's stages (a complete checkpoint or a finished stage)."""
+    return any(latest_complete(run_dir / s) or stage_done(run_dir / s) for s in _own_stages(cfg))
 
 
 def _preemption_callback() -> Any:
@@ -201,11 +181,7 @@ def run(cfg: TrainConfig) -> Path:
     if cfg.trainer.torch_threads:
         torch.set_num_threads(cfg.trainer.torch_threads)
     run_dir = Path(cfg.trainer.run_dir).expanduser()
-    main = _is_main_process()
-    if main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        _check_run_dir(cfg, run_dir)
-        _write_config(cfg, run_dir)
+    main = prepare(run_dir, to_dict(cfg), COMPARED_SECTIONS, lambda: _started(cfg, run_dir))
     writer = MetricsWriter(run_dir, cfg.logging.wandb, to_dict(cfg), enabled=main)
     try:
         return _run(cfg, run_dir, writer, started)
@@ -390,7 +366,3 @@ def _run_grpo(cfg: TrainConfig, model: Any, tokenizer: Any, prompts: PromptSet, 
     del trainer
     return done
 
-
-def replace(cfg: TrainConfig, **sections: Any) -> TrainConfig:
-    """A copy of `cfg` with whole sections replaced (for tests and scripts)."""
-    return dataclasses.replace(cfg, **sections)

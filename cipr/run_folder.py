@@ -1,0 +1,131 @@
+"""The run folder every runner shares: who writes it, what it records, and resuming without mixing runs.
+
+A training run (`cipr/train/run.py`), a self-distillation run (`cipr/distill/run.py`) and an
+evaluation run (`cipr/eval/evaluate.py`, `cipr/eval/runner.py`) each write into one folder and
+continue it when the same command is rerun. The same four rules hold for all of them:
+
+- only the main process of a distributed launch writes the folder (`is_main_process`);
+- the folder records the configuration that started it (`write_config`: config.json and
+  config.yaml), and a rerun whose configuration differs in what decides the results is refused
+  once the folder holds progress, rather than mixed into it (`check_config`, `changed_keys`);
+- an append-only record file loses only its last line to a kill: the torn tail is cut (or ignored
+  when reading only) before anything is appended (`complete_lines`);
+- a resumed stage drops the metric lines written after the checkpoint it resumes from, so the
+  metrics read as one run (`truncate_metrics`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from cipr.errors import ConfigError
+from cipr.io import write_text_atomic
+
+log = logging.getLogger(__name__)
+
+CONFIG_JSON = "config.json"
+CONFIG_YAML = "config.yaml"
+
+
+def is_main_process() -> bool:
+    """Rank 0 of a distributed launch, or a single process (RANK unset); only it writes the run folder."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any], sections: Sequence[str] | None = None, *,
+                 recorded_only: bool = False) -> dict[str, tuple[Any, Any]]:
+    """Dotted keys whose values differ between a recorded config `old` and `new`: (old value, new value).
+
+    With `sections`, the keys of those sub-mappings are compared (a key missing on one side reads as
+    None); without, the top-level keys. `recorded_only` compares only the keys both sides hold (a
+    field added since that run started, or a record `new` does not decide, is not a change).
+    """
+    pairs = [(f"{s}.", old.get(s) or {}, new.get(s) or {}) for s in sections] if sections else [("", old, new)]
+    changed: dict[str, tuple[Any, Any]] = {}
+    for prefix, a, b in pairs:
+        keys = [k for k in b if k in a] if recorded_only else sorted(set(a) | set(b))
+        for k in keys:
+            if a.get(k) != b.get(k):
+                changed[f"{prefix}{k}"] = (a.get(k), b.get(k))
+    return changed
+
+
+def check_config(run_dir: Path, config: Mapping[str, Any], sections: Sequence[str], started: Callable[[], bool],
+                 *, option: str = "trainer.run_dir") -> None:
+    """Refuse `run_dir` when its config.json differs from `config` in `sections` and `started()` says
+    it holds progress (a checkpoint or a finished stage); `option` names the setting to change."""
+    previous = run_dir / CONFIG_JSON
+    if not previous.is_file():
+        return
+    differing = list(changed_keys(json.loads(previous.read_text()), config, sections))
+    if differing and started():
+        raise ConfigError(f"{run_dir} holds a run started with a different config ({', '.join(differing[:8])}); "
+                          f"resuming it would mix two runs. Choose another {option} or delete that folder.")
+
+
+def write_config(run_dir: Path, config: Mapping[str, Any]) -> None:
+    """Record the resolved configuration as config.json (read back by `check_config`) and config.yaml."""
+    import yaml
+
+    write_text_atomic(run_dir / CONFIG_JSON, json.dumps(config, indent=2))
+    write_text_atomic(run_dir / CONFIG_YAML, yaml.safe_dump(dict(config), sort_keys=False))
+
+
+def prepare(run_dir: Path, config: Mapping[str, Any], sections: Sequence[str], started: Callable[[], bool]) -> bool:
+    """On the main process: create `run_dir`, refuse a different run in it, record `config`.
+
+    Returns whether this process is the main one (the one that writes metrics and summaries).
+    """
+    main = is_main_process()
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        check_config(run_dir, config, sections, started)
+        write_config(run_dir, config)
+    return main
+
+
+def complete_lines(path: Path, *, cut: bool) -> bytes:
+    """The bytes of `path` up to its last newline: a line torn by a kill is cut from the file (`cut`)
+    or only left out of what is returned (b"" when there is no file)."""
+    if not path.exists():
+        return b""
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        end = data.rfind(b"\n") + 1
+        if cut:
+            log.warning("%s: cutting a torn last line (%d bytes) left by an interrupted run", path, len(data) - end)
+            with path.open("r+b") as f:
+                f.truncate(end)
+        data = data[:end]
+    return data
+
+
+def truncate_metrics(paths: Sequence[Path], stage: str, step: int, stages: Sequence[str]) -> int:
+    """Drop, from each JSON-lines file in `paths`, the lines of `stage` after `step`, its end line (it
+    is being resumed), every line of a stage after it in `stages`, and a torn line; how many."""
+    order = {s: i for i, s in enumerate(stages)}
+    dropped = 0
+    for path in paths:
+        if not path.is_file():
+            continue
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                dropped += 1
+                continue
+            rs = rec.get("stage")
+            later = rs in order and order[rs] > order[stage]
+            past = rs == stage and (rec.get("step", 0) > step or rec.get("kind") == "stage_end")
+            if later or past:
+                dropped += 1
+            else:
+                kept.append(line)
+        write_text_atomic(path, "".join(k + "\n" for k in kept))
+    return dropped
