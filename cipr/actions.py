@@ -12,9 +12,39 @@ column). A class that no declared tool of a sequence maps to gets probability 0 
 one side puts on a tool the other does not declare (a twin) counts as disagreement.
 
 Choices the paper leaves open, made here:
-- Names are scored with the format's `name_suffix` appended (`"` for JSON, `[` for WebShop, a
-  newline for ReAct), so `function_1` is not credited with the mass of `function_10`: the score of
-  `function_1"` excludes the continuation `0`. A multi-token name is scored token by token.
+- The probability of a name is the probability of writing it, whatever follows its end. A name is
+  followed by the format's `name_suffix` (`"` for JSON, `[` for WebShop, a newline for ReAct), and
+  real text closes it with a merged token (SmolLM2 and Qwen write `"get_weather", ` as ` "`,`get`,`_`,
+  `weather`,`",`,...), so scoring the suffix as a token of its own would measure a continuation the
+  model rarely writes. Instead (Appendix A):
+      π(n | o) ∝ P(prefix(n) | x, y<t, o) · Σ_{v: bytes(v) start with r(n)} P(v | x, y<t, o, prefix(n)),
+  prefix(n) being the name's tokens up to its last *stable* boundary and r(n) the rest of
+  `name + suffix` (always the whole suffix, and any last characters of the name that merge with it).
+  A boundary is stable when it lies at or before the name's end and the tokens before it are the
+  same in the tokenizations of `y<t + o + name + suffix + c` for every c in `CONTINUATIONS` (the end of
+  the text and one character of each class byte-level pre-tokenizers split on), so no merge with the
+  suffix or with what follows it can move it. The sum is one logsumexp over a vocabulary subset of
+  the log-softmax at the column of the last prefix token, which the pass computes anyway. It keeps
+  `function_1` from taking `function_10`'s mass (`function_1`'s rest is `"`, and no token starting
+  with `0` starts with `"`); `foo.` closes with whatever merges with its dot (prefix `foo`, rest `."`:
+  `.",`, `."}`, ...). Tokens are compared by their exact bytes (byte-level BPE tokens mapped back to
+  bytes, so a token holding part of a UTF-8 character counts; other tokenizers' tokens decoded), each
+  ordinary token once; added tokens (the template's control tokens, specials included) are not in any
+  sum. The vocabulary's bytes are built once per tokenizer object, the ids per rest once.
+- o by the same rule, with `opener_backoff` > 0 when o's last characters merge with the names
+  (SmolLM2 writes `Action: function_01` as `Action`,`:`,` function`,...): o's tokens are those every
+  name's text shares (`Action`,`:`), r(o) is the rest of o (` `), and
+      π(o) = P(`Action`,`:` | x, y<t) · Σ_{v: bytes(v) start with r(o)} P(v | x, y<t, `Action:`),
+  the probability of writing the whole opener whatever follows; π(∅) = 1 − π(o). Names are scored
+  from o's shared tokens, r(o) inside each name's first token (` function`), so the name
+  distribution is conditioned on `Action:` (r(o)'s own probability cancels in the normalization).
+  `context_backoff` > 0: the context's last characters merge with o; their tokens are then scored as
+  part of o, so π(o) also includes the probability of those characters.
+- Empty sum: when no ordinary token starts with a rest (BPE rarely allows it: a rest that spans
+  several of the text's own tokens), whole tokens of the text's own tokenization move from the rest
+  into the path, one at a time, until some token starts with what remains or nothing remains (no
+  sum). For o the moved tokens are scored in π(o) only (`opener_extension`); names still branch at
+  o's shared tokens. A name never gets probability 0 from an empty set.
 - A tool name declared twice gets one term per declaration, as the formula reads: the declarations
   split the name's mass equally (the text cannot tell them apart).
 - Parallel calls: each call is a decision (the format lists one per call opening, plus the one where
@@ -22,18 +52,13 @@ Choices the paper leaves open, made here:
 - Tokenization: prompt and response are tokenized separately without adding special tokens (the
   chat template already wrote them), as a trainer concatenates prompt and completion ids; a response
   is re-tokenized from its text, which may differ from the ids a sampler produced. For each decision
-  we tokenize the response's text before it (`ctx`), `ctx + o`, and `ctx + o + name + suffix` for
-  every declared name. The branch point k is the longest common token prefix of those and of the
-  full response's tokens; o's tokens are the further common prefix of `ctx + o` and all the name
-  strings; each name's tokens are the rest. When the tokenizer merges across a boundary this backs
-  off to the longest common prefix, and the plan records it:
-  * `opener_backoff` > 0: o's last characters merge with the names (SmolLM2 tokenizes `Action: ` as
-    `Action`,`:`,` ` but `Action: function_01` as `Action`,`:`,` function`,...). Then π(o) is the
-    probability of o's leading tokens (`Action:`), at least that of the full opener text, π(∅) the
-    probability of not writing them, and o's tail is scored inside each name's first token
-    (` function`), so the name distribution is conditioned on `Action:` only.
-  * `context_backoff` > 0: the context's last characters merge with o; their tokens are then scored
-    as part of o, so π(o) also includes the probability of those characters.
+  we tokenize the response's text before it (`ctx`), `ctx + o`, and `ctx + o + name + suffix + c`
+  for every declared name and continuation. The branch point k is the longest common token prefix of
+  those and of the full response's tokens; o's tokens are the further common prefix of `ctx + o` and
+  all the name strings; each name's prefix tokens follow up to its stable boundary. Only the text
+  from `WINDOW` response tokens before the decision is re-tokenized (the tokens before are the
+  response's own): the cut is kept when that text re-tokenizes to the response's own tokens over
+  the first half of the window (the pre-tokenizer runs are then in step), else the whole text is used.
 - One pass over every token per batch: each decision's name trie (shared prefixes merged, o as its
   trunk) is packed after its sequence; a trie node attends to the sequence up to the branch point,
   to its trie ancestors and to itself (a tree-shaped 4D mask), with position ids continuing from the
@@ -45,10 +70,16 @@ Choices the paper leaves open, made here:
   mask); see `ActionReaderConfig`. Works with `attn_implementation` "sdpa" or "eager" (a 4D float
   mask reaches both unchanged in transformers 5.17); flash attention cannot take a tree mask.
 - The reader is differentiable and does not change the model's train/eval mode.
+- `cipr.actions_reference.read_actions_bruteforce` computes the same definition with none of this
+  module's code (one plain forward per decision and name); the tests compare the two.
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
+import itertools
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -56,6 +87,13 @@ from typing import Any, Literal
 import torch
 
 from cipr.formats.base import CallFormat, Decision
+
+CONTINUATIONS: tuple[str, ...] = ("", ",", "}", ":", "]", ")", " ", "\n", ".", '"', "a", "0")
+"""What may follow a name's suffix, tried to find the token boundaries a merge cannot move: the end of
+the text first (the text's own tokenization), then one character of each class the pre-tokenizers of
+byte-level BPE split on (JSON punctuation, space, newline, quote, letter, digit)."""
+WINDOW = 8
+"""Response tokens before a decision that are re-tokenized with its opener and names."""
 
 
 @dataclass(frozen=True)
@@ -122,9 +160,12 @@ class DecisionPlan:
     """How one decision is tokenized.
 
     - `context`: k, the number of response tokens before the branch point.
-    - `opener`: token ids of o after the branch point.
-    - `names`: per declared tool, the token ids of its name (with the suffix, and any opener tail
-      that merged into it) after o.
+    - `opener`: token ids of o after the branch point that every name's text shares (names branch after them).
+    - `opener_rest`: the bytes of o after those tokens (merged into each name's first token), closed in
+      π(o) by the sum over the vocabulary tokens that start with them; empty when o ends on a shared boundary.
+    - `opener_extension`: tokens of o scored in π(o) only, before `opener_rest` (the empty-set fallback).
+    - `names`: per declared tool, the token ids of its name prefix after `opener` (with any opener tail).
+    - `name_rests`: per declared tool, the bytes closed by the vocabulary sum (the rest of name + suffix).
     - `context_backoff` / `opener_backoff`: tokens moved across a boundary (see module docstring).
     """
 
@@ -133,6 +174,9 @@ class DecisionPlan:
     names: tuple[tuple[int, ...], ...]
     context_backoff: int = 0
     opener_backoff: int = 0
+    name_rests: tuple[bytes, ...] = ()
+    opener_rest: bytes = b""
+    opener_extension: tuple[int, ...] = ()
 
 
 @dataclass
@@ -172,6 +216,81 @@ def _encode(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
+@functools.lru_cache(maxsize=1)
+def _byte_of_char() -> dict[str, int]:
+    """GPT-2's byte-to-character table, inverted: how a byte-level BPE vocabulary spells each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    rest = [b for b in range(256) if b not in printable]
+    table = {chr(b): b for b in printable}
+    table.update({chr(256 + n): b for n, b in enumerate(rest)})
+    return table
+
+
+def _byte_level(tokenizer: Any) -> bool:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return backend is not None and "ByteLevel" in f"{backend.pre_tokenizer} {backend.decoder}"
+
+
+class _Vocabulary:
+    """The exact bytes each token id spells, and the ordinary tokens whose bytes start with given bytes.
+
+    Byte-level BPE tokens are mapped back to their bytes (decoding would turn a token holding part
+    of a UTF-8 character into U+FFFD); tokens outside the byte alphabet, and every token of other
+    tokenizers, are decoded. Added tokens (the chat template's control tokens, specials included)
+    spell their content but are left out of `starting_with`: they are not text the BPE writes.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        size = len(tokenizer)
+        added = set(tokenizer.added_tokens_decoder)
+        pieces = tokenizer.convert_ids_to_tokens(list(range(size)))
+        table = _byte_of_char() if _byte_level(tokenizer) else {}
+        self.bytes: list[bytes] = []
+        for i, piece in enumerate(pieces):
+            if i in added or not table or any(ch not in table for ch in piece or "\0"):
+                text = piece if i in added and piece else tokenizer.decode([i], clean_up_tokenization_spaces=False)
+                self.bytes.append(text.encode("utf-8"))
+            else:
+                self.bytes.append(bytes(table[ch] for ch in piece))
+        order = sorted((t, i) for i, t in enumerate(self.bytes) if t and i not in added)
+        self._keys = [t for t, _ in order]
+        self._ids = [i for _, i in order]
+        self._starting: dict[bytes, tuple[int, ...]] = {}
+        self._tensors: dict[tuple[bytes, torch.device], torch.Tensor] = {}
+
+    def spell(self, ids: Sequence[int]) -> bytes:
+        return b"".join(self.bytes[i] for i in ids)
+
+    def starting_with(self, prefix: bytes) -> tuple[int, ...]:
+        """Ids of the ordinary tokens whose bytes start with `prefix` (cached per prefix)."""
+        found = self._starting.get(prefix)
+        if found is None:
+            lo = bisect.bisect_left(self._keys, prefix)
+            hi = lo
+            while hi < len(self._keys) and self._keys[hi].startswith(prefix):
+                hi += 1
+            found = self._starting[prefix] = tuple(sorted(self._ids[lo:hi]))
+        return found
+
+    def starting_with_tensor(self, prefix: bytes, device: torch.device) -> torch.Tensor:
+        """`starting_with` as a long tensor on `device` (cached)."""
+        key = (prefix, device)
+        if key not in self._tensors:
+            self._tensors[key] = torch.tensor(self.starting_with(prefix), dtype=torch.long, device=device)
+        return self._tensors[key]
+
+
+_VOCABULARIES: weakref.WeakKeyDictionary[Any, _Vocabulary] = weakref.WeakKeyDictionary()
+
+
+def _vocabulary(tokenizer: Any) -> _Vocabulary:
+    """The tokenizer's `_Vocabulary`, built once per tokenizer object."""
+    vocab = _VOCABULARIES.get(tokenizer)
+    if vocab is None:
+        vocab = _VOCABULARIES[tokenizer] = _Vocabulary(tokenizer)
+    return vocab
+
+
 def _validate(q: ActionQuery, num_actions: int, index: int) -> None:
     where = f"query {index}"
     if not q.tools:
@@ -191,17 +310,83 @@ def _validate(q: ActionQuery, num_actions: int, index: int) -> None:
             raise ValueError(f"{where}: decision at {d.start} has an empty opener")
 
 
+def _close(vocab: _Vocabulary, path: list[int], rest_ids: Sequence[int]) -> tuple[list[int], bytes]:
+    """The path and the rest it is closed by; the fallback for a rest no vocabulary token starts with.
+
+    `rest_ids` is the text's own tokenization of the rest. While no ordinary token starts with the
+    rest, its first complete token moves into the path; an empty rest (everything moved) needs no sum.
+    """
+    rest_ids = list(rest_ids)
+    rest = vocab.spell(rest_ids)
+    while rest and not vocab.starting_with(rest):
+        path = path + rest_ids[:1]
+        rest_ids = rest_ids[1:]
+        rest = vocab.spell(rest_ids)
+    return path, rest
+
+
+def _window(vocab: _Vocabulary, response: str, response_ids: Sequence[int], start: int) -> tuple[int, int]:
+    """(token index, character offset) where the text to re-tokenize for a decision at `start` begins.
+
+    `WINDOW` response tokens before the one holding `start`, at a whole character; (0, 0) when the
+    response's tokens do not spell it exactly (a normalizing tokenizer) or it is that short.
+    """
+    raw = response.encode("utf-8")
+    ends = list(itertools.accumulate((len(vocab.bytes[t]) for t in response_ids), initial=0))
+    if ends[-1] != len(raw) or vocab.spell(response_ids) != raw:
+        return 0, 0
+    i = bisect.bisect_right(ends, len(response[:start].encode("utf-8"))) - 1 - WINDOW
+    while i > 0:
+        try:
+            return i, len(raw[:ends[i]].decode("utf-8"))
+        except UnicodeDecodeError:
+            i -= 1
+    return 0, 0
+
+
 def plan_decision(tokenizer: Any, response: str, response_ids: Sequence[int], decision: Decision,
                   tools: Sequence[str]) -> DecisionPlan:
     """The token plan of one decision for tool names as written (see the module docstring for the rules)."""
-    ctx = response[:decision.start]
+    vocab = _vocabulary(tokenizer)
+    first, offset = _window(vocab, response, response_ids, decision.start)
+    plan = _plan(tokenizer, vocab, response, response_ids, decision, tools, first, offset)
+    return plan if plan is not None else _plan(tokenizer, vocab, response, response_ids, decision, tools, 0, 0)
+
+
+def _plan(tokenizer: Any, vocab: _Vocabulary, response: str, response_ids: Sequence[int], decision: Decision,
+          tools: Sequence[str], first: int, offset: int) -> DecisionPlan | None:
+    """`plan_decision` re-tokenizing the response from token `first` (character `offset`) on.
+
+    None when that cut is not clean: the window's text must re-tokenize to the response's own
+    tokens over its first half (then the pre-tokenizer runs are in step and every later token agrees).
+    """
+    ctx = response[offset:decision.start]
     head = ctx + decision.opener
-    encoded = _encode(tokenizer, [ctx, head] + [head + n + decision.name_suffix for n in tools])
-    ctx_ids, head_ids, name_ids = encoded[0], encoded[1], encoded[2:]
-    k = _lcp([list(response_ids), ctx_ids, head_ids, *name_ids])
-    end = _lcp([head_ids, *name_ids])
-    return DecisionPlan(context=k, opener=tuple(head_ids[k:end]), names=tuple(tuple(n[end:]) for n in name_ids),
-                        context_backoff=len(ctx_ids) - k, opener_backoff=len(head_ids) - end)
+    endings = [decision.name_suffix + c for c in CONTINUATIONS]
+    encoded = _encode(tokenizer, [ctx, head] + [head + n + e for n in tools for e in endings])
+    ctx_ids, head_ids, variants = encoded[0], encoded[1], encoded[2:]
+    tail = list(response_ids[first:])
+    k = _lcp([tail, ctx_ids, head_ids, *variants])
+    if first and (_lcp([tail, ctx_ids]) < WINDOW // 2 or k < WINDOW // 2):
+        return None
+    end = _lcp([head_ids, *variants])
+    opener_path, opener_rest = _close(vocab, [], head_ids[end:])
+    suffix = decision.name_suffix.encode("utf-8")
+    names, rests = [], []
+    for t in range(len(tools)):
+        group = variants[t * len(endings):(t + 1) * len(endings)]
+        own = group[0]  # CONTINUATIONS[0] is the end of the text
+        ends = list(itertools.accumulate((len(vocab.bytes[i]) for i in own), initial=0))
+        if not vocab.spell(own).endswith(suffix):
+            raise ValueError(f"the tokens of name {tools[t]!r} do not spell its suffix {decision.name_suffix!r}")
+        name_end = ends[-1] - len(suffix)
+        cut = max(j for j in range(end, _lcp(group) + 1) if ends[j] <= name_end)
+        path, rest = _close(vocab, own[end:cut], own[cut:])
+        names.append(tuple(path))
+        rests.append(rest)
+    return DecisionPlan(context=first + k, opener=tuple(head_ids[k:end]), names=tuple(names),
+                        context_backoff=len(ctx_ids) - k, opener_backoff=len(head_ids) - end,
+                        name_rests=tuple(rests), opener_rest=opener_rest, opener_extension=tuple(opener_path))
 
 
 @dataclass
@@ -254,32 +439,42 @@ def _walk(row: _Row, children: dict[tuple[int, int], int], anchor: int, path: Se
     return out
 
 
-def _layout(prompt_ids: list[int], response_ids: list[int], plans: list[DecisionPlan], reuse: bool
-            ) -> tuple[_Row, list[list[int]], list[list[list[int]]]]:
-    """Lay out one sequence and its decisions' tries.
+@dataclass
+class _Nodes:
+    """One decision in its row: node indices of π(o)'s path and of each name's path, and the columns
+    whose logits close them (the last node's, or the branch point's when the path is empty)."""
 
-    Returns the row, and for each decision the row node indices of o's tokens and of each tool's
-    name tokens.
-    """
+    opener: list[int]
+    opener_col: int
+    names: list[list[int]]
+    name_cols: list[int]
+
+
+def _layout(prompt_ids: list[int], response_ids: list[int], plans: list[DecisionPlan], reuse: bool
+            ) -> tuple[_Row, list[_Nodes]]:
+    """Lay out one sequence and its decisions' tries: the row, and each decision's `_Nodes`."""
     ids = prompt_ids + response_ids
     row = _Row(ids=list(ids), positions=list(range(len(ids))), main=len(ids))
     p = len(prompt_ids)
-    openers: list[list[int]] = []
-    names: list[list[list[int]]] = []
+    out: list[_Nodes] = []
     for plan in plans:
         anchor = p + plan.context - 1
         children: dict[tuple[int, int], int] = {}  # (parent column, token) -> row node index
         paths = [list(plan.opener) + list(n) for n in plan.names]
+        open_path = list(plan.opener) + list(plan.opener_extension)
         if reuse:  # the longest trie path prefix the response itself follows is read from the sequence
             cont = response_ids[plan.context:]
-            follow = max(_lcp([path, cont]) for path in paths)
+            follow = max(_lcp([path, cont]) for path in [open_path, *paths])
             parent_col = anchor
             for j in range(follow):
                 _add_node(row, children, parent_col, cont[j], p + plan.context + j)
                 parent_col = p + plan.context + j
-        openers.append(_walk(row, children, anchor, plan.opener))
-        names.append([_walk(row, children, anchor, path)[len(plan.opener):] for path in paths])
-    return row, openers, names
+        opener = _walk(row, children, anchor, open_path)
+        walked = [_walk(row, children, anchor, path) for path in paths]
+        out.append(_Nodes(opener, row.node_col[opener[-1]] if opener else anchor,
+                          [w[len(plan.opener):] for w in walked],
+                          [row.node_col[w[-1]] if w else anchor for w in walked]))
+    return row, out
 
 
 def _pad_id(tokenizer: Any) -> int:
@@ -325,23 +520,15 @@ def _plain_head(model: Any) -> bool:
             and model.get_output_embeddings() is not None)
 
 
-def _token_logprobs(model: Any, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor,
-                    cols: torch.Tensor, tokens: torch.Tensor, head: str) -> torch.Tensor:
-    """log p(tokens[i] | the row's context at column cols[i]) for every i: one forward of the model."""
+def _logits(model: Any, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor,
+            cols: torch.Tensor, head: str) -> torch.Tensor:
+    """Logits [U, V] at (rows[i], cols[i]) for every i: one forward of the model."""
     kwargs = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "use_cache": False}
     if head == "gather":
         hidden = model.get_decoder()(**kwargs).last_hidden_state
-        logits = model.get_output_embeddings()(hidden[rows, cols])
-    else:
-        keep = torch.unique(cols)
-        logits = model(**kwargs, logits_to_keep=keep).logits[rows, torch.searchsorted(keep, cols)]
-    return _log_softmax_at(logits, tokens)
-
-
-def _log_softmax_at(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()
-    return torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+        return model.get_output_embeddings()(hidden[rows, cols])
+    keep = torch.unique(cols)
+    return model(**kwargs, logits_to_keep=keep).logits[rows, torch.searchsorted(keep, cols)]
 
 
 def _resolve_head(model: Any, head: str) -> str:
@@ -349,19 +536,17 @@ def _resolve_head(model: Any, head: str) -> str:
 
 
 def _forward_packed(model: Any, rows: list[_Row], config: ActionReaderConfig, pad_id: int, dtype: torch.dtype,
-                    device: torch.device, at_rows: list[int], at_cols: list[int], tokens: torch.Tensor
-                    ) -> torch.Tensor:
-    """Log-probs of `tokens` after (row, row-frame column) pairs: sequences and tries in one forward."""
+                    device: torch.device, at_rows: list[int], at_cols: list[int]) -> torch.Tensor:
+    """Logits [U, V] at (row, row-frame column) pairs: sequences and tries in one forward."""
     ids, pos, mask, offsets = _collate(rows, config.padding_side, pad_id, dtype, device)
     r = torch.tensor(at_rows, dtype=torch.long, device=device)
     c = torch.tensor([offsets[b] + col for b, col in zip(at_rows, at_cols, strict=True)], dtype=torch.long,
                      device=device)
-    return _token_logprobs(model, ids, pos, mask, r, c, tokens, _resolve_head(model, config.head))
+    return _logits(model, ids, pos, mask, r, c, _resolve_head(model, config.head))
 
 
 def _forward_prefix_cache(model: Any, rows: list[_Row], config: ActionReaderConfig, pad_id: int, dtype: torch.dtype,
-                          device: torch.device, at_rows: list[int], at_cols: list[int], tokens: torch.Tensor
-                          ) -> torch.Tensor:
+                          device: torch.device, at_rows: list[int], at_cols: list[int]) -> torch.Tensor:
     """Same as `_forward_packed`, in two calls that each process every token once.
 
     The sequences go first with plain causal attention (no mask with right padding: the attention
@@ -416,7 +601,7 @@ def _forward_prefix_cache(model: Any, rows: list[_Row], config: ActionReaderConf
             for b, col in zip(at_rows, at_cols, strict=True)]
     r_t = torch.tensor(at_rows, dtype=torch.long, device=device)
     c_t = torch.tensor(cols, dtype=torch.long, device=device)
-    return _log_softmax_at(model.get_output_embeddings()(hidden[r_t, c_t]), tokens)
+    return model.get_output_embeddings()(hidden[r_t, c_t])
 
 
 def _ancestors(packed_parent: list[int]) -> torch.Tensor:
@@ -480,55 +665,76 @@ def read_actions(model: Any, tokenizer: Any, queries: Sequence[ActionQuery], num
     response_ids = _encode(tokenizer, [q.response for q in queries])
     plans: list[DecisionPlan] = []
     rows: list[_Row] = []
-    open_nodes: list[list[int]] = []
-    name_nodes: list[list[list[int]]] = []
+    nodes: list[_Nodes] = []
     seq_of: list[int] = []
+    node_base: list[int] = []  # per decision: index of its row's first node in the flat node list
     total_nodes = 0
     for b, q in enumerate(queries):
         qplans = [plan_decision(tokenizer, q.response, response_ids[b], d, q.written) for d in q.decisions]
-        row, opens, names = _layout(prompt_ids[b], response_ids[b], qplans, config.reuse_response)
-        open_nodes += [[total_nodes + n for n in nodes] for nodes in opens]
-        name_nodes += [[[total_nodes + n for n in path] for path in per_tool] for per_tool in names]
+        row, qnodes = _layout(prompt_ids[b], response_ids[b], qplans, config.reuse_response)
+        nodes += qnodes
+        node_base += [total_nodes] * len(qplans)
         total_nodes += len(row.node_token)
         plans += qplans
         rows.append(row)
         seq_of += [b] * len(qplans)
 
-    node_rows = [b for b, r in enumerate(rows) for _ in r.node_token]
-    node_cols = [c for r in rows for c in r.node_parent_col]
-    node_toks = [t for r in rows for t in r.node_token]
-    resp_rows: list[int] = []
-    resp_cols: list[int] = []
+    # every (row, column) whose logits are read, once: node parents, closing columns, response tokens
+    columns: dict[tuple[int, int], int] = {}
+
+    def at(b: int, col: int) -> int:
+        return columns.setdefault((b, col), len(columns))
+
+    node_at = [at(b, c) for b, r in enumerate(rows) for c in r.node_parent_col]
+    node_toks = [tok for r in rows for tok in r.node_token]
+    closings: list[tuple[int, int, bytes]] = []  # (slot, column index, rest); slot -1 - d: π(o) of decision d
+    width = max((len(q.tools) for q in queries), default=1)
+    for d, (plan, dn) in enumerate(zip(plans, nodes, strict=True)):
+        b = seq_of[d]
+        if plan.opener_rest:
+            closings.append((-1 - d, at(b, dn.opener_col), plan.opener_rest))
+        for i, (rest, col) in enumerate(zip(plan.name_rests, dn.name_cols, strict=True)):
+            if rest:
+                closings.append((d * width + i, at(b, col), rest))
+    resp_at: list[int] = []
     resp_toks: list[int] = []
     if config.response_logprobs:
         for b in range(len(queries)):
             p = len(prompt_ids[b])
-            resp_rows += [b] * len(response_ids[b])
-            resp_cols += [p - 1 + j for j in range(len(response_ids[b]))]
+            resp_at += [at(b, p - 1 + j) for j in range(len(response_ids[b]))]
             resp_toks += response_ids[b]
 
     def t(x: list[int]) -> torch.Tensor:
         return torch.tensor(x, dtype=torch.long, device=device)
 
-    forward = _forward_packed if mode == "packed" else _forward_prefix_cache
-    if node_rows or resp_rows:
-        lp = forward(model, rows, config, _pad_id(tokenizer), dtype, device, node_rows + resp_rows,
-                     node_cols + resp_cols, t(node_toks + resp_toks))
+    float_dtype = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    if columns:
+        forward = _forward_packed if mode == "packed" else _forward_prefix_cache
+        keys = list(columns)
+        logits = forward(model, rows, config, _pad_id(tokenizer), dtype, device, [b for b, _ in keys],
+                         [c for _, c in keys])
+        logp = torch.log_softmax(logits.to(float_dtype), dim=-1)
     else:  # no decision and no response log-probs asked for: nothing to run
-        lp = torch.zeros(0, dtype=torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype, device=device)
-    lp_nodes, lp_resp = lp[:total_nodes], lp[total_nodes:]
+        logp = torch.zeros(0, 1, dtype=float_dtype, device=device)
+    lp_nodes = logp[t(node_at), t(node_toks)] if node_toks else logp.new_zeros(0)
+    closing = _closing_sums(logp, closings, _vocabulary(tokenizer), t)
 
     n_dec = len(plans)
-    width = max((len(q.tools) for q in queries), default=1)
-    pairs = [(d, n) for d, nodes in enumerate(open_nodes) for n in nodes]
-    log_open = torch.zeros(n_dec, dtype=lp.dtype, device=device)
+    log_open = torch.zeros(n_dec, dtype=logp.dtype, device=device)
+    scores = torch.zeros(n_dec * width, dtype=logp.dtype, device=device)
+    pairs = [(d, node_base[d] + n) for d, dn in enumerate(nodes) for n in dn.opener]
     if pairs:
         log_open = log_open.index_add(0, t([d for d, _ in pairs]), lp_nodes[t([n for _, n in pairs])])
-    slots = [(d * width + i, n) for d, per_tool in enumerate(name_nodes) for i, path in enumerate(per_tool)
+    slots = [(d * width + i, node_base[d] + n) for d, dn in enumerate(nodes) for i, path in enumerate(dn.names)
              for n in path]
-    scores = torch.zeros(n_dec * width, dtype=lp.dtype, device=device)
     if slots:
         scores = scores.index_add(0, t([s for s, _ in slots]), lp_nodes[t([n for _, n in slots])])
+    opens = [(-1 - s, j) for j, (s, _, _) in enumerate(closings) if s < 0]
+    if opens:
+        log_open = log_open.index_add(0, t([d for d, _ in opens]), closing[t([j for _, j in opens])])
+    names = [(s, j) for j, (s, _, _) in enumerate(closings) if s >= 0]
+    if names:
+        scores = scores.index_add(0, t([s for s, _ in names]), closing[t([j for _, j in names])])
     valid = torch.zeros(n_dec, width, dtype=torch.bool)
     classes = torch.zeros(n_dec, width, dtype=torch.long)
     for d, b in enumerate(seq_of):
@@ -543,44 +749,24 @@ def read_actions(model: Any, tokenizer: Any, queries: Sequence[ActionQuery], num
         resp_mask = torch.zeros(len(queries), longest, dtype=torch.bool, device=device)
         for b, r in enumerate(response_ids):
             resp_mask[b, :len(r)] = True
+        lp_resp = logp[t(resp_at), t(resp_toks)] if resp_toks else logp.new_zeros(0)
         reading.response_ids = torch.zeros(len(queries), longest, dtype=torch.long, device=device)
         reading.response_ids[resp_mask] = t(resp_toks)
-        reading.response_logprobs = torch.zeros(len(queries), longest, dtype=lp.dtype, device=device)
+        reading.response_logprobs = torch.zeros(len(queries), longest, dtype=logp.dtype, device=device)
         reading.response_logprobs = reading.response_logprobs.masked_scatter(resp_mask, lp_resp)
         reading.response_mask = resp_mask
     return reading
 
 
-def read_actions_bruteforce(model: Any, tokenizer: Any, queries: Sequence[ActionQuery], num_actions: int
-                            ) -> torch.Tensor:
-    """The reference computation: one plain forward per decision and candidate name, token by token.
-
-    Same tokenization plan and formula as `read_actions`, none of its packing: for each name the
-    model reads prompt + response context + o + name and the name's tokens are scored one by one,
-    each conditioned on those before it. Returns probs [D, num_actions + 1]. For tests and benchmarks.
-    """
-    device = next(model.parameters()).device
-    out: list[torch.Tensor] = []
-    for i, q in enumerate(queries):
-        _validate(q, num_actions, i)
-        prompt_ids, response_ids = _encode(tokenizer, [q.prompt, q.response])
-        for d in q.decisions:
-            plan = plan_decision(tokenizer, q.response, response_ids, d, q.written)
-            ctx = prompt_ids + response_ids[:plan.context]
-            log_open, scores = None, []
-            for name in plan.names:
-                ids = ctx + list(plan.opener) + list(name)
-                logits = model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0]
-                if logits.dtype in (torch.float16, torch.bfloat16):
-                    logits = logits.float()
-                steps = torch.log_softmax(logits[len(ctx) - 1:-1], dim=-1)
-                lp = steps.gather(-1, torch.tensor(ids[len(ctx):], device=device)[:, None]).squeeze(-1)
-                log_open = lp[:len(plan.opener)].sum()
-                scores.append(lp[len(plan.opener):].sum())
-            share = torch.softmax(torch.stack(scores), dim=0) * log_open.exp()
-            row = torch.zeros(num_actions, dtype=share.dtype, device=device)
-            row = row.index_add(0, torch.tensor(q.classes, device=device), share)
-            out.append(torch.cat([row, (-torch.expm1(log_open))[None]]))
-    if not out:
-        return torch.zeros(0, num_actions + 1, device=device)
-    return torch.stack(out)
+def _closing_sums(logp: torch.Tensor, closings: list[tuple[int, int, bytes]], vocab: _Vocabulary,
+                  t: Any) -> torch.Tensor:
+    """log Σ_{v: bytes(v) starts with rest} p(v) at each closing's column: one gather and logsumexp per rest."""
+    out = logp.new_zeros(len(closings))
+    by_rest: dict[bytes, list[int]] = {}
+    for j, (_, _, rest) in enumerate(closings):
+        by_rest.setdefault(rest, []).append(j)
+    for rest, js in by_rest.items():
+        ids = vocab.starting_with_tensor(rest, logp.device)
+        at = t([closings[j][1] for j in js])
+        out = out.index_copy(0, t(js), torch.logsumexp(logp[at][:, ids], dim=-1))
+    return out

@@ -7,6 +7,7 @@ small corpus of tool-calling text, carries Qwen's special tokens and TRL's Qwen2
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -25,8 +26,20 @@ _CORPUS = [
 ]
 
 
-def tiny_tokenizer(vocab_size: int = 512):
-    """A byte-level BPE tokenizer (PreTrainedTokenizerFast) with Qwen specials and chat template."""
+MERGED_CLOSERS_CORPUS = [
+    '{"name": "foo.", "arguments": {}}\n{"name": "v2.", "arguments": {}}',
+    'The list: ["a", "b"]. Done."} "]',
+    "Action: click[item]\n\nAction: search[q]\n\n",
+]
+"""Extra training text that gives the tiny tokenizer closers merged with a name's last character
+(`.",`, `."}`, but no `."`) and a double newline, for tests of how names are closed."""
+
+
+def tiny_tokenizer(vocab_size: int = 512, extra_corpus: Sequence[str] = ()):
+    """A byte-level BPE tokenizer (PreTrainedTokenizerFast) with Qwen specials and chat template.
+
+    `extra_corpus` adds training text (e.g. `MERGED_CLOSERS_CORPUS`); the default tokenizer has none.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -35,7 +48,7 @@ def tiny_tokenizer(vocab_size: int = 512):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=QWEN_SPECIALS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(_CORPUS * 20, trainer=trainer)
+    tok.train_from_iterator((_CORPUS + list(extra_corpus)) * 20, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                    bos_token=None, unk_token=None)
     fast.add_special_tokens({"additional_special_tokens": QWEN_SPECIALS[1:]})

@@ -1,20 +1,22 @@
 """Benchmark the one-pass action reader against one plain forward and against the brute-force per-name loop.
 
-For the embedded SmolLM2-135M-Instruct and the tiny test model, with 4, 8 and 16 declared tools under
-canonical names (`function_01`, ...), a prompt rendered by a call format and a response with two
-parallel calls (three decisions: two calls and the end of the turn), it times, without gradients
-(median of `--repeats` interleaved rounds, after a warm-up round):
+For the embedded SmolLM2-135M-Instruct (and, with `--full`, the tiny test model), with declared tools
+under canonical names (`function_01`, ...), a prompt rendered by a call format and a response with
+two parallel calls (three decisions: two calls and the end of the turn), it times without gradients,
+in `--repeats` interleaved rounds after a warm-up round:
 - forward: one plain forward of the model over the prompt + response tokens;
 - reader: `cipr.actions.read_actions` on the same pair (tokenization, packing and its one pass), in
   both modes: "packed" (one call, tree mask over everything) and "prefix_cache" (causal pass over the
   sequence, then the tries reading its cache);
-- brute force: `cipr.actions.read_actions_bruteforce` (one forward per decision and declared name).
-It also checks that reader and brute force agree (max absolute difference of log-probabilities).
-The last line gives the ratios of the default mode ("auto", which is "prefix_cache" for a model in
-eval mode) at 8 tools on SmolLM2: `vs_forward=<reader/forward> vs_bruteforce=<bruteforce/reader>`
-(targets: at most 1.5 and at least 3).
+- brute force: `cipr.actions_reference.read_actions_bruteforce` (one forward per decision and name).
+Each round gives the ratios reader/forward and bruteforce/reader; the table prints their median and
+range over the rounds, and the maximum absolute difference of log-probabilities between reader and
+brute force. The last line gives the ratios of the default mode ("auto", which is "prefix_cache" for
+a model in eval mode) at 8 tools on SmolLM2, `vs_forward=<median> [<min>-<max>] vs_bruteforce=...`
+(targets: at most 1.5 and at least 3), then the script's own running time.
 
-    .venv/bin/python scripts/bench_actions.py                 # CPU, about 3 minutes on 2 cores
+    .venv/bin/python scripts/bench_actions.py                 # SmolLM2, 8 tools, 5 rounds
+    .venv/bin/python scripts/bench_actions.py --full          # tiny and SmolLM2, 4, 8 and 16 tools
     .venv/bin/python scripts/bench_actions.py --device cuda   # one GPU
     .venv/bin/python scripts/bench_actions.py --grad          # forward + backward instead
     .venv/bin/python scripts/bench_actions.py --threads 1 --clock cpu   # on a busy shared CPU machine
@@ -31,7 +33,8 @@ from typing import Any
 
 import torch
 
-from cipr.actions import ActionQuery, ActionReaderConfig, read_actions, read_actions_bruteforce
+from cipr.actions import ActionQuery, ActionReaderConfig, read_actions
+from cipr.actions_reference import read_actions_bruteforce
 from cipr.canonical import canonical_tool_id
 from cipr.formats import get_format
 from cipr.interface import Call, Interface, Message, Tool
@@ -71,8 +74,9 @@ def query(tokenizer: Any, fmt_name: str, n: int) -> ActionQuery:
 CLOCK: Callable[[], float] = time.perf_counter
 
 
-def timed(fns: dict[str, Callable[[], Any]], repeats: int, grad: bool) -> tuple[dict[str, float], dict[str, Any]]:
-    """Median seconds of each function over `repeats` interleaved rounds (after one warm-up round), last outputs.
+def timed(fns: dict[str, Callable[[], Any]], repeats: int, grad: bool
+          ) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """Seconds of each function in each of `repeats` interleaved rounds (after one warm-up round), last outputs.
 
     Interleaving spreads the drift of a shared machine's load evenly over the functions compared.
     """
@@ -87,11 +91,19 @@ def timed(fns: dict[str, Callable[[], Any]], repeats: int, grad: bool) -> tuple[
                     outs[key].sum().backward()
             if i:
                 times[key].append(CLOCK() - start)
-    return {k: statistics.median(v) for k, v in times.items()}, outs
+    return times, outs
+
+
+Spread = tuple[float, float, float]
+
+
+def spread(values: list[float]) -> Spread:
+    """(median, min, max)."""
+    return statistics.median(values), min(values), max(values)
 
 
 def bench(name: str, model: Any, tokenizer: Any, fmt_name: str, tools: list[int], repeats: int, grad: bool
-          ) -> dict[int, tuple[float, float]]:
+          ) -> dict[int, tuple[Spread, Spread]]:
     """One table row per tool count and reader mode; returns {tools: (vs_forward, vs_bruteforce)} of DEFAULT."""
     ratios = {}
     device = next(model.parameters()).device
@@ -100,38 +112,44 @@ def bench(name: str, model: Any, tokenizer: Any, fmt_name: str, tools: list[int]
         ids = tokenizer(q.prompt, add_special_tokens=False)["input_ids"] + \
             tokenizer(q.response, add_special_tokens=False)["input_ids"]
         x = torch.tensor([ids], device=device)
-        fns = {"forward": lambda x=x: model(input_ids=x, use_cache=False).logits}
+        fns = {"forward": lambda x=x: model(input_ids=x, use_cache=False).logits,
+               "brute": lambda q=q, n=n: read_actions_bruteforce(model, tokenizer, [q], n)}
         for mode in MODES:
             fns[mode] = lambda q=q, n=n, mode=mode: read_actions(model, tokenizer, [q], n,
                                                                  ActionReaderConfig(mode=mode)).probs
         t, outs = timed(fns, repeats, grad)
-        # the rounds above warmed the model up; the loop is timed once
-        start = CLOCK()
-        with torch.set_grad_enabled(grad):
-            brute = read_actions_bruteforce(model, tokenizer, [q], n)
-            if grad:
-                brute.sum().backward()
-        t_brute = CLOCK() - start
         with torch.no_grad():
             packed = read_actions(model, tokenizer, [q], n).packed_tokens
+        brute = outs["brute"]
         for mode in MODES:
             nz = brute > 0  # the random tiny model gives tools ~1e-17: compare in log space
             diff = (outs[mode][nz].log() - brute[nz].log()).abs().max().item()
+            vs_fwd = spread([r / f for r, f in zip(t[mode], t["forward"], strict=True)])
+            vs_brute = spread([b / r for b, r in zip(t["brute"], t[mode], strict=True)])
             print(f"{name:<8} {mode:<12} {n:>5} {len(ids):>6} {len(q.decisions):>3} {packed:>6} "
-                  f"{t['forward'] * 1e3:>9.1f} {t[mode] * 1e3:>9.1f} {t_brute * 1e3:>10.1f} "
-                  f"{t[mode] / t['forward']:>7.2f} {t_brute / t[mode]:>9.1f} {diff:>9.1e}", flush=True)
-        ratios[n] = (t[DEFAULT] / t["forward"], t_brute / t[DEFAULT])
+                  f"{statistics.median(t['forward']) * 1e3:>9.1f} {statistics.median(t[mode]) * 1e3:>9.1f} "
+                  f"{statistics.median(t['brute']) * 1e3:>10.1f} {fmt(vs_fwd, 2):>17} {fmt(vs_brute, 1):>17} "
+                  f"{diff:>9.1e}", flush=True)
+            if mode == DEFAULT:
+                ratios[n] = (vs_fwd, vs_brute)
     return ratios
 
 
+def fmt(s: Spread, digits: int) -> str:
+    return f"{s[0]:.{digits}f} [{s[1]:.{digits}f}-{s[2]:.{digits}f}]"
+
+
 def main() -> None:
+    begin = time.perf_counter()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--format", default="hermes", help="call format (toolrl, hermes, react, webshop)")
-    parser.add_argument("--tools", default="4,8,16")
+    parser.add_argument("--full", action="store_true", help="the full sweep: tiny and smollm2, 4, 8 and 16 tools")
+    parser.add_argument("--tools", default=None, help="tool counts (default 8; 4,8,16 with --full)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--grad", action="store_true", help="time forward + backward")
-    parser.add_argument("--models", default="tiny,smollm2", help="which models to run (tiny, smollm2)")
+    parser.add_argument("--models", default=None, help="which models to run: tiny, smollm2 (default smollm2; "
+                                                       "both with --full)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="wall time, or this process's CPU time (steadier on a shared machine; with "
@@ -139,26 +157,27 @@ def main() -> None:
     args = parser.parse_args()
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
-    models = args.models.split(",")
-    tools = [int(t) for t in args.tools.split(",")]
+    models = (args.models or ("tiny,smollm2" if args.full else "smollm2")).split(",")
+    tools = [int(t) for t in (args.tools or ("4,8,16" if args.full else "8")).split(",")]
     from cipr.embedded import load_embedded
     from cipr.testing import tiny_model, tiny_tokenizer
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    print(f"# median [min-max] of {args.repeats} rounds; times are medians")
     print(f"{'model':<8} {'mode':<12} {'tools':>5} {'tokens':>6} {'dec':>3} {'packed':>6} {'fwd ms':>9} "
-          f"{'read ms':>9} {'brute ms':>10} {'vs fwd':>7} {'vs brute':>9} {'max|dlog|':>9}")
+          f"{'read ms':>9} {'brute ms':>10} {'vs fwd':>17} {'vs brute':>17} {'max|dlog|':>9}")
     if "tiny" in models:
         tok = tiny_tokenizer()
         bench("tiny", tiny_model(tok).to(args.device), tok, args.format, tools, args.repeats, args.grad)
-    if "smollm2" not in models:
-        return
-    start = time.perf_counter()
-    model, tok = load_embedded()
-    print(f"# SmolLM2-135M loaded in {time.perf_counter() - start:.1f} s", flush=True)
-    ratios = bench("smollm2", model.to(args.device), tok, args.format, tools, args.repeats, args.grad)
-    vs_forward, vs_brute = ratios.get(8, next(iter(ratios.values())))
-    print(f"vs_forward={vs_forward:.2f} vs_bruteforce={vs_brute:.1f}")
+    if "smollm2" in models:
+        start = time.perf_counter()
+        model, tok = load_embedded()
+        print(f"# SmolLM2-135M loaded in {time.perf_counter() - start:.1f} s", flush=True)
+        ratios = bench("smollm2", model.to(args.device), tok, args.format, tools, args.repeats, args.grad)
+        vs_forward, vs_brute = ratios.get(8, next(iter(ratios.values())))
+        print(f"vs_forward={fmt(vs_forward, 2)} vs_bruteforce={fmt(vs_brute, 1)} "
+              f"(total {time.perf_counter() - begin:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The one-pass action reader against a brute-force per-name loop, its masking, batching and tokenization plans."""
+"""The one-pass action reader against the independent brute-force reference (tiny, merged-closer and SmolLM2
+tokenizers, the embedded model), hand-computed distributions, masking, batching and tokenization plans."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import re
 import pytest
 import torch
 
-from cipr.actions import ActionQuery, ActionReaderConfig, plan_decision, read_actions, read_actions_bruteforce
+from cipr.actions import ActionQuery, ActionReaderConfig, _vocabulary, plan_decision, read_actions
+from cipr.actions_reference import read_actions_bruteforce
 from cipr.formats.base import Decision
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread beats two contended ones
 
 JSON_OPEN, JSON_NEXT = '<tool_call>\n{"name": "', '{"name": "'
 TOOLS = ("function_1", "function_10", "function_11", "function_2", "function_12", "get_weather")
@@ -192,30 +196,39 @@ def _decode(tok, ids) -> str:
     return tok.decode(list(ids), skip_special_tokens=False)
 
 
+def _texts(tok, ids) -> set[str]:
+    return {_decode(tok, [i]) for i in ids}
+
+
 CASES = [  # (context, opener, suffix, names): JSON, ReAct `Action: `, WebShop `[`
-    ("<think>ok</think>\n", JSON_OPEN, '"', ["function_01", "function_10", "function_1"]),
+    ("<think>ok</think>\n", JSON_OPEN, '"', ["function_01", "function_10", "function_1", "foo."]),
     ("Thought: go.\n", "Action: ", "\n", ["function_01", "function_10", "get_weather"]),
     ("Thought: look.\n", "Action: ", "[", ["search", "click"]),
 ]
 
 
 def _check_plans(tok) -> list:
+    """Plans of CASES, checked to spell the text: context, o's tokens + o's rest, and o + name tokens + rest."""
     plans = []
     for ctx, opener, suffix, names in CASES:
         resp = ctx + "<response>x</response>"
         rids = tok(resp, add_special_tokens=False)["input_ids"]
         plan = plan_decision(tok, resp, rids, Decision(len(ctx), opener, suffix, None), names)
         context = _decode(tok, rids[:plan.context])
-        assert ctx.startswith(context)
-        for name, ids in zip(names, plan.names, strict=True):
-            assert context + _decode(tok, plan.opener + ids) == ctx + opener + name + suffix
+        assert ctx.startswith(context) and not plan.opener_extension
+        assert (context + _decode(tok, plan.opener)).encode() + plan.opener_rest == (ctx + opener).encode()
+        for name, ids, rest in zip(names, plan.names, plan.name_rests, strict=True):
+            assert rest.endswith(suffix.encode())  # the rest always holds the whole suffix
+            assert (context + _decode(tok, plan.opener + ids)).encode() + rest == (ctx + opener + name + suffix).encode()
+            assert _vocabulary(tok).starting_with(rest)
         plans.append(plan)
     return plans
 
 
 def test_plan_boundaries_tiny_tokenizer(tiny_tokenizer):
-    for plan in _check_plans(tiny_tokenizer):
-        assert plan.opener and plan.context_backoff == 0
+    json_plan, react_plan, _ = _check_plans(tiny_tokenizer)
+    assert json_plan.opener and json_plan.context_backoff == 0 and json_plan.opener_rest == b""
+    assert react_plan.opener_rest == b" " and react_plan.name_rests == (b"\n",) * 3
 
 
 @pytest.fixture(scope="module")
@@ -226,16 +239,51 @@ def smollm2_tokenizer():
 
 
 def test_plan_boundaries_smollm2_tokenizer(smollm2_tokenizer):
-    json_plan, react_plan, shop_plan = _check_plans(smollm2_tokenizer)
-    assert json_plan.opener_backoff == 0
-    assert [_decode(smollm2_tokenizer, n) for n in json_plan.names] == ['function_01"', 'function_10"', 'function_1"']
-    # SmolLM2 merges the space of `Action: ` into the name (` function`, ` search`): o backs off to
-    # `Action:` and the space is scored inside each name
-    for plan in (react_plan, shop_plan):
-        assert plan.opener_backoff == 1
-        assert _decode(smollm2_tokenizer, plan.opener) == "Action:"
-        assert all(_decode(smollm2_tokenizer, n).startswith(" ") for n in plan.names)
-    assert [_decode(smollm2_tokenizer, n[-1:]) for n in shop_plan.names] == ["[", "["]
+    tok = smollm2_tokenizer
+    json_plan, react_plan, shop_plan = _check_plans(tok)
+    assert json_plan.opener_backoff == 0 and json_plan.opener_rest == b""
+    # names end on their own last token, closed by the 49 tokens that start with `"`; `foo.` merges its
+    # dot with the closer (`.",`), so its prefix is `foo` and its rest `."`
+    assert [_decode(tok, n) for n in json_plan.names] == ["function_01", "function_10", "function_1", "foo"]
+    assert json_plan.name_rests == (b'"', b'"', b'"', b'."')
+    quotes = _vocabulary(tok).starting_with(b'"')
+    assert len(quotes) == 49 and {'",', '"}', '":', '"'} <= _texts(tok, quotes)
+    assert {'.",', '."'} <= _texts(tok, _vocabulary(tok).starting_with(b'."'))
+    # SmolLM2 merges the space of `Action: ` into the name (` function`, ` search`): o's tokens are
+    # `Action:`, its rest ` ` is closed by every token that starts with a space, and names carry it
+    for plan, suffix in ((react_plan, b"\n"), (shop_plan, b"[")):
+        assert plan.opener_backoff == 1 and plan.opener_rest == b" "
+        assert _decode(tok, plan.opener) == "Action:"
+        assert all(_decode(tok, n).startswith(" ") for n in plan.names)
+        assert set(plan.name_rests) == {suffix}
+    assert {"\n", "\n\n"} <= _texts(tok, _vocabulary(tok).starting_with(b"\n"))
+
+
+def test_vocabulary_bytes_and_specials(tiny_tokenizer, smollm2_tokenizer):
+    for tok in (tiny_tokenizer, smollm2_tokenizer):
+        vocab = _vocabulary(tok)
+        assert _vocabulary(tok) is vocab  # built once per tokenizer
+        specials = set(tok.added_tokens_decoder)
+        assert specials and not specials & set(vocab.starting_with(b"<"))
+        for i in range(len(tok)):
+            text = tok.decode([i], clean_up_tokenization_spaces=False)
+            if "\ufffd" not in text:
+                assert vocab.bytes[i] == text.encode(), (i, text)
+        assert vocab.spell(tok("é", add_special_tokens=False)["input_ids"]) == "é".encode()
+
+
+def test_window_plans_equal_full_text_plans(tiny_tokenizer, smollm2_tokenizer):
+    from cipr.actions import _plan, _window
+
+    windows = 0
+    for tok in (tiny_tokenizer, smollm2_tokenizer):
+        for q in _queries(tok):
+            rids = tok(q.response, add_special_tokens=False)["input_ids"]
+            for d in q.decisions:
+                windows += _window(_vocabulary(tok), q.response, rids, d.start)[0] > 0
+                assert plan_decision(tok, q.response, rids, d, q.written) == \
+                    _plan(tok, _vocabulary(tok), q.response, rids, d, q.written, 0, 0)
+    assert windows >= 4
 
 
 def test_bad_queries_raise(tiny_tokenizer, model64):
@@ -254,25 +302,25 @@ def test_bad_queries_raise(tiny_tokenizer, model64):
         model64.config._attn_implementation_internal = "sdpa"
 
 
-def _format_queries(tok, fmt_name: str) -> list[ActionQuery]:
+def _format_queries(tok, fmt_name: str, names=("function_1", "function_10", "function_11", "function_2", 'say"hi'),
+                    chars: int = 120) -> list[ActionQuery]:
     """Targets rendered by a real call format: the parallel calls it allows, a single call, no call."""
     from cipr.formats import get_format
     from cipr.interface import Call, Interface, Message, Tool
 
     fmt = get_format(fmt_name)
-    names = ["function_1", "function_10", "function_11", "function_2", 'say"hi']
     schema = {"type": "object", "properties": {"arg_01": {"type": "string"}}}
     interface = Interface(tuple(Tool(n, f"Does {n}.", schema) for n in names))
     prompt = fmt.render_prompt(tok, [Message("user", "Weather in Paris?")], interface)
     # the format's own prompt (ToolRL's is 1,400 tiny-tokenizer tokens) is checked to render; the brute
-    # force runs on its last 120 characters, which keep the assistant header the response follows
-    prompt = prompt[-120:]
+    # force runs on its last `chars` characters, which keep the assistant header the response follows
+    prompt = prompt[-chars:]
     parallel = fmt_name in ("toolrl", "hermes")
-    targets = [fmt.render_target([Call("function_10", {"arg_01": "x"}), Call('say"hi', {"arg_01": "y"})]
-                                 if parallel else [Call("function_11", {"arg_01": "x"})], think="ok"),
-               fmt.render_target([Call("function_1", {"arg_01": "z"})], think="go"),
+    targets = [fmt.render_target([Call(names[1], {"arg_01": "x"}), Call(names[-1], {"arg_01": "y"})]
+                                 if parallel else [Call(names[2], {"arg_01": "x"})], think="ok"),
+               fmt.render_target([Call(names[0], {"arg_01": "z"})], think="go"),
                fmt.render_target([], response="It is sunny.", think="no tool")]
-    queries = [ActionQuery.from_format(fmt, prompt, t, names, (4, 3, 2, 1, 0)) for t in targets]
+    queries = [ActionQuery.from_format(fmt, prompt, t, names, tuple(range(len(names)))[::-1]) for t in targets]
     assert [len(q.decisions) for q in queries] == ([3, 2, 1] if parallel else [1, 1, 1])
     assert queries[2].decisions[0].taken is None
     return queries
@@ -289,6 +337,148 @@ def test_every_call_format_one_pass_equals_bruteforce(tiny_tokenizer, model64, f
     assert torch.allclose(reading.probs, packed.probs, atol=1e-12, rtol=0)
     cached = read_actions(model64, tiny_tokenizer, queries, 5, ActionReaderConfig(mode="prefix_cache"))
     assert torch.allclose(reading.probs, cached.probs, atol=1e-12, rtol=0)
+
+
+CLOSER_TOOLS = ("function_1", "function_10", "foo.", "v2.", "get_weather")
+
+
+@pytest.fixture(scope="module")
+def closers():
+    """The tiny tokenizer trained with merged closers (`.",`, `."}`, no `."`; a double newline), and its model."""
+    from cipr.testing import MERGED_CLOSERS_CORPUS, tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer(extra_corpus=MERGED_CLOSERS_CORPUS)
+    return tok, tiny_model(tok).to(torch.float64)
+
+
+def _closer_queries(tok) -> list[ActionQuery]:
+    """Parallel JSON calls to names ending in punctuation, ∅, ReAct with a double newline, WebShop."""
+    prompt = _prompt(tok, CLOSER_TOOLS)
+    json_resp = ('<think>two</think>\n<tool_call>\n{"name": "foo.", "arguments": {}}\n'
+                 '{"name": "function_1", "arguments": {"arg_01": 1}}\n</tool_call>')
+    text_resp = "<response>Done.</response>"
+    react_resp = "Thought: go.\nAction: function_10\n\nAction Input: {}"
+    shop_resp = "Thought: look.\nAction: click[item]\n\nAction: search[q]"
+    cls = tuple(range(len(CLOSER_TOOLS)))
+    return [
+        ActionQuery(prompt, json_resp, json_decisions(json_resp), CLOSER_TOOLS, cls),
+        ActionQuery(prompt, text_resp, json_decisions(text_resp), CLOSER_TOOLS[:3], (4, 2, 0)),
+        ActionQuery(prompt, react_resp, react_decisions(react_resp), CLOSER_TOOLS, cls[::-1]),
+        ActionQuery(_prompt(tok, ["search", "click"]), shop_resp, webshop_decisions(shop_resp), ("search", "click"),
+                    (0, 1)),
+    ]
+
+
+def test_merged_closers_plans(closers):
+    tok, _ = closers
+    vocab = _vocabulary(tok)
+    assert {'",', '"}', '":'} <= _texts(tok, vocab.starting_with(b'"'))
+    assert _texts(tok, vocab.starting_with(b'."')) == {'.",', '."}'}  # no lone `."` token
+    assert "\n\n" in _texts(tok, vocab.starting_with(b"\n"))
+    q = _closer_queries(tok)[0]
+    rids = tok(q.response, add_special_tokens=False)["input_ids"]
+    plan = plan_decision(tok, q.response, rids, q.decisions[0], q.written)
+    # `foo."` is tokenized `foo`,`.`,`"` on its own but `foo`,`.",` before a comma: the boundary after
+    # `.` moves, so the prefix stops at `foo` and the rest `."` is closed by `.",` and `."}`
+    assert [_decode(tok, n) for n in plan.names][2:4] == ["foo", "v2"]
+    assert plan.name_rests == (b'"', b'"', b'."', b'."', b'"')
+
+
+@pytest.mark.parametrize("mode", ["packed", "prefix_cache"])
+def test_merged_closers_one_pass_equals_bruteforce(closers, mode):
+    tok, model = closers
+    queries = _closer_queries(tok)
+    n = sum(len(q.decisions) for q in queries)
+    weights = torch.randn(n, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    ref = read_actions_bruteforce(model, tok, queries, 5)
+    ref_grads = _grads(model, ref, weights)
+    for side in ("left", "right"):
+        reading = read_actions(model, tok, queries, 5, ActionReaderConfig(mode=mode, padding_side=side,
+                                                                          response_logprobs=True))
+        _assert_same(reading.probs, ref)
+        for a, b in zip(_grads(model, reading.probs, weights), ref_grads, strict=True):
+            assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_empty_closing_set_falls_back_to_whole_tokens(tiny_tokenizer, model64, monkeypatch):
+    """A rest no token starts with moves whole tokens into the path until one does: finite, as the reference."""
+    import cipr.actions_reference as reference
+    from cipr.actions import _Vocabulary
+
+    tok, vocab = tiny_tokenizer, _vocabulary(tiny_tokenizer)
+    assert not vocab.starting_with(b'"~~')
+    resp = "Thought: go.\n<response>x</response>"
+    start = len("Thought: go.\n")
+    tools = ("function_1", "function_10")
+    rids = tok(resp, add_special_tokens=False)["input_ids"]
+    odd = Decision(start, JSON_OPEN, '"~~', None)  # a suffix no token starts with
+    plan = plan_decision(tok, resp, rids, odd, tools)
+    for ids, rest in zip(plan.names, plan.name_rests, strict=True):
+        assert rest and vocab.starting_with(rest) and b'"~~'.endswith(rest) and rest != b'"~~'
+        assert (_decode(tok, ids).encode() + rest).endswith(b'"~~') and _decode(tok, ids).startswith("function_1")
+    # o's rest: pretend no token starts with a space, so ReAct's ` ` (which names write as ` function`)
+    # falls back to o's own token `Ġ` in π(o) only; names still branch after `Action:`
+    no_space = _Vocabulary.starting_with
+    monkeypatch.setattr(_Vocabulary, "starting_with", lambda self, r: () if r == b" " else no_space(self, r))
+    no_space_ref = reference.starting_with
+    monkeypatch.setattr(reference, "starting_with", lambda t, r: [] if r == " " else no_space_ref(t, r))
+    react = Decision(start, "Action: ", "\n", None)
+    plan = plan_decision(tok, resp, rids, react, tools)
+    assert _decode(tok, plan.opener) == "Action:" and _decode(tok, plan.opener_extension) == " "
+    assert plan.opener_rest == b"" and all(_decode(tok, n).startswith(" function") for n in plan.names)
+    queries = [ActionQuery(_prompt(tok, tools), resp, (d,), tools, (0, 1)) for d in (odd, react)]
+    reading = read_actions(model64, tok, queries, 2)
+    assert torch.isfinite(reading.log_open).all() and torch.all(reading.probs > 0)
+    _assert_same(reading.probs, read_actions_bruteforce(model64, tok, queries, 2))
+
+
+SMOLLM2_NAMES = ("function_1", "function_10", "get_weather", "foo.")
+
+
+@pytest.fixture(scope="module")
+def smollm2_sized_model(smollm2_tokenizer):
+    """A random 2-layer Llama over SmolLM2's vocabulary: the real tokenizer at a tiny model's cost."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=len(smollm2_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                         tie_word_embeddings=True, pad_token_id=smollm2_tokenizer.pad_token_id)
+    torch.manual_seed(2)
+    return LlamaForCausalLM(config).to(torch.float64).eval()
+
+
+def test_smollm2_tokenizer_one_pass_equals_bruteforce(smollm2_tokenizer, smollm2_sized_model):
+    """SmolLM2's byte-level BPE (49 closers starting with `"`, ` ` merged into ReAct names): every format,
+    both modes and paddings, values and gradients."""
+    tok, model = smollm2_tokenizer, smollm2_sized_model
+    queries = [q for fmt in ("toolrl", "hermes", "react", "webshop") for q in _format_queries(tok, fmt, SMOLLM2_NAMES, 80)]
+    n = sum(len(q.decisions) for q in queries)
+    weights = torch.randn(n, 5, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    ref = read_actions_bruteforce(model, tok, queries, 4)
+    ref_grads = _grads(model, ref, weights)
+    for mode, side in (("packed", "left"), ("prefix_cache", "right")):
+        reading = read_actions(model, tok, queries, 4, ActionReaderConfig(mode=mode, padding_side=side))
+        _assert_same(reading.probs, ref)
+        for a, b in zip(_grads(model, reading.probs, weights), ref_grads, strict=True):
+            assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.integration  # loads the embedded GGUF (about 25 s of CPU): `pytest -m integration`
+def test_embedded_model_one_pass_equals_bruteforce():
+    """The embedded SmolLM2-135M itself (float32), one query per suffix kind: JSON `"`, ReAct newline, WebShop `[`."""
+    from cipr.embedded import load_embedded
+
+    model, tok = load_embedded()
+    queries = [_format_queries(tok, fmt, SMOLLM2_NAMES, 80)[i] for fmt, i in (("toolrl", 0), ("react", 0),
+                                                                               ("webshop", 2))]
+    with torch.no_grad():
+        ref = read_actions_bruteforce(model, tok, queries, 4)
+        for mode in ("packed", "prefix_cache"):
+            got = read_actions(model, tok, queries, 4, ActionReaderConfig(mode=mode, padding_side="left")).probs
+            assert torch.equal(got == 0, ref == 0)
+            assert torch.allclose(got, ref, atol=2e-5, rtol=0)
+            nz = ref > 1e-6
+            assert torch.allclose(got[nz].log(), ref[nz].log(), atol=1e-3, rtol=0)
 
 
 class _Bigram(torch.nn.Module):
@@ -317,34 +507,58 @@ class _Bigram(torch.nn.Module):
 
 
 def test_formula_hand_computed_on_a_bigram_model(tiny_tokenizer):
-    vocab = len(tiny_tokenizer)
-    table = torch.log_softmax(torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(0),
-                                          dtype=torch.float64) * 2, -1)
+    """π by hand from a table of next-token log-probs: each name's tokens, then the mass of every token
+    whose text starts with what is left (`"` for JSON, a newline for ReAct; ` ` closes ReAct's o)."""
+    tok = tiny_tokenizer
+    size = len(tok)
+    table = torch.randn(size, size, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 2
+    ids = tok.convert_tokens_to_ids
+    table[ids("1"), ids("0")] += 6  # `function_1` is usually continued by `0`: that mass is function_10's
+    table[ids("1"), ids('",')] += 3  # and closed by the merged `",` rather than a lone `"`
+    table = torch.log_softmax(table, -1)
     model = _Bigram(table)
-    names = ["function_1", "function_10", "get_weather"]
-    ctx = "<think>ok</think>\n"
-    resp = ctx + "<response>x</response>"
-    q = ActionQuery("<|im_start|>assistant\n", resp, [Decision(len(ctx), JSON_OPEN, '"', None)], names, (2, 0, 1))
+    texts = [tok.decode([i]) for i in range(size)]
+    specials = set(tok.added_tokens_decoder)
 
-    def enc(text: str) -> list[int]:
-        return tiny_tokenizer(text, add_special_tokens=False)["input_ids"]
+    def closing(prev: str, rest: str) -> float:
+        """Σ p(v | prev) over the ordinary tokens v whose text starts with `rest`."""
+        return sum(math.exp(table[ids(prev), v]) for v in range(size) if v not in specials and texts[v].startswith(rest))
 
-    def logp(prev: int, tokens: list[int]) -> float:
-        total = 0.0
-        for tok in tokens:
-            total, prev = total + table[prev, tok].item(), tok
+    def path(prev: str, tokens: list[str]) -> float:
+        total = 1.0
+        for t in tokens:
+            total, prev = total * math.exp(table[ids(prev), ids(t)]), t
         return total
 
-    context, opener = enc(ctx), enc(JSON_OPEN)
-    assert enc(ctx + JSON_OPEN) == context + opener  # clean boundaries: o is exactly the opener's tokens
-    p_open = math.exp(logp(context[-1], opener))
-    scores = [math.exp(logp(opener[-1], enc(n + '"'))) for n in names]
-    expected = [0.0] * 4
-    for cls, score in zip(q.classes, scores, strict=True):
-        expected[cls] = p_open * score / sum(scores)
-    expected[3] = 1 - p_open
+    assert {'"', '",', '"}', '":'} <= {t for v, t in enumerate(texts) if t.startswith('"') and v not in specials}
+    assert closing("1", '"') > math.exp(table[ids("1"), ids('"')])  # a lone `"` is not all the closing mass
+    names = ["function_1", "function_10", "get_weather"]
+    paths = [["function", "_", "1"], ["function", "_", "10"], ["get", "_", "weather"]]
+    ctx = "<think>ok</think>\n"
+    resp = ctx + "<response>x</response>"
+    json = ActionQuery("<|im_start|>assistant\n", resp, [Decision(len(ctx), JSON_OPEN, '"', None)], names, (2, 0, 1))
+    p_open = path("Ċ", ["<tool_call>", "Ċ", '{"', "name", '":', 'Ġ"'])
+    scores = [path('Ġ"', p) * closing(p[-1], '"') for p in paths]
+    expected = [[0.0] * 4 for _ in range(2)]
+    for cls, score in zip(json.classes, scores, strict=True):
+        expected[0][cls] = p_open * score / sum(scores)
+    expected[0][3] = 1 - p_open
+    # ReAct: `Action: function_1` is `Action`,`:`,` function`,...: π(o) = P(`Action`,`:`) · Σ p(v | `:`)
+    # over tokens starting with a space, names from `:` on, closed by tokens starting with a newline
+    ctx = "Thought: go.\n"
+    resp = ctx + "Final Answer: x"
+    react = ActionQuery("<|im_start|>assistant\n", resp, [Decision(len(ctx), "Action: ", "\n", None)], names, (0, 1, 2))
+    p_open = path("Ċ", ["Action", ":"]) * closing(":", " ")
+    paths = [["Ġfunction", "_", "1"], ["Ġfunction", "_", "10"], ["Ġ", "get", "_", "weather"]]
+    rid = tok(resp, add_special_tokens=False)["input_ids"]
+    plan = plan_decision(tok, resp, rid, react.decisions[0], names)
+    assert [tok.convert_ids_to_tokens(list(n)) for n in plan.names] == paths, "the hand-written paths are the plan's"
+    scores = [path(":", p) * closing(p[-1], "\n") for p in paths]
+    for cls, score in zip(react.classes, scores, strict=True):
+        expected[1][cls] = p_open * score / sum(scores)
+    expected[1][3] = 1 - p_open
     for mode in ("packed", "prefix_cache"):
-        got = read_actions(model, tiny_tokenizer, [q], 3, ActionReaderConfig(mode=mode)).probs[0]
+        got = read_actions(model, tok, [json, react], 3, ActionReaderConfig(mode=mode)).probs
         assert torch.allclose(got, torch.tensor(expected, dtype=torch.float64), atol=1e-12, rtol=1e-9)
 
 
