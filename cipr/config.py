@@ -16,11 +16,17 @@ import difflib
 import types
 import typing
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 from cipr.errors import ConfigError
 
-__all__ = ["ConfigError", "from_dict", "to_dict"]
+__all__ = ["CONFIG_ROOT", "EVAL_CONFIG_DIR", "TRAIN_CONFIG_DIR", "ConfigError", "from_dict", "to_dict"]
+
+CONFIG_ROOT = Path(__file__).resolve().parents[1] / "configs"
+"""The config tree: one folder per Hydra command (train/, eval/) and accelerate/ (launcher configs)."""
+TRAIN_CONFIG_DIR = CONFIG_ROOT / "train"
+EVAL_CONFIG_DIR = CONFIG_ROOT / "eval"
 
 T = TypeVar("T")
 

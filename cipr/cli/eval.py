@@ -20,7 +20,7 @@ Rerunning a command continues its run: items already in out_dir/results.jsonl ar
 Compare two runs (paired over items; writes compare.md / compare.png / compare.json):
     cipr-eval-compare evals/q3b_grpo_bfcl evals/q3b_cipr_bfcl [--out DIR]
 
-Options are in configs/eval.yaml and configs/benchmark/*.yaml (see `cipr.eval.config.EvalConfig`).
+Options are in configs/eval/eval.yaml and configs/eval/benchmark/*.yaml (see `cipr.eval.config.EvalConfig`).
 """
 
 from __future__ import annotations
@@ -33,27 +33,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cipr.config import EVAL_CONFIG_DIR
 from cipr.errors import MissingInputError, cli_errors
 from cipr.io import check_not_source
 
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
+CONFIG_DIR = str(EVAL_CONFIG_DIR)
 
 
 def to_eval_config(cfg: Any) -> Any:
-    """A Hydra/OmegaConf config (without its `hydra` node) as a validated EvalConfig (else ConfigError)."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+    """A composed config as a validated EvalConfig (`cipr.eval.config.to_eval_config`, imported when used)."""
+    from cipr.eval.config import to_eval_config as convert
 
-    from cipr.errors import ConfigError
-    from cipr.eval.config import eval_config_from_dict
-
-    try:
-        data = OmegaConf.to_container(cfg, resolve=True)
-    except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None)
-        reason = str(e).split("\n")[0]
-        raise ConfigError(f"{key}: {reason}" if key else reason) from None
-    return eval_config_from_dict(data)
+    return convert(cfg)
 
 
 def run_guard(ecfg: Any) -> dict[str, Any]:

@@ -18,7 +18,7 @@ Slurm (one job per point for training; then one evaluation job):
         ".venv/bin/cipr-ladder runs/ladder/qwen25-3b benchmark=bfcl backend=vllm vllm.gpu_memory_utilization=0.6"
 
 Options: `--no-consistency` (accuracy only), `--no-base` (skip the shared warm start's Base row), `--out DIR`.
-Any `key=value` after SWEEP_DIR is a cipr-eval option for every evaluation (configs/eval.yaml; default
+Any `key=value` after SWEEP_DIR is a cipr-eval option for every evaluation (configs/eval/eval.yaml; default
 benchmark=synthetic). Exit status 2 with one line on bad input (`--debug` shows the traceback).
 """
 

@@ -1,8 +1,9 @@
 """`cipr-train`: train a tool-calling policy with SFT, GRPO (ToolRL), multi-interface, masking or CIPR.
 
 Hydra composes `configs/train/train.yaml` with the groups model/, data/, algo/, rollout/,
-trainer/, logging/, distributed/, launcher/ and experiment/ (the training configs live in their
-own folder so their group names do not capture `cipr-eval`'s top-level `model=` option).
+trainer/, logging/, distributed/, launcher/ and experiment/ (each Hydra command has its own folder
+under configs/, `configs/eval/` for `cipr-eval`, so one command's groups never capture the other's
+options, e.g. `cipr-eval`'s top-level `model=`).
 
     one CPU (the README's main job: embedded SmolLM2-135M, synthetic data, SFT warm start + CIPR):
         cipr-train
@@ -29,14 +30,14 @@ traceback), 3 non-finite loss (the last checkpoint is intact).
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from cipr.config import TRAIN_CONFIG_DIR
 from cipr.errors import ConfigError
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "train"
+CONFIG_DIR = TRAIN_CONFIG_DIR
 
 
 def relaunch_command(num_processes: int, port: int, accelerate_config: str | None, argv: list[str]) -> list[str]:

@@ -1,7 +1,7 @@
 """Evaluation harness: held-out interface perturbations, original names vs the canonicalization adapter.
 
 Modules, one concept each:
-- `config`: EvalConfig / BenchmarkConfig (what `cipr-eval` composes from configs/eval.yaml).
+- `config`: EvalConfig / BenchmarkConfig (what `cipr-eval` composes from configs/eval/eval.yaml).
 - `benchmarks`: examples, perturbation tokens and groups, items per perturbation x order x names.
 - `items`: one EvalItem, with the adapter applied as at deployment (canonicalize, translate back).
 - `backends`: HF (batched, left padding, greedy), vLLM, OpenAI-compatible endpoint, replay.

@@ -1,4 +1,4 @@
-"""The evaluation run's configuration (`cipr-eval`, configs/eval.yaml and configs/benchmark/*.yaml).
+"""The evaluation run's configuration (`cipr-eval`, configs/eval/eval.yaml and configs/eval/benchmark/*.yaml).
 
 `EvalConfig` composes the options of the modules it drives: the benchmark (`BenchmarkConfig`), the
 backends (`HFBackendConfig` fields are flat here: `batch_size`, `max_new_tokens`), the OpenAI and
@@ -13,10 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from cipr.config import from_dict
+from cipr.config import EVAL_CONFIG_DIR, from_dict
 from cipr.errors import ConfigError
 from cipr.eval.backends import OpenAIBackendConfig, VLLMBackendConfig
 from cipr.eval.consistency_metric import ConsistencyConfig
+
+CONFIG_DIR = str(EVAL_CONFIG_DIR)
+"""cipr-eval's Hydra config folder: eval.yaml and the benchmark/ group."""
 
 Benchmark = Literal["bfcl", "rotbench", "toolrl_test", "synthetic"]
 Backend = Literal["auto", "hf", "vllm", "openai", "replay"]
@@ -160,3 +163,17 @@ class EvalConfig:
 def eval_config_from_dict(data: Mapping[str, Any]) -> EvalConfig:
     """An EvalConfig from a composed (Hydra) config as plain dicts; bad keys and values raise ConfigError."""
     return from_dict(EvalConfig, {k: v for k, v in data.items() if k != "hydra"})
+
+
+def to_eval_config(cfg: Any) -> EvalConfig:
+    """A composed Hydra/OmegaConf config (its `hydra` node is dropped) as a validated EvalConfig (else ConfigError)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        data = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None)
+        reason = str(e).split("\n")[0]
+        raise ConfigError(f"{key}: {reason}" if key else reason) from None
+    return eval_config_from_dict(data)  # type: ignore[arg-type]

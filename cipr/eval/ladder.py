@@ -133,7 +133,7 @@ def _base_point(sweep_dir: Path) -> Point | None:
 def _compose_eval(overrides: Sequence[str]) -> Any:
     from hydra import compose, initialize_config_dir
 
-    from cipr.cli.eval import CONFIG_DIR, to_eval_config
+    from cipr.eval.config import CONFIG_DIR, to_eval_config
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         cfg = compose(config_name="eval", overrides=list(overrides))
