@@ -48,7 +48,8 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=default_bs, help=f"the batched setting (default {default_bs})")
     p.add_argument("--partition", default="simple_python")
     p.add_argument("--device", default="auto")
-    p.add_argument("--root", default=None, help="data root (default: $CIPR_DATA_ROOT or ../shared/data)")
+    p.add_argument("--data-root", "--root", dest="root", default=None, metavar="DIR",
+                   help="data root (default: $CIPR_DATA_ROOT or ../shared/data)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--attn", default="auto", help="attn_implementation: auto (eager on CPU), sdpa, eager")
     args = p.parse_args()

@@ -1,6 +1,6 @@
 """Time exporting all BFCL items under every held-out perturbation type, on one core.
 
-    .venv/bin/python scripts/bench_perturb.py [--root DATA_ROOT] [--names original|canonical] [--out DIR]
+    .venv/bin/python scripts/bench_perturb.py [--data-root DIR] [--names original|canonical] [--out DIR]
 
 For each held-out type (every registered type but `in_distribution`), every item is perturbed and
 written as one JSONL record through the CLI's own `export_record` (the `cipr-data export --perturb`
@@ -28,7 +28,8 @@ from cipr.perturb import HELD_OUT
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--root", default=None, help="data root (default: $CIPR_DATA_ROOT or ../shared/data)")
+    p.add_argument("--data-root", "--root", dest="root", default=None, metavar="DIR",
+                   help="data root (default: $CIPR_DATA_ROOT or ../shared/data)")
     p.add_argument("--names", default="original", choices=["original", "canonical"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="directory for the JSONL files (default: a temporary one)")

@@ -7,7 +7,7 @@ from cipr.interface import Call
 
 
 def test_stats_bfcl(shared_data, capsys):
-    assert main(["stats", "bfcl", "--root", str(shared_data)]) == 0
+    assert main(["stats", "bfcl", "--data-root", str(shared_data)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["total"] == 2501 and out["partitions"]["live_multiple"] == 1053
 

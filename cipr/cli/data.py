@@ -1,8 +1,8 @@
 """`cipr-data`: fetch, inspect and export the benchmark data.
 
-Commands (CPU; the same anywhere, no GPU involved):
-    cipr-data fetch bfcl --dest DIR              # BFCL v4 from the pinned bfcl-eval wheel
-    cipr-data stats {bfcl,toolrl,rotbench,synthetic} [--root DIR]
+Examples (CPU; the same anywhere, no GPU involved):
+    cipr-data fetch bfcl --data-root DIR         # BFCL v4 from the pinned bfcl-eval wheel
+    cipr-data stats {bfcl,toolrl,rotbench,synthetic} [--data-root DIR]
     cipr-data export bfcl --names canonical --out bfcl.jsonl
     cipr-data export bfcl --perturb cost_tag_explicit --names canonical --order costly_first --seed 0 --out x.jsonl
     cipr-data list-perturbations
@@ -12,6 +12,9 @@ Each exported line: id, messages, tools (OpenAI function format), reference_call
 interface; BFCL keeps its accepted-values lists in `accepted`), name_map (written name -> original
 name), and with --perturb: perturbation, order, correspondence (written tool name -> original tool
 name, or null for an added tool).
+
+The data root is `--data-root DIR` (`--root` is accepted too; `data_root=DIR` for cipr-eval), default
+$CIPR_DATA_ROOT or ../shared/data. `cipr-data COMMAND --help` lists a command's options with an example.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from cipr.interface import Example
 from cipr.io import atomic_write, check_output_file, write_text_atomic
 
 SOURCES = ("bfcl", "toolrl", "rotbench", "synthetic")
+ROOT_HELP = "data root (default: $CIPR_DATA_ROOT or ../shared/data)"
 
 
 def load_source(source: str, root: str | None = None, *, split: str = "First_Turn", level: str = "clean",
@@ -154,18 +158,30 @@ def _check_count(value: int | None, option: str, *, allow_zero: bool = False) ->
         raise ConfigError(f"{option} {value}: give a positive number" + (" (or 0)" if allow_zero else ""))
 
 
+def _data_root_option(p: argparse.ArgumentParser, *aliases: str, help: str = ROOT_HELP) -> None:
+    """The data root, spelled `--data-root` on every command (old spellings kept as aliases)."""
+    p.add_argument("--data-root", *aliases, dest="root", default=None, metavar="DIR", help=help)
+
+
+def _sub(sub: Any, name: str, help: str, example: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=help, description=help, epilog=f"Example:\n  {example}",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cipr-data", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="cipr-data", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    f = sub.add_parser("fetch", help="download a benchmark into a data root")
+    f = _sub(sub, "fetch", "download a benchmark into a data root", "cipr-data fetch bfcl --data-root ../shared/data")
     f.add_argument("source", choices=["bfcl"])
-    f.add_argument("--dest", default=None, help="data root to write into (default: the data root)")
-    s = sub.add_parser("stats", help="print JSON counts per partition or level")
+    _data_root_option(f, "--dest", help="data root to write into (default: $CIPR_DATA_ROOT or ../shared/data)")
+    s = _sub(sub, "stats", "print JSON counts per partition or level", "cipr-data stats rotbench --data-root DIR")
     s.add_argument("source", choices=SOURCES)
-    s.add_argument("--root", default=None, help="data root (default: $CIPR_DATA_ROOT or ../shared/data)")
-    e = sub.add_parser("export", help="write items as JSONL under original or canonical names")
+    _data_root_option(s, "--root")
+    e = _sub(sub, "export", "write items as JSONL under original or canonical names",
+             "cipr-data export bfcl --perturb cost_tag_explicit --names canonical --out bfcl_cost.jsonl")
     e.add_argument("source", choices=SOURCES)
-    e.add_argument("--root", default=None)
+    _data_root_option(e, "--root")
     e.add_argument("--path", default=None, help="toolrl: a verl parquet or the raw SFT JSON")
     e.add_argument("--split", default="First_Turn", help="rotbench split")
     e.add_argument("--level", default="clean", help="rotbench level")
@@ -177,8 +193,10 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--limit", type=int, default=None, help="only the first N items")
     e.add_argument("--out", required=True, type=Path, help="the JSONL file to write (a new file)")
     e.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
-    lp = sub.add_parser("list-perturbations", help="every perturbation type with its group and description")
-    t = sub.add_parser("trajectories", help="write ToyShop expert trajectories as AgentInstruct JSON")
+    lp = _sub(sub, "list-perturbations", "every perturbation type with its group and description",
+              "cipr-data list-perturbations")
+    t = _sub(sub, "trajectories", "write ToyShop expert trajectories as AgentInstruct JSON",
+             "cipr-data trajectories --n 64 --seed 0 --out toyshop.json")
     t.add_argument("--n", type=int, default=64, help="number of trajectories (tasks 0..n-1)")
     t.add_argument("--seed", type=int, default=0, help="catalog and task seed")
     t.add_argument("--out", required=True, type=Path, help="the JSON file to write (a new file)")
@@ -199,7 +217,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.cmd == "fetch":
         from cipr.data.fetch import fetch_bfcl
 
-        dest = fetch_bfcl(Path(args.dest) if args.dest else data_root())
+        dest = fetch_bfcl(data_root(args.root))
         print(f"BFCL v4 written to {dest}")
     elif args.cmd == "stats":
         print(json.dumps(stats(args.source, args.root), indent=2))
