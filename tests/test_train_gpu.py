@@ -1,8 +1,10 @@
-"""The vLLM rollout path (GPU only): two CIPR steps with vLLM colocated in the training process.
+"""The vLLM rollout path on a GPU: two CIPR steps with vLLM colocated in the training process, in bf16.
 
-Skipped on machines without CUDA (conftest) and where vLLM is not installed. With vLLM's
-importance-sampling correction the rollouts keep vLLM's token ids, so the action read is not folded
-into the task forward (`actions/folded` is 0) and the loss uses TRL's own log-probabilities.
+Skipped on machines without CUDA (conftest) and where vLLM is not installed. The same code runs on CPU
+in float32 with vLLM's CPU build in `tests/test_vllm.py` (weight push checked after every step); this
+test adds the CUDA build, bf16 and the GPU memory settings. With vLLM's importance-sampling correction
+the rollouts keep vLLM's token ids, so the action read is not folded into the task forward
+(`actions/folded` is 0) and the loss uses TRL's own log-probabilities.
 """
 
 from __future__ import annotations
