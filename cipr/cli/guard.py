@@ -42,6 +42,9 @@ from cipr.guard.diff import DiffConfig, diff_interfaces, load_tool_list
 
 EXIT_OK, EXIT_CONTRACT = 0, 2
 PROG = "cipr-guard"
+EXAMPLE_DIFF = "cipr-guard diff tools_v1.json tools_v2.json --report reports/gate.md"
+EXAMPLE_EVAL = ("cipr-guard eval --model embedded --format toolrl --setting mild --sample study200 --limit 20 "
+                "--out runs/guard_cpu")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,9 +57,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Release gate: classify tool-interface changes.")
+    parser = _Parser(prog=PROG, description="Release gate: classify tool-interface changes.",
+                     epilog=f"Examples:\n  {EXAMPLE_DIFF}\n  {EXAMPLE_EVAL}",
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    d = sub.add_parser("diff", help="compare two tool lists; exit 2 on a contract change")
+    d = sub.add_parser("diff", help="compare two tool lists; exit 2 on a contract change",
+                       epilog=f"Example:\n  {EXAMPLE_DIFF}", formatter_class=argparse.RawDescriptionHelpFormatter)
     d.add_argument("old", type=Path)
     d.add_argument("new", type=Path)
     d.add_argument("--report", type=Path, help="write the markdown report here and the JSON beside it")
@@ -66,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     d.add_argument("--rename-threshold", type=float, default=DiffConfig.rename_threshold)
     d.add_argument("--overlap-threshold", type=float, default=DiffConfig.overlap_threshold)
-    e = sub.add_parser("eval", help="drift evaluation of the guard policies on BFCL")
+    e = sub.add_parser("eval", help="drift evaluation of the guard policies on BFCL",
+                       epilog=f"Example:\n  {EXAMPLE_EVAL}", formatter_class=argparse.RawDescriptionHelpFormatter)
     e.add_argument("--model", required=True, help="a transformers folder, 'embedded' (SmolLM2-135M) or 'tiny'")
     e.add_argument("--format", default="toolrl", help="call format name (cipr.formats), or 'json' for the "
                                                       "tokenizer's native tools template with JSON calls")
