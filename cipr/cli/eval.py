@@ -128,7 +128,9 @@ def main() -> None:
 
 def compare_main(argv: Sequence[str] | None = None) -> int:
     """`cipr-eval-compare RUN_A RUN_B [--out DIR]`: B − A per type and group, paired over items."""
-    p = argparse.ArgumentParser(prog="cipr-eval-compare", description=compare_main.__doc__)
+    p = argparse.ArgumentParser(prog="cipr-eval-compare", description=compare_main.__doc__,
+                                epilog="Example:\n  cipr-eval-compare evals/q3b_grpo_bfcl evals/q3b_cipr_bfcl --out evals/cmp",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_a", type=Path, help="baseline run directory (A)")
     p.add_argument("run_b", type=Path, help="run directory compared with it (B)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default: RUN_B/compare_<A name>)")

@@ -1,5 +1,6 @@
 """`cipr-export CHECKPOINT_OR_RUN_DIR OUT_DIR`: a folder transformers and vLLM load directly.
 
+Examples:
     one CPU or GPU (a finished run: its last stage's final weights, LoRA merged):
         cipr-export runs/qwen25_3b_cipr exports/q3b_cipr
     a given step, or an earlier stage of a run:

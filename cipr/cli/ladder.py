@@ -2,7 +2,7 @@
 sweep (`cipr-train -m +sweep=ladder`), and write SWEEP_DIR/ladder/ladder.md, ladder.json and ladder.png
 (cipr/eval/ladder.py). Rerunning it evaluates only what is new; unfinished points are listed.
 
-The whole comparison, one CPU (the embedded SmolLM2-135M, synthetic data; both commands resume):
+Examples. The whole comparison, one CPU (the embedded SmolLM2-135M, synthetic data; both commands resume):
     cipr-train -m +sweep=ladder algo=grpo,multi_interface,cipr trainer.seed=0
     cipr-ladder runs/ladder/smollm2-135m limit=40 max_new_tokens=128 threads=2
 One GPU (the paper's recipe; each point trains on the GPU, then vLLM evaluates; the consistency read loads

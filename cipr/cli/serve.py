@@ -1,6 +1,6 @@
 """`cipr-serve key=value ...`: the adapter (and optionally the guard) as an OpenAI-compatible endpoint.
 
-One CPU (the embedded SmolLM2-135M in this process; clients use http://127.0.0.1:8000/v1):
+Examples. One CPU (the embedded SmolLM2-135M in this process; clients use http://127.0.0.1:8000/v1):
     cipr-serve backend=embedded names=canonical port=8000 threads=1
 In front of any OpenAI-compatible server (e.g. vLLM, CPU build or GPU), with the guard and its audit log:
     python -m vllm.entrypoints.openai.api_server --model exports/q3b_cipr --port 8001 &
