@@ -36,6 +36,18 @@ def test_every_algorithm_config_validates(algo):
     validate(config_from_dict(composed(f"algo={algo}")))
 
 
+def test_algo_distill_is_selected_like_every_algorithm_and_brings_its_data():
+    from cipr.distill.run import config_from_dict as distill_config
+
+    cfg = distill_config(composed("algo=distill"))
+    assert cfg.algo.name == "distill" and cfg.data.source == "trajectories"
+    assert composed("algo=distill", "data=trajectories")["data"] == composed("algo=distill")["data"]
+    with pytest.raises(ConfigError, match="algo=distill trains on agent trajectories"):
+        distill_config(composed("algo=distill", "data=synthetic"))
+    with pytest.raises(ConfigError, match="data=trajectories is the data of algo=distill"):
+        config_from_dict(composed("algo=grpo", "data=trajectories"))
+
+
 @pytest.mark.parametrize("experiment", sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("qwen*.yaml")))
 def test_experiment_configs_compose_and_name_their_commands(experiment):
     cfg = config_from_dict(composed(f"experiment={experiment}"))

@@ -7,8 +7,9 @@ options, e.g. `cipr-eval`'s top-level `model=`).
 
     one CPU (the README's main job: embedded SmolLM2-135M, synthetic data, SFT warm start + CIPR):
         cipr-train
-    one CPU, another algorithm or model folder:
+    one CPU, another algorithm or model folder (each algorithm brings the data group it needs):
         cipr-train algo=multi_interface trainer.run_dir=runs/mi
+        cipr-train algo=distill trainer.run_dir=runs/distill
         cipr-train model=tiny model.name_or_path=runs/tiny_model trainer.max_steps=2
     one GPU (Qwen2.5-3B-Instruct, tools in the prompt, vLLM colocated):
         cipr-train experiment=qwen25_3b_cipr data.path=/data/toolrl/rlla_4k/train.parquet
@@ -49,7 +50,7 @@ def relaunch_command(num_processes: int, port: int, accelerate_config: str | Non
 
 def _main(cfg: DictConfig) -> int:
     container = OmegaConf.to_container(cfg, resolve=True)
-    if cfg.algo.get("name") == "distill":  # self-distillation (paper §4.3) has its own runner: cipr/distill/run.py
+    if cfg.algo.get("name") == "distill":  # self-distillation (paper §4.3): no rollouts, its own runner and data group
         from cipr.distill.run import distill_main
 
         return distill_main(container)

@@ -1,11 +1,11 @@
-"""`cipr-train algo=distill data=trajectories`: one self-distillation run, evaluation included.
+"""`cipr-train algo=distill` (its data group is data=trajectories): one self-distillation run, evaluation included.
 
-    cipr-train algo=distill data=trajectories                       # one CPU: embedded SmolLM2-135M, ToyShop
-    cipr-train experiment=smollm2_distill_toyshop                   # the short CPU run (~10 min on 2 cores)
-    cipr-train algo=distill data=trajectories model=qwen25_3b data.path=/data/webshop_agentinstruct.json \\
+    cipr-train algo=distill                                         # one CPU: embedded SmolLM2-135M, ToyShop
+    cipr-train experiment=smollm2_distill_toyshop                   # the short CPU run
+    cipr-train algo=distill model=qwen25_3b data.path=/data/webshop_agentinstruct.json \\
         algo.eval.live_env=webshop algo.eval.live_tasks=200        # one GPU, real WebShop trajectories
     cipr-train algo=distill ... launcher.num_processes=8 distributed=zero2   # several GPUs on one node
-    sbatch --gres=gpu:8 slurm/train.sbatch algo=distill data=trajectories launcher.num_processes=8 ...  # Slurm
+    sbatch --gres=gpu:8 slurm/train.sbatch algo=distill launcher.num_processes=8 ...  # Slurm
 
 The model section names the released model (teacher and the student's initialization); the
 trajectories' call format is `data.call_format` (WebShop ReAct for AgentInstruct-style data), or
@@ -92,6 +92,10 @@ class DistillRunConfig:
 
 def config_from_dict(data: dict[str, Any]) -> DistillRunConfig:
     """A DistillRunConfig from a composed (Hydra) config; unknown keys and bad values raise ConfigError."""
+    source = (data.get("data") or {}).get("source", "trajectories")
+    if source != "trajectories":
+        raise ConfigError(f"algo=distill trains on agent trajectories, but data={source} was chosen: drop the data= "
+                          f"override (algo=distill selects data=trajectories) or give data=trajectories")
     return from_dict(DistillRunConfig, {k: v for k, v in data.items() if k != "hydra"})
 
 

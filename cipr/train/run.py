@@ -73,6 +73,9 @@ class TrainConfig:
 def config_from_dict(data: dict[str, Any]) -> TrainConfig:
     """A TrainConfig from a composed (Hydra) config; unknown keys and bad values raise ConfigError."""
     data = {k: v for k, v in data.items() if k != "hydra"}
+    if (data.get("data") or {}).get("source") == "trajectories":
+        raise ConfigError(f"data=trajectories is the data of algo=distill, not of algo={(data.get('algo') or {}).get('name')}: "
+                          f"choose algo=distill, or another data= (synthetic, toolrl, toolrl_sft)")
     return from_dict(TrainConfig, data)
 
 
