@@ -167,3 +167,20 @@ def read_json(path: str | Path) -> Any:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise DataError(f"not valid JSON ({e})", file=str(path)) from None
+
+
+def read_json_list(path: str | Path, what: str, expected: str = "a JSON list of items") -> list[Any]:
+    """The JSON list in `path`, a benchmark file: MissingInputError naming `what` when there is no such
+    file, DataError naming the file when it is not JSON or not a list (`expected` says what it should be)."""
+    from cipr.errors import DataError, MissingInputError
+
+    path = Path(path)
+    if not path.is_file():
+        raise MissingInputError(f"{what} not found at {path}")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataError(f"malformed JSON: {e}", file=str(path)) from e
+    if not isinstance(data, list):
+        raise DataError(f"expected {expected}", file=str(path))
+    return data

@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from cipr.data.paths import data_root, require_dir
-from cipr.errors import ConfigError, DataError, MissingInputError
+from cipr.errors import ConfigError, DataError
 from cipr.formats.react import extract_action
 from cipr.interface import Call, Example, Interface, Message, Tool
+from cipr.io import read_json_list
 
 SPLITS = ("First_Turn", "Third_Turn")
 LEVELS = ("clean", "slight", "medium", "heavy", "union")
@@ -156,17 +157,8 @@ def rotbench_file(root: str | Path | None = None, split: str = "First_Turn", lev
 
 def load_rotbench_file(path: str | Path, split: str, level: str, *, strict: bool = False) -> list[Example]:
     """Every item of one RoTBench JSON file (split and level name the Examples and their partition)."""
-    path = Path(path)
-    file = str(path)
-    if not path.is_file():
-        raise MissingInputError(f"RoTBench file not found at {path}")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise DataError(f"malformed JSON: {e}", file=file) from e
-    if not isinstance(data, list):
-        raise DataError("expected a JSON list of items", file=file)
-    return [_example(obj, i, file, split, level, strict) for i, obj in enumerate(data)]
+    data = read_json_list(path, "RoTBench file")
+    return [_example(obj, i, str(path), split, level, strict) for i, obj in enumerate(data)]
 
 
 def load_rotbench(root: str | Path | None = None, split: str = "First_Turn", level: str = "clean", *,

@@ -48,6 +48,7 @@ from typing import Any
 from cipr.data.paths import data_root
 from cipr.errors import DataError, MissingInputError
 from cipr.interface import Call, Example, Interface, Message, Tool
+from cipr.io import read_json_list
 
 HISTORY_HEADER = "**Dialogue Records History**"
 _ENTRY = re.compile(r"(\d+)\. Name: (.*)")
@@ -357,16 +358,8 @@ def load_toolrl_sft(path: str | Path, *, strict: bool = False) -> list[Example]:
 
     Ids are `toolrl_sft_<position>`; the think text of the target is in `meta["think"]`.
     """
-    path = Path(path)
     file = str(path)
-    if not path.is_file():
-        raise MissingInputError(f"ToolRL SFT JSON not found at {path}")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise DataError(f"malformed JSON: {e}", file=file) from e
-    if not isinstance(data, list):
-        raise DataError("expected a JSON list of {instruction, input, output}", file=file)
+    data = read_json_list(path, "ToolRL SFT JSON", "a JSON list of {instruction, input, output}")
     items: list[_Item] = []
     for i, obj in enumerate(data):
         item = f"toolrl_sft_{i}"
