@@ -97,6 +97,34 @@ class CallFormat(ABC):
         return name
 
 
+THINK, THINK_END = "<think>", "</think>"
+
+
+@dataclass(frozen=True)
+class LeadingThink:
+    """A `<think>` block opening a response (after leading whitespace), as the formats that allow one read it.
+
+    `text`: the stripped reasoning (None when the response does not open with `<think>`); `end`: the
+    index just after `</think>` (None without a block or when it is never closed); `error`: the message
+    for a block that is never closed (the rest of the response is then its text).
+    """
+
+    text: str | None = None
+    end: int | None = None
+    error: str | None = None
+
+
+def leading_think(text: str) -> LeadingThink:
+    """Read the `<think>` block opening `text`, if any (Hermes and ToolRL responses share this rule)."""
+    i = len(text) - len(text.lstrip())
+    if not text.startswith(THINK, i):
+        return LeadingThink()
+    j = text.find(THINK_END, i + len(THINK))
+    if j < 0:
+        return LeadingThink(text[i + len(THINK):].strip(), None, f"<think> at char {i} is never closed by </think>")
+    return LeadingThink(text[i + len(THINK):j].strip(), j + len(THINK_END))
+
+
 def supports_native_tools(tokenizer: Any) -> bool:
     """Whether the tokenizer's chat template renders a `tools=` argument."""
     template = getattr(tokenizer, "chat_template", None) or ""

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cipr.formats.base import CallFormat, Decision, ParseResult
+from cipr.formats.base import THINK, THINK_END, CallFormat, Decision, ParseResult, leading_think
 from cipr.formats.json_calls import (
     CALL_NAME_OPENER,
     ReadCall,
@@ -54,7 +54,6 @@ from cipr.formats.json_calls import (
 from cipr.formats.json_calls import name_text as json_name_text
 from cipr.interface import Call, Interface, Message
 
-_THINK, _THINK_END = "<think>", "</think>"
 _CALL, _CALL_END = "<tool_call>", "</tool_call>"
 FIRST_OPENER = _CALL + "\n" + CALL_NAME_OPENER
 NEXT_OPENER = "\n" + FIRST_OPENER
@@ -92,19 +91,16 @@ class _Scan:
 def _scan(text: str) -> _Scan:
     s = _Scan()
     n = len(text)
-    i = len(text) - len(text.lstrip())
-    if text.startswith(_THINK, i):
-        j = text.find(_THINK_END, i + len(_THINK))
-        if j < 0:
-            s.errors.append(f"<think> at char {i} is never closed by </think>")
-            s.think = text[i + len(_THINK):].strip()
-            return s
-        s.think = text[i + len(_THINK):j].strip()
-        i = j + len(_THINK_END)
+    think = leading_think(text)
+    s.think = think.text
+    if think.error is not None:
+        s.errors.append(think.error)
+        return s
+    i = 0
+    if think.end is not None:
+        i = think.end
         while i < n and text[i].isspace():
             i += 1
-    else:
-        i = 0
     s.answer = i
     while i <= n:
         k = text.find(_CALL, i)
@@ -145,7 +141,7 @@ def _scan(text: str) -> _Scan:
 
 def _outside(text: str, start: int, end: int, s: _Scan) -> None:
     piece = text[start:end]
-    for tag in (_CALL_END, _THINK, _THINK_END):
+    for tag in (_CALL_END, THINK, THINK_END):
         k = piece.find(tag)
         if k >= 0:
             s.errors.append(f"stray {tag} at char {start + k}")
@@ -198,10 +194,10 @@ class HermesFormat(CallFormat):
         """`<think>\\n..\\n</think>\\n\\n` (if any), the response text, then one `<tool_call>` block per call."""
         text = ""
         if think is not None:
-            _check_text(think, (_THINK_END,), "think")
-            text = f"{_THINK}\n{think}\n{_THINK_END}\n\n"
+            _check_text(think, (THINK_END,), "think")
+            text = f"{THINK}\n{think}\n{THINK_END}\n\n"
         body = response or ""
-        _check_text(body, (_CALL, _CALL_END, _THINK, _THINK_END), "response")
+        _check_text(body, (_CALL, _CALL_END, THINK, THINK_END), "response")
         for call in calls:
             body += ("\n" if body else "") + f"{_CALL}\n{call_object(call, 'arguments')}\n{_CALL_END}"
         return text + body

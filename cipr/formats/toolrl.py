@@ -60,7 +60,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cipr.formats.base import CallFormat, Decision, ParseResult
+from cipr.formats.base import THINK, THINK_END, CallFormat, Decision, ParseResult, leading_think
 from cipr.formats.json_calls import CALL_NAME_OPENER, ReadCall, call_object, read_call_at, to_plain
 from cipr.formats.json_calls import name_text as json_name_text
 from cipr.interface import Call, Interface, Message, Tool
@@ -96,7 +96,6 @@ INSTRUCTION_TAIL = """
 2. You can invoke multiple tool calls simultaneously in the `<tool_call>` fields. Each tool call should be a JSON object with a "name" field and an "parameters" field containing a dictionary of parameters. If no parameters are needed, leave the "parameters" field an empty dictionary.
 3. Refer to the previous dialogue records in the history, including the user's queries, previous `<tool_call>`, `<response>`, and any tool feedback noted as `<obs>` (if exists)."""
 
-_THINK, _THINK_END = "<think>", "</think>"
 _CALLS, _CALLS_END = "<tool_call>", "</tool_call>"
 _RESP, _RESP_END = "<response>", "</response>"
 
@@ -165,15 +164,14 @@ def _next_tag(text: str, i: int, tags: Sequence[str]) -> int:
 def _scan(text: str) -> _Scan:
     s = _Scan()
     n = len(text)
+    think = leading_think(text)
+    s.think = think.text
+    if think.error is not None:
+        s.errors.append(think.error)
+        return s
     i = _skip_ws(text, 0)
-    if text.startswith(_THINK, i):
-        j = text.find(_THINK_END, i + len(_THINK))
-        if j < 0:
-            s.errors.append(f"<think> at char {i} is never closed by </think>")
-            s.think = text[i + len(_THINK):].strip()
-            return s
-        s.think = text[i + len(_THINK):j].strip()
-        i = j + len(_THINK_END)
+    if think.end is not None:
+        i = think.end
     else:
         s.errors.append("missing <think> ... </think> at the start")
     while True:
@@ -303,8 +301,8 @@ class ToolRLFormat(CallFormat):
         """`<think> .. </think>` then the `<tool_call>` block and/or `<response>` (an empty one if neither)."""
         if think is None:
             think = CALL_THINK if calls else RESPONSE_THINK
-        _check_text(think, _THINK_END, "think")
-        parts = [f"{_THINK} {think} {_THINK_END}"]
+        _check_text(think, THINK_END, "think")
+        parts = [f"{THINK} {think} {THINK_END}"]
         if calls:
             parts.append(_CALLS + "\n" + "\n".join(call_object(c, "parameters", ascii=True) for c in calls) + "\n" + _CALLS_END)
         if response is not None or not calls:
