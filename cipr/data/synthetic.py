@@ -658,6 +658,11 @@ class SyntheticConfig:
     no_call_fraction: float = 0.15
     same_domain_distractors: float = 0.5
 
+    def __post_init__(self) -> None:
+        lo_hi = tuple(self.tools_per_example)
+        if len(lo_hi) != 2 or not 1 <= lo_hi[0] <= lo_hi[1]:
+            raise ValueError(f"tools_per_example must be [lo, hi] with 1 <= lo <= hi, got {list(lo_hi)}")
+
     def generate(self) -> list[Example]:
         return generate_synthetic(self.n, self.seed, tools_per_example=self.tools_per_example,
                                   parallel_fraction=self.parallel_fraction, no_call_fraction=self.no_call_fraction,

@@ -28,7 +28,8 @@ Names = Literal["original", "canonical", "masked"]
 
 @dataclass
 class AlgoConfig:
-    """What is optimized.
+    """What is optimized: what tells the compared algorithms apart (GRPO's clipping, KL and loss type
+    are the shared recipe, in `trainer`: see `cipr.train.schedule.TrainerConfig`).
 
     - `names`: the names the policy sees in training.
     - `perturbed`: pair every prompt with its perturbed copy (both enter the task loss).

@@ -41,6 +41,7 @@ from typing import Any, Literal
 
 from cipr.canonical import NameMap, apply_name_map, canonicalize
 from cipr.config import ConfigError
+from cipr.data.synthetic import SyntheticConfig
 from cipr.errors import DataError
 from cipr.formats.base import CallFormat
 from cipr.interface import Example, Interface, Tool
@@ -50,13 +51,19 @@ Side = Literal["canonical", "perturbed", "single"]
 
 @dataclass
 class DataConfig:
-    """Where training prompts come from and how they are prepared (module docstring)."""
+    """Where training prompts come from and how they are prepared (module docstring).
+
+    `n` (how many examples; 0 = all of a file) and `seed` (held-out split, masking, perturbation)
+    mean the same for every source, so they sit here and not in a source's options; the synthetic
+    source hands them with `tools_per_example` to the generator's own config
+    (`cipr.data.synthetic.SyntheticConfig`, which owns the defaults and the check of that range).
+    """
 
     source: Literal["synthetic", "toolrl", "toolrl_sft"] = "synthetic"
     path: str | None = None
     n: int = 64
     seed: int = 0
-    tools_per_example: tuple[int, ...] = (2, 5)
+    tools_per_example: tuple[int, ...] = SyntheticConfig.tools_per_example
     eval_examples: int = 8
     perturbation: Literal["full", "reorder_only", "twins_only", "single_near_duplicate"] = "full"
     twin_wordings: Literal["default", "with_cost"] = "default"
@@ -136,6 +143,11 @@ def default_path(source: str, root: Path | None = None) -> Path | None:
     return None
 
 
+def synthetic_config(cfg: DataConfig) -> SyntheticConfig:
+    """The generator's config for `data.source=synthetic` (ValueError naming a bad range)."""
+    return SyntheticConfig(n=cfg.n, seed=cfg.seed, tools_per_example=tuple(cfg.tools_per_example))  # type: ignore[arg-type]
+
+
 def check_source(cfg: DataConfig) -> Path | None:
     """The input file, checked before any work (ConfigError saying what to pass when it is missing)."""
     if cfg.n < 0 or cfg.eval_examples < 0:
@@ -143,9 +155,10 @@ def check_source(cfg: DataConfig) -> Path | None:
     if cfg.source == "synthetic":
         if cfg.path is not None:
             raise ConfigError("data.path is not used by data.source=synthetic (it generates its examples); remove it")
-        if len(cfg.tools_per_example) != 2 or not 1 <= cfg.tools_per_example[0] <= cfg.tools_per_example[1]:
-            raise ConfigError(f"data.tools_per_example must be [lo, hi] with 1 <= lo <= hi, got "
-                              f"{list(cfg.tools_per_example)}")
+        try:
+            synthetic_config(cfg)
+        except ValueError as e:
+            raise ConfigError(f"data.{e}") from None
         if cfg.n <= cfg.eval_examples:
             raise ConfigError(f"data.n={cfg.n} must exceed data.eval_examples={cfg.eval_examples}")
         return None
@@ -164,10 +177,7 @@ def load_examples(cfg: DataConfig) -> list[Example]:
     """The source's examples in file (or generation) order, capped at `n` (0: all) for file sources."""
     path = check_source(cfg)
     if cfg.source == "synthetic":
-        from cipr.data.synthetic import generate_synthetic
-
-        lo, hi = cfg.tools_per_example
-        return list(generate_synthetic(cfg.n, cfg.seed, tools_per_example=(lo, hi)))
+        return synthetic_config(cfg).generate()
     from cipr.data.toolrl import load_toolrl_parquet, load_toolrl_sft
 
     assert path is not None

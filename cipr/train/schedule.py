@@ -78,6 +78,13 @@ class TrainerConfig:
     token-entropy bonus (verl's `entropy_coeff`, TRL's `entropy_coef`). `max_prompt_length`: GRPO
     training units with a longer prompt (in tokens) are left out and counted, as verl's
     `filter_overlong_prompts`.
+
+    GRPO's own objective settings (`epsilon`/`epsilon_high` clipping, `beta` KL to the reference,
+    `loss_type`, `num_iterations`, `scale_rewards`, `entropy_coeff`) live here and not in `algo`: they
+    are the training recipe (ToolRL's verl recipe in trainer=gpu, the CPU recipe in trainer=cpu), held
+    equal across the algorithms a comparison runs, while `algo` holds only what tells the compared
+    algorithms apart (names, pairing, the consistency λs). Swapping `algo=` then never changes the
+    recipe, and a sweep over algorithms (sweep=ladder) compares them under one recipe.
     """
 
     run_dir: str = "runs/default"
