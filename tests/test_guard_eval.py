@@ -210,14 +210,14 @@ def test_a_folder_of_other_data_is_refused_untouched(study, tmp_path):
     sample = study_sample(study, per_partition=1, seed=0)
     other = tmp_path / "eval_run"
     other.mkdir()
-    (other / "results.jsonl").write_text("".join(json.dumps({"id": f"x{i}", "correct": True}) + "\n"
-                                                 for i in range(1000)))
+    lines = "".join(json.dumps({"id": f"x{i}", "correct": True}) + "\n" for i in range(1000))
+    (other / "results.jsonl").write_text(lines[:-1])  # not even a torn-looking last line is cut
     with pytest.raises(CiprError, match="no run.json"):
         evaluate_guard(sample, _stale_model(sample), out_dir=other)
     (other / "run.json").write_text(json.dumps({"model": "m", "benchmark": "bfcl"}))
     with pytest.raises(CiprError, match="another kind of run"):
         evaluate_guard(sample, _stale_model(sample), out_dir=other)
-    assert len((other / "results.jsonl").read_text().splitlines()) == 1000
+    assert (other / "results.jsonl").read_text() == lines[:-1]
     assert sorted(p.name for p in other.iterdir()) == ["results.jsonl", "run.json"]
 
 

@@ -165,21 +165,24 @@ def _write_atomic(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _read_lines(path: Path, say: Callable[[str], None], *, write: bool = True) -> list[dict[str, Any]]:
-    """The JSON records of a JSON-lines file we append to, after cutting a last line torn by a crash
-    (with `write=False`, the torn line is only ignored)."""
+def _cut_torn_line(path: Path, say: Callable[[str], None]) -> None:
+    """Cut a last line without a newline (torn by a crash during a write) off a file we append to."""
+    data = path.read_bytes() if path.is_file() else b""
+    if data and not data.endswith(b"\n"):
+        cut = data.rfind(b"\n") + 1
+        say(f"{path}: cutting a torn last line ({len(data) - cut} bytes) left by an interrupted run")
+        with path.open("r+b") as f:
+            f.truncate(cut)
+
+
+def _read_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON records of a JSON-lines file we append to, ignoring a last line torn by a crash."""
     if not path.exists():
         return []
     if not path.is_file():
         raise UnsafeOutputError(f"{path} is not a file; use a new out folder")
     data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        cut = data.rfind(b"\n") + 1
-        if write:
-            say(f"{path}: cutting a torn last line ({len(data) - cut} bytes) left by an interrupted run")
-            with path.open("r+b") as f:
-                f.truncate(cut)
-        data = data[:cut]
+    data = data[:data.rfind(b"\n") + 1]
     records = []
     for i, line in enumerate(data.decode("utf-8", errors="replace").splitlines()):
         if not line.strip():
@@ -228,8 +231,8 @@ def _open_folder(out: Path, meta: dict[str, Any], ids: Sequence[str], say: Calla
         if not isinstance(old, dict) or old.get("kind") != RUN_KIND:
             raise UnsafeOutputError(f"{out} holds another kind of run ({RUN_META} is not a guard evaluation's); "
                                     "use a new out folder")
-    rows = _read_lines(out / RESULTS, say, write=write)
-    audit = _read_lines(out / AUDIT, say, write=write)
+    rows = _read_lines(out / RESULTS)
+    audit = _read_lines(out / AUDIT)
     if old is None and (rows or audit):
         raise UnsafeOutputError(f"{out} holds {RESULTS} or {AUDIT} but no {RUN_META}: not a guard evaluation "
                                 "this run can resume; use a new out folder")
@@ -249,8 +252,11 @@ def _open_folder(out: Path, meta: dict[str, Any], ids: Sequence[str], say: Calla
     if extra:
         raise ConfigError(f"{out} holds results for {len(extra)} item(s) this run does not ask for (e.g. "
                           f"{extra[0]!r}: another sample, shard or limit); use a new out folder or the same options")
-    if write and (old is None or old.get("config") != meta):
-        _write_atomic(meta_path, json.dumps({"kind": RUN_KIND, "config": meta}, indent=2) + "\n")
+    if write:  # every check passed: this folder is ours
+        for name in (RESULTS, AUDIT):
+            _cut_torn_line(out / name, say)
+        if old is None or old.get("config") != meta:
+            _write_atomic(meta_path, json.dumps({"kind": RUN_KIND, "config": meta}, indent=2) + "\n")
     return _Folder(done, {str(r.get("item_id")) for r in audit})
 
 
