@@ -5,9 +5,10 @@ import json
 import pytest
 
 from cipr.cli.data import main as data_main
+from cipr.config import ConfigError
 from cipr.data.trajectories import load_trajectories, to_agentinstruct, toyshop_trajectories
 from cipr.distill.conversation import UnusableTrajectory, render_conversation, tokenize_rendered
-from cipr.distill.data import TRIM_MARK, DataConfigError, TrajectoryDataConfig, build_items, load_split, trim
+from cipr.distill.data import TRIM_MARK, TrajectoryDataConfig, build_items, load_split, trim
 from cipr.distill.naming import named, rename_pairs
 from cipr.errors import DataError
 from cipr.formats import get_format
@@ -85,9 +86,9 @@ def test_split_is_seeded_disjoint_and_counted(tmp_path):
     assert [e.id for e in train] == [e.id for e in again[0]] and len(held) == 3 and len(train) == 7
     assert not {e.id for e in train} & {e.id for e in held}
     assert counts["trajectories"] == 10 and counts["held_out"] == 3
-    with pytest.raises(DataConfigError, match="must exceed"):
+    with pytest.raises(ConfigError, match="must exceed"):
         load_split(TrajectoryDataConfig(n=3, eval_examples=3))
-    with pytest.raises(DataConfigError, match="cipr-data trajectories"):
+    with pytest.raises(ConfigError, match="cipr-data trajectories"):
         load_split(TrajectoryDataConfig(path=str(tmp_path / "missing.json")))
 
 

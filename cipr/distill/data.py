@@ -28,6 +28,7 @@ from typing import Any, Literal
 from cipr.distill.alignment import AlignmentError
 from cipr.distill.batch import DistillItem, build_item
 from cipr.distill.conversation import UnusableTrajectory
+from cipr.errors import ConfigError
 from cipr.formats.base import CallFormat
 from cipr.interface import Example, Message
 
@@ -51,26 +52,22 @@ class TrajectoryDataConfig:
     call_format: str | None = "webshop"
 
 
-class DataConfigError(ValueError):
-    """A data option that cannot work (the run turns it into a configuration error)."""
-
-
 def check_data(cfg: TrajectoryDataConfig) -> Path | None:
     """Checks that need no data in memory; returns the trajectory file (None: generate ToyShop ones)."""
     if cfg.n < 0 or cfg.eval_examples < 0:
-        raise DataConfigError("data.n and data.eval_examples must be >= 0")
+        raise ConfigError("data.n and data.eval_examples must be >= 0")
     if cfg.max_observation_chars is not None and cfg.max_observation_chars < 1:
-        raise DataConfigError("data.max_observation_chars must be >= 1 (or null to keep observations whole)")
+        raise ConfigError("data.max_observation_chars must be >= 1 (or null to keep observations whole)")
     if cfg.max_turns is not None and cfg.max_turns < 1:
-        raise DataConfigError("data.max_turns must be >= 1 (or null to keep every turn)")
+        raise ConfigError("data.max_turns must be >= 1 (or null to keep every turn)")
     if cfg.path is None:
         if cfg.n <= cfg.eval_examples:
-            raise DataConfigError(f"data.n={cfg.n} must exceed data.eval_examples={cfg.eval_examples} (ToyShop "
+            raise ConfigError(f"data.n={cfg.n} must exceed data.eval_examples={cfg.eval_examples} (ToyShop "
                                   f"trajectories are generated: n in all, eval_examples of them held out)")
         return None
     path = Path(cfg.path).expanduser()
     if not path.is_file():
-        raise DataConfigError(f"data.path={cfg.path} does not exist; write a toy set with `cipr-data trajectories "
+        raise ConfigError(f"data.path={cfg.path} does not exist; write a toy set with `cipr-data trajectories "
                               f"--n 64 --out {cfg.path}` or leave data.path null to generate ToyShop trajectories")
     return path
 
@@ -108,7 +105,7 @@ def load_split(cfg: TrajectoryDataConfig) -> tuple[list[Example], list[Example],
         examples = load_trajectories(path, call_format=cfg.call_format or "webshop")
         examples = examples[:cfg.n] if cfg.n else examples
     if len(examples) <= cfg.eval_examples:
-        raise DataConfigError(f"{len(examples)} trajectories but data.eval_examples={cfg.eval_examples}: nothing "
+        raise ConfigError(f"{len(examples)} trajectories but data.eval_examples={cfg.eval_examples}: nothing "
                               f"left to train on")
     order = list(range(len(examples)))
     random.Random(f"{cfg.seed}\x1fheld-out").shuffle(order)

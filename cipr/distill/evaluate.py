@@ -29,7 +29,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -68,8 +68,8 @@ class EvalConfig:
     live_first_task: int = 100_000
     live_max_steps: int = 8
     live_max_new_tokens: int = 64
-    live_env: str = "toyshop"
-    dtype: str = "model"
+    live_env: Literal["toyshop", "webshop"] = "toyshop"
+    dtype: Literal["model", "bfloat16"] = "model"
 
 
 def check_eval(cfg: EvalConfig) -> None:

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from cipr.config import ConfigError, from_dict, to_dict
-from cipr.distill.data import DataConfigError, TrajectoryDataConfig, build_items, check_data, load_split
+from cipr.distill.data import TrajectoryDataConfig, build_items, check_data, load_split
 from cipr.distill.evaluate import (
     Readings,
     check_eval,
@@ -113,7 +113,7 @@ def validate(cfg: DistillRunConfig) -> None:
         check_distill(cfg.algo)
         check_eval(cfg.algo.eval)
         check_data(cfg.data)
-    except (ValueError, DataConfigError) as e:
+    except ValueError as e:
         raise ConfigError(str(e)) from e
     if cfg.trainer.max_steps < 1 or cfg.trainer.save_steps < 1 or cfg.trainer.per_device_train_batch_size < 1:
         raise ConfigError("trainer.max_steps, trainer.save_steps and trainer.per_device_train_batch_size must be >= 1")
