@@ -1,0 +1,120 @@
+"""Each layer of the package imports only from the layers below it (README, "Layout").
+
+Every `import` and `from ... import` in cipr/ is read with `ast`, including those inside functions
+(a deferred import is still a dependency), and mapped to its unit: a top-level module (`cipr/io.py`
+is `io`) or a subpackage (`cipr/train/` is `train`). A unit may import its own layer and the layers
+below; an import of a higher layer is a back-edge and fails with the file, the line and both layers.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "cipr"
+
+LAYERS: list[tuple[str, set[str]]] = [  # bottom first
+    ("leaf", {"cipr", "errors", "interface", "schema", "io", "bfcl_literals", "canonical", "config", "run_folder",
+              "hub"}),
+    ("formats", {"formats", "envs"}),
+    ("data", {"data", "scoring"}),
+    ("perturb", {"perturb"}),
+    ("actions", {"actions", "actions_reference", "consistency", "relabel"}),
+    ("ops", {"ops"}),
+    ("train", {"train", "distill", "export", "embedded", "testing"}),
+    ("eval", {"eval", "guard", "serve"}),
+    ("harness", {"tau2"}),
+    ("cli", {"cli"}),
+]
+LEVEL = {unit: i for i, (_, units) in enumerate(LAYERS) for unit in units}
+
+PENDING: dict[tuple[str, str], str] = {
+    # back-edges in modules under active change elsewhere; each entry names what should move
+    ("tau2/run.py", "cli.serve"): "the served model's backend builder belongs in cipr/serve, not cipr/cli",
+}
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "cipr"
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, source: str | None = None) -> list[tuple[int, str]]:
+    """(line, imported cipr module) for every import in `path` (or `source`, read as that file), at any depth."""
+    module = _module(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    tree = ast.parse(source if source is not None else path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                target = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target == "cipr" or node.module is None:  # `from cipr import io`, `from . import base`: modules
+                found += [(node.lineno, f"{target}.{a.name}") for a in node.names]
+            else:
+                found.append((node.lineno, target))
+    return [(line, name) for line, name in found if name == "cipr" or name.startswith("cipr.")]
+
+
+def _files() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_every_unit_has_a_layer():
+    units = {_unit(_module(p)) for p in _files()}
+    assert not units - set(LEVEL), f"add these to a layer in tests/test_layering.py and the README: {units - set(LEVEL)}"
+
+
+def _back_edges(files: list[tuple[Path, str | None]]) -> tuple[list[str], set[tuple[str, str]]]:
+    """The back-edges among `files` (path, source or None to read it), and the PENDING ones seen."""
+    back_edges, pending_seen = [], set()
+    for path, source in files:
+        rel = path.relative_to(PACKAGE).as_posix()
+        here = _unit(_module(path))
+        for line, target in _imports(path, source):
+            there = _unit(target)
+            if LEVEL.get(there, -1) <= LEVEL[here]:
+                continue
+            key = (rel, target.removeprefix("cipr."))
+            if key in PENDING:
+                pending_seen.add(key)
+                continue
+            back_edges.append(f"cipr/{rel}:{line} imports {target}: layer '{LAYERS[LEVEL[here]][0]}' may not "
+                              f"import layer '{LAYERS[LEVEL[there]][0]}' above it")
+    return back_edges, pending_seen
+
+
+def test_layers_import_only_downward():
+    back_edges, pending_seen = _back_edges([(p, None) for p in _files()])
+    assert not back_edges, "\n".join(back_edges)
+    gone = set(PENDING) - pending_seen
+    assert not gone, f"these back-edges are gone: remove them from PENDING in tests/test_layering.py: {sorted(gone)}"
+
+
+def test_a_back_edge_is_named_with_its_file_line_and_layers():
+    source = "import json\n\ndef load():\n    from cipr.train.run import run\n"
+    back_edges, _ = _back_edges([(PACKAGE / "data" / "probe.py", source)])
+    assert back_edges == ["cipr/data/probe.py:4 imports cipr.train.run: layer 'data' may not import layer 'train' "
+                          "above it"]
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("from cipr.train.run import run\n", ["cipr.train.run"]),
+    ("def f():\n    import cipr.eval.config\n", ["cipr.eval.config"]),
+    ("from cipr import io\n", ["cipr.io"]),
+    ("from . import base\n", ["cipr.formats.base"]),
+])
+def test_imports_are_read_at_any_depth(source, expected):
+    assert [name for _, name in _imports(PACKAGE / "formats" / "probe.py", source)] == expected
