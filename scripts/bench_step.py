@@ -19,7 +19,7 @@ per-token entropy, which is why folded CIPR can update faster than multi-interfa
 last line is `step_ratio=<r> update_ratio=<r>` for `cipr` (the default) against `multi_interface`,
 the larger ratio over the models benchmarked (targets: 1.5, 2.2).
 
-    .venv/bin/python scripts/bench_step.py                 # tiny model and SmolLM2-135M (~35 min on 2 CPU cores; tiny alone ~1 min)
+    .venv/bin/python scripts/bench_step.py                 # tiny model and SmolLM2-135M (prints its wall time)
     .venv/bin/python scripts/bench_step.py --models tiny --repeats 3
 """
 
@@ -163,9 +163,11 @@ def main() -> None:
     parser.add_argument("--max-completion-length", type=int, default=96)
     args = parser.parse_args()
     worst = {"step": 0.0, "update": 0.0}
+    started = time.perf_counter()
     for name in args.models.split(","):
         ratios = bench_model(name.strip(), args.repeats, args.pairs, args.generations, args.max_completion_length)
         worst = {k: max(worst[k], ratios[k]) for k in worst}
+    print(f"wall_s={time.perf_counter() - started:.0f}")
     print(f"step_ratio={worst['step']:.2f} update_ratio={worst['update']:.2f}")
 
 

@@ -1,7 +1,7 @@
 """`cipr-tau2 key=value ...`: τ²-bench airline and retail with the agent behind cipr-serve, original names
 against the adapter, into results.jsonl / summary.json / report.md (`cipr-eval-compare` reads them).
 
-Examples. Set-up, once per checkout (Python 3.12 venv `.venv-tau2` with the vendored τ² wheel; ~4 min):
+Examples. Set-up, once per checkout (Python 3.12 venv `.venv-tau2` with the vendored τ² wheel):
     scripts/setup_tau2.sh
 One CPU (the embedded SmolLM2-135M as agent, user simulator and judge, served in this process):
     cipr-tau2 backend=embedded domains=[airline,retail] limit=2 max_steps=6 max_new_tokens=64 threads=1 \
