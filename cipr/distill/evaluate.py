@@ -57,7 +57,7 @@ class EvalConfig:
       tasks `live_first_task`, ... (ToyShop trajectories for training use tasks 0..n-1).
     - `live_env`: "toyshop" (seeded with the data seed) or "webshop" (needs `web_agent_site`).
     - `dtype`: "bfloat16" evaluates bfloat16 copies of the teacher and the student (both alike, so the
-      comparison stays fair; about 2x faster on CPU); "model" evaluates them as loaded.
+      comparison stays fair; faster on CPUs with bfloat16 kernels); "model" evaluates them as loaded.
     """
 
     namings: tuple[str, ...] = NAMINGS

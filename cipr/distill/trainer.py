@@ -46,7 +46,7 @@ class DistillConfig:
     - `detach_reference`: the canonical side of the rescoring KL is a fixed target (see `cipr.consistency`).
     - `relabel`: the fresh-name scheme (`cipr.relabel.RelabelConfig`).
     - `teacher_dtype`: "bfloat16" runs the frozen teacher in bfloat16 (its forward is inference only;
-      about 2x faster on CPUs with AVX512-BF16); "model" keeps the loaded dtype. Without LoRA only.
+      faster on CPUs with AVX512-BF16); "model" keeps the loaded dtype. Without LoRA only.
     - `autocast_bf16`: on CPU, run the student's forward and backward under bfloat16 autocast (weights
       and optimizer stay float32); on a GPU use `trainer.precision=bf16` instead.
     """
