@@ -117,24 +117,19 @@ def existing_keys(path: Path) -> tuple[set[Key], int]:
         return set(), 0
     size = path.stat().st_size
     data = complete_lines(path, cut=True)
-    torn = int(len(data) < size)
-    keys: set[Key] = set()
-    for i, line in enumerate(data.decode("utf-8").splitlines()):
-        if not line.strip():
-            continue
-        try:
-            keys.add(record_key(json.loads(line)))
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise DataError(f"line {i + 1} is not a result record: {e}", file=str(path), field="results") from e
-    return keys, torn
+    return _keys(data, path), int(len(data) < size)
 
 
 def recorded_keys(path: Path) -> set[Key]:
     """Keys of the complete lines of results.jsonl, read only (a torn last line is ignored, not cut)."""
     if not path.is_file():
         return set()
+    return _keys(complete_lines(path, cut=False), path)
+
+
+def _keys(data: bytes, path: Path) -> set[Key]:
     keys: set[Key] = set()
-    for i, line in enumerate(complete_lines(path, cut=False).split(b"\n")):
+    for i, line in enumerate(data.split(b"\n")):
         if not line.strip():
             continue
         try:

@@ -1,0 +1,54 @@
+"""The run scaffold every runner shares (cipr/run_folder.py): config record and refusal, torn lines, truncation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cipr.errors import ConfigError
+from cipr.run_folder import changed_keys, check_config, complete_lines, prepare, truncate_metrics
+
+
+def test_changed_keys_by_section_and_recorded_only():
+    old = {"model": {"name": "a", "lr": 1}, "data": {"n": 4}, "note": "x"}
+    new = {"model": {"name": "b", "lr": 1, "added": True}, "data": {"n": 4}}
+    assert changed_keys(old, new, ("model", "data")) == {"model.added": (None, True), "model.name": ("a", "b")}
+    assert changed_keys({"seed": 0, "created": "t"}, {"seed": 1, "new_field": 2}, recorded_only=True) == {"seed": (0, 1)}
+
+
+def test_prepare_records_the_config_and_refuses_another_run_once_started(tmp_path, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    run = tmp_path / "run"
+    assert prepare(run, {"algo": {"name": "cipr"}}, ("algo",), lambda: False)
+    assert json.loads((run / "config.json").read_text()) == {"algo": {"name": "cipr"}}
+    assert "name: cipr" in (run / "config.yaml").read_text()
+    check_config(run, {"algo": {"name": "grpo"}}, ("algo",), lambda: False)  # nothing trained yet: allowed
+    with pytest.raises(ConfigError, match=r"different config \(algo.name\).*another trainer.run_dir"):
+        check_config(run, {"algo": {"name": "grpo"}}, ("algo",), lambda: True)
+
+
+def test_only_the_main_process_writes_the_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    assert not prepare(tmp_path / "run", {"a": {}}, ("a",), lambda: True)
+    assert not (tmp_path / "run").exists()
+
+
+def test_complete_lines_cuts_or_ignores_a_torn_tail(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b'{"a": 1}\n{"a": 2')
+    assert complete_lines(path, cut=False) == b'{"a": 1}\n' and path.read_bytes().endswith(b"2")
+    assert complete_lines(path, cut=True) == b'{"a": 1}\n' and path.read_bytes() == b'{"a": 1}\n'
+    assert complete_lines(tmp_path / "none.jsonl", cut=True) == b""
+
+
+def test_truncate_metrics_drops_lines_past_the_resumed_step_and_later_stages(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    lines = [{"stage": "warm_start", "step": 5}, {"stage": "warm_start", "kind": "stage_end"},
+             {"stage": "grpo", "step": 1}, {"stage": "grpo", "step": 2}, {"stage": "grpo", "kind": "stage_end"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"torn')
+    assert truncate_metrics([path, tmp_path / "absent.jsonl"], "warm_start", 3, ("warm_start", "grpo")) == 6
+    assert path.read_text() == ""
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert truncate_metrics([path], "grpo", 1, ("warm_start", "grpo")) == 2
+    assert [json.loads(x) for x in path.read_text().splitlines()] == lines[:3]
