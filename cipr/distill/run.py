@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -54,7 +53,6 @@ from cipr.distill.trainer import DistillConfig, DistillTrainer, check_distill, t
 from cipr.run_folder import prepare
 from cipr.train.checkpoint import (
     latest_complete,
-    mark_stage_done,
     resolve_resume,
     stage_done,
     write_json_atomic,
@@ -69,6 +67,7 @@ from cipr.train.schedule import (
     common_args,
     precision_flags,
 )
+from cipr.train.stage import finish_stage, preemption_callback, train_stage
 
 log = logging.getLogger("cipr.distill")
 
@@ -290,8 +289,6 @@ def _train(cfg: DistillRunConfig, student: Any, tokenizer: Any, items: list, fmt
            writer: MetricsWriter) -> int:
     from transformers import TrainingArguments
 
-    from cipr.ops.preemption import PreemptionCallback, PreemptionConfig
-
     t = cfg.trainer
     args = common_args(t, cfg.distributed, output_dir=str(stage_dir), max_steps=t.max_steps,
                        learning_rate=t.learning_rate, batch=t.per_device_train_batch_size,
@@ -300,27 +297,12 @@ def _train(cfg: DistillRunConfig, student: Any, tokenizer: Any, items: list, fmt
     args["include_num_input_tokens_seen"] = "no"
     args["remove_unused_columns"] = False
     teacher, context = teacher_for(student, cfg.algo.teacher_dtype)
-    preemption = PreemptionCallback(PreemptionConfig(requeue=bool(os.environ.get("SLURM_JOB_ID"))))
+    preemption = preemption_callback()
     trainer = DistillTrainer(model=student, args=TrainingArguments(**args), processing_class=tokenizer, items=items,
                              fmt=fmt, algo=cfg.algo, teacher=teacher, teacher_context=context,
                              callbacks=[MetricsCallback(writer, STAGE, cfg.logging.print_metrics), preemption])
-    checkpoint = resolve_resume(t.resume, stage_dir)
-    step = 0
-    if checkpoint is not None:
-        step = json.loads((Path(checkpoint) / "trainer_state.json").read_text())["global_step"]
-        log.info("resuming from %s (step %d)", checkpoint, step)
-    writer.truncate_after(STAGE, step)
-    trainer.train(resume_from_checkpoint=checkpoint)
-    if preemption.flag.set:
-        from cipr.errors import Preempted
-
-        raise Preempted(f"{preemption.flag.received} received: saved at step {trainer.state.global_step} in "
-                        f"{stage_dir}; run the same command again (trainer.resume=auto) to continue")
-    final = stage_dir / "final"
-    trainer.save_model(str(final))
-    if trainer.args.should_save:
-        mark_stage_done(stage_dir, {"steps": trainer.state.global_step, "final": "final", "time": time.time()})
-    steps = trainer.state.global_step
+    steps = train_stage(trainer, stage_dir, t.resume, writer, STAGE, preemption)
+    finish_stage(trainer, stage_dir, steps)
     del trainer
     return steps
 

@@ -22,7 +22,6 @@ import dataclasses
 import gc
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +32,7 @@ import torch
 from cipr.config import ConfigError, from_dict, to_dict
 from cipr.run_folder import prepare
 from cipr.train.algo import AlgoConfig, validate_algo
-from cipr.train.checkpoint import latest_complete, mark_stage_done, resolve_resume, stage_done
+from cipr.train.checkpoint import latest_complete, resolve_resume, stage_done
 from cipr.train.data import DataConfig, PromptSet, build_prompts, check_source, load_examples
 from cipr.train.metrics import LoggingConfig, MetricsCallback, MetricsWriter, peak_memory_gb
 from cipr.train.model import ModelConfig, load_model, resolve_source
@@ -49,6 +48,9 @@ from cipr.train.schedule import (
     validate_schedule,
     world_size,
 )
+from cipr.train.stage import finish_stage as _finish_stage
+from cipr.train.stage import preemption_callback as _preemption_callback
+from cipr.train.stage import train_stage as _train_stage
 from cipr.train.warm_start import claim, stage_dir, validate_shared, warm_start_prompts, warm_start_seed
 
 log = logging.getLogger("cipr.train")
@@ -135,42 +137,6 @@ def validate(cfg: TrainConfig) -> None:
 def _started(cfg: TrainConfig, run_dir: Path) -> bool:
     """Whether `run_dir` holds progress of this run's stages (a complete checkpoint or a finished stage)."""
     return any(latest_complete(run_dir / s) or stage_done(run_dir / s) for s in _own_stages(cfg))
-
-
-def _preemption_callback() -> Any:
-    from cipr.ops.preemption import PreemptionCallback, PreemptionConfig
-
-    return PreemptionCallback(PreemptionConfig(requeue=bool(os.environ.get("SLURM_JOB_ID"))))
-
-
-def _train_stage(trainer: Any, stage_dir: Path, resume: str, writer: MetricsWriter, stage: str,
-                 preemption: Any) -> int:
-    checkpoint = resolve_resume(resume, stage_dir)
-    if checkpoint is not None:
-        step = json.loads((Path(checkpoint) / "trainer_state.json").read_text())["global_step"]
-        log.info("resuming %s from %s (step %d)", stage, checkpoint, step)
-    else:
-        step = 0
-    if writer.enabled:
-        writer.truncate_after(stage, step)
-    try:
-        trainer.train(resume_from_checkpoint=checkpoint)
-    finally:
-        preemption.flag.restore()
-    if preemption.flag.set:
-        from cipr.errors import Preempted
-
-        raise Preempted(f"{preemption.flag.received} received: {stage} saved at step {trainer.state.global_step} "
-                        f"in {stage_dir}; run the same command again (trainer.resume=auto) to continue")
-    return trainer.state.global_step
-
-
-def _finish_stage(trainer: Any, stage_dir: Path, steps: int) -> Path:
-    final = stage_dir / "final"
-    trainer.save_model(str(final))
-    if trainer.args.should_save:
-        mark_stage_done(stage_dir, {"steps": steps, "final": "final", "time": time.time()})
-    return final
 
 
 def _records(writer: MetricsWriter, **match: Any) -> list[dict[str, Any]]:

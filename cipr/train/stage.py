@@ -1,0 +1,60 @@
+"""One trainer stage, run the same way by every runner (cipr/train/run.py, cipr/distill/run.py).
+
+A stage lives in its own folder (`checkpoint-<step>/`, `latest.json`, `final/`, `stage.json`). Running
+it: resume from the checkpoint `trainer.resume` names (`auto`: the latest complete one), drop the
+metric lines written after that step so metrics.jsonl reads as one run, train with the preemption
+callback installed, and on a preemption signal stop with `Preempted` once the step is saved.
+Finishing it: save `final/` and mark the stage done (main process), so a rerun skips it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from cipr.errors import Preempted
+from cipr.train.checkpoint import mark_stage_done, resolve_resume
+from cipr.train.metrics import MetricsWriter
+
+log = logging.getLogger("cipr.train")
+
+
+def preemption_callback() -> Any:
+    """The callback that saves at the next step boundary on a preemption signal (requeued under Slurm)."""
+    from cipr.ops.preemption import PreemptionCallback, PreemptionConfig
+
+    return PreemptionCallback(PreemptionConfig(requeue=bool(os.environ.get("SLURM_JOB_ID"))))
+
+
+def train_stage(trainer: Any, stage_dir: Path, resume: str, writer: MetricsWriter, stage: str,
+                preemption: Any) -> int:
+    """Train `trainer` in `stage_dir`, resuming as `resume` says; the global step reached (Preempted if signalled)."""
+    checkpoint = resolve_resume(resume, stage_dir)
+    if checkpoint is not None:
+        step = json.loads((Path(checkpoint) / "trainer_state.json").read_text())["global_step"]
+        log.info("resuming %s from %s (step %d)", stage, checkpoint, step)
+    else:
+        step = 0
+    if writer.enabled:
+        writer.truncate_after(stage, step)
+    try:
+        trainer.train(resume_from_checkpoint=checkpoint)
+    finally:
+        preemption.flag.restore()
+    if preemption.flag.set:
+        raise Preempted(f"{preemption.flag.received} received: {stage} saved at step {trainer.state.global_step} "
+                        f"in {stage_dir}; run the same command again (trainer.resume=auto) to continue")
+    return trainer.state.global_step
+
+
+def finish_stage(trainer: Any, stage_dir: Path, steps: int) -> Path:
+    """Save `final/` and mark the stage done (the main process writes the marker); returns `final/`."""
+    final = stage_dir / "final"
+    trainer.save_model(str(final))
+    if trainer.args.should_save:
+        mark_stage_done(stage_dir, {"steps": steps, "final": "final", "time": time.time()})
+    return final
