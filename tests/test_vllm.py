@@ -62,18 +62,30 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
 
 
-def hf_margin(model: Any, prefix: list[int], hf_token: int, other_token: int) -> float:
-    """HF's logit of its own greedy token minus that of the token vLLM chose, after `prefix`."""
+def next_logits(model: Any, prefix: list[int]) -> Any:
+    """HF's next-token logits (float32) after `prefix`."""
     import torch
 
     with torch.no_grad():
-        logits = model(torch.tensor([prefix], device=model.device)).logits[0, -1].float()
+        return model(torch.tensor([prefix], device=model.device)).logits[0, -1].float()
+
+
+def hf_margin(model: Any, prefix: list[int], hf_token: int, other_token: int) -> float:
+    """HF's logit of its own greedy token minus that of the token vLLM chose, after `prefix`."""
+    logits = next_logits(model, prefix)
     return float(logits[hf_token] - logits[other_token])
 
 
 def explain_mismatches(model: Any, tokenizer: Any, prompts: dict[Any, str], hf: dict[Any, str],
                        other: dict[Any, str]) -> list[dict[str, Any]]:
-    """Each key whose texts differ, with the first differing token and HF's margin there."""
+    """Each key whose texts differ, with the first differing token and HF's logit margin there.
+
+    Where one answer is a prefix of the other, one side ended its turn where the other went on: the
+    margin is then between the longer side's next token and the best end-of-turn token.
+    """
+    from cipr.eval.backends import _end_ids
+
+    ends = sorted(_end_ids(tokenizer))
     out = []
     for key, text in hf.items():
         if other[key] == text:
@@ -82,11 +94,13 @@ def explain_mismatches(model: Any, tokenizer: Any, prompts: dict[Any, str], hf: 
         a = tokenizer(text, add_special_tokens=False)["input_ids"]
         b = tokenizer(other[key], add_special_tokens=False)["input_ids"]
         k = first_divergence(a, b)
-        if k is None:  # one answer is a prefix of the other: ended at a different point
-            k = min(len(a), len(b))
-            margin = None
-        else:
+        if k is not None:
             margin = hf_margin(model, p + a[:k], a[k], b[k])
+        else:
+            k = min(len(a), len(b))
+            logits = next_logits(model, p + a[:k])
+            end = float(logits[ends].max())
+            margin = float(logits[a[k]]) - end if len(a) > k else end - float(logits[b[k]])
         out.append({"key": key, "position": k, "margin": margin, "hf": text[:120], "other": other[key][:120]})
     return out
 
@@ -109,9 +123,8 @@ def compare_runs(hf_dir: Path, other_dir: Path, model: Any, tokenizer: Any, prom
     for m in mismatches:
         print(f"  {label} mismatch {m['key']} at token {m['position']}: HF margin {m['margin']}\n"
               f"    hf:    {m['hf']!r}\n    other: {m['other']!r}")
-    unexplained = [m for m in mismatches if m["margin"] is not None and m["margin"] > NEAR_TIE]
+    unexplained = [m for m in mismatches if m["margin"] is None or m["margin"] > NEAR_TIE]
     assert not unexplained, unexplained
-    assert len(mismatches) <= len(hf) // 2, f"{len(mismatches)} of {len(hf)} answers differ"
     return mismatches
 
 
@@ -325,6 +338,7 @@ def server(export_dir, tmp_path_factory):
     port = free_port()
     log_path = tmp_path_factory.mktemp("server") / "server.log"
     env = {**os.environ, **VLLM_ENV, "VLLM_SERVER_DEV_MODE": "1"}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # the server runs its engine in a process of its own
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(export_dir),
            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "4096",
            "--weight-transfer-config", '{"backend": "nccl"}', "--logprobs-mode", "processed_logprobs",
