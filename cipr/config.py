@@ -103,23 +103,20 @@ def _coerce(typ: Any, value: Any, dotted: str) -> Any:
         if not isinstance(value, Mapping):
             raise ConfigError(f"'{dotted}' must be a mapping; got {value!r}")
         return dict(value)
-    if typ is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"'{dotted}' must be true or false; got {value!r}")
-        return value
-    if typ is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"'{dotted}' must be an integer; got {value!r}")
-        return value
-    if typ is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"'{dotted}' must be a number; got {value!r}")
-        return float(value)
-    if typ is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"'{dotted}' must be a string; got {value!r}")
-        return value
+    if typ in _SCALARS:
+        what, accepts = _SCALARS[typ]
+        if not accepts(value):
+            raise ConfigError(f"'{dotted}' must be {what}; got {value!r}")
+        return float(value) if typ is float else value
     return value
+
+
+_SCALARS: dict[type, tuple[str, Any]] = {  # type -> (what the message asks for, which values it accepts)
+    bool: ("true or false", lambda v: isinstance(v, bool)),
+    int: ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    float: ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
+    str: ("a string", lambda v: isinstance(v, str)),
+}
 
 
 def _name(typ: Any) -> str:

@@ -1,0 +1,40 @@
+"""The one config loader (cipr/config.py) as every command uses it: typo hints, Literal choices, types."""
+
+from __future__ import annotations
+
+import pytest
+
+from cipr.config import ConfigError, from_dict
+from cipr.distill.run import config_from_dict as distill_config
+from cipr.eval.config import eval_config_from_dict
+from cipr.train.run import config_from_dict as train_config
+
+
+@pytest.mark.parametrize("load, data, message", [
+    (eval_config_from_dict, {"limt": 3}, "unknown config key 'limt'. Did you mean 'limit'?"),
+    (eval_config_from_dict, {"backend": "vlm"}, "'backend' must be one of 'auto', 'hf', 'vllm', 'openai', 'replay'"),
+    (eval_config_from_dict, {"benchmark": {"name": "bfcl_v4"}}, "'benchmark.name' must be one of"),
+    (eval_config_from_dict, {"names": ["orignal"]}, "'names[0]' must be one of 'original', 'canonical'"),
+    (eval_config_from_dict, {"openai": {"timeout": 3}}, "'openai.timeout'. Did you mean 'timeout_s'?"),
+    (eval_config_from_dict, {"batch_size": "8"}, "'batch_size' must be an integer"),
+    (train_config, {"trainer": {"learning_rat": 1e-5}}, "'trainer.learning_rat'. Did you mean 'learning_rate'?"),
+    (train_config, {"algo": {"name": "ppo"}}, "'algo.name' must be one of"),
+    (distill_config, {"algo": {"eval": {"live_env": "shop"}}}, "'algo.eval.live_env' must be one of"),
+    (distill_config, {"trainer": {"max_steps": True}}, "'trainer.max_steps' must be an integer"),
+])
+def test_every_command_refuses_bad_keys_and_values_the_same_way(load, data, message):
+    with pytest.raises(ConfigError) as e:
+        load(data)
+    assert message in str(e.value)
+
+
+def test_numbers_widen_to_float_and_lists_become_tuples_where_declared():
+    from dataclasses import dataclass
+
+    @dataclass
+    class Probe:
+        rate: float = 0.5
+        sizes: tuple[int, ...] = (1,)
+
+    got = from_dict(Probe, {"rate": 1, "sizes": [2, 3]})
+    assert got == Probe(rate=1.0, sizes=(2, 3)) and isinstance(got.rate, float)
