@@ -1,8 +1,8 @@
 """The README's main job (`cipr-train` with its defaults), shrunk to a handful of steps on the tiny model.
 
 Runs the real entry point (`python -m cipr.cli.train`, Hydra and all) with real HF-generate
-rollouts: warm start, held-out probes before and after it, CIPR GRPO steps, then a rerun that finds
-every stage complete. Only sizes and the model are overridden.
+rollouts: warm start and CIPR GRPO steps, held-out probes before and after each, then a rerun that
+finds every stage complete. Only sizes and the model are overridden.
 """
 
 from __future__ import annotations
@@ -48,16 +48,24 @@ def test_main_job_writes_a_complete_run_folder(main_job):
     assert "cipr-train: done" in result.stdout
     for name in ("config.yaml", "metrics.jsonl", "summary.json", ".hydra/config.yaml"):
         assert (run_dir / name).is_file(), name
-    for stage, steps in (("warm_start", 2), ("grpo", 2)):
-        assert json.loads((run_dir / stage / "latest.json").read_text()) == {"step": steps,
-                                                                             "checkpoint": f"checkpoint-{steps}"}
-        assert (run_dir / stage / f"checkpoint-{steps}" / "model.safetensors").is_file()
-        assert (run_dir / stage / f"checkpoint-{steps}" / "optimizer.pt").is_file()
-        assert (run_dir / stage / f"checkpoint-{steps}" / "cipr_state.pt").is_file()
+    assert json.loads((run_dir / "grpo" / "latest.json").read_text()) == {"step": 2, "checkpoint": "checkpoint-2"}
+    assert sorted(p.name for p in (run_dir / "grpo").glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    for name in ("model.safetensors", "optimizer.pt", "cipr_state.pt"):
+        assert (run_dir / "grpo" / "checkpoint-2" / name).is_file(), name
+    # the finished warm start keeps only its final weights (the GRPO stage loaded them; it is never resumed)
+    assert (run_dir / "warm_start" / "stage.json").is_file()
+    assert not (run_dir / "warm_start" / "latest.json").exists()
+    assert not list((run_dir / "warm_start").glob("checkpoint-*"))
+    for stage in ("warm_start", "grpo"):
         assert (run_dir / stage / "final" / "model.safetensors").is_file()
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    evals = {r["tag"]: r for r in records if r.get("kind") == "eval"}
-    assert set(evals) == {"before", "after"} and evals["before"]["examples"] == 2
+    evals = {(r["stage"], r["tag"]): r for r in records if r.get("kind") == "eval"}
+    assert set(evals) == {(s, t) for s in ("warm_start", "grpo") for t in ("before", "after")}
+    assert {r["examples"] for r in evals.values()} == {2}
+    assert evals["grpo", "before"]["eval/reward"] == evals["warm_start", "after"]["eval/reward"]  # same weights
+    for key in ("eval/format", "eval/reward", "eval/no_call_rate"):
+        assert all(key in r for r in evals.values()), key
+    assert "held-out probes" in result.stdout + result.stderr
     grpo = [r for r in records if r.get("stage") == "grpo" and r.get("kind") == "step"]
     assert [r["step"] for r in grpo] == [1, 2]
     for key in ("reward", "reward/format", "reward/correctness", "rollout/no_call_rate",
@@ -65,7 +73,7 @@ def test_main_job_writes_a_complete_run_folder(main_job):
         assert all(key in r for r in grpo), key
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["algo"] == "cipr" and set(summary["stages"]) == {"warm_start", "grpo"}
-    assert "warm_start/before" in summary["eval"] and "warm_start/after" in summary["eval"]
+    assert set(summary["eval"]) == {"warm_start/before", "warm_start/after", "grpo/before", "grpo/after"}
     assert 0 < summary["peak_memory_gb"] < 8
 
 

@@ -18,6 +18,10 @@ What is added here:
   or optimizer.pt, a tracker that is not JSON or names a missing folder) is reported with its path,
   and the newest earlier complete checkpoint (one holding `cipr_state.pt`, written last) is used.
 - `stage.json`, written when a stage (warm start or main) has finished and saved its final weights.
+- Retention: the Trainer keeps `save_total_limit` step folders per stage. A finished warm start is
+  never resumed (the next stage loads its `final/`), so its step folders and tracker are removed once
+  `stage.json` is on disk (`drop_step_checkpoints`): only the running or last stage keeps optimizer
+  state, and an explicit `trainer.resume=<checkpoint>` of the last stage can still continue it exactly.
 - `NonFiniteLossError`: a NaN or infinite loss stops training before the backward pass, so the
   optimizer never applies it and the last tracked checkpoint stays the last good one.
 """
@@ -161,9 +165,22 @@ def latest_complete(stage_dir: str | Path) -> Path | None:
 
 
 def has_checkpoints(stage_dir: str | Path) -> bool:
-    """Whether a stage folder holds a tracker or any step folder (a run was started there)."""
+    """Whether a stage folder holds a tracker, any step folder or a finished stage (a run was started there)."""
     stage_dir = Path(stage_dir)
-    return (stage_dir / TRACKER).exists() or any(stage_dir.glob("checkpoint-*"))
+    return any((stage_dir / name).exists() for name in (TRACKER, STAGE_DONE)) or any(stage_dir.glob("checkpoint-*"))
+
+
+def drop_step_checkpoints(stage_dir: str | Path) -> None:
+    """Remove the tracker and step folders of a finished stage (its `stage.json` must be written)."""
+    import shutil
+
+    stage_dir = Path(stage_dir)
+    if stage_done(stage_dir) is None:
+        raise RuntimeError(f"{stage_dir} is not finished: its checkpoints are what a rerun resumes from")
+    (stage_dir / TRACKER).unlink(missing_ok=True)
+    for folder in stage_dir.glob("checkpoint-*"):
+        if checkpoint_step(folder) is not None:
+            shutil.rmtree(folder)
 
 
 def stage_done(stage_dir: str | Path) -> dict[str, Any] | None:

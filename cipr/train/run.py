@@ -3,7 +3,7 @@
     run_dir/
       config.yaml      the resolved configuration
       metrics.jsonl    one line per optimizer step of every stage, plus eval and stage-end lines
-      summary.json     what ran, final metrics, held-out reward before/after the warm start, peak memory
+      summary.json     what ran, final metrics, held-out probes before/after the warm start and GRPO, peak memory
       warm_start/      SFT stage: checkpoint-<step>/ (HF format), latest.json, final/, stage.json
                        (or a folder shared by many runs: trainer.warm_start.shared_dir, cipr/train/warm_start.py)
       grpo/ or sft/    the algorithm's stage, same layout
@@ -32,7 +32,12 @@ import torch
 from cipr.config import ConfigError, from_dict, to_dict
 from cipr.run_folder import prepare
 from cipr.train.algo import AlgoConfig, validate_algo
-from cipr.train.checkpoint import latest_complete, resolve_resume, stage_done
+from cipr.train.checkpoint import (
+    drop_step_checkpoints,
+    latest_complete,
+    resolve_resume,
+    stage_done,
+)
 from cipr.train.data import DataConfig, PromptSet, build_prompts, check_source, load_examples
 from cipr.train.metrics import LoggingConfig, MetricsCallback, MetricsWriter, peak_memory_gb
 from cipr.train.model import ModelConfig, load_model, resolve_source
@@ -227,7 +232,22 @@ def _run(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter, started: float)
             "wall_seconds_this_invocation": time.time() - started,
         }
         summary_path.write_text(json.dumps(summary, indent=2, default=str))
+        _log_probes(evals)
     return run_dir
+
+
+PROBE_KEYS = ("format", "correctness", "reward", "no_call_rate", "completion_tokens")
+
+
+def _log_probes(evals: dict[str, dict[str, Any]]) -> None:
+    """Print the held-out probes of the run side by side (before/after the warm start and GRPO)."""
+    if not evals:
+        return
+    lines = [f"held-out probes (greedy, {next(iter(evals.values())).get('examples')} prompts):",
+             f"  {'':<18}" + "".join(f"{k:>18}" for k in PROBE_KEYS)]
+    for name, record in evals.items():
+        lines.append(f"  {name:<18}" + "".join(f"{record.get(f'eval/{k}', float('nan')):>18.3f}" for k in PROBE_KEYS))
+    log.info("\n".join(lines))
 
 
 def _evaluate(cfg: TrainConfig, model: Any, tokenizer: Any, prompts: PromptSet, fmt: Any, writer: MetricsWriter,
@@ -237,9 +257,15 @@ def _evaluate(cfg: TrainConfig, model: Any, tokenizer: Any, prompts: PromptSet, 
     n = cfg.trainer.warm_start.eval_examples
     if not n or not prompts.eval_records or not writer.enabled or _records(writer, stage=stage, kind="eval", tag=tag):
         return
-    result = evaluate_prompts(model, tokenizer, prompts.eval_records[:n], fmt,
-                              max_new_tokens=cfg.rollout.max_completion_length)
-    writer.write({"stage": stage, "kind": "eval", "tag": tag, "step": step, "examples": min(n, len(prompts.eval_records)),
+    examples = min(n, len(prompts.eval_records))
+    # GRPO starts from the weights the warm start ended with: its probe in this folder is reused, not rerun
+    same = _records(writer, stage="warm_start", kind="eval", tag="after") if (stage, tag) == ("grpo", "before") else []
+    if same and same[-1]["examples"] == examples:
+        result = {k.removeprefix("eval/"): v for k, v in same[-1].items() if k.startswith("eval/")}
+    else:
+        result = evaluate_prompts(model, tokenizer, prompts.eval_records[:n], fmt,
+                                  max_new_tokens=cfg.rollout.max_completion_length)
+    writer.write({"stage": stage, "kind": "eval", "tag": tag, "step": step, "examples": examples,
                   **{f"eval/{k}": v for k, v in result.items()}})
     log.info("%s %s: %s", stage, tag, {k: round(v, 3) for k, v in result.items()})
 
@@ -268,6 +294,8 @@ def _run_sft(cfg: TrainConfig, stage: str, model: Any, tokenizer: Any, prompts: 
                                 callbacks=[MetricsCallback(writer, stage, cfg.logging.print_metrics), preemption])
     done = _train_stage(trainer, folder, cfg.trainer.resume, writer, stage, preemption)
     _finish_stage(trainer, folder, done)
+    if stage == "warm_start" and trainer.args.should_save:  # never resumed again: the next stage loads final/
+        drop_step_checkpoints(folder)
     _evaluate(cfg, model, tokenizer, prompts, fmt, writer, stage, "after", done)
     del trainer
     return done
@@ -330,8 +358,10 @@ def _run_grpo(cfg: TrainConfig, model: Any, tokenizer: Any, prompts: PromptSet, 
                               sample_log=lambda step, samples: writer.write_samples("grpo", step, samples),
                               samples_per_step=cfg.logging.rollout_samples,
                               callbacks=[MetricsCallback(writer, "grpo", cfg.logging.print_metrics), preemption])
+    _evaluate(cfg, model, tokenizer, prompts, fmt, writer, "grpo", "before", 0)
     done = _train_stage(trainer, stage_dir, cfg.trainer.resume, writer, "grpo", preemption)
     _finish_stage(trainer, stage_dir, done)
+    _evaluate(cfg, model, tokenizer, prompts, fmt, writer, "grpo", "after", done)
     del trainer
     return done
 
