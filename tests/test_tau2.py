@@ -115,7 +115,7 @@ def _gold_run(out: Path, shared_data: Path, **config: Any) -> tuple[dict[str, An
 
 
 @needs_venv
-@pytest.mark.slow
+@pytest.mark.integration
 def test_gold_replay_through_the_adapter_passes_in_tau2s_evaluator(tmp_path, shared_data):
     """Two airline and two retail tasks, both arms: τ²'s evaluator replays the translated calls on a fresh
     database and compares it with the gold one, so every task passes only if names went through."""
