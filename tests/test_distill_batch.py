@@ -26,8 +26,19 @@ from cipr.testing import tiny_model
 FMT = get_format("webshop")
 
 
-def _train_teacher(tokenizer, items, steps=60):
-    """The 'released agent': the tiny model fitted to the expert's turns under the original names."""
+TEACHER_LOSS = 0.1
+TEACHER_MAX_STEPS = 800
+
+
+def _train_teacher(tokenizer, items, *, target=TEACHER_LOSS, max_steps=TEACHER_MAX_STEPS):
+    """The 'released agent': the tiny model fitted to the expert's turns under the original names.
+
+    Fitted to a loss level, not for a fixed number of steps. At this learning rate the decisions
+    are learned late: between steps 60 and 150 the action probabilities swing between 0.05 and 0.99
+    while the loss falls smoothly, so where a fixed step count lands depends on rounding (the
+    thread count, AVX2 or AVX-512 kernels, float32 or float64). Once the loss is below `target`
+    (190 to 300 steps, depending on those), every decision is taken with a wide margin on any of them.
+    """
     model = tiny_model(tokenizer, seed=0)
     width = max(len(it.teacher_tokens.ids) for it in items)
     ids = torch.full((len(items), width), tokenizer.pad_token_id)
@@ -39,14 +50,40 @@ def _train_teacher(tokenizer, items, steps=60):
     mask = (ids != tokenizer.pad_token_id).long()
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=2e-2)
-    for _ in range(steps):
+    for _ in range(max_steps):
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
         loss = torch.nn.functional.cross_entropy(logits[keep[:, 1:]], ids[:, 1:][keep[:, 1:]])
+        if loss.item() < target:
+            break
         opt.zero_grad()
         loss.backward()
         opt.step()
+    else:
+        raise AssertionError(f"the teacher did not fit the expert's turns in {max_steps} steps (loss {loss.item():.3f})")
     model.eval()
     return model
+
+
+def _distill(tok, items, teacher, steps, *, sign=1.0):
+    """`steps` Adam steps of the distillation loss from a copy of the teacher (`sign=-1`: a broken loss)."""
+    student = copy.deepcopy(teacher)
+    student.train()
+    opt = torch.optim.Adam(student.parameters(), lr=1e-3)
+    relabeled = [relabeled_view(it, FMT, tok, RelabelConfig(), it.example.id) for it in items]
+    losses, parts = [], []
+    for _ in range(steps):
+        loss, m = batch_loss(student, teacher, tok, items, relabeled, FMT, LossWeights())
+        opt.zero_grad()
+        (sign * loss).backward()
+        opt.step()
+        losses.append(loss.item())
+        parts.append(m)
+    return losses, parts
+
+
+def _fell(values, factor):
+    """Whether the mean of the last three values is below `factor` times the first (one noisy step does not decide)."""
+    return sum(values[-3:]) / 3 < factor * values[0]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -64,28 +101,29 @@ def test_the_trained_teacher_calls_actions(setup):
     probs = read_with_logits(teacher, tok, [action_query(it.teacher, FMT) for it in items], 2,
                              [it.teacher_tokens.ids for it in items], [0], [1])[0]
     taken = torch.tensor([0 if d.taken == "search" else 1 for it in items for d in it.teacher.decisions])
-    assert probs[:, -1].max() < 0.5
     assert (probs.argmax(-1) == taken).all()
+    assert probs[torch.arange(len(taken)), taken].min() > 0.5
+    assert probs[:, -1].max() < 0.5
+
+
+DISTILL_STEPS = 16
 
 
 def test_distillation_loss_falls_over_a_few_steps(setup):
     tok, items, teacher = setup
-    student = copy.deepcopy(teacher)
-    student.train()
-    opt = torch.optim.Adam(student.parameters(), lr=1e-3)
-    relabeled = [relabeled_view(it, FMT, tok, RelabelConfig(), it.example.id) for it in items]
-    losses, parts = [], []
-    for _ in range(8):
-        loss, m = batch_loss(student, teacher, tok, items, relabeled, FMT, LossWeights())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-        parts.append(m)
+    losses, parts = _distill(tok, items, teacher, DISTILL_STEPS)
     assert losses[0] > 1.0  # the student reads canonical names the teacher never saw
-    assert losses[-1] < 0.7 * losses[0], losses
-    for key in ("distill/token_kl", "distill/action_kl", "rescore/kl"):
-        assert parts[-1][key] < parts[0][key]
+    assert _fell(losses, 0.75), losses
+    assert _fell([m["distill/action_kl"] for m in parts], 0.5)
+    assert _fell([m["distill/token_kl"] for m in parts], 0.9)
+
+
+def test_a_broken_loss_fails_the_same_check(setup):
+    """The check above can fail: the same steps with the loss's sign flipped do not make it fall."""
+    tok, items, teacher = setup
+    losses, parts = _distill(tok, items, teacher, DISTILL_STEPS, sign=-1.0)
+    assert not _fell(losses, 0.75) and losses[-1] > losses[0], losses
+    assert not _fell([m["distill/action_kl"] for m in parts], 0.5)
 
 
 def test_task_terms_fall_while_relabels_are_redrawn_every_step(setup):
@@ -94,15 +132,15 @@ def test_task_terms_fall_while_relabels_are_redrawn_every_step(setup):
     student.train()
     opt = torch.optim.Adam(student.parameters(), lr=1e-3)
     parts = []
-    for step in range(5):
+    for step in range(8):
         relabeled = [relabeled_view(it, FMT, tok, RelabelConfig(), f"{it.example.id}-{step}") for it in items]
         loss, m = batch_loss(student, teacher, tok, items, relabeled, FMT, LossWeights())
         opt.zero_grad()
         loss.backward()
         opt.step()
         parts.append(m)
-    assert parts[-1]["distill/token_kl"] < 0.9 * parts[0]["distill/token_kl"]
-    assert parts[-1]["distill/action_kl"] < 0.5 * parts[0]["distill/action_kl"]
+    assert _fell([m["distill/token_kl"] for m in parts], 0.95)
+    assert _fell([m["distill/action_kl"] for m in parts], 0.5)
 
 
 def test_all_terms_are_zero_when_student_equals_teacher_and_names_do_not_change(setup):
