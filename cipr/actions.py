@@ -58,7 +58,8 @@ Choices the paper leaves open, made here:
   all the name strings; each name's prefix tokens follow up to its stable boundary. Only the text
   from `WINDOW` response tokens before the decision is re-tokenized (the tokens before are the
   response's own): the cut is kept when that text re-tokenizes to the response's own tokens over
-  the first half of the window (the pre-tokenizer runs are then in step), else the whole text is used.
+  the first half of the window (the pre-tokenizer runs are then in step) and the branch point lies
+  past that half, else the whole text is used (the reference tokenizes the whole text; tests agree).
 - One pass over every token per batch: each decision's name trie (shared prefixes merged, o as its
   trunk) is packed after its sequence; a trie node attends to the sequence up to the branch point,
   to its trie ancestors and to itself (a tree-shaped 4D mask), with position ids continuing from the
