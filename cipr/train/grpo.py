@@ -53,6 +53,7 @@ from trl.trainer.utils import pad, split_tensor_dict
 from cipr.actions import ActionQuery, ActionReaderConfig, read_actions
 from cipr.consistency import rescoring_kl, rollout_kl
 from cipr.formats.base import CallFormat
+from cipr.pairing import decision_rows, rollout_index
 from cipr.relabel import RelabelConfig, relabel
 from cipr.train.algo import AlgoConfig
 from cipr.train.checkpoint import CheckpointMixin, check_finite
@@ -370,31 +371,16 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
     def _rollout_term(self, rollouts: Sequence[Rollout], side: Sequence[str], probs: torch.Tensor,
                       seq: Sequence[int]) -> tuple[torch.Tensor | None, dict[str, float]]:
         records = self.prompt_set.records
-        pairs: dict[int, dict[str, list[int]]] = {}
-        for b, r in enumerate(rollouts):
-            if r.decisions:
-                pairs.setdefault(records[r.row].pair_id, {"canonical": [], "perturbed": []})[side[b]].append(b)
-        complete = [p for p, s in pairs.items() if s["canonical"] and s["perturbed"]]
-        all_pairs = {records[r.row].pair_id for r in rollouts}
-        skipped = len(all_pairs) - len(complete)
-        if not complete:
-            return None, {"pairs_skipped": float(skipped)}
-        group = {p: g for g, p in enumerate(complete)}
-        sides: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-        for name in ("canonical", "perturbed"):
-            rows = [b for p in complete for b in pairs[p][name]]
-            response = {b: i for i, b in enumerate(rows)}
-            dec = [d for d, b in enumerate(seq) if b in response]
-            device = probs.device
-            segments = torch.tensor([response[seq[d]] for d in dec], dtype=torch.long, device=device)
-            groups = torch.tensor([group[records[rollouts[b].row].pair_id] for b in rows], dtype=torch.long,
-                                  device=device)
-            sides[name] = (probs[torch.tensor(dec, dtype=torch.long, device=device)], segments, groups)
-        (pc, sc, gc), (pp, sp, gp) = sides["canonical"], sides["perturbed"]
-        value, metrics = rollout_kl(exact(pc), sc, exact(pp), sp, canon_groups=gc, pert_groups=gp,
-                                    detach_reference=self.algo.detach_reference)
-        metrics["pairs_skipped"] = float(skipped)
-        return value, metrics
+        index, metrics = rollout_index([records[r.row].pair_id for r in rollouts], side,
+                                       [bool(r.decisions) for r in rollouts], seq, device=probs.device)
+        if index is None:
+            return None, metrics
+        canon, pert = index.canonical, index.perturbed
+        value, kl_metrics = rollout_kl(exact(probs[canon.decisions]), canon.segments, exact(probs[pert.decisions]),
+                                       pert.segments, canon_groups=canon.groups, pert_groups=pert.groups,
+                                       detach_reference=self.algo.detach_reference)
+        kl_metrics.update(metrics)
+        return value, kl_metrics
 
     def _rescore_term(self, model: Any, rollouts: Sequence[Rollout], side: Sequence[str], probs: torch.Tensor,
                       seq: Sequence[int], num_actions: int) -> tuple[torch.Tensor | None, dict[str, float]]:
@@ -420,9 +406,7 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
             return None, metrics
         with self.accelerator.autocast():
             relabeled = read_actions(model, self.processing_class, queries, num_actions)
-        index = {b: i for i, b in enumerate(kept)}
-        dec = [d for d, b in enumerate(seq) if b in index]
-        p_canon = probs[torch.tensor(dec, dtype=torch.long, device=probs.device)]
+        p_canon = probs[decision_rows(kept, seq, device=probs.device)]
         if p_canon.shape != relabeled.probs.shape:
             raise RuntimeError(f"relabeled decisions {tuple(relabeled.probs.shape)} do not match the canonical ones "
                                f"{tuple(p_canon.shape)}")
