@@ -1,0 +1,176 @@
+"""The TRL surface CIPR relies on, pinned: a TRL upgrade that moves any of it fails here, naming what and where.
+
+CIPR overrides TRL methods (an override must keep TRL's parameters, or TRL's callers break it),
+calls TRL helpers, and reads attributes TRL sets in `GRPOTrainer.__init__`. Each entry lists where
+CIPR uses it; when this test fails, read TRL's new code at that point before updating the pin.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import trl
+
+TRL_VERSION = "1.16.0"
+
+_GRPO = "cipr/train/grpo.py"
+_CKPT = "cipr/train/checkpoint.py"
+
+# (owner, method, parameters, where CIPR relies on it)
+METHODS: list[tuple[str, str, list[str], str]] = [
+    ("GRPOTrainer", "__init__",
+     ["self", "model", "reward_funcs", "args", "train_dataset", "eval_dataset", "processing_class",
+      "reward_processing_classes", "callbacks", "optimizers", "quantization_config", "peft_config", "tools",
+      "rollout_func", "environment_factory"],
+     f"{_GRPO} CIPRGRPOTrainer._init_trl (reward_funcs=[scorer], the rest by keyword)"),
+    ("GRPOTrainer", "_get_train_sampler", ["self", "dataset"], f"{_GRPO} override (PairedRepeatSampler)"),
+    ("GRPOTrainer", "_prepare_inputs", ["self", "generation_batch"],
+     f"{_GRPO} override (unit shuffle, reads _step / _buffered_inputs)"),
+    ("GRPOTrainer", "_generate_and_score_completions", ["self", "inputs"],
+     f"{_GRPO} override (attaches cipr_rollout)"),
+    ("GRPOTrainer", "_generate_single_turn",
+     ["self", "prompt_ids", "images", "multimodal_fields", "num_generations", "has_tool_images"],
+     f"{_GRPO} override (shared prompt prefill)"),
+    ("GRPOTrainer", "_get_per_token_logps_and_entropies",
+     ["self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy",
+      "compute_aux_loss", "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask",
+      "spatial_shapes", "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids"],
+     f"{_GRPO} override (folded log-probabilities) and CIPRGRPOTrainer._task_logps"),
+    ("GRPOTrainer", "_compute_loss", ["self", "model", "inputs"], f"{_GRPO} override (task loss + consistency)"),
+    ("GRPOTrainer", "training_step", ["self", "model", "inputs", "num_items_in_batch"],
+     f"{_GRPO} relies on it advancing _step once per micro-batch"),
+    ("GRPOTrainer", "log", ["self", "logs", "start_time"], f"{_GRPO} override (drops all-NaN metrics)"),
+    ("GRPOTrainer", "_save_checkpoint", ["self", "model", "trial"], f"{_CKPT} CheckpointMixin override"),
+    ("GRPOTrainer", "_load_optimizer_and_scheduler", ["self", "checkpoint"], f"{_CKPT} CheckpointMixin override"),
+    ("GRPOTrainer", "_get_output_dir", ["self", "trial"], f"{_CKPT} CheckpointMixin._save_checkpoint"),
+    ("SFTTrainer", "compute_loss", ["self", "model", "inputs", "return_outputs", "num_items_in_batch"],
+     "cipr/train/sft.py WarmStartTrainer.compute_loss"),
+    ("SFTTrainer", "_save_checkpoint", ["self", "model", "trial"], f"{_CKPT} CheckpointMixin override"),
+    ("SFTTrainer", "_load_optimizer_and_scheduler", ["self", "checkpoint"], f"{_CKPT} CheckpointMixin override"),
+]
+
+
+def _functions() -> list[tuple[str, Callable[..., Any], list[str], str]]:
+    from trl.models import unwrap_model_for_generation
+    from trl.trainer.utils import pad, split_tensor_dict
+
+    return [
+        ("trl.models.unwrap_model_for_generation", unwrap_model_for_generation,
+         ["model", "accelerator", "gather_deepspeed3_params", "generation_kwargs", "gradient_checkpointing_kwargs"],
+         f"{_GRPO} CIPRGRPOTrainer._generate_single_turn"),
+        ("trl.trainer.utils.pad", pad, ["tensors", "padding_value", "padding_side", "pad_to_multiple_of"],
+         f"{_GRPO} shared_prefill_generate"),
+        ("trl.trainer.utils.split_tensor_dict", split_tensor_dict, ["tensor_dict", "num_chunks"],
+         f"{_GRPO} CIPRGRPOTrainer._prepare_inputs"),
+    ]
+
+
+# attributes GRPOTrainer.__init__ sets that CIPR reads (all in cipr/train/grpo.py)
+ATTRIBUTES: dict[str, str] = {
+    "_step": "_prepare_inputs, extra_state / load_extra_state (micro-step counter)",
+    "_buffered_inputs": "_prepare_inputs, extra_state / load_extra_state (the generation batch's micro-batches)",
+    "_metrics": "_log_rollouts, _compute_loss, log (metric lists by mode)",
+    "_entropy_bonus_enabled": "_fold_rows (folding needs no entropy term)",
+    "_dist": "_generate_single_turn (summon_full_params)",
+    "_tokenizer": "_generate_single_turn (pad id)",
+    "eos_token_ids": "_generate_single_turn, _init_trl",
+    "num_generations": "__init__, _get_train_sampler",
+    "num_iterations": "_get_train_sampler, _prepare_inputs, extra_state",
+    "shuffle_dataset": "_get_train_sampler",
+    "top_entropy_quantile": "_fold_rows",
+    "temperature": "_fold_rows",
+    "use_vllm": "_init_trl, _generate_single_turn",
+    "use_transformers_continuous_batching": "_generate_single_turn",
+    "generation_config": "_generate_single_turn",
+    "generation_kwargs": "_generate_single_turn",
+}
+
+# GRPOConfig fields CIPR reads through self.args
+CONFIG_FIELDS: dict[str, str] = {
+    "steps_per_generation": "_prepare_inputs, extra_state",
+    "generation_batch_size": "__init__, _get_train_sampler",
+    "per_device_train_batch_size": "__init__",
+    "seed": "_get_train_sampler, _rescore_term",
+    "ds3_gather_for_generation": "_generate_single_turn",
+    "gradient_checkpointing_kwargs": "_generate_single_turn",
+    "use_vllm": "_init_trl",
+    "vllm_mode": "_init_trl",
+}
+
+
+def _moved(what: str, where: str, detail: str) -> str:
+    return f"TRL {trl.__version__} moved {what} ({detail}); CIPR relies on it in {where}"
+
+
+def test_trl_version_is_the_pinned_one():
+    assert trl.__version__ == TRL_VERSION, (
+        f"TRL is {trl.__version__}, the seam was checked against {TRL_VERSION}: run this file, read TRL's changes "
+        f"at every entry it names, then update TRL_VERSION")
+
+
+@pytest.mark.parametrize(("owner", "name", "params", "where"), METHODS, ids=[f"{o}.{n}" for o, n, _, _ in METHODS])
+def test_trl_method_signature(owner, name, params, where):
+    cls = getattr(trl, owner)
+    method = getattr(cls, name, None)
+    assert callable(method), _moved(f"{owner}.{name}", where, "it no longer exists")
+    found = list(inspect.signature(method).parameters)
+    assert found == params, _moved(f"{owner}.{name}", where, f"parameters {found}, pinned {params}")
+
+
+def test_trl_function_signatures():
+    for qualname, fn, params, where in _functions():
+        found = list(inspect.signature(fn).parameters)
+        assert found == params, _moved(qualname, where, f"parameters {found}, pinned {params}")
+
+
+def test_compute_loss_gets_log_probs_through_the_overridden_hook():
+    from trl import GRPOTrainer
+
+    source = inspect.getsource(GRPOTrainer._compute_loss)
+    assert "self._get_per_token_logps_and_entropies(" in source and "compute_entropy=" in source, _moved(
+        "GRPOTrainer._compute_loss", f"{_GRPO} CIPRGRPOTrainer._get_per_token_logps_and_entropies",
+        "it no longer scores tokens through self._get_per_token_logps_and_entropies(..., compute_entropy=...), "
+        "so folded log-probabilities would be ignored")
+
+
+def test_training_step_advances_the_micro_step():
+    from trl import GRPOTrainer
+
+    assert "self._step += 1" in inspect.getsource(GRPOTrainer.training_step), _moved(
+        "GRPOTrainer.training_step", f"{_GRPO} _prepare_inputs / extra_state", "it no longer advances self._step")
+
+
+def test_vllm_generation_is_set_by_the_constructor():
+    from trl import GRPOTrainer
+
+    assert "self.vllm_generation = " in inspect.getsource(GRPOTrainer.__init__), _moved(
+        "GRPOTrainer.vllm_generation", f"{_GRPO} _init_trl", "GRPOTrainer.__init__ no longer sets it")
+
+
+def test_config_fields():
+    from trl import GRPOConfig
+
+    fields = GRPOConfig.__dataclass_fields__
+    missing = [f"{name} (used in {_GRPO} {where})" for name, where in CONFIG_FIELDS.items() if name not in fields]
+    assert not missing, f"TRL {trl.__version__} GRPOConfig lost fields CIPR reads: {missing}"
+
+
+def test_constructed_trainer_has_the_attributes_cipr_reads(tiny_model, tiny_tokenizer, tmp_path):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2,
+                      max_completion_length=4, report_to="none", use_cpu=True, bf16=False, disable_tqdm=True)
+    trainer = GRPOTrainer(model=tiny_model, reward_funcs=lambda completions, **_: [0.0] * len(completions),
+                          args=args, train_dataset=Dataset.from_list([{"prompt": "a b"}] * 4),
+                          processing_class=tiny_tokenizer)
+    missing = [f"{name} (used in {_GRPO} {where})" for name, where in ATTRIBUTES.items() if not hasattr(trainer, name)]
+    assert not missing, f"TRL {trl.__version__} GRPOTrainer no longer sets attributes CIPR reads: {missing}"
+    assert callable(getattr(trainer._dist, "summon_full_params", None)), _moved(
+        "GRPOTrainer._dist.summon_full_params", f"{_GRPO} _generate_single_turn", "it no longer exists")
+    assert trainer._step == 0 and trainer._buffered_inputs is None
+    assert set(trainer._metrics) == {"train", "eval"} and isinstance(trainer.eos_token_ids, list | tuple | torch.Tensor)
