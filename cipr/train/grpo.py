@@ -14,16 +14,20 @@
 
 Action reads. The task loss needs each completion token's log-probability; TRL computes them with a
 fused LM head that never exposes the logits. With `algo.fold_action_read`, one forward of
-`cipr.actions.read_actions(..., response_logprobs=True)` serves both: it returns the completion
-token log-probabilities (handed to TRL's loss through `_get_per_token_logps_and_entropies`) and the
-action distributions at every decision of both interfaces. The reader tokenizes text, so this holds
-for the rows whose re-tokenized prompt and decoded completion give back exactly the ids the loss
-uses; a sampled non-canonical tokenization makes a row differ, and TRL's own forward then scores that
-row alone (`actions/folded` logs the fraction of rows folded). TRL's token-entropy
-metric needs full logits and is not computed on the folded path (logged as missing); the
-action-distribution entropy is logged instead. TRL scores tokens at the sampling temperature; the
-reader at temperature 1, so folding also requires `rollout.temperature=1`. The rescoring term always needs a second forward
-over the relabeled canonical rollouts (x̃, ỹ) (`cipr.relabel`).
+`cipr.actions.read_actions(..., response_logprobs=True)` serves both: it returns the completion token
+log-probabilities and the action distributions at every decision of both interfaces. The reader
+tokenizes text, so this holds for the rows whose re-tokenized prompt and decoded completion give back
+exactly the ids the loss uses; a sampled non-canonical tokenization makes a row differ, and TRL's own
+forward then scores that row alone (`actions/folded` logs the fraction of rows folded). The folded
+log-probabilities reach TRL's loss through the one TRL method that scores tokens,
+`_get_per_token_logps_and_entropies`: TRL's `_compute_loss` calls it with fixed arguments, so
+`_compute_loss` runs inside `given_task_logps(logps)`, which holds them for that one call and clears
+them on exit (also on error); outside it the method is TRL's (`tests/test_trl_contract.py` pins that
+TRL still scores through it). TRL's token-entropy metric needs full logits and is not computed on the
+folded path (logged as missing); the action-distribution entropy is logged instead. TRL scores tokens
+at the sampling temperature; the reader at temperature 1, so folding also requires
+`rollout.temperature=1`. The rescoring term always needs a second forward over the relabeled canonical
+rollouts (x̃, ỹ) (`cipr.relabel`).
 
 Choices the paper leaves open:
 - Decisions in sampled text are those the call format finds (`CallFormat.decisions`); a response
@@ -41,8 +45,9 @@ Choices the paper leaves open:
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -152,7 +157,7 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         self.fmt = fmt
         self.relabel_config = relabel_config or RelabelConfig()
         self._cipr_sampler: PairedRepeatSampler | None = None
-        self._folded_logps: torch.Tensor | None = None
+        self._given_task_logps: torch.Tensor | None = None
         self._fold_allowed = fold_allowed
         self._share_prefill = share_prefill
         self._init_trl(args, kwargs)
@@ -260,12 +265,27 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         return completions, None
 
     # -- losses ----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def given_task_logps(self, logps: torch.Tensor) -> Iterator[None]:
+        """For the `_compute_loss` call inside: the completion-token log-probs [B, C] are `logps`, not a forward."""
+        if self._given_task_logps is not None:
+            raise RuntimeError("given_task_logps does not nest: one set of log-probabilities per loss call")
+        self._given_task_logps = logps
+        try:
+            yield
+        finally:
+            self._given_task_logps = None
+
     def _get_per_token_logps_and_entropies(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                                            logits_to_keep: int, *args: Any, **kwargs: Any) -> Any:
-        if self._folded_logps is None:
+        """TRL's token scoring, or inside `given_task_logps` the given log-probs (entropies NaN: not computed)."""
+        logps = self._given_task_logps
+        if logps is None:
             return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
                                                               *args, **kwargs)
-        logps = self._folded_logps
+        if logps.shape != (input_ids.size(0), logits_to_keep):
+            raise RuntimeError(f"given log-probabilities {tuple(logps.shape)} do not match the scored batch "
+                               f"({input_ids.size(0)}, {logits_to_keep})")
         entropies = torch.full_like(logps, float("nan")) if kwargs.get("compute_entropy") else None
         return logps, entropies, None
 
@@ -326,11 +346,10 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         with self.accelerator.autocast():
             reading = read_actions(model, self.processing_class, queries, num_actions, reader)
         if folded:
-            self._folded_logps = self._task_logps(model, inputs, reading.response_logprobs, rows)
-        try:
+            with self.given_task_logps(self._task_logps(model, inputs, reading.response_logprobs, rows)):
+                task = super()._compute_loss(model, inputs)
+        else:
             task = super()._compute_loss(model, inputs)
-        finally:
-            self._folded_logps = None
         terms, parts = self._consistency(model, rollouts, reading.probs, reading.sequence, num_actions)
         scale = self.current_gradient_accumulation_steps if self.model.training else 1.0
         loss = task + (terms / scale).to(task.dtype)
