@@ -414,8 +414,9 @@ def test_server_generation_through_trl_client(export_hf, server):
     text = tokenizer.apply_chat_template([{"role": "user", "content": PROBE_PROMPT}], add_generation_prompt=True,
                                          tokenize=False)
     prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
-    out = client.generate([prompt], n=2, temperature=0.0, max_tokens=PROBE_TOKENS)
-    assert out["prompt_ids"] == [prompt] and len(out["completion_ids"]) == 2
+    sampled = client.generate([prompt], n=2, temperature=1.0, max_tokens=PROBE_TOKENS)
+    assert sampled["prompt_ids"] == [prompt] and len(sampled["completion_ids"]) == 2
+    out = client.generate([prompt], n=1, temperature=0.0, max_tokens=PROBE_TOKENS)  # vLLM: greedy means n=1
     with torch.no_grad():
         ids = torch.tensor([prompt])
         hf = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
