@@ -138,19 +138,6 @@ def test_gold_replay_through_the_adapter_passes_in_tau2s_evaluator(tmp_path, sha
 
 @needs_venv
 @pytest.mark.integration
-def test_gold_replay_every_task(tmp_path, shared_data):
-    """All 50 airline and 114 retail tasks, both arms (tasks whose reward needs the NL judge are skipped)."""
-    summary, _ = _gold_run(tmp_path, shared_data)
-    for names in ("original", "canonical"):
-        parts = summary["names"][names]["partitions"]
-        assert parts["airline"]["n_items"] == 50 and parts["retail"]["n_items"] == 74
-        assert summary["names"][names]["types"]["original"]["accuracy"]["value"] == 100.0
-    assert len(summary["tau2"]["skipped"]["its reward needs the NL-assertion judge and no judge endpoint is "
-                                        "configured"]) == 2 * 40
-
-
-@needs_venv
-@pytest.mark.integration
 def test_served_model_as_agent_and_user_end_to_end(tmp_path, shared_data):
     """Two airline and two retail tasks with the served model as agent and user simulator, both arms.
     The embedded SmolLM2 in process by default; CIPR_TAU2_BACKEND=http://host:port/v1 uses a server
