@@ -27,17 +27,18 @@ FMT = get_format("webshop")
 
 
 TEACHER_LOSS = 0.1
-TEACHER_MAX_STEPS = 800
+TEACHER_MAX_STEPS = 500
 
 
 def _train_teacher(tokenizer, items, *, target=TEACHER_LOSS, max_steps=TEACHER_MAX_STEPS):
     """The 'released agent': the tiny model fitted to the expert's turns under the original names.
 
-    Fitted to a loss level, not for a fixed number of steps. At this learning rate the decisions
-    are learned late: between steps 60 and 150 the action probabilities swing between 0.05 and 0.99
-    while the loss falls smoothly, so where a fixed step count lands depends on rounding (the
-    thread count, AVX2 or AVX-512 kernels, float32 or float64). Once the loss is below `target`
-    (190 to 300 steps, depending on those), every decision is taken with a wide margin on any of them.
+    Fitted at a moderate learning rate to a loss level, not for a fixed number of steps. At lr 2e-2
+    (this test's earlier setting) training is at the edge of stability: the loss rises and falls
+    again, and at step 60 the action probabilities are mid-swing, so the value a fixed step count
+    lands on depends on rounding (thread count, AVX2 or AVX-512 kernels, float32 or float64: the
+    same check read 0.55 to 0.998). At 1e-2 the loss falls steadily and, once below `target`
+    (about 70 to 110 steps), every decision is taken with a wide margin.
     """
     model = tiny_model(tokenizer, seed=0)
     width = max(len(it.teacher_tokens.ids) for it in items)
@@ -49,7 +50,7 @@ def _train_teacher(tokenizer, items, *, target=TEACHER_LOSS, max_steps=TEACHER_M
             [any(lo <= a and z <= hi for lo, hi in it.teacher.turns) for a, z in it.teacher_tokens.offsets])
     mask = (ids != tokenizer.pad_token_id).long()
     model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=2e-2)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     for _ in range(max_steps):
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
         loss = torch.nn.functional.cross_entropy(logits[keep[:, 1:]], ids[:, 1:][keep[:, 1:]])
@@ -109,20 +110,28 @@ def test_the_trained_teacher_calls_actions(setup):
 DISTILL_STEPS = 16
 
 
+def _distill_terms(parts):
+    """The teacher-to-student terms per step (token KL + action KL; the rescoring term is a regularizer
+    that the student may trade against them, so it can rise while they fall)."""
+    return [m["distill/token_kl"] + m["distill/action_kl"] for m in parts]
+
+
 def test_distillation_loss_falls_over_a_few_steps(setup):
     tok, items, teacher = setup
     losses, parts = _distill(tok, items, teacher, DISTILL_STEPS)
     assert losses[0] > 1.0  # the student reads canonical names the teacher never saw
-    assert _fell(losses, 0.75), losses
+    assert _fell(losses, 0.9), losses
+    assert _fell(_distill_terms(parts), 0.6)
     assert _fell([m["distill/action_kl"] for m in parts], 0.5)
     assert _fell([m["distill/token_kl"] for m in parts], 0.9)
 
 
 def test_a_broken_loss_fails_the_same_check(setup):
-    """The check above can fail: the same steps with the loss's sign flipped do not make it fall."""
+    """The checks above can fail: the same steps with the loss's sign flipped make it rise instead."""
     tok, items, teacher = setup
     losses, parts = _distill(tok, items, teacher, DISTILL_STEPS, sign=-1.0)
-    assert not _fell(losses, 0.75) and losses[-1] > losses[0], losses
+    assert not _fell(losses, 0.9) and losses[-1] > losses[0], losses
+    assert not _fell(_distill_terms(parts), 0.6)
     assert not _fell([m["distill/action_kl"] for m in parts], 0.5)
 
 
