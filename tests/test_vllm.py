@@ -321,7 +321,7 @@ def test_colocate_cipr_pushes_weights_and_resumes(hf_dir, tmp_path):
     check_pushes(pushes, "cipr")
     steps = grpo_steps(run_dir)
     assert [r["step"] for r in steps] == [1, 2]
-    assert all("consistency/rollout_kl" in r or "consistency/pairs_skipped" in r for r in steps)
+    assert all("actions/folded" in r and "reward/perturbed" in r for r in steps)  # CIPR's reader, paired rollouts
 
 
 # -- 3. export, vLLM OpenAI server, server-mode rollouts -----------------------------------------
