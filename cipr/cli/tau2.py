@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cipr.errors import cli_errors
 
     with cli_errors("cipr-tau2"):
-        from cipr.cli.serve import parse_key_values
+        from cipr.serve.command import parse_key_values
         from cipr.tau2.run import Tau2Config, run_tau2
 
         config = parse_key_values(argv, Tau2Config)

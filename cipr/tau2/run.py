@@ -172,7 +172,7 @@ def served(config: Tau2Config, out_dir: Path, root: Path, backend: Any = None) -
 
         backend = GoldReplayBackend(root, out_dir)
     else:
-        from cipr.cli.serve import ServeCommand, build_backend
+        from cipr.serve.command import ServeCommand, build_backend
 
         backend = build_backend(ServeCommand(backend=config.backend, model_name=config.model_name,
                                              call_format=config.call_format, max_new_tokens=config.max_new_tokens,

@@ -1,0 +1,122 @@
+"""The served model's options and backend: `ServeCommand`, its `key=value` parser, and `build_backend`.
+
+Used by `cipr-serve` (`cipr.cli.serve`) and by `cipr-tau2`, which serves the agent the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+from cipr.errors import ConfigError
+
+T = TypeVar("T")
+
+
+@dataclass
+class ServeCommand:
+    """The command's options (see the module docstring)."""
+
+    backend: str = "embedded"
+    names: str = "canonical"
+    guard: str = "off"
+    guard_budget: int = 512
+    audit: str | None = None
+    rewrite_text: str = "identifiers"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    port_file: str | None = None
+    model_name: str | None = None
+    call_format: str = "hermes"
+    max_new_tokens: int = 512
+    device: str = "cpu"
+    dtype: str = "float32"
+    threads: int | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout_s: float = 600.0
+
+
+def _value(key: str, kind: str, value: str) -> Any:
+    """`value` converted to the field type named `kind` (a string annotation)."""
+    if value in ("null", "None") and "None" in kind:
+        return None
+    try:
+        if kind.startswith("list"):
+            inner = value.strip()
+            if not (inner.startswith("[") and inner.endswith("]")):
+                raise ValueError("expected [a,b,...]")
+            return [v.strip() for v in inner[1:-1].split(",") if v.strip()]
+        if kind.startswith("bool"):
+            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError("expected true or false")
+            return value.lower() in ("true", "1", "yes")
+        if kind.startswith("int"):
+            return int(value)
+        if kind.startswith("float"):
+            return float(value)
+    except ValueError as e:
+        raise ConfigError(f"{key}={value!r}: {e}") from e
+    return value
+
+
+def parse_key_values(argv: Sequence[str], cls: type[T]) -> T:
+    """`key=value` arguments into the dataclass `cls` (ConfigError for an unknown key or a bad value);
+    lists are written `[a,b]`, booleans true/false, null is None."""
+    types = {f.name: str(f.type) for f in fields(cls)}  # type: ignore[arg-type]
+    values: dict[str, Any] = {}
+    for arg in argv:
+        if arg == "--debug":
+            continue
+        key, sep, value = arg.partition("=")
+        if not sep or key not in types:
+            raise ConfigError(f"unknown option {arg!r}; options are key=value with key one of {', '.join(types)}")
+        values[key] = _value(key, types[key], value)
+    return cls(**values)
+
+
+def parse_args(argv: Sequence[str]) -> ServeCommand:
+    return parse_key_values(argv, ServeCommand)
+
+
+def load_hf(source: str, device: str, dtype: str) -> tuple[Any, Any, str]:
+    """(model, tokenizer, served name) for `embedded` or a local model folder; nothing from a hub."""
+    import torch
+
+    from cipr.eval.evaluate import prepare_tokenizer
+
+    torch_dtype = getattr(torch, dtype)
+    if source == "embedded":
+        from cipr.embedded import load_embedded
+
+        model, tokenizer = load_embedded(dtype=torch_dtype)
+        name = "embedded"
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = Path(source).expanduser()
+        if not path.is_dir():
+            raise ConfigError(f"backend={source!r}: expected embedded, an http(s):// URL or a model folder")
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype)
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        name = path.name
+    model.to(device)
+    model.eval()
+    return model, prepare_tokenizer(tokenizer), name
+
+
+def build_backend(cmd: ServeCommand) -> Any:
+    """The chat backend `cmd.backend` names."""
+    from cipr.serve.backends import HFChatBackend, OpenAIChatBackend
+
+    if cmd.backend.startswith(("http://", "https://")):
+        return OpenAIChatBackend(cmd.backend, model_name=cmd.model_name, api_key_env=cmd.api_key_env,
+                                 timeout_s=cmd.timeout_s)
+    if cmd.threads:
+        import torch
+
+        torch.set_num_threads(cmd.threads)
+    model, tokenizer, name = load_hf(cmd.backend, cmd.device, cmd.dtype)
+    return HFChatBackend(model, tokenizer, call_format=cmd.call_format, model_name=cmd.model_name or name,
+                         max_new_tokens=cmd.max_new_tokens)
