@@ -396,7 +396,8 @@ def summarize_consistency(records: Sequence[Mapping[str, Any]], config: ReportCo
             "names": by_names}
 
 
-def _cell(e: Mapping[str, Any] | None, metric: str, signed: bool = False) -> str:
+def format_cell(e: Mapping[str, Any] | None, metric: str = "accuracy", signed: bool = False) -> str:
+    """One table cell: an estimate with its CI half-width (KL in nats, others through `stats.fmt`), or n/a."""
     if not e or e.get("value") is None:
         return "n/a"
     if metric == "kl":
@@ -414,10 +415,10 @@ def render_consistency(cons: Mapping[str, Any]) -> str:
         out.append("Skipped (reasons in consistency.jsonl): "
                    + ", ".join(f"{k} {n}" for k, n in cons["skipped"].items()) + ".")
     for names, e in cons["names"].items():
-        rows = [[LABELS[m]] + [_cell(e["groups"].get(g, {}).get(m), m) for g in groups]
-                + [_cell(e["mean"].get(m), m)] for m in METRICS]
+        rows = [[LABELS[m]] + [format_cell(e["groups"].get(g, {}).get(m), m) for g in groups]
+                + [format_cell(e["mean"].get(m), m)] for m in METRICS]
         out += ["", f"### {names} names", "", table(["", *groups, "Mean"], rows)]
-        type_rows = [[t, v["group"], *(_cell(v.get(m), m) for m in METRICS)] for t, v in e["types"].items()]
+        type_rows = [[t, v["group"], *(format_cell(v.get(m), m) for m in METRICS)] for t, v in e["types"].items()]
         out += ["", table(["type", "group", *(LABELS[m] for m in METRICS)], type_rows)]
     out.append("")
     return "\n".join(out)
@@ -467,8 +468,8 @@ def render_consistency_comparison(cmp: Mapping[str, Any]) -> str:
     out = ["", "## Held-out consistency, B − A (paired over items)"]
     for names, entry in cmp.items():
         groups = list(dict.fromkeys(g for v in entry.values() for g in v["groups"]))
-        rows = [[LABELS[m]] + [_cell(v["groups"].get(g), m, signed=True) for g in groups]
-                + [_cell(v.get("mean"), m, signed=True)] for m, v in entry.items()]
+        rows = [[LABELS[m]] + [format_cell(v["groups"].get(g), m, signed=True) for g in groups]
+                + [format_cell(v.get("mean"), m, signed=True)] for m, v in entry.items()]
         out += ["", f"### {names} names", "", table(["", *groups, "Mean"], rows)]
     out.append("")
     return "\n".join(out)

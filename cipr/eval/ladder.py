@@ -35,12 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from cipr.errors import DataError
-from cipr.eval.consistency_metric import METRICS, SCALE, item_values, read_records
+from cipr.eval.consistency_metric import METRICS, SCALE, format_cell, item_values, read_records
 from cipr.eval.report import (
     RESULTS,
     RUN_META,
     ReportConfig,
-    fmt,
     item_scores,
     layout,
     read_results,
@@ -306,13 +305,6 @@ def build_report(evals: Path, points: Sequence[Point], unfinished: Sequence[Poin
             "differences": diffs, "unfinished": [p.name for p in unfinished]}
 
 
-def _cell(e: Mapping[str, Any] | None, metric: str = "accuracy", signed: bool = False) -> str:
-    if not e or e.get("value") is None:
-        return "n/a"
-    if metric == "kl":
-        v = f"{e['value']:+.3f}" if signed else f"{e['value']:.3f}"
-        return v if e.get("half_width") is None else f"{v} ± {e['half_width']:.3f}"
-    return fmt(e, signed=signed)
 
 
 def render_ladder(report: Mapping[str, Any], sweep_dir: Path | None = None) -> str:
@@ -324,11 +316,11 @@ def render_ladder(report: Mapping[str, Any], sweep_dir: Path | None = None) -> s
            f"Accuracy in % with {pct}% half-widths over items; Mean averages the held-out groups "
            f"({', '.join(report['mean_groups'])}); Gap is original minus Mean, paired over items.",
            "", "## Table 1 layout", "",
-           table(head, [[e["method"], e["names"], *(_cell(e["accuracy"].get(c)) for c in cols)]
+           table(head, [[e["method"], e["names"], *(format_cell(e["accuracy"].get(c)) for c in cols)]
                         for e in report["rows"].values()])]
     for m in METRICS:
         ccols = [c for c in cols if c not in ("gap", "original")]
-        rows = [[e["method"], e["names"], *(_cell(e["consistency"][m].get(c), m) for c in ccols)]
+        rows = [[e["method"], e["names"], *(format_cell(e["consistency"][m].get(c), m) for c in ccols)]
                 for e in report["rows"].values() if e["consistency"].get(m)]
         if rows:
             unit = "nats" if m == "kl" else "%"
@@ -337,10 +329,10 @@ def render_ladder(report: Mapping[str, Any], sweep_dir: Path | None = None) -> s
     for d in report["differences"].values():
         out += ["", f"## Paired differences against {d['baseline']} (row − baseline, {pct}% CI)", "",
                 table(["Row", *cols, "paired n"],
-                      [[k, *(_cell(v["accuracy"].get(c), signed=True) for c in cols),
+                      [[k, *(format_cell(v["accuracy"].get(c), signed=True) for c in cols),
                         str(v["accuracy"].get("mean", {}).get("n", ""))] for k, v in d["rows"].items()])]
         kcols = [c for c in cols if c not in ("gap", "original")]
-        kl_rows = [[k, *(_cell(v["consistency"]["kl"].get(c), "kl", signed=True) for c in kcols)]
+        kl_rows = [[k, *(format_cell(v["consistency"]["kl"].get(c), "kl", signed=True) for c in kcols)]
                    for k, v in d["rows"].items() if v["consistency"].get("kl")]
         if kl_rows:
             out += ["", "Held-out KL (nats), row − baseline:", "", table(["Row", *kcols], kl_rows)]
