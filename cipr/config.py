@@ -21,7 +21,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 from cipr.errors import ConfigError
 
-__all__ = ["CONFIG_ROOT", "EVAL_CONFIG_DIR", "TRAIN_CONFIG_DIR", "ConfigError", "from_dict", "to_dict"]
+__all__ = ["CONFIG_ROOT", "EVAL_CONFIG_DIR", "TRAIN_CONFIG_DIR", "ConfigError", "from_dict", "from_overrides", "to_dict"]
 
 CONFIG_ROOT = Path(__file__).resolve().parents[1] / "configs"
 """The config tree: one folder per Hydra command (train/, eval/) and accelerate/ (launcher configs)."""
@@ -55,6 +55,35 @@ def from_dict(cls: type[T], data: Mapping[str, Any] | None, where: str = "") -> 
         return cls(**kwargs)
     except TypeError as e:  # a required field without a default that the config did not give
         raise ConfigError(f"config section '{where or '<top>'}' is incomplete: {e}") from e
+
+
+def from_overrides(cls: type[T], argv: list[str] | tuple[str, ...]) -> T:
+    """`key=value` command-line arguments into dataclass `cls` (`cipr-serve`, `cipr-tau2`), spelled as the
+    Hydra commands spell them (`names=[a,b]`, `null`, quoted strings, dotted keys for nested options),
+    then checked by `from_dict`. A malformed argument or a sweep raises ConfigError naming it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    data: dict[str, Any] = {}
+    for arg in argv:
+        try:
+            (override,) = parser.parse_overrides([arg])
+        except HydraException as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(f"cannot read the option {arg!r} ({first}); options are key=value, lists [a,b], "
+                              f"null for none") from None
+        if override.type != OverrideType.CHANGE or override.is_sweep_override() or override.package:
+            raise ConfigError(f"option {arg!r}: only plain key=value is accepted here (no +, ~, @ or sweeps)")
+        *parents, leaf = override.key_or_group.split(".")
+        node = data
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"option {arg!r}: '{part}' is given both as a value and as a section")
+        node[leaf] = override.value()
+    return from_dict(cls, data)
 
 
 def _is_optional(typ: Any) -> tuple[bool, Any]:

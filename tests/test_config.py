@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import pytest
 
-from cipr.config import ConfigError, from_dict
+from cipr.config import ConfigError, from_dict, from_overrides
 from cipr.distill.run import config_from_dict as distill_config
 from cipr.eval.config import eval_config_from_dict
 from cipr.train.run import config_from_dict as train_config
@@ -38,3 +40,31 @@ def test_numbers_widen_to_float_and_lists_become_tuples_where_declared():
 
     got = from_dict(Probe, {"rate": 1, "sizes": [2, 3]})
     assert got == Probe(rate=1.0, sizes=(2, 3)) and isinstance(got.rate, float)
+
+
+
+@dataclass
+class Inner:
+    k: int = 1
+
+
+@dataclass
+class Opts:
+    names: list[str] = field(default_factory=list)
+    url: str | None = "x"
+    port: int = 0
+    rate: float = 1.0
+    on: bool = False
+    inner: Inner = field(default_factory=Inner)
+
+
+def test_from_overrides_reads_key_values_as_the_hydra_commands_spell_them():
+    got = from_overrides(Opts, ["names=[original,canonical]", "url=null", "port=8001", "rate=2", "on=true",
+                                "inner.k=3"])
+    assert got == Opts(["original", "canonical"], None, 8001, 2.0, True, Inner(3))
+    assert from_overrides(Opts, ["url=http://127.0.0.1:8001/v1"]).url == "http://127.0.0.1:8001/v1"
+    for argv, message in ((["prot=1"], "Did you mean 'port'"), (["port=x"], "'port' must be an integer"),
+                          (["port"], "cannot read the option 'port'"), (["port=1,2"], "only plain key=value"),
+                          (["+port=1"], "only plain key=value"), (["inner=1", "inner.k=2"], "both as a value")):
+        with pytest.raises(ConfigError, match=message):
+            from_overrides(Opts, argv)

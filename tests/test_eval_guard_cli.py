@@ -1,4 +1,4 @@
-"""`cipr-eval guard=...` runs the guard's drift evaluation through the evaluation entry point, and resumes it."""
+"""`cipr-eval guard.enabled=true` runs the guard's drift evaluation through the evaluation entry point, and resumes it."""
 
 import json
 
@@ -10,8 +10,9 @@ from cipr.cli.eval import run
 def _cfg(model_dir, out, shared_data, **changes):
     from omegaconf import OmegaConf
 
-    return OmegaConf.create({"model": str(model_dir), "benchmark": {"name": "bfcl"}, "guard": ["repair"],
-                             "guard_setting": "mild", "guard_sample": "study200", "guard_budget": 8, "limit": 3,
+    return OmegaConf.create({"model": str(model_dir), "benchmark": {"name": "bfcl"}, "limit": 3,
+                             "guard": {"enabled": True, "policies": ["repair"], "setting": "mild",
+                                       "sample": "study200", "budget": 8},
                              "max_new_tokens": 8, "batch_size": 3, "out_dir": str(out),
                              "data_root": str(shared_data), "format": "toolrl", **changes})
 
@@ -34,7 +35,8 @@ def test_cipr_eval_guard_dispatch_with_tiny_model(tmp_path, shared_data):
     assert (out / "audit.jsonl").read_bytes().startswith(audit)
     assert json.loads((out / "summary.json").read_text())["n"] == 3
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    for change in ({"guard_setting": "medium"}, {"model": str(save_tiny(tmp_path / "tiny2", seed=1))}):
+    for change in ({"guard": {"enabled": True, "policies": ["repair"], "setting": "medium", "budget": 8}},
+                   {"model": str(save_tiny(tmp_path / "tiny2", seed=1))}):
         with pytest.raises(SystemExit) as e:  # another configuration in the same folder: refused, untouched
             run(_cfg(model_dir, out, shared_data, **change))
         assert e.value.code == 2

@@ -355,7 +355,10 @@ def test_cipr_serve_command_on_loopback(tmp_path):
 def test_bad_option_exits_2():
     r = subprocess.run([sys.executable, "-m", "cipr.cli.serve", "guard=sometimes"], capture_output=True, text=True,
                        timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert r.returncode == 2 and "guard='sometimes'" in r.stderr
+    assert r.returncode == 2 and "'guard' must be one of 'off'" in r.stderr and "got 'sometimes'" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "cipr.cli.serve", "gaurd=repair"], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 2 and "Did you mean 'guard'?" in r.stderr
 
 
 def test_backend_pointing_nowhere_is_a_502(tmp_path):

@@ -4,7 +4,7 @@ One CPU (embedded SmolLM2-135M, a small BFCL slice, both tool namings):
     cipr-eval benchmark=bfcl limit=20 perturbations=[original,typos,cost_tag_explicit] \
         names=[original,canonical] max_new_tokens=128 out_dir=evals/smoke
 The inference-time guard's drift evaluation (policies none|naive_retry|tool_list|repair; `none` always runs):
-    cipr-eval guard=[naive_retry,tool_list,repair] guard_setting=mild guard_sample=study200 limit=20 \
+    cipr-eval guard.enabled=true guard.setting=mild guard.sample=study200 limit=20 \
         max_new_tokens=128 out_dir=evals/guard_mild
 One GPU:
     cipr-eval model=exports/q3b_cipr benchmark=bfcl names=[canonical] batch_size=32 max_new_tokens=4096 \
@@ -47,38 +47,6 @@ def to_eval_config(cfg: Any) -> Any:
     return convert(cfg)
 
 
-def run_guard(ecfg: Any) -> dict[str, Any]:
-    """`cipr-eval guard=[repair,...]`: the guard's drift evaluation on BFCL (cipr.guard.evaluate).
-
-    `none` (no guard) is always evaluated too, since recovered failures and harms are measured
-    against it. Uses the HF model of `model=`; writes results.jsonl, audit.jsonl, summary.json.
-    """
-    from cipr.data.bfcl import load_bfcl
-    from cipr.eval.evaluate import load_model
-    from cipr.guard.backend import HFBackend
-    from cipr.guard.evaluate import STUDY_PARTITIONS, GuardEvalConfig, evaluate_guard, study_sample
-
-    if ecfg.guard_sample not in ("study200", "full"):
-        from cipr.errors import ConfigError
-
-        raise ConfigError(f"guard_sample={ecfg.guard_sample!r}: expected study200 or full")
-    policies = tuple(dict.fromkeys(["none", *ecfg.guard]))
-    config = GuardEvalConfig(setting=ecfg.guard_setting, policies=policies, seed=ecfg.seed,
-                             max_new_tokens=ecfg.max_new_tokens, budget=ecfg.guard_budget)
-    model, tokenizer = load_model(ecfg)
-    backend = HFBackend(model, tokenizer, ecfg.format or "toolrl", batch_size=ecfg.batch_size)
-    if ecfg.guard_sample == "study200":
-        examples = study_sample(load_bfcl(ecfg.data_root, partitions=STUDY_PARTITIONS), seed=ecfg.seed)
-    else:
-        examples = load_bfcl(ecfg.data_root, partitions=ecfg.partitions)
-    if ecfg.limit is not None:
-        examples = examples[: ecfg.limit]
-    result = evaluate_guard(examples, backend, config, call_format=backend.call_format, out_dir=ecfg.out_dir,
-                            identity={"model": str(ecfg.model), "sample": ecfg.guard_sample})
-    print(f"guard drift evaluation ({ecfg.guard_setting}, {len(examples)} items): {Path(ecfg.out_dir) / 'summary.json'}")
-    return dict(result.summaries)
-
-
 def run(cfg: Any) -> dict[str, Any]:
     """Evaluate a composed config and print where the outputs are (bad input: one line, exit status 2)."""
     from cipr.errors import cli_errors
@@ -91,8 +59,10 @@ def _run(cfg: Any) -> dict[str, Any]:
     from cipr.eval.evaluate import evaluate
 
     ecfg = to_eval_config(cfg)
-    if ecfg.guard:
-        return run_guard(ecfg)
+    if ecfg.guard.enabled:
+        from cipr.guard.run import run_guard
+
+        return dict(run_guard(ecfg).summaries)
     summary = evaluate(ecfg)
     out = Path(ecfg.out_dir)
     lines = [f"results: {out / 'results.jsonl'}", f"summary: {out / 'summary.json'}",

@@ -37,7 +37,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cipr.errors import EXIT_INPUT, ConfigError, DataError, UnsafeOutputError, cli_errors, debug_enabled
+from cipr.errors import EXIT_INPUT, ConfigError, UnsafeOutputError, cli_errors, debug_enabled
 from cipr.guard.diff import DiffConfig, diff_interfaces, load_tool_list
 
 EXIT_OK, EXIT_CONTRACT = 0, 2
@@ -93,99 +93,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load_model(spec: str, device: str):
-
-    if spec == "tiny":
-        from cipr.testing import tiny_model, tiny_tokenizer
-
-        tokenizer = tiny_tokenizer()
-        model = tiny_model(tokenizer)
-    elif spec == "embedded":
-        from cipr.embedded import load_embedded
-
-        model, tokenizer = load_embedded()
-    else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        if not Path(spec).is_dir():
-            raise DataError("not a model folder (pass a transformers folder, 'embedded' or 'tiny')", file=spec)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(spec, local_files_only=True)
-            model = AutoModelForCausalLM.from_pretrained(spec, local_files_only=True, dtype="auto")
-        except (OSError, ValueError, KeyError) as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise DataError(f"cannot load a model from this folder: {first}", file=spec) from e
-    model.to(device).eval()
-    return model, tokenizer
-
-
-def _device(name: str) -> str:
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cpu" or (name.startswith("cuda") and torch.cuda.is_available()):
-        return name
-    if name.startswith("cuda"):
-        raise ConfigError(f"--device {name}: no CUDA device is available here; use --device cpu or auto")
-    raise ConfigError(f"--device {name!r}: expected auto, cpu or cuda")
-
-
-def _shard(text: str | None) -> tuple[int, int] | None:
-    if text is None:
-        return None
-    try:
-        k, n = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise ConfigError(f"--shard must be K/N with 0 <= K < N, got {text!r}") from None
-    if not 0 <= k < n:
-        raise ConfigError(f"--shard must be K/N with 0 <= K < N, got {text!r}")
-    return k, n
-
-
 def _eval(args: argparse.Namespace) -> int:
-    from cipr.formats import FORMATS, get_format
-    from cipr.guard.evaluate import (
-        STUDY_PARTITIONS,
-        GuardEvalConfig,
-        check_out_dir,
-        evaluate_guard,
-        study_sample,
-    )
+    """`cipr-guard eval`: the flags spelled as `cipr-eval guard.enabled=true` options, then the one path."""
+    from cipr.config import from_dict
+    from cipr.eval.config import EvalConfig
+    from cipr.guard.run import run_guard
 
-    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
-    config = GuardEvalConfig(setting=args.setting, policies=policies, seed=args.seed, budget=args.budget,
-                             max_new_tokens=args.max_new_tokens)
     for name in ("limit", "batch_size"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
-    if args.format != "json" and args.format not in FORMATS:
-        raise ConfigError(f"--format {args.format!r}: expected json or one of {', '.join(sorted(FORMATS))}")
-    shard = _shard(args.shard)
-    device = _device(args.device)
-    from cipr.data.bfcl import load_bfcl
-
-    if args.sample == "study200":
-        examples = study_sample(load_bfcl(args.data_root, partitions=STUDY_PARTITIONS), seed=args.seed)
-    else:
-        examples = load_bfcl(args.data_root)
-    if shard is not None:
-        examples = examples[shard[0]::shard[1]]
-    if args.limit is not None:
-        examples = examples[: args.limit]
-    identity = {"model": args.model, "sample": args.sample}
-    call_format = None if args.format == "json" else get_format(args.format)
-    check_out_dir(args.out, examples, config, call_format=call_format, identity=identity)  # before the model
-    from cipr.guard.backend import HFBackend
-
-    model, tokenizer = _load_model(args.model, device)
-    backend = HFBackend(model, tokenizer, call_format, batch_size=args.batch_size)
-    result = evaluate_guard(examples, backend, config, call_format=backend.call_format, out_dir=args.out,
-                            progress=lambda msg: print(msg, file=sys.stderr), identity=identity)
-    for policy, summary in result.summaries.items():
-        line = ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items())
-        print(f"{policy}: {line}")
+    if args.shard is not None:
+        try:
+            k, n = (int(x) for x in args.shard.split("/"))
+        except ValueError:
+            k, n = -1, 0
+        if not 0 <= k < n:
+            raise ConfigError(f"--shard must be K/N with 0 <= K < N, got {args.shard!r}")
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    ecfg = from_dict(EvalConfig, {
+        "model": args.model, "benchmark": {"name": "bfcl"}, "format": args.format, "seed": args.seed,
+        "limit": args.limit, "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens,
+        "device": args.device, "data_root": args.data_root, "out_dir": str(args.out),
+        "guard": {"enabled": True, "setting": args.setting, "policies": policies, "sample": args.sample,
+                  "shard": args.shard, "budget": args.budget}})
+    run_guard(ecfg, progress=lambda msg: print(msg, file=sys.stderr))
     return EXIT_OK
 
 

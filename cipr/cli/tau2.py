@@ -38,10 +38,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cipr.errors import cli_errors
 
     with cli_errors("cipr-tau2"):
-        from cipr.serve.command import parse_key_values
+        from cipr.config import from_overrides
         from cipr.tau2.run import Tau2Config, run_tau2
 
-        config = parse_key_values(argv, Tau2Config)
+        config = from_overrides(Tau2Config, [a for a in argv if a != "--debug"])
         summary = run_tau2(config)
         for names, e in summary["names"].items():
             acc = e["types"]["original"]["accuracy"]

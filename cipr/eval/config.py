@@ -17,6 +17,7 @@ from cipr.config import EVAL_CONFIG_DIR, from_dict
 from cipr.errors import ConfigError
 from cipr.eval.backends import OpenAIBackendConfig, VLLMBackendConfig
 from cipr.eval.consistency_metric import ConsistencyConfig
+from cipr.guard.evaluate import GuardEvalConfig
 
 CONFIG_DIR = str(EVAL_CONFIG_DIR)
 """cipr-eval's Hydra config folder: eval.yaml and the benchmark/ group."""
@@ -109,10 +110,7 @@ class EvalConfig:
     threads: int | None = None
     attn_implementation: str | None = "auto"
     replay: Literal["reference", "familiar"] = "reference"
-    guard: list[str] | None = None  # drift evaluation of the inference-time guard: policies (cipr/guard)
-    guard_setting: str = "mild"  # mild | medium drift (cipr.perturb drift_mild / drift_medium)
-    guard_sample: str = "study200"  # study200 (the study's 200 items) | full (all 2,501 BFCL items)
-    guard_budget: int = 512  # token budget of a repair (the study's default)
+    guard: GuardEvalConfig = field(default_factory=GuardEvalConfig)  # the guard's drift evaluation (cipr/guard)
     progress: bool = True
     openai: OpenAIBackendConfig = field(default_factory=OpenAIBackendConfig)
     vllm: VLLMBackendConfig = field(default_factory=VLLMBackendConfig)
@@ -129,7 +127,7 @@ class EvalConfig:
                 raise ConfigError(f"names={n!r}; use original, canonical or [original,canonical]")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"limit={self.limit} must be a positive number of items (or null for all)")
-        for key in ("batch_size", "max_new_tokens", "chunk_size", "threads", "guard_budget"):
+        for key in ("batch_size", "max_new_tokens", "chunk_size", "threads"):
             value = getattr(self, key)
             if value is not None and value < 1:
                 raise ConfigError(f"{key}={value} must be >= 1")

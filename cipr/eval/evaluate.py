@@ -2,7 +2,8 @@
 
 `evaluate(cfg)` is what `cipr-eval` calls; tests and benchmarks call it with a preloaded model.
 
-Model loading (`load_model`): `embedded` is SmolLM2-135M-Instruct from its GGUF (`cipr.embedded`);
+Model loading (`load_model`): `embedded` is SmolLM2-135M-Instruct from its GGUF (`cipr.embedded`), `tiny` a random few-layer model
+(`cipr.testing`, smoke runs);
 a folder with `adapter_config.json` is a PEFT adapter loaded onto its base model; anything else goes to
 `from_pretrained` (a checkpoint folder, or a hub id from the local cache). The tokenizer gets a pad
 token (the end-of-text token when there is one, else eos) and left padding; end-of-turn tokens stop
@@ -50,6 +51,8 @@ def _device_dtype(cfg: EvalConfig) -> tuple[str, Any]:
     device = cfg.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device={device}: no CUDA device is available here; use device=cpu or auto")
     dtype = cfg.dtype
     if dtype == "auto":
         dtype = "bfloat16" if device.startswith("cuda") and torch.cuda.is_bf16_supported() else "float32"
@@ -82,22 +85,36 @@ def load_model(cfg: EvalConfig) -> tuple[Any, Any]:
         from cipr.embedded import load_embedded
 
         model, tokenizer = load_embedded(dtype=dtype, **attn)
+    elif cfg.model == "tiny":  # a randomly initialised few-layer model: seconds-long smoke runs, garbage replies
+        from cipr.testing import tiny_model, tiny_tokenizer
+
+        tokenizer = tiny_tokenizer()
+        model = tiny_model(tokenizer)
     else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        path = Path(cfg.model).expanduser()
-        if (path / "adapter_config.json").is_file():
-            from peft import AutoPeftModelForCausalLM
-
-            model = AutoPeftModelForCausalLM.from_pretrained(str(path), dtype=dtype, **attn)
-            model = model.merge_and_unload()
-        else:
-            model = AutoModelForCausalLM.from_pretrained(str(path) if path.exists() else cfg.model, dtype=dtype,
-                                                         **attn)
-        tokenizer = AutoTokenizer.from_pretrained(str(path) if path.exists() else cfg.model)
+        model, tokenizer = _from_pretrained(resolve_model(cfg.model), dtype, attn)
     model.to(device)
     model.eval()
     return model, prepare_tokenizer(tokenizer)
+
+
+def _from_pretrained(name: str, dtype: Any, attn: dict[str, Any]) -> tuple[Any, Any]:
+    """A checkpoint folder (a PEFT adapter merged onto its base) or cached hub id; DataError if it holds no model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cipr.errors import DataError
+
+    try:
+        if (Path(name) / "adapter_config.json").is_file():
+            from peft import AutoPeftModelForCausalLM
+
+            model = AutoPeftModelForCausalLM.from_pretrained(name, dtype=dtype, **attn).merge_and_unload()
+        else:
+            model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **attn)
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DataError(f"cannot load a model from this folder: {first}", file=name) from e
+    return model, tokenizer
 
 
 def make_backend(cfg: EvalConfig, fmt: CallFormat, model: Any = None, tokenizer: Any = None) -> Backend:
@@ -177,7 +194,7 @@ def evaluate(cfg: EvalConfig, *, model: Any = None, tokenizer: Any = None, backe
     `backend`: an already built backend (e.g. one vLLM engine reused over several runs) instead of
     the one `cfg` describes.
     """
-    if cfg.model != "embedded" and cfg.resolved_backend in ("hf", "vllm") and model is None:
+    if cfg.model not in ("embedded", "tiny") and cfg.resolved_backend in ("hf", "vllm") and model is None:
         resolve_model(cfg.model)  # a missing folder or an uncached hub id fails here, before any output
     apply_manifest(cfg)  # an exported model's call format and tool naming (cipr-export's manifest)
     out_dir = Path(cfg.out_dir)

@@ -44,7 +44,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from cipr.errors import ConfigError, DataError, UnsafeOutputError
 from cipr.guard.audit import AuditLog
@@ -87,12 +87,23 @@ def study_sample(examples: Sequence[Example], *, per_partition: int = 50,
 
 @dataclass(frozen=True)
 class GuardEvalConfig:
-    """One drift evaluation: `setting` mild|medium, the policies compared, seeds and budgets."""
+    """The drift evaluation's options: `cipr-eval guard.enabled=true guard.setting=...`, `cipr-guard eval`.
 
-    setting: str = "mild"
+    - `setting`: mild | medium drift (`drift_mild` / `drift_medium` of `cipr.perturb`).
+    - `policies`: the guard policies compared; `none` (no guard) always runs too, since recovered failures
+      and harms are measured against it.
+    - `sample`: study200 (the study's 200 items, `study_sample`) | full (all 2,501 BFCL items).
+    - `shard`: "K/N", every N-th item from K (one process per shard); None: all.
+    - `budget`: new tokens of each guard model call; `candidate_retry`, `cards`: `cipr.guard.guard.GuardConfig`.
+    - `enabled`: whether `cipr-eval` runs this evaluation instead of the accuracy one.
+    The seed and the task turns' token bound are the evaluation's own (`seed`, `max_new_tokens` of cipr-eval).
+    """
+
+    enabled: bool = False
+    setting: Literal["mild", "medium"] = "mild"
     policies: tuple[str, ...] = POLICIES
-    seed: int = 0
-    max_new_tokens: int = 512
+    sample: Literal["study200", "full"] = "study200"
+    shard: str | None = None
     budget: int = 512
     candidate_retry: bool = True
     cards: bool = True
@@ -103,18 +114,49 @@ class GuardEvalConfig:
         bad = [p for p in self.policies if p not in POLICIES]
         if bad:
             raise ConfigError(f"unknown guard policies {bad}; expected some of {', '.join(POLICIES)}")
-        if not self.policies or len(set(self.policies)) != len(self.policies):
-            raise ConfigError(f"policies must name at least one policy, each once; got {list(self.policies)}")
-        for name in ("max_new_tokens", "budget"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be a positive number of tokens, got {getattr(self, name)!r}")
+        if len(set(self.policies)) != len(self.policies):
+            raise ConfigError(f"guard policies must name each policy once; got {list(self.policies)}")
+        object.__setattr__(self, "policies", tuple(dict.fromkeys(("none", *self.policies))))
+        if self.sample not in ("study200", "full"):
+            raise ConfigError(f"guard sample {self.sample!r}: expected study200 or full")
+        if not isinstance(self.budget, int) or self.budget < 1:
+            raise ConfigError(f"budget must be a positive number of tokens, got {self.budget!r}")
+        self.shard_slice()
 
-    def identity(self, call_format: Any = None) -> dict[str, Any]:
+    def shard_slice(self) -> tuple[int, int] | None:
+        """(K, N) of `shard`, or None; a malformed shard raises ConfigError."""
+        if self.shard is None:
+            return None
+        try:
+            k, n = (int(x) for x in str(self.shard).split("/"))
+        except ValueError:
+            raise ConfigError(f"guard shard must be K/N with 0 <= K < N, got {self.shard!r}") from None
+        if not 0 <= k < n:
+            raise ConfigError(f"guard shard must be K/N with 0 <= K < N, got {self.shard!r}")
+        return k, n
+
+    def identity(self, call_format: Any = None, *, seed: int = 0, max_new_tokens: int = 512) -> dict[str, Any]:
         """What run.json records, and what a resumed run must match."""
         return {"setting": self.setting, "perturbation": SETTINGS[self.setting], "policies": list(self.policies),
-                "seed": self.seed, "max_new_tokens": self.max_new_tokens, "budget": self.budget,
+                "seed": seed, "max_new_tokens": max_new_tokens, "budget": self.budget,
                 "candidate_retry": self.candidate_retry, "cards": self.cards,
                 "call_format": getattr(call_format, "name", None) if call_format is not None else "json"}
+
+
+def guard_examples(config: GuardEvalConfig, *, seed: int, data_root: str | Path | None = None,
+                   partitions: Sequence[str] | None = None, limit: int | None = None) -> list[Example]:
+    """The items of a drift evaluation: the configured sample (study200 or full BFCL, `partitions` of
+    the full one), then the shard, then the first `limit`."""
+    from cipr.data.bfcl import load_bfcl
+
+    if config.sample == "study200":
+        examples = study_sample(load_bfcl(data_root, partitions=STUDY_PARTITIONS), seed=seed)
+    else:
+        examples = load_bfcl(data_root, partitions=partitions)
+    shard = config.shard_slice()
+    if shard is not None:
+        examples = examples[shard[0]::shard[1]]
+    return examples[:limit] if limit is not None else examples
 
 
 @dataclass
@@ -277,20 +319,23 @@ def _outcome(policy: str, row: Mapping[str, Any]) -> ItemOutcome:
 
 
 def check_out_dir(out_dir: str | Path, examples: Sequence[Example], config: GuardEvalConfig, *,
-                  call_format: Any = None, identity: Mapping[str, Any] | None = None) -> int:
+                  call_format: Any = None, identity: Mapping[str, Any] | None = None, seed: int = 0,
+                  max_new_tokens: int = 512) -> int:
     """Raise what `evaluate_guard` would refuse about `out_dir`, changing nothing; return the items done."""
-    meta = {**config.identity(call_format), **dict(identity or {})}
+    meta = {**config.identity(call_format, seed=seed, max_new_tokens=max_new_tokens), **dict(identity or {})}
     return len(_open_folder(Path(out_dir), meta, [e.id for e in examples], lambda _m: None, write=False).rows)
 
 
 def evaluate_guard(examples: Sequence[Example], backend: Backend, config: GuardEvalConfig | None = None, *,
                    call_format: Any = None, scorer: Scorer = bfcl_correct, out_dir: str | Path | None = None,
                    progress: Callable[[str], None] | None = None,
-                   identity: Mapping[str, Any] | None = None) -> GuardEvalResult:
+                   identity: Mapping[str, Any] | None = None, seed: int = 0,
+                   max_new_tokens: int = 512) -> GuardEvalResult:
     """Run the drift evaluation; with `out_dir`, write results.jsonl, audit.jsonl and summary.json there,
     resuming what an earlier run of the same configuration left (see the module docstring).
 
     `identity`: more that run.json must match on a resume (e.g. the model), besides the config.
+    `seed` drifts the items; `max_new_tokens` bounds the undrifted and drifted task turns.
     """
     cfg = config or GuardEvalConfig()
     say = progress or (lambda _msg: None)
@@ -298,16 +343,16 @@ def evaluate_guard(examples: Sequence[Example], backend: Backend, config: GuardE
     ids = [e.id for e in examples]
     if len(set(ids)) != len(ids):
         raise DataError("the examples repeat an item id; each item can be evaluated once", field="id")
-    meta = {**cfg.identity(call_format), **dict(identity or {})}
+    meta = {**cfg.identity(call_format, seed=seed, max_new_tokens=max_new_tokens), **dict(identity or {})}
     folder = _open_folder(out, meta, ids, say) if out is not None else _Folder({}, set())
     if folder.rows:
         say(f"resuming: {sum(i in folder.rows for i in ids)} of {len(ids)} items already done in {out}")
     todo = [e for e in examples if e.id not in folder.rows]
-    shifted = [drifted(e, cfg.setting, cfg.seed) for e in todo]
+    shifted = [drifted(e, cfg.setting, seed) for e in todo]
     say(f"generating {len(todo)} undrifted turns")
-    clean = _generate(backend, todo, cfg.max_new_tokens)
+    clean = _generate(backend, todo, max_new_tokens)
     say(f"generating {len(todo)} drifted turns ({SETTINGS[cfg.setting]})")
-    drift = _generate(backend, shifted, cfg.max_new_tokens)
+    drift = _generate(backend, shifted, max_new_tokens)
     new_rows: dict[str, dict[str, Any]] = {}
     for k, (ex, dex) in enumerate(zip(todo, shifted, strict=True)):
         audit = AuditLog()
@@ -351,7 +396,7 @@ def evaluate_guard(examples: Sequence[Example], backend: Backend, config: GuardE
             result.outcomes[policy].append(_outcome(policy, row))
     result.summaries = {p: summarize(items) for p, items in result.outcomes.items()}
     if out is not None:
-        summary = {"setting": cfg.setting, "perturbation": SETTINGS[cfg.setting], "seed": cfg.seed,
+        summary = {"setting": cfg.setting, "perturbation": SETTINGS[cfg.setting], "seed": seed,
                    "n": len(examples), "resumed": len(examples) - len(todo), "budget": cfg.budget,
                    "policies": result.summaries}
         _write_atomic(out / SUMMARY, json.dumps(summary, indent=2) + "\n")

@@ -6,13 +6,12 @@ Used by `cipr-serve` (`cipr.cli.serve`) and by `cipr-tau2`, which serves the age
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal
 
+from cipr.config import from_overrides
 from cipr.errors import ConfigError
-
-T = TypeVar("T")
 
 
 @dataclass
@@ -20,8 +19,8 @@ class ServeCommand:
     """The command's options (see the module docstring)."""
 
     backend: str = "embedded"
-    names: str = "canonical"
-    guard: str = "off"
+    names: Literal["original", "canonical"] = "canonical"
+    guard: Literal["off", "none", "naive_retry", "tool_list", "repair"] = "off"
     guard_budget: int = 512
     audit: str | None = None
     rewrite_text: str = "identifiers"
@@ -32,52 +31,15 @@ class ServeCommand:
     call_format: str = "hermes"
     max_new_tokens: int = 512
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     threads: int | None = None
     api_key_env: str = "OPENAI_API_KEY"
     timeout_s: float = 600.0
 
 
-def _value(key: str, kind: str, value: str) -> Any:
-    """`value` converted to the field type named `kind` (a string annotation)."""
-    if value in ("null", "None") and "None" in kind:
-        return None
-    try:
-        if kind.startswith("list"):
-            inner = value.strip()
-            if not (inner.startswith("[") and inner.endswith("]")):
-                raise ValueError("expected [a,b,...]")
-            return [v.strip() for v in inner[1:-1].split(",") if v.strip()]
-        if kind.startswith("bool"):
-            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError("expected true or false")
-            return value.lower() in ("true", "1", "yes")
-        if kind.startswith("int"):
-            return int(value)
-        if kind.startswith("float"):
-            return float(value)
-    except ValueError as e:
-        raise ConfigError(f"{key}={value!r}: {e}") from e
-    return value
-
-
-def parse_key_values(argv: Sequence[str], cls: type[T]) -> T:
-    """`key=value` arguments into the dataclass `cls` (ConfigError for an unknown key or a bad value);
-    lists are written `[a,b]`, booleans true/false, null is None."""
-    types = {f.name: str(f.type) for f in fields(cls)}  # type: ignore[arg-type]
-    values: dict[str, Any] = {}
-    for arg in argv:
-        if arg == "--debug":
-            continue
-        key, sep, value = arg.partition("=")
-        if not sep or key not in types:
-            raise ConfigError(f"unknown option {arg!r}; options are key=value with key one of {', '.join(types)}")
-        values[key] = _value(key, types[key], value)
-    return cls(**values)
-
-
 def parse_args(argv: Sequence[str]) -> ServeCommand:
-    return parse_key_values(argv, ServeCommand)
+    """`cipr-serve` arguments (`key=value`, as every cipr command spells them: `cipr.config.from_overrides`)."""
+    return from_overrides(ServeCommand, [a for a in argv if a != "--debug"])
 
 
 def load_hf(source: str, device: str, dtype: str) -> tuple[Any, Any, str]:
