@@ -19,6 +19,7 @@ TRL_VERSION = "1.16.0"
 
 _GRPO = "cipr/train/grpo.py"
 _CKPT = "cipr/train/checkpoint.py"
+_ROLLOUT = "cipr/train/rollout.py"
 
 # (owner, method, parameters, where CIPR relies on it)
 METHODS: list[tuple[str, str, list[str], str]] = [
@@ -52,6 +53,26 @@ METHODS: list[tuple[str, str, list[str], str]] = [
     ("SFTTrainer", "_save_checkpoint", ["self", "model", "trial"], f"{_CKPT} CheckpointMixin override"),
     ("SFTTrainer", "_load_optimizer_and_scheduler", ["self", "checkpoint"], f"{_CKPT} CheckpointMixin override"),
 ]
+
+# the same CheckpointMixin hooks on transformers' Trainer (cipr/distill/trainer.py DistillTrainer)
+TRAINER_METHODS: list[tuple[str, list[str]]] = [
+    ("_save_checkpoint", ["self", "model", "trial"]),
+    ("_load_optimizer_and_scheduler", ["self", "checkpoint"]),
+    ("_get_output_dir", ["self", "trial"]),
+]
+
+# TRL's colocated vLLM generation (trl.generation.vllm_generation.VLLMGeneration), used by rollout=vllm_colocate
+VLLM_METHODS: list[tuple[str, list[str], str]] = [
+    ("sync_weights", ["self"], f"{_ROLLOUT} use_reload_weights replaces it on the instance"),
+    ("_iter_named_params", ["self"], f"{_ROLLOUT} push_weights (TRL's gathered, vLLM-named parameters)"),
+]
+VLLM_ATTRIBUTES: dict[str, str] = {  # set in VLLMGeneration.__init__
+    "llm": "push_weights (wake_up, llm_engine, reset_prefix_cache)",
+    "mode": "use_reload_weights (colocate vs server)",
+    "enable_sleep_mode": "push_weights",
+    "_llm_weights_sleeping": "push_weights (cleared after waking the weights)",
+    "generation_kwargs": "stop_token_ids",
+}
 
 
 def _functions() -> list[tuple[str, Callable[..., Any], list[str], str]]:
@@ -174,3 +195,37 @@ def test_constructed_trainer_has_the_attributes_cipr_reads(tiny_model, tiny_toke
         "GRPOTrainer._dist.summon_full_params", f"{_GRPO} _generate_single_turn", "it no longer exists")
     assert trainer._step == 0 and trainer._buffered_inputs is None
     assert set(trainer._metrics) == {"train", "eval"} and isinstance(trainer.eos_token_ids, list | tuple | torch.Tensor)
+
+
+@pytest.mark.parametrize(("name", "params"), TRAINER_METHODS, ids=[n for n, _ in TRAINER_METHODS])
+def test_transformers_trainer_checkpoint_hooks(name, params):
+    import transformers
+
+    found = list(inspect.signature(getattr(transformers.Trainer, name)).parameters)
+    assert found == params, (f"transformers {transformers.__version__} moved Trainer.{name} (parameters {found}, "
+                             f"pinned {params}); CIPR relies on it in {_CKPT} CheckpointMixin (DistillTrainer)")
+
+
+def test_vllm_generation_surface():
+    from trl.generation import vllm_generation
+
+    cls = vllm_generation.VLLMGeneration
+    for name, params, where in VLLM_METHODS:
+        method = getattr(cls, name, None)
+        assert callable(method), _moved(f"VLLMGeneration.{name}", where, "it no longer exists")
+        found = list(inspect.signature(method).parameters)
+        assert found == params, _moved(f"VLLMGeneration.{name}", where, f"parameters {found}, pinned {params}")
+    init = inspect.getsource(cls.__init__) + inspect.getsource(cls)
+    missing = [f"{a} (used in {_ROLLOUT} {w})" for a, w in VLLM_ATTRIBUTES.items() if f"self.{a} = " not in init]
+    assert not missing, f"TRL {trl.__version__} VLLMGeneration no longer sets attributes CIPR reads: {missing}"
+    assert callable(getattr(vllm_generation, "empty_cache", None)) and not inspect.signature(
+        vllm_generation.empty_cache).parameters, _moved(
+        "trl.generation.vllm_generation.empty_cache", f"{_ROLLOUT} push_weights", "it is gone or takes arguments")
+
+
+def test_trainer_syncs_vllm_weights_through_the_instance_method():
+    from trl import GRPOTrainer
+
+    assert "self.vllm_generation.sync_weights()" in inspect.getsource(GRPOTrainer), _moved(
+        "GRPOTrainer's weight sync", f"{_ROLLOUT} use_reload_weights",
+        "it no longer calls self.vllm_generation.sync_weights(), so the colocated push would be skipped")
