@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cipr.cli.common import begin
 from cipr.config import EVAL_CONFIG_DIR
 from cipr.errors import MissingInputError, cli_errors
 from cipr.io import check_not_source
@@ -80,11 +80,10 @@ def main() -> None:
     import hydra
 
     from cipr.errors import EXIT_INPUT, debug_enabled, pop_debug_flag, report
-    from cipr.hub import stay_offline
     from cipr.io import file_in_the_way, override_value
 
     pop_debug_flag()
-    stay_offline()
+    begin()
     out_dir = override_value(sys.argv[1:], "out_dir")
     blocker = file_in_the_way(out_dir) if out_dir else None
     if blocker is not None and not debug_enabled():  # Hydra creates out_dir before the config is read
@@ -92,7 +91,6 @@ def main() -> None:
 
         report("cipr-eval", UnsafeOutputError(f"out_dir={out_dir!r}: {blocker} is a file; give a folder"))
         sys.exit(EXIT_INPUT)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     hydra.main(config_path=CONFIG_DIR, config_name="eval", version_base=None)(run)()
 
 

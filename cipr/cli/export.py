@@ -21,10 +21,10 @@ Exit status: 0 exported (or already up to date), 2 bad input (the message names 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Sequence
 
+from cipr.cli.common import begin
 from cipr.errors import cli_errors
 
 
@@ -53,10 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point (`cipr-export`)."""
     from cipr.export import ExportConfig, export
-    from cipr.hub import stay_offline
 
-    stay_offline()
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    begin()
     args = build_parser().parse_args(argv)
     cfg = ExportConfig(stage=args.stage, dtype=args.dtype, call_format=args.call_format, names=args.names,
                        eval_dirs=tuple(args.eval_dirs), overwrite=args.overwrite, max_shard_size=args.max_shard_size)

@@ -25,11 +25,11 @@ benchmark=synthetic). Exit status 2 with one line on bad input (`--debug` shows 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from cipr.cli.common import begin
 from cipr.errors import cli_errors
 
 
@@ -49,10 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point (`cipr-ladder`)."""
     from cipr.errors import ConfigError
     from cipr.eval.ladder import LadderConfig, run_ladder
-    from cipr.hub import stay_offline
 
-    stay_offline()
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    begin()
     args = build_parser().parse_args(argv)
     with cli_errors("cipr-ladder", debug=args.debug or None):
         bad = [o for o in args.overrides if "=" not in o]

@@ -19,24 +19,21 @@ api_key_env, timeout_s. Streaming is not supported (400). Stop the server with S
 
 from __future__ import annotations
 
-import logging
 import signal
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cipr.cli.common import key_value_argv
 from cipr.errors import cli_errors
 from cipr.serve.command import build_backend, parse_args
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """`cipr-serve` entry point."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help", "help") for a in argv):
-        print(__doc__)
+    argv = key_value_argv(argv, __doc__)
+    if argv is None:
         return
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     with cli_errors("cipr-serve"):
         from cipr.serve import ChatService, ServeConfig, start, stop
 

@@ -23,18 +23,16 @@ Options: see `cipr.tau2.run.Tau2Config`.
 
 from __future__ import annotations
 
-import logging
-import sys
 from collections.abc import Sequence
+
+from cipr.cli.common import key_value_argv
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """`cipr-tau2` entry point."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help", "help") for a in argv):
-        print(__doc__)
+    argv = key_value_argv(argv, __doc__)
+    if argv is None:
         return
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from cipr.errors import cli_errors
 
     with cli_errors("cipr-tau2"):

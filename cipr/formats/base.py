@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cipr.interface import Call, Interface, Message
@@ -123,6 +123,22 @@ def leading_think(text: str) -> LeadingThink:
     if j < 0:
         return LeadingThink(text[i + len(THINK):].strip(), None, f"<think> at char {i} is never closed by </think>")
     return LeadingThink(text[i + len(THINK):j].strip(), j + len(THINK_END))
+
+
+@dataclass
+class ThinkScan:
+    """What a format's response scan starts with (Hermes, ToolRL): the leading reasoning and the errors."""
+
+    think: str | None = None
+    errors: list[str] = field(default_factory=list)
+
+    def read_think(self, text: str) -> LeadingThink:
+        """Read the `<think>` block opening `text` into `think` (an unclosed one into `errors`)."""
+        found = leading_think(text)
+        self.think = found.text
+        if found.error is not None:
+            self.errors.append(found.error)
+        return found
 
 
 def supports_native_tools(tokenizer: Any) -> bool:

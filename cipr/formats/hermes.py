@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cipr.formats.base import THINK, THINK_END, CallFormat, Decision, ParseResult, leading_think
+from cipr.formats.base import THINK, THINK_END, CallFormat, Decision, ParseResult, ThinkScan
 from cipr.formats.json_calls import (
     CALL_NAME_OPENER,
     ReadCall,
@@ -80,21 +80,17 @@ class _Block:
 
 
 @dataclass
-class _Scan:
-    think: str | None = None
+class _Scan(ThinkScan):
     answer: int | None = None
     blocks: list[_Block] = field(default_factory=list)
     outside: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
 
 
 def _scan(text: str) -> _Scan:
     s = _Scan()
     n = len(text)
-    think = leading_think(text)
-    s.think = think.text
+    think = s.read_think(text)
     if think.error is not None:
-        s.errors.append(think.error)
         return s
     i = 0
     if think.end is not None:

@@ -60,7 +60,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cipr.formats.base import THINK, THINK_END, CallFormat, Decision, ParseResult, leading_think
+from cipr.formats.base import THINK, THINK_END, CallFormat, Decision, ParseResult, ThinkScan
 from cipr.formats.json_calls import CALL_NAME_OPENER, ReadCall, call_object, read_call_at, to_plain
 from cipr.formats.json_calls import name_text as json_name_text
 from cipr.interface import Call, Interface, Message, Tool
@@ -138,12 +138,10 @@ class _Block:
 
 
 @dataclass
-class _Scan:
-    think: str | None = None
+class _Scan(ThinkScan):
     blocks: list[_Block] = field(default_factory=list)
     response: str | None = None
     response_open: int | None = None
-    errors: list[str] = field(default_factory=list)
 
     @property
     def calls(self) -> tuple[Call, ...]:
@@ -164,10 +162,8 @@ def _next_tag(text: str, i: int, tags: Sequence[str]) -> int:
 def _scan(text: str) -> _Scan:
     s = _Scan()
     n = len(text)
-    think = leading_think(text)
-    s.think = think.text
+    think = s.read_think(text)
     if think.error is not None:
-        s.errors.append(think.error)
         return s
     i = _skip_ws(text, 0)
     if think.end is not None:
