@@ -3,8 +3,8 @@
 The wheel's `__init__` imports a module that is not installed (its own dependencies compile
 llama.cpp, which we do not need), so the package is located with `importlib.util.find_spec`,
 which finds a top-level package's folder without executing it, and never imported.
-`transformers` loads the GGUF (needs `gguf`; the Q4_1 weights are dequantized to float32) in
-about 16 s on CPU. Nothing is fetched from a hub.
+`transformers` loads the GGUF (needs `gguf`; the Q4_1 weights are dequantized to float32). Nothing is
+fetched from a hub.
 
 vLLM cannot read this GGUF file, so `embedded_hf_dir` writes the model once as a plain
 transformers folder (float32 safetensors, tokenizer, chat template, generation config) under
