@@ -12,12 +12,19 @@ makes) under the same RNG seed for both, so the canonical and perturbed groups a
   decisions);
 - update: the trainer's loss (`compute_loss`), backward and optimizer step.
 The whole step is generation + scoring + update. Medians over repetitions (the order of the
-algorithms alternates between repetitions so drift in machine load hits all). `cipr_unfolded` is
+algorithms alternates between repetitions so drift in machine load hits all), with the
+[min-max] of the per-repetition ratios.
+
+Against the library it extends: `grpo` is our trainer with `algo=grpo` and `trl` stock
+`trl.GRPOTrainer` on the same GRPOConfig, model copy, prompts, reward function (our scorer) and
+replayed completions; each generates with its own class's HF path (ours: one prefill per distinct
+prompt shared by its G samples; TRL's: `generate` over the repeated prompts). `vs_trl` is the step
+ratio grpo / trl (target <= 1.05), `vs_trl_train` the same without generation (scoring + update). `cipr_unfolded` is
 CIPR with `algo.fold_action_read=false`: TRL's own forward for the task loss plus separate action
 reads, i.e. the cost of the consistency terms on top of TRL's path (the folded read skips TRL's
 per-token entropy, which is why folded CIPR can update faster than multi-interface training). The
 last line is `step_ratio=<r> update_ratio=<r>` for `cipr` (the default) against `multi_interface`,
-the larger ratio over the models benchmarked (targets: 1.5, 2.2).
+then `vs_trl` and `vs_trl_train`, each the larger over the models benchmarked (targets: 1.5, 2.2, 1.05).
 
     .venv/bin/python scripts/bench_step.py                 # tiny model and SmolLM2-135M (prints its wall time)
     .venv/bin/python scripts/bench_step.py --models tiny --repeats 3
@@ -68,17 +75,24 @@ def make_trainer(algo: str, model: Any, tokenizer: Any, fmt: Any, prompts: Any, 
     from cipr.train.replay import ReplayRollouts
     from cipr.train.reward import RolloutScorer
 
-    weights = (0.1, 0.1) if algo.startswith("cipr") else (0.0, 0.0)
-    algo_cfg = AlgoConfig(name="cipr" if algo.startswith("cipr") else algo, rescore_weight=weights[0],
-                          rollout_weight=weights[1], fold_action_read=algo != "cipr_unfolded")
     args = GRPOConfig(output_dir=str(out / algo), per_device_train_batch_size=2 * g * pairs, num_generations=g,
                       max_completion_length=max_len, learning_rate=1e-6, bf16=False, gradient_checkpointing=True,
                       gradient_checkpointing_kwargs={"use_reentrant": False},
                       report_to="none", use_cpu=not torch.cuda.is_available(), beta=0.0, loss_type="grpo",
                       logging_steps=1, disable_tqdm=True, remove_unused_columns=False)
     scorer = RolloutScorer(prompts.records, fmt, tokenizer, [tokenizer.eos_token_id, tokenizer.pad_token_id])
-    trainer = CIPRGRPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(prompts.rows()),
-                              processing_class=tokenizer, prompts=prompts, scorer=scorer, algo=algo_cfg, fmt=fmt)
+    data = Dataset.from_list(prompts.rows())
+    if algo == "trl":  # stock TRL: the same scorer as its reward function, nothing of ours in the trainer
+        from trl import GRPOTrainer
+
+        trainer = GRPOTrainer(model=model, reward_funcs=[scorer], args=args, train_dataset=data,
+                              processing_class=tokenizer)
+    else:
+        weights = (0.1, 0.1) if algo.startswith("cipr") else (0.0, 0.0)
+        algo_cfg = AlgoConfig(name="cipr" if algo.startswith("cipr") else algo, rescore_weight=weights[0],
+                              rollout_weight=weights[1], fold_action_read=algo != "cipr_unfolded")
+        trainer = CIPRGRPOTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer,
+                                  prompts=prompts, scorer=scorer, algo=algo_cfg, fmt=fmt)
     ReplayRollouts(prompts.records, fmt, tokenizer, max_completion_length=max_len).install(trainer)
     trainer.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     trainer.create_optimizer()
@@ -97,13 +111,12 @@ def batch_rows(trainer: Any, start_pair: int, pairs: int, g: int) -> list[dict[s
 
 
 def time_generation(trainer: Any, inputs: list[dict[str, Any]]) -> float:
-    """The trainer's own HF generation (shared prompt prefill) of this batch; replay replaced it on the instance."""
-    from cipr.train.grpo import CIPRGRPOTrainer
-
+    """The trainer class's own HF generation of this batch (ours: shared prompt prefill; TRL's: `generate`),
+    called on the class since the replay replaced it on the instance."""
     ids = trainer.processing_class(text=[x["prompt"] for x in inputs])["input_ids"]
     start = time.perf_counter()
     with torch.no_grad():
-        CIPRGRPOTrainer._generate_single_turn(trainer, ids, None, {}, trainer.num_generations)
+        type(trainer)._generate_single_turn(trainer, ids, None, {}, trainer.num_generations)
     return time.perf_counter() - start
 
 
@@ -120,38 +133,52 @@ def one_step(trainer: Any, inputs: list[dict[str, Any]], seed: int) -> tuple[flo
     return scored - start, done - scored, batch["completion_ids"]
 
 
-def bench_model(name: str, repeats: int, pairs: int, g: int, max_len: int) -> dict[str, float]:
+ALGOS = ("multi_interface", "cipr", "cipr_unfolded", "grpo", "trl")
+
+
+def spread(values: list[float]) -> str:
+    return f"[{min(values):.2f}-{max(values):.2f}]"
+
+
+def bench_model(name: str, repeats: int, pairs: int, g: int, max_len: int) -> dict[str, list[float]]:
+    """Per-repetition ratios of one model: step and update of cipr / multi_interface, step of grpo / trl."""
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model, tokenizer, fmt, prompts = build(name, work, pairs, g, max_len)
         trainers = {algo: make_trainer(algo, copy.deepcopy(model), tokenizer, fmt, prompts, g, pairs, max_len, work)
-                    for algo in ("multi_interface", "cipr", "cipr_unfolded")}
+                    for algo in ALGOS}
         times: dict[str, dict[str, list[float]]] = {a: {"gen": [], "score": [], "update": []} for a in trainers}
         for r in tqdm(range(repeats + 1), desc=f"{name}: repetitions (first is warm-up)"):  # warm-up not counted
             inputs = batch_rows(trainers["cipr"], (r * pairs) % (len(prompts.records) // 2 - pairs), pairs, g)
-            gen = time_generation(trainers["cipr"], inputs)
+            gen = {"ours": time_generation(trainers["cipr"], inputs), "trl": time_generation(trainers["trl"], inputs)}
             completions = {}
             order = list(trainers)[r % len(trainers):] + list(trainers)[:r % len(trainers)]
             for algo in order:
                 score, update, completions[algo] = one_step(trainers[algo], inputs, seed=1000 + r)
                 if r:
-                    times[algo]["gen"].append(gen)
+                    times[algo]["gen"].append(gen["trl" if algo == "trl" else "ours"])
                     times[algo]["score"].append(score)
                     times[algo]["update"].append(update)
             if not all(torch.equal(c, completions["multi_interface"]) for c in completions.values()):
-                raise RuntimeError("the algorithms did not see identical rollouts")
+                raise RuntimeError("the trainers did not see identical rollouts")
     med = {a: {k: statistics.median(v) for k, v in t.items()} for a, t in times.items()}
-    step = {a: m["gen"] + m["score"] + m["update"] for a, m in med.items()}
+    step = {a: [sum(x) for x in zip(*t.values(), strict=True)] for a, t in times.items()}
     print(f"\n{name}: {pairs} pair(s) x G={g} x 2 interfaces per step, {repeats} repetitions (medians, seconds)")
     print(f"{'algo':<16}{'generation':>12}{'scoring':>10}{'update':>10}{'step':>10}")
     for algo, m in med.items():
-        print(f"{algo:<16}{m['gen']:>12.3f}{m['score']:>10.3f}{m['update']:>10.3f}{step[algo]:>10.3f}")
-    ratios = {"step": step["cipr"] / step["multi_interface"],
-              "update": med["cipr"]["update"] / med["multi_interface"]["update"]}
+        print(f"{algo:<16}{m['gen']:>12.3f}{m['score']:>10.3f}{m['update']:>10.3f}{statistics.median(step[algo]):>10.3f}")
+    per_rep = {
+        "step": [a / b for a, b in zip(step["cipr"], step["multi_interface"], strict=True)],
+        "update": [a / b for a, b in zip(times["cipr"]["update"], times["multi_interface"]["update"], strict=True)],
+        "vs_trl": [a / b for a, b in zip(step["grpo"], step["trl"], strict=True)],
+        "vs_trl_train": [(a1 + a2) / (b1 + b2) for a1, a2, b1, b2 in zip(
+            times["grpo"]["score"], times["grpo"]["update"], times["trl"]["score"], times["trl"]["update"],
+            strict=True)],
+    }
     unfolded = med["cipr_unfolded"]["update"] / med["multi_interface"]["update"]
-    print(f"{name}: step_ratio={ratios['step']:.2f} update_ratio={ratios['update']:.2f} "
-          f"(unfolded: update_ratio={unfolded:.2f})")
-    return ratios
+    print(f"{name}: " + " ".join(f"{k}={statistics.median(v):.2f} {spread(v)}" for k, v in per_rep.items())
+          + f" (unfolded: update_ratio={unfolded:.2f})")
+    return per_rep
 
 
 def main() -> None:
@@ -162,14 +189,16 @@ def main() -> None:
     parser.add_argument("--generations", type=int, default=4, help="G")
     parser.add_argument("--max-completion-length", type=int, default=96)
     args = parser.parse_args()
-    worst = {"step": 0.0, "update": 0.0}
+    worst: dict[str, list[float]] = {}
     started = time.perf_counter()
     for name in args.models.split(","):
-        ratios = bench_model(name.strip(), args.repeats, args.pairs, args.generations, args.max_completion_length)
-        worst = {k: max(worst[k], ratios[k]) for k in worst}
+        per_rep = bench_model(name.strip(), args.repeats, args.pairs, args.generations, args.max_completion_length)
+        for k, v in per_rep.items():
+            if k not in worst or statistics.median(v) > statistics.median(worst[k]):
+                worst[k] = v
     print(f"wall_s={time.perf_counter() - started:.0f}")
-    print(f"step_ratio={worst['step']:.2f} update_ratio={worst['update']:.2f}")
-
+    print(" ".join(f"{'step_ratio' if k == 'step' else 'update_ratio' if k == 'update' else k}="
+                   f"{statistics.median(v):.2f} {spread(v)}" for k, v in worst.items()))
 
 if __name__ == "__main__":
     main()
