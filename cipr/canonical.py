@@ -14,6 +14,9 @@ Choices the paper leaves open (documented here, configurable where it matters):
   called `search` does not rewrite the English word "search". `"all"` replaces every whole-word
   occurrence, `"none"` leaves text unchanged. Argument names are never rewritten in free text:
   they are mostly plain words (`city`, `date`).
+- JSON-schema `title`s of the parameters object and of each top-level argument are dropped: schema
+  generators (pydantic, as in τ²-bench) write them from the tool's and the argument's names
+  ("Reservation Id"), which would show the original names under the neutral ids.
 - With duplicated names (a perturbation may declare one name twice), each declaration gets its own
   id; a reference to the name maps to the first declaration, and both ids translate back to it.
 - Translating back: a generated name that the canonical interface does not declare is an error
@@ -117,6 +120,10 @@ class NameMap:
                 "arguments": {k: dict(v) for k, v in self.arguments.items()}}
 
 
+def _untitled(schema: Any) -> Any:
+    return {k: v for k, v in schema.items() if k != "title"} if isinstance(schema, Mapping) else schema
+
+
 def canonicalize_interface(interface: Interface) -> tuple[Interface, NameMap]:
     """Neutral ids for an interface's tools and arguments, and the map back."""
     n = len(interface)
@@ -127,8 +134,8 @@ def canonicalize_interface(interface: Interface) -> tuple[Interface, NameMap]:
         cid = canonical_tool_id(i, n)
         names = list(tool.properties)
         amap = {orig: canonical_arg_id(j, len(names)) for j, orig in enumerate(names)}
-        params = dict(tool.parameters)
-        params["properties"] = {amap[k]: v for k, v in tool.properties.items()}
+        params = {k: v for k, v in tool.parameters.items() if k != "title"}
+        params["properties"] = {amap[k]: _untitled(v) for k, v in tool.properties.items()}
         if "required" in params:
             params["required"] = [amap.get(r, r) for r in params["required"]]
         tools.append(Tool(cid, tool.description, params))

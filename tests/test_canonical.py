@@ -136,3 +136,18 @@ def test_round_trip_on_all_bfcl_items(shared_data):
         for orig, can, call in zip(ex.accepted, canon.accepted, ex.reference, strict=True):
             amap = nmap.forward_args(call.name)
             assert {amap.get(k, k): v for k, v in orig.items()} == dict(can), ex.id
+
+
+def test_schema_titles_that_spell_the_original_names_are_dropped():
+    tool = Tool("get_reservation_details", "Details of a reservation.", {
+        "type": "object", "title": "GetReservationDetails", "required": ["reservation_id"],
+        "properties": {"reservation_id": {"type": "string", "title": "Reservation Id",
+                                          "description": "The id, e.g. 'ZFA04Y'."},
+                       "extra": {"type": "object", "properties": {"note": {"type": "string", "title": "Note"}}}}})
+    canon, _ = canonicalize_interface(Interface((tool,)))
+    params = canon[0].parameters
+    assert params == {"type": "object", "required": ["arg_01"], "properties": {
+        "arg_01": {"type": "string", "description": "The id, e.g. 'ZFA04Y'."},
+        "arg_02": {"type": "object", "properties": {"note": {"type": "string", "title": "Note"}}}}}
+    assert "Reservation" not in str(params) and "GetReservation" not in str(params)
+    assert tool.parameters["properties"]["reservation_id"]["title"] == "Reservation Id"  # the input is not changed
