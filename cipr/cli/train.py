@@ -72,10 +72,12 @@ def main() -> None:
     from cipr.errors import EXIT_INPUT, debug_enabled, pop_debug_flag, report
     from cipr.hub import stay_offline
     from cipr.io import override_value
+    from cipr.memory import limit_heap_growth
     from cipr.ops.launch import check_run_dir
 
     pop_debug_flag()
     stay_offline()
+    limit_heap_growth()
     run_dir = override_value(sys.argv[1:], "trainer.run_dir")
     if run_dir is not None and not debug_enabled():  # Hydra creates it before the config is read
         try:

@@ -114,7 +114,7 @@ def shared_prefill_generate(model: Any, runs: Sequence[tuple[list[int], int]], p
     mask = pad([torch.ones_like(t) for t in prompts], padding_value=0, padding_side="left").to(device)
     positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
     prefix = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
-                   use_cache=True)
+                   use_cache=True, logits_to_keep=1)  # only the cache is used: no [R, P, vocab] logits
     cache = prefix.past_key_values
     counts = torch.tensor([n for _, n in runs], device=device)
     index = torch.repeat_interleave(torch.arange(len(runs), device=device), counts)
