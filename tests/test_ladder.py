@@ -48,6 +48,26 @@ def test_sweep_config_lists_every_algorithm_and_shares_one_warm_start():
         ["grpo", "multi_interface", "masking", "cipr", "cipr_no_rescore", "cipr_no_rollout"]
 
 
+def test_cpu_ladder_config_narrows_the_ladder_and_keeps_its_folders():
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+
+    from cipr.cli.train import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["+sweep=ladder_cpu", "algo=grpo", "trainer.seed=0"],
+                      return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    try:
+        assert cfg.trainer.run_dir == "runs/ladder_cpu/smollm2-135m/grpo_rs0.0_ro0.0_s0"
+        assert cfg.trainer.warm_start.shared_dir == "runs/ladder_cpu/smollm2-135m/warm_start"
+    finally:
+        HydraConfig.instance().cfg = None
+    assert str(cfg.hydra.sweeper.params["algo"]).split(",") == ["grpo", "multi_interface", "cipr"]
+    assert (cfg.trainer.warm_start.steps, cfg.trainer.max_steps, cfg.rollout.max_completion_length) == (40, 8, 96)
+    assert cfg.trainer.warm_start.names == "mixed" and list(cfg.data.tools_per_example) == [1, 2]
+
+
 def _write_eval(folder: Path, names: str, correct: dict[tuple[str, str, str], bool], kl: dict[tuple[str, str], float]):
     folder.mkdir(parents=True)
     groups = {"original": "original", "typos": "typos_distractors", "cost_tag_explicit": "cost_latency_explicit"}
@@ -140,3 +160,11 @@ def test_sweep_then_ladder_end_to_end_and_rerun_skips_finished_work(tmp_path):
     assert again["work"]["evaluated"] == [] and again["work"]["exported"] == [] and len(again["work"]["skipped"]) == 6
     assert {p: p.stat().st_mtime_ns for p in watched} == before
     assert again["rows"] == report["rows"]
+
+
+def test_options_may_come_after_the_cipr_eval_overrides():
+    from cipr.cli.ladder import build_parser
+
+    args = build_parser().parse_intermixed_args(["runs/l", "--no-base", "limit=3", "--no-consistency", "threads=1"])
+    assert (str(args.sweep_dir), args.overrides, args.no_base, args.no_consistency) == (
+        "runs/l", ["limit=3", "threads=1"], True, True)

@@ -51,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from cipr.eval.ladder import LadderConfig, run_ladder
 
     begin()
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_intermixed_args(argv)  # options may follow the key=value overrides
     with cli_errors("cipr-ladder", debug=args.debug or None):
         bad = [o for o in args.overrides if "=" not in o]
         if bad:
