@@ -173,3 +173,17 @@ def test_cipr_eval_with_consistency_reports_and_compares(tmp_path, tiny_tokenize
                               consistency=ConsistencyConfig()), model=tiny_model(tiny_tokenizer, layers=1),
                    tokenizer=tiny_tokenizer)
     assert "consistency" not in off and not (tmp_path / "off" / CONSISTENCY).exists()
+
+
+def test_the_reader_runs_on_sdpa_and_the_model_returns_to_eager(tiny_tokenizer):
+    from cipr.eval.evaluate import reader_attention
+    from cipr.testing import tiny_model
+
+    model = tiny_model(tiny_tokenizer)
+    model.set_attn_implementation("eager")
+    with reader_attention(model):
+        assert model.config._attn_implementation == "sdpa"
+    assert model.config._attn_implementation == "eager"
+    model.set_attn_implementation("sdpa")
+    with reader_attention(model):  # anything but eager is left as it is
+        assert model.config._attn_implementation == "sdpa"

@@ -18,8 +18,10 @@ select fewer than the results already there (`check_same_selection`). A run.json
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -235,4 +237,25 @@ def _consistency(cfg: EvalConfig, items: list[Any], backend: Backend, fmt: CallF
     else:
         raise ConfigError(f"consistency.enabled=true reads the model's token probabilities: backend="
                           f"{cfg.resolved_backend} gives none; use backend=hf or vllm (HF loads it for the read)")
-    run_consistency(items, load_examples(cfg), model, tokenizer, fmt, out_dir, cfg.consistency, cfg.seed)
+    with reader_attention(model):
+        run_consistency(items, load_examples(cfg), model, tokenizer, fmt, out_dir, cfg.consistency, cfg.seed)
+
+
+@contextlib.contextmanager
+def reader_attention(model: Any) -> Iterator[None]:
+    """SDPA instead of eager attention for the action reader's forwards, then back.
+
+    Eager is the CPU generation default (`load_model`), but the reader's one long forward over
+    sequences and their packed tries with a tree-shaped mask makes eager materialize [B, H, T, T]
+    float32 scores and their softmax in every layer: 24 s per forward of 8 sequences on 2 cores, most
+    of a consistency read's time (cProfile of `cipr-eval consistency.enabled=true`). SDPA's kernel
+    computes the same attention without those tensors."""
+    before = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if before != "eager" or not hasattr(model, "set_attn_implementation"):
+        yield
+        return
+    model.set_attn_implementation("sdpa")
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(before)
