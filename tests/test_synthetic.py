@@ -168,3 +168,20 @@ def test_canonical_round_trip(examples):
         canon, nmap = canonicalize(e)
         assert all(n.startswith("function_") for n in canon.interface.names)
         assert tuple(nmap.translate_back(c) for c in canon.reference) == e.reference
+
+
+def test_the_test_split_never_repeats_a_training_item():
+    import json
+
+    from cipr.data.synthetic import TRAIN_GUARD
+
+    def key(e):
+        return e.messages[0].content, json.dumps([c.to_dict() for c in e.reference], sort_keys=True)
+
+    trained = {key(e) for e in generate_synthetic(TRAIN_GUARD, 0, tools_per_example=(1, 2))}
+    test = generate_synthetic(200, 0, split="test")
+    assert len(test) == 200 and len({e.id for e in test}) == 200
+    assert all(e.id.startswith("synthetic-test-0-") for e in test)
+    assert not [e.id for e in test if key(e) in trained]
+    assert generate_synthetic(50, 0, split="test") == test[:50]  # prefix-stable like the training stream
+    assert generate_synthetic(96, 0) == generate_synthetic(200, 0)[:96]  # the training stream is unchanged

@@ -28,6 +28,7 @@ kind of each example is drawn with the given fractions, so counts per kind vary 
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import random
 import string
 from collections import Counter
@@ -686,8 +687,9 @@ def _interface(rng: random.Random, needed: Sequence[CatalogTool], size: int, exc
 
 
 def _one(i: int, seed: int, lo: int, hi: int, parallel_fraction: float, no_call_fraction: float,
-         same_domain: float) -> Example:
-    rng = random.Random(f"cipr-synthetic:{seed}:{i}")
+         same_domain: float, split: str = "train") -> Example:
+    stream = "cipr-synthetic" if split == "train" else f"cipr-synthetic-{split}"
+    rng = random.Random(f"{stream}:{seed}:{i}")
     cat = catalog()
     r = rng.random()
     kind = "no_call" if r < no_call_fraction else "parallel" if r < no_call_fraction + parallel_fraction else "single"
@@ -724,15 +726,22 @@ def _one(i: int, seed: int, lo: int, hi: int, parallel_fraction: float, no_call_
         needed = list({t.tool.name: t for t in tools}.values())
         interface = _interface(rng, needed, max(size, len(needed)), set(), same_domain)
         meta["domains"] = sorted({t.domain for t in needed})
-    return Example(id=f"synthetic-{seed}-{i:05d}", messages=(Message("user", query),), interface=interface,
+    prefix = "synthetic" if split == "train" else f"synthetic-{split}"
+    return Example(id=f"{prefix}-{seed}-{i:05d}", messages=(Message("user", query),), interface=interface,
                    reference=tuple(calls), response=response, source="synthetic", partition=kind, meta=meta)
 
 
 def generate_synthetic(n: int, seed: int = 0, *, tools_per_example: tuple[int, int] = (2, 5),
                        parallel_fraction: float = 0.25, no_call_fraction: float = 0.15,
-                       same_domain_distractors: float = 0.5) -> list[Example]:
-    """`n` synthetic Examples, deterministic in (n, seed, options).
+                       same_domain_distractors: float = 0.5, split: str = "train") -> list[Example]:
+    """`n` synthetic Examples, deterministic in (n, seed, options, split).
 
+    - `split`: "train" (training data, `cipr-train data=synthetic`) or "test" (the evaluation's
+      `benchmark=synthetic`). The test split draws from its own random stream and drops every item whose
+      query and reference calls equal one of the first `TRAIN_GUARD` training items of the same seed
+      (the template space is small: about a quarter of a separate stream's items repeat a training
+      item, the fixed chit-chat no-call items among them), so no test item was trained on under any
+      `data.n` up to that bound. Test ids are `synthetic-test-<seed>-<stream index>`.
     - `tools_per_example`: inclusive range of the interface size (raised to the number of tools a
       parallel example needs).
     - `parallel_fraction`, `no_call_fraction`: probabilities of the parallel and no-call kinds; the
@@ -748,7 +757,29 @@ def generate_synthetic(n: int, seed: int = 0, *, tools_per_example: tuple[int, i
     fractions = (parallel_fraction, no_call_fraction, same_domain_distractors)
     if min(fractions) < 0 or parallel_fraction + no_call_fraction > 1 or same_domain_distractors > 1:
         raise ValueError("fractions must be in [0, 1] and parallel_fraction + no_call_fraction <= 1")
-    return [_one(i, seed, lo, hi, parallel_fraction, no_call_fraction, same_domain_distractors) for i in range(n)]
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    options = (lo, hi, parallel_fraction, no_call_fraction, same_domain_distractors)
+    if split == "train":
+        return [_one(i, seed, *options) for i in range(n)]
+    trained = {_item_key(_one(i, seed, *options)) for i in range(TRAIN_GUARD)}
+    out: list[Example] = []
+    i = 0
+    while len(out) < n:
+        example = _one(i, seed, *options, split)
+        if _item_key(example) not in trained:
+            out.append(example)
+        i += 1
+    return out
+
+
+TRAIN_GUARD = 5000
+
+
+def _item_key(example: Example) -> tuple[str, str]:
+    """What makes two synthetic items the same task: the query and the reference calls."""
+    calls = json.dumps([c.to_dict() for c in example.reference], sort_keys=True)
+    return str(example.messages[0].content), calls
 
 
 def synthetic_stats(n: int = 200, seed: int = 0, **options: Any) -> dict[str, Any]:

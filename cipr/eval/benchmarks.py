@@ -85,7 +85,7 @@ def load_examples(cfg: EvalConfig) -> list[Example]:
     elif name == "synthetic":
         from cipr.data.synthetic import generate_synthetic
 
-        exs = generate_synthetic(cfg.benchmark.n, cfg.seed)
+        exs = generate_synthetic(cfg.benchmark.n, cfg.seed, split="test")  # never the training stream
     else:
         raise ValueError(f"load_examples does not load {name!r} (RoTBench is loaded per level)")
     by_part: dict[str, list[Example]] = defaultdict(list)
