@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,41 +29,35 @@ def test_labels_and_names_follow_the_paper():
     assert method_label({"name": "cipr", "rescore_weight": 0.1, "rollout_weight": 0.0}) == "+ CIPR w/o rollout KL"
 
 
-def test_sweep_config_lists_every_algorithm_and_shares_one_warm_start():
+def _compose(*overrides: str) -> tuple[Any, str, str]:
+    """The composed train config of one sweep point, with its run folder and shared warm start resolved."""
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
 
     from cipr.cli.train import CONFIG_DIR
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=["+sweep=ladder", "algo=cipr_no_rollout", "trainer.seed=2"],
-                      return_hydra_config=True)
+        cfg = compose(config_name="train", overrides=list(overrides), return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
     try:
-        assert cfg.trainer.run_dir == "runs/ladder/smollm2-135m/cipr_rs0.1_ro0.0_s2"
-        assert cfg.trainer.warm_start.shared_dir == "runs/ladder/smollm2-135m/warm_start"
+        return cfg, cfg.trainer.run_dir, cfg.trainer.warm_start.shared_dir
     finally:
         HydraConfig.instance().cfg = None
+
+
+def test_sweep_config_lists_every_algorithm_and_shares_one_warm_start():
+    cfg, run_dir, shared = _compose("+sweep=ladder", "algo=cipr_no_rollout", "trainer.seed=2")
+    assert run_dir == "runs/ladder/smollm2-135m/cipr_rs0.1_ro0.0_s2"
+    assert shared == "runs/ladder/smollm2-135m/warm_start"
     assert cfg.algo.name == "cipr" and cfg.algo.rollout_weight == 0.0 and cfg.trainer.warm_start.names == "mixed"
     assert str(cfg.hydra.sweeper.params["algo"]).split(",") == \
         ["grpo", "multi_interface", "masking", "cipr", "cipr_no_rescore", "cipr_no_rollout"]
 
 
 def test_cpu_ladder_config_narrows_the_ladder_and_keeps_its_folders():
-    from hydra import compose, initialize_config_dir
-    from hydra.core.hydra_config import HydraConfig
-
-    from cipr.cli.train import CONFIG_DIR
-
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=["+sweep=ladder_cpu", "algo=grpo", "trainer.seed=0"],
-                      return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)
-    try:
-        assert cfg.trainer.run_dir == "runs/ladder_cpu/smollm2-135m/grpo_rs0.0_ro0.0_s0"
-        assert cfg.trainer.warm_start.shared_dir == "runs/ladder_cpu/smollm2-135m/warm_start"
-    finally:
-        HydraConfig.instance().cfg = None
+    cfg, run_dir, shared = _compose("+sweep=ladder_cpu", "algo=grpo", "trainer.seed=0")
+    assert run_dir == "runs/ladder_cpu/smollm2-135m/grpo_rs0.0_ro0.0_s0"
+    assert shared == "runs/ladder_cpu/smollm2-135m/warm_start"
     assert str(cfg.hydra.sweeper.params["algo"]).split(",") == ["grpo", "multi_interface", "cipr"]
     assert (cfg.trainer.warm_start.steps, cfg.trainer.max_steps, cfg.rollout.max_completion_length) == (40, 8, 96)
     assert cfg.trainer.warm_start.names == "mixed" and list(cfg.data.tools_per_example) == [1, 2]
