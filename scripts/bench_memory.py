@@ -26,6 +26,7 @@ def child(algo: str, repeats: int, limited: bool) -> dict[str, float]:
     if limited:
         from cipr.memory import limit_heap_growth
 
+        os.environ["CIPR_LOW_MEMORY"] = "1"
         assert limit_heap_growth(), "no glibc here: nothing to compare"
     import resource
     import tempfile
@@ -65,7 +66,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.algo, args.repeats, args.child == "limited")))
         return
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "CIPR_LOW_MEMORY"}
     env.setdefault("HF_HUB_OFFLINE", "1")
     out = {}
     for setting in ("default", "limited"):

@@ -1,4 +1,5 @@
-"""cipr.memory: glibc's thresholds are set once, for this process and the ones it starts, unless the user chose."""
+"""cipr.memory: with CIPR_LOW_MEMORY=1, glibc's thresholds are set for this process and the ones it starts,
+unless the user chose them."""
 
 import os
 import subprocess
@@ -14,7 +15,9 @@ def _run(env):
 
 
 def test_sets_the_thresholds_for_children_and_respects_the_users_choice():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "CIPR_LOW_MEMORY"}
+    assert _run(env) == ["False", "None", "None"]  # opt-in
+    env["CIPR_LOW_MEMORY"] = "1"
     changed, mmap, trim = _run(env)
     if changed == "False":  # no glibc on this platform: nothing may be set
         assert (mmap, trim) == ("None", "None")

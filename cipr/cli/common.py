@@ -12,7 +12,7 @@ LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 def begin() -> None:
     """HF_HUB_OFFLINE=1 unless downloads were allowed (`cipr.hub`), freed memory returned to the OS
-    (`cipr.memory`), and INFO logging to stderr."""
+    with CIPR_LOW_MEMORY=1 (`cipr.memory`), and INFO logging to stderr."""
     from cipr.hub import stay_offline
     from cipr.memory import limit_heap_growth
 
