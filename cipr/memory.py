@@ -11,7 +11,7 @@ glibc's adjustment). The cost is page faults on every fresh mmapped tensor: the 
 
 Opt-in (`CIPR_LOW_MEMORY=1`), because the page faults cost time: the README main job with a 30-step warm
 start ran in 15 min 29 s on 2 idle cores at 4.63 GB peak RSS, of which 587 s were system time (1,201 s
-user), against a 9.9 GB peak for the same kind of run without it.
+user); the CPU ladder's training process (docs/results/cpu_ladder.md), without it, peaked at 9.9 GB.
 """
 
 from __future__ import annotations
