@@ -103,13 +103,6 @@ def _eval(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
-    if args.shard is not None:
-        try:
-            k, n = (int(x) for x in args.shard.split("/"))
-        except ValueError:
-            k, n = -1, 0
-        if not 0 <= k < n:
-            raise ConfigError(f"--shard must be K/N with 0 <= K < N, got {args.shard!r}")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     ecfg = from_dict(EvalConfig, {
         "model": args.model, "benchmark": {"name": "bfcl"}, "format": args.format, "seed": args.seed,

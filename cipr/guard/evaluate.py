@@ -130,9 +130,9 @@ class GuardEvalConfig:
         try:
             k, n = (int(x) for x in str(self.shard).split("/"))
         except ValueError:
-            raise ConfigError(f"guard shard must be K/N with 0 <= K < N, got {self.shard!r}") from None
+            raise ConfigError(f"shard must be K/N with 0 <= K < N, got {self.shard!r}") from None
         if not 0 <= k < n:
-            raise ConfigError(f"guard shard must be K/N with 0 <= K < N, got {self.shard!r}")
+            raise ConfigError(f"shard must be K/N with 0 <= K < N, got {self.shard!r}")
         return k, n
 
     def identity(self, call_format: Any = None, *, seed: int = 0, max_new_tokens: int = 512) -> dict[str, Any]:
