@@ -112,6 +112,9 @@ class ActionReaderConfig:
       "auto" (default) picks "prefix_cache", or "packed" when either is missing.
     - `response_logprobs`: also return each response token's log-probability (so a trainer can fold
       the action read into the forward it already does).
+    - `response_temperature`: the temperature of those log-probabilities, log_softmax(logits / T), as a
+      GRPO trainer scores tokens at its sampling temperature; the action distributions are always read
+      at temperature 1.
     - `reuse_response`: read trie nodes the response itself follows from the sequence instead of
       packing them (same result, fewer tokens).
     - `head`: "auto" applies the output head only at the positions needed (hidden states of the
@@ -122,8 +125,13 @@ class ActionReaderConfig:
     padding_side: Literal["right", "left"] = "right"
     mode: Literal["auto", "packed", "prefix_cache"] = "auto"
     response_logprobs: bool = False
+    response_temperature: float = 1.0
     reuse_response: bool = True
     head: Literal["auto", "gather", "model"] = "auto"
+
+    def __post_init__(self) -> None:
+        if not self.response_temperature > 0:
+            raise ValueError(f"response_temperature must be > 0, got {self.response_temperature}")
 
 
 @dataclass(frozen=True)
@@ -750,13 +758,23 @@ def read_actions(model: Any, tokenizer: Any, queries: Sequence[ActionQuery], num
         resp_mask = torch.zeros(len(queries), longest, dtype=torch.bool, device=device)
         for b, r in enumerate(response_ids):
             resp_mask[b, :len(r)] = True
-        lp_resp = logp[t(resp_at), t(resp_toks)] if resp_toks else logp.new_zeros(0)
+        lp_resp = _response_logprobs(logits, logp, t(resp_at), t(resp_toks), config.response_temperature,
+                                     float_dtype) if resp_toks else logp.new_zeros(0)
         reading.response_ids = torch.zeros(len(queries), longest, dtype=torch.long, device=device)
         reading.response_ids[resp_mask] = t(resp_toks)
         reading.response_logprobs = torch.zeros(len(queries), longest, dtype=logp.dtype, device=device)
         reading.response_logprobs = reading.response_logprobs.masked_scatter(resp_mask, lp_resp)
         reading.response_mask = resp_mask
     return reading
+
+
+def _response_logprobs(logits: torch.Tensor, logp: torch.Tensor, at: torch.Tensor, tokens: torch.Tensor,
+                       temperature: float, dtype: torch.dtype) -> torch.Tensor:
+    """log p_T(token) at each response column: `logp` (temperature 1) reused, else log_softmax(logits / T)."""
+    if temperature == 1.0:
+        return logp[at, tokens]
+    scaled = torch.log_softmax(logits[at].to(dtype) / temperature, dim=-1)
+    return scaled.gather(-1, tokens[:, None]).squeeze(-1)
 
 
 def _closing_sums(logp: torch.Tensor, closings: list[tuple[int, int, bytes]], vocab: _Vocabulary,

@@ -166,18 +166,24 @@ def test_eager_attention_and_llama_arch(tiny_tokenizer):
             _assert_same(read_actions(llama, tiny_tokenizer, queries, 7, cfg).probs, ref)
 
 
-def test_response_logprobs_match_plain_forward(tiny_tokenizer, model64):
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_response_logprobs_match_plain_forward(tiny_tokenizer, model64, temperature):
     queries = _queries(tiny_tokenizer)[:2]
     reading = read_actions(model64, tiny_tokenizer, queries, 7,
-                           ActionReaderConfig(response_logprobs=True, padding_side="left"))
+                           ActionReaderConfig(response_logprobs=True, padding_side="left",
+                                              response_temperature=temperature))
     cached = read_actions(model64, tiny_tokenizer, queries, 7,
-                          ActionReaderConfig(response_logprobs=True, mode="prefix_cache", padding_side="left"))
+                          ActionReaderConfig(response_logprobs=True, mode="prefix_cache", padding_side="left",
+                                             response_temperature=temperature))
     assert torch.allclose(reading.response_logprobs, cached.response_logprobs, atol=1e-10)
+    plain = read_actions(model64, tiny_tokenizer, queries, 7, ActionReaderConfig(padding_side="left"))
+    assert torch.equal(reading.probs, plain.probs)  # the action distributions stay at temperature 1
     for b, q in enumerate(queries):
         p = tiny_tokenizer(q.prompt, add_special_tokens=False)["input_ids"]
         r = tiny_tokenizer(q.response, add_special_tokens=False)["input_ids"]
         logits = model64(input_ids=torch.tensor([p + r])).logits[0]
-        expected = torch.log_softmax(logits[len(p) - 1:-1], -1).gather(-1, torch.tensor(r)[:, None]).squeeze(-1)
+        expected = torch.log_softmax(logits[len(p) - 1:-1] / temperature, -1)
+        expected = expected.gather(-1, torch.tensor(r)[:, None]).squeeze(-1)
         n = int(reading.response_mask[b].sum())
         assert n == len(r) and reading.response_ids[b, :n].tolist() == r
         assert torch.allclose(reading.response_logprobs[b, :n], expected, atol=1e-10)

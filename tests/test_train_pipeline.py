@@ -123,6 +123,11 @@ def test_two_optimizer_steps_of_every_grpo_algorithm(warm_dir, tmp_path, replaye
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["algo"] == algo and summary["final"][stage]["step"] == 2
     assert all("reward" in r and "reward/format" in r and "rollout/no_call_rate" in r for r in lines)
+    timed = ("generate_and_score", "loss_forward", "backward") + (("action_read", "task_loss", "rescore_read")
+                                                                   if algo == "cipr" else ())
+    for r in lines:  # the step's time breakdown: parts of the step, so none exceeds it
+        assert all(0 <= r[f"time/{k}"] <= r["speed/step_seconds"] for k in timed), r
+        assert r["time/generate_and_score"] + r["time/loss_forward"] + r["time/backward"] <= r["speed/step_seconds"]
     samples = [json.loads(x) for x in (run_dir / "rollouts.jsonl").read_text().splitlines()]
     rows = 2 * G * accumulation  # the generation batch: accumulation micro-batches of 2G rows
     assert [s["step"] for s in samples] == [1] * rows + [2] * rows
@@ -147,6 +152,20 @@ def test_two_optimizer_steps_of_every_grpo_algorithm(warm_dir, tmp_path, replaye
             assert sorted(s for _, s in batch) == ["canonical"] * G + ["perturbed"] * G
     else:
         assert not any(k.startswith("consistency/") for r in lines for k in r)
+
+
+def test_folded_read_gives_trl_loss_at_a_sampling_temperature_below_one(warm_dir, tmp_path, replayed):
+    """Folding the action read into the task forward changes no number, also at temperature 0.7 (TRL
+    scores tokens at the sampling temperature; the folded read returns them at that temperature)."""
+    first = {}
+    for fold in (True, False):
+        cfg = make_config(warm_dir, tmp_path / f"fold_{fold}", "cipr", max_steps=1)
+        cfg.algo.fold_action_read = fold
+        cfg.rollout.temperature = 0.7
+        first[fold] = steps(run(cfg), "grpo")[0]
+    assert first[True]["actions/folded"] > 0 and first[False]["actions/folded"] == 0
+    for key in ("loss", "grad_norm", "consistency/rescore_kl", "consistency/rollout_kl", "task"):
+        assert first[True][key] == pytest.approx(first[False][key], rel=1e-4, abs=1e-6), key
 
 
 def comparable(record: dict[str, Any]) -> dict[str, float]:

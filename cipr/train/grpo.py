@@ -25,9 +25,10 @@ log-probabilities reach TRL's loss through the one TRL method that scores tokens
 them on exit (also on error); outside it the method is TRL's (`tests/test_trl_contract.py` pins that
 TRL still scores through it). TRL's token-entropy metric needs full logits and is not computed on the
 folded path (logged as missing); the action-distribution entropy is logged instead. TRL scores tokens
-at the sampling temperature; the reader at temperature 1, so folding also requires
-`rollout.temperature=1`. The rescoring term always needs a second forward over the relabeled canonical
-rollouts (x̃, ỹ) (`cipr.relabel`).
+at the sampling temperature, so the folded read returns the token log-probabilities at that temperature
+(`ActionReaderConfig.response_temperature`) and the action distributions at temperature 1, from the same
+logits. The rescoring term always needs a second forward over the relabeled canonical rollouts (x̃, ỹ)
+(`cipr.relabel`).
 
 Choices the paper leaves open:
 - Decisions in sampled text are those the call format finds (`CallFormat.decisions`); a response
@@ -47,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -160,6 +162,7 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         self._given_task_logps: torch.Tensor | None = None
         self._fold_allowed = fold_allowed
         self._share_prefill = share_prefill
+        self._timed_seconds = 0.0
         self._init_trl(args, kwargs)
         self.unit_rows = prompts.unit_size * self.num_generations
         if self.args.generation_batch_size % self.unit_rows:
@@ -211,8 +214,29 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
             self._buffered_inputs = split_tensor_dict(batch, self.args.steps_per_generation)
         return self._buffered_inputs[self._step % self.args.steps_per_generation]
 
+    @contextlib.contextmanager
+    def _timed(self, name: str) -> Iterator[None]:
+        """Log the block's wall seconds as `time/<name>` (mean per call over the logging interval)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            seconds = time.perf_counter() - start
+            self._metrics["train" if self.model.training else "eval"][f"time/{name}"].append(seconds)
+            if name in ("generate_and_score", "loss_forward"):
+                self._timed_seconds += seconds
+
+    def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
+        """TRL's micro-step; logs `time/backward`, its wall time outside generation, scoring and the loss forward."""
+        self._timed_seconds = 0.0
+        start = time.perf_counter()
+        out = super().training_step(model, inputs, num_items_in_batch)
+        self._metrics["train"]["time/backward"].append(time.perf_counter() - start - self._timed_seconds)
+        return out
+
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        output = super()._generate_and_score_completions(inputs)
+        with self._timed("generate_and_score"):
+            output = super()._generate_and_score_completions(inputs)
         rollouts = list(self.scorer.last)
         if len(rollouts) != len(inputs):
             raise RuntimeError(f"the reward function scored {len(rollouts)} completions for {len(inputs)} rows")
@@ -250,6 +274,11 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
 
         vLLM, continuous batching, multimodal inputs and `rollout.share_prompt_prefill=false` use TRL's path.
         """
+        with self._timed("generate"):
+            return self._generate_runs(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+
+    def _generate_runs(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,
+                       has_tool_images: bool) -> Any:
         runs = consecutive_runs(prompt_ids)
         if (not self._share_prefill or self.use_vllm or self.use_transformers_continuous_batching or images
                 or multimodal_fields or len(runs) == len(prompt_ids)):
@@ -297,11 +326,11 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
     def _fold_rows(self, inputs: dict[str, Any], queries: Sequence[ActionQuery]) -> list[bool] | None:
         """Per row, whether re-tokenizing it gives exactly the prompt and completion ids the loss uses.
 
-        None when folding is off (by config, under vLLM importance-sampling correction, a sampling
-        temperature other than 1, or an entropy-dependent loss, which needs TRL's token entropies).
+        None when folding is off (by config, under vLLM importance-sampling correction, or with an
+        entropy-dependent loss, which needs TRL's token entropies).
         """
         if not (self.algo.fold_action_read and self._fold_allowed) or self.top_entropy_quantile < 1.0 \
-                or self._entropy_bonus_enabled or self.temperature != 1.0:
+                or self._entropy_bonus_enabled:
             return None
         tok = self.processing_class
         prompts = tok([q.prompt for q in queries], add_special_tokens=False)["input_ids"]
@@ -330,6 +359,11 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         return logps
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+        with self._timed("loss_forward"):
+            return self._loss(model, inputs)
+
+    def _loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+        """The task loss, plus the consistency terms when the algorithm reads actions (module docstring)."""
         if not self.algo.reads_actions:
             loss = super()._compute_loss(model, inputs)
             check_finite(loss, self.state.global_step)
@@ -342,14 +376,15 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         rows = self._fold_rows(inputs, queries)
         folded = rows is not None and any(rows)
         metrics["actions/folded"].append(sum(rows) / len(rows) if rows else 0.0)
-        reader = ActionReaderConfig(response_logprobs=folded)
-        with self.accelerator.autocast():
+        reader = ActionReaderConfig(response_logprobs=folded, response_temperature=self.temperature)
+        with self.accelerator.autocast(), self._timed("action_read"):
             reading = read_actions(model, self.processing_class, queries, num_actions, reader)
-        if folded:
-            with self.given_task_logps(self._task_logps(model, inputs, reading.response_logprobs, rows)):
+        with self._timed("task_loss"):
+            if folded:
+                with self.given_task_logps(self._task_logps(model, inputs, reading.response_logprobs, rows)):
+                    task = super()._compute_loss(model, inputs)
+            else:
                 task = super()._compute_loss(model, inputs)
-        else:
-            task = super()._compute_loss(model, inputs)
         terms, parts = self._consistency(model, rollouts, reading.probs, reading.sequence, num_actions)
         scale = self.current_gradient_accumulation_steps if self.model.training else 1.0
         loss = task + (terms / scale).to(task.dtype)
@@ -423,7 +458,7 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         metrics = {"relabel_failures": float(failures)}
         if not queries:
             return None, metrics
-        with self.accelerator.autocast():
+        with self.accelerator.autocast(), self._timed("rescore_read"):
             relabeled = read_actions(model, self.processing_class, queries, num_actions)
         p_canon = probs[decision_rows(kept, seq, device=probs.device)]
         if p_canon.shape != relabeled.probs.shape:

@@ -8,7 +8,13 @@ Trainer's logs for that step. The GRPO stage adds (see `grpo.py`): `reward` and 
 consistency can be met by not calling), `rollout/twin_call_rate` (calls to a degraded twin among
 calls under the perturbed interface), `rollout/decisions_per_response`. Every step line has
 `speed/tokens_per_second` (prompt + completion tokens the step processed, over its wall time) and
-`memory/peak_gb` (peak resident memory of the process; CUDA peak allocation on a GPU).
+`memory/peak_gb` (peak resident memory of the process; CUDA peak allocation on a GPU). GRPO step
+lines break the step's wall time down (seconds, mean per call when a step has several micro-batches):
+`time/generate` (sampling), `time/generate_and_score` (sampling plus rewards and TRL's bookkeeping),
+`time/loss_forward` (the loss), within it `time/action_read` (the folded read), `time/task_loss`
+(TRL's loss; its own forward when not folded) and `time/rescore_read` (the rescoring forward), and
+`time/backward` (the rest of the micro-step); what `speed/step_seconds` has beyond them is the
+optimizer step and logging.
 Evaluation lines (`kind: "eval"`) record the reward of greedy responses on held-out prompts before
 and after the warm start.
 
