@@ -294,8 +294,11 @@ def measure(model: Any, tokenizer: Any, fmt: CallFormat, pairs: Sequence[Consist
 
 
 def run_consistency(items: Sequence[EvalItem], examples: Iterable[Example], model: Any, tokenizer: Any,
-                    fmt: CallFormat, out_dir: str | Path, config: ConsistencyConfig, seed: int) -> dict[str, int]:
-    """Append the records of every item not yet in `out_dir/consistency.jsonl`; counts."""
+                    fmt: CallFormat, out_dir: str | Path, config: ConsistencyConfig, seed: int,
+                    progress: bool = True) -> dict[str, int]:
+    """Append the records of every item not yet in `out_dir/consistency.jsonl` (a progress bar per pair); counts."""
+    from tqdm import tqdm
+
     path = Path(out_dir) / CONSISTENCY
     done, _ = existing_keys(path)
     todo = [it for it in items if it.perturbation not in NOT_COMPARED and it.key not in done]
@@ -305,14 +308,17 @@ def run_consistency(items: Sequence[EvalItem], examples: Iterable[Example], mode
     model.eval()
     written = 0
     try:
-        with path.open("a", encoding="utf-8") as f:
+        with path.open("a", encoding="utf-8") as f, tqdm(total=len(pairs), desc=f"consistency {Path(out_dir).name}",
+                                                         unit="pair", disable=not progress) as bar:
             for it, reason in skipped:
                 f.write(json.dumps(_record(it, skipped=reason), ensure_ascii=False) + "\n")
             for start in range(0, len(pairs), config.chunk_size):
-                for rec in measure(model, tokenizer, fmt, pairs[start:start + config.chunk_size], config):
+                chunk = pairs[start:start + config.chunk_size]
+                for rec in measure(model, tokenizer, fmt, chunk, config):
                     f.write(json.dumps(rec, ensure_ascii=False) + "\n")
                     written += 1
                 f.flush()
+                bar.update(len(chunk))
     finally:
         model.train(was_training)
     log.info("consistency: %d items read, %d skipped, %d already in %s", written, len(skipped), len(done), path)

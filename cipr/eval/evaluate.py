@@ -238,7 +238,8 @@ def _consistency(cfg: EvalConfig, items: list[Any], backend: Backend, fmt: CallF
         raise ConfigError(f"consistency.enabled=true reads the model's token probabilities: backend="
                           f"{cfg.resolved_backend} gives none; use backend=hf or vllm (HF loads it for the read)")
     with reader_attention(model):
-        run_consistency(items, load_examples(cfg), model, tokenizer, fmt, out_dir, cfg.consistency, cfg.seed)
+        run_consistency(items, load_examples(cfg), model, tokenizer, fmt, out_dir, cfg.consistency, cfg.seed,
+                        cfg.progress)
 
 
 @contextlib.contextmanager

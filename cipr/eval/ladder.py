@@ -164,8 +164,7 @@ def _evaluate(point: Point, model_dir: Path, eval_dir: Path, config: LadderConfi
     if done.is_file() and read_json(done) == identity:
         return False
     overrides = ["benchmark=synthetic", *config.eval_overrides, f"model={model_dir}", f"out_dir={eval_dir}",
-                 f"names=[{','.join(point.names)}]", f"consistency.enabled={str(config.consistency).lower()}",
-                 "progress=false"]
+                 f"names=[{','.join(point.names)}]", f"consistency.enabled={str(config.consistency).lower()}"]
     evaluate(_compose_eval(overrides))
     write_json_atomic(done, identity)
     return True
