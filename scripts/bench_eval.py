@@ -1,42 +1,83 @@
-"""Items per second of the HF evaluation backend at batch size 1 and at the default batch size.
+"""Speed of the HF evaluation backend: batching, and batch-1 decoding against a memory-bandwidth roofline.
 
-    .venv/bin/python scripts/bench_eval.py [--n 8] [--max-new-tokens 256] [--batch-size 8] [--device auto] \
-        [--threads N] [--attn auto|sdpa|eager]
+    .venv/bin/python scripts/bench_eval.py                        # default run (its wall time is printed)
+    .venv/bin/python scripts/bench_eval.py --n 8 --max-new-tokens 256 --repeats 3   # the longer setting
+    options: [--batch-size 8] [--device auto] [--threads N] [--attn auto|sdpa|eager] [--model DIR] [--no-vllm]
 
 Model: the embedded default (SmolLM2-135M-Instruct, `cipr.embedded`), or `--model DIR` (any folder
 `from_pretrained` loads). Items: the first `--n` BFCL items of `--partition` (default simple_python),
-original interface, ToolRL call format, exactly as `cipr-eval` renders them. Each setting first
-generates one warm-up item (not timed), then all `--n` items through `HFBackend.generate` (greedy,
-left padding, longest prompts first). An untrained model rarely stops early, so most items run the
-full `--max-new-tokens`: the comparison is of equal work.
+original interface, ToolRL call format, exactly as `cipr-eval` renders them; one more item is generated
+first as a warm-up (not timed). Each repetition generates all items at batch size 1 and at the default
+batch size (the order alternates between repetitions, so drift in machine load hits both), greedy, left
+padding, longest prompts first. An untrained model rarely stops early, so most items run the full
+`--max-new-tokens`: the comparison is of equal work.
 
-On CPU, prefill is compute-bound and gains nothing from batching, while each decoding step costs
-nearly the same for 8 sequences as for one; the speedup therefore grows with the number of new
-tokens per item (the paper decodes up to 4,096). `--threads` sets torch's thread count: on a machine
-shared with other jobs, more threads than free cores makes every step many times slower. Also prints how many outputs agree
-between the two settings (batching changes only padding, so greedy outputs should mostly agree;
-float rounding under padding can flip a near-tie).
+The roofline: decoding one token at batch size 1 reads every weight once, so it cannot run faster than
+(memory bandwidth) / (bytes of the weights). The bandwidth is measured here, with the same torch thread
+count, as the rate of a large tensor copy (bytes read + bytes written per second, the STREAM "copy"
+convention), before every repetition. `roofline_fraction` is the batch-1 decoding rate (decode forwards
+only, from `HFBackend.timing`; prefill excluded) over that bound.
 
-Measured on the project's shared 2-core CPU (other jobs running, `--threads 1`, 8 simple_python
-items of 486 to 669 prompt tokens, up to 256 new tokens): eager attention 237 s at batch size 1 and
-97 s at batch size 8, speedup 2.43; SDPA 187 s and 121 s, speedup 1.54 (its masked path is slow
-on CPU, hence `attn_implementation: auto` = eager on CPU). Timings on a shared machine vary by tens
-of percent from run to run.
+Where vLLM is installed (its CPU build: see the README), the same items are also generated with
+`backend=vllm` (all at once, vLLM's own batching) and its rate is printed beside HF's, so a user can see
+which backend to pick; `--no-vllm` skips it.
 
-Last line: `speedup=<items/s at the default batch size divided by items/s at batch size 1>` (the
-issue's target is at least 2).
+Every figure is printed as the median over repetitions with its [min-max]. Last line:
+`speedup=<items/s at the default batch size / items/s at batch size 1> roofline_fraction=<r>` (targets:
+at least 3 and 0.5).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
+import statistics
 import time
+from typing import Any
 
 from cipr.eval.backends import GenRequest, HFBackend, HFBackendConfig
 from cipr.eval.config import EvalConfig
-from cipr.eval.evaluate import load_model
+from cipr.eval.evaluate import load_model, make_backend
 from cipr.formats import get_format
+
+
+def copy_bandwidth(mbytes: int = 256, repeats: int = 5) -> float:
+    """GB/s of `dst.copy_(src)` on a float32 tensor of `mbytes` MB (read + write bytes), best of `repeats`."""
+    import torch
+
+    src = torch.ones(mbytes * 2**20 // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t)
+    return 2 * src.numel() * 4 / best / 1e9
+
+
+def weight_bytes(model: Any) -> int:
+    """Bytes of the distinct parameters (a tied embedding and output head count once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
+
+
+def run_hf(model: Any, tokenizer: Any, fmt: Any, bs: int, max_new_tokens: int, reqs: list[GenRequest]
+           ) -> tuple[float, float, list[str]]:
+    """(items/s, decode tokens/s, texts) of one pass over `reqs` at batch size `bs`."""
+    backend = HFBackend(model, tokenizer, fmt, HFBackendConfig(batch_size=bs, max_new_tokens=max_new_tokens))
+    t = time.perf_counter()
+    gens = backend.generate(reqs)
+    dt = time.perf_counter() - t
+    errors = [g.error for g in gens if g.error]
+    if errors:
+        raise SystemExit(f"batch size {bs}: {len(errors)} generation errors, first: {errors[0]}")
+    timing = backend.timing
+    return len(reqs) / dt, timing["decode_tokens"] / max(timing["decode_seconds"], 1e-9), [g.text for g in gens]
 
 
 def main() -> None:
@@ -44,7 +85,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="embedded")
     p.add_argument("--n", type=int, default=8, help="items per setting")
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=default_bs, help=f"the batched setting (default {default_bs})")
     p.add_argument("--partition", default="simple_python")
     p.add_argument("--device", default="auto")
@@ -52,7 +94,9 @@ def main() -> None:
                    help="data root (default: $CIPR_DATA_ROOT or ../shared/data)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--attn", default="auto", help="attn_implementation: auto (eager on CPU), sdpa, eager")
+    p.add_argument("--no-vllm", action="store_true", help="do not time vLLM even where it is installed")
     args = p.parse_args()
+    started = time.perf_counter()
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
@@ -60,11 +104,13 @@ def main() -> None:
     from cipr.data.bfcl import load_bfcl
 
     cfg = EvalConfig(model=args.model, device=args.device, threads=args.threads or None,
-                     attn_implementation=args.attn)
+                     attn_implementation=args.attn, max_new_tokens=args.max_new_tokens)
     t0 = time.perf_counter()
     model, tokenizer = load_model(cfg)
+    size = weight_bytes(model)
     print(f"model {args.model} loaded in {time.perf_counter() - t0:.1f} s on {next(model.parameters()).device}, "
-          f"attention {model.config._attn_implementation}, torch threads {torch.get_num_threads()}")
+          f"{size / 1e9:.3f} GB of {next(model.parameters()).dtype} weights, attention "
+          f"{model.config._attn_implementation}, torch threads {torch.get_num_threads()}")
     fmt = get_format("toolrl")
     examples = load_bfcl(args.root, [args.partition])[: args.n + 1]
     warm, reqs = [GenRequest(examples[0])], [GenRequest(e) for e in examples[1:]]
@@ -72,22 +118,42 @@ def main() -> None:
                              add_special_tokens=False)["input_ids"]) for r in reqs]
     print(f"{len(reqs)} items from {args.partition}; prompt tokens min {min(lengths)} mean "
           f"{sum(lengths) / len(lengths):.0f} max {max(lengths)}; max_new_tokens {args.max_new_tokens}")
-    rates, outputs = {}, {}
-    for bs in (1, args.batch_size):
-        backend = HFBackend(model, tokenizer, fmt, HFBackendConfig(batch_size=bs, max_new_tokens=args.max_new_tokens))
-        backend.generate(warm)
-        t = time.perf_counter()
-        gens = backend.generate(reqs)
-        dt = time.perf_counter() - t
-        errors = [g.error for g in gens if g.error]
-        if errors:
-            raise SystemExit(f"batch size {bs}: {len(errors)} generation errors, first: {errors[0]}")
-        rates[bs], outputs[bs] = len(reqs) / dt, [g.text for g in gens]
-        new_tokens = sum(len(tokenizer(g.text, add_special_tokens=False)["input_ids"]) for g in gens)
-        print(f"batch_size={bs}: {rates[bs]:.3f} items/s ({dt:.1f} s, {new_tokens / dt:.1f} new tokens/s)")
+    run_hf(model, tokenizer, fmt, 1, args.max_new_tokens, warm)
+    rates: dict[int, list[float]] = {1: [], args.batch_size: []}
+    decode1: list[float] = []
+    bandwidth: list[float] = []
+    roof: list[float] = []
+    outputs: dict[int, list[str]] = {}
+    for rep in range(args.repeats):
+        bandwidth.append(copy_bandwidth())
+        for bs in (1, args.batch_size) if rep % 2 == 0 else (args.batch_size, 1):
+            rate, decode, outputs[bs] = run_hf(model, tokenizer, fmt, bs, args.max_new_tokens, reqs)
+            rates[bs].append(rate)
+            if bs == 1:
+                decode1.append(decode)
+                roof.append(decode / (bandwidth[-1] * 1e9 / size))
+        print(f"repetition {rep + 1}: copy {bandwidth[-1]:.1f} GB/s; batch 1 {rates[1][-1]:.3f} items/s "
+              f"(decode {decode1[-1]:.1f} tokens/s); batch {args.batch_size} {rates[args.batch_size][-1]:.3f} items/s")
+    speedups = [b / a for a, b in zip(rates[1], rates[args.batch_size], strict=True)]
+    bound = [bw * 1e9 / size for bw in bandwidth]
+    print(f"memory copy {spread(bandwidth)} GB/s -> batch-1 roofline {spread(bound)} tokens/s; batch-1 decode "
+          f"{spread(decode1)} tokens/s")
+    for bs, r in rates.items():
+        print(f"hf batch_size={bs}: {spread(r)} items/s")
     same = sum(a == b for a, b in zip(outputs[1], outputs[args.batch_size], strict=True))
     print(f"identical outputs at batch size 1 and {args.batch_size}: {same}/{len(reqs)}")
-    print(f"speedup={rates[args.batch_size] / rates[1]:.2f}")
+    if not args.no_vllm and importlib.util.find_spec("vllm") is not None:
+        vcfg = EvalConfig(model=args.model, backend="vllm", max_new_tokens=args.max_new_tokens)
+        vllm = make_backend(vcfg, fmt, tokenizer=tokenizer)
+        vllm.generate(warm)
+        vrates = []
+        for _ in range(args.repeats):
+            t = time.perf_counter()
+            vllm.generate(reqs)
+            vrates.append(len(reqs) / (time.perf_counter() - t))
+        print(f"vllm (all items at once): {spread(vrates)} items/s = {statistics.median(vrates) / statistics.median(rates[args.batch_size]):.2f}x hf at batch {args.batch_size}")
+    print(f"wall time {time.perf_counter() - started:.0f} s")
+    print(f"speedup={spread(speedups)} roofline_fraction={spread(roof)}")
 
 
 if __name__ == "__main__":

@@ -105,6 +105,8 @@ class HFBackend:
         self.pad_id = tokenizer.pad_token_id
         forward = getattr(model, "forward", None)
         self._logits_to_keep = forward is not None and "logits_to_keep" in inspect.signature(forward).parameters
+        self.timing = {"prefill_seconds": 0.0, "prefill_tokens": 0, "decode_seconds": 0.0, "decode_tokens": 0}
+        """Wall seconds and tokens of the greedy loop's prefill and decode forwards (summed over calls)."""
 
     def prompt(self, example: Example) -> str:
         return self.fmt.render_prompt(self.tokenizer, example.messages, example.interface)
@@ -143,14 +145,21 @@ class HFBackend:
         cache = DynamicCache(config=self.model.config)
         pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
         last_only = {"logits_to_keep": 1} if self._logits_to_keep else {}
+        start = time.perf_counter()
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
                          use_cache=True, **last_only)
+        tok = out.logits[:, -1].argmax(-1)
+        self.timing["prefill_seconds"] += time.perf_counter() - start
+        self.timing["prefill_tokens"] += int(mask.sum())
         rows: list[list[int]] = [[] for _ in range(ids.shape[0])]
         active = torch.arange(ids.shape[0], device=ids.device)
         next_pos = pos[:, -1] + 1
         end = torch.tensor(sorted(self.end_ids), device=ids.device)
         for step in range(self.config.max_new_tokens):
-            tok = out.logits[:, -1].argmax(-1)
+            if step:
+                tok = out.logits[:, -1].argmax(-1)
+                self.timing["decode_seconds"] += time.perf_counter() - start
+                self.timing["decode_tokens"] += len(tok)
             for r, t in zip(active.tolist(), tok.tolist(), strict=True):
                 rows[r].append(t)
             if step == self.config.max_new_tokens - 1:
@@ -162,6 +171,7 @@ class HFBackend:
                 idx = keep.nonzero().squeeze(-1)
                 cache.batch_select_indices(idx)
                 active, tok, mask, next_pos = active[idx], tok[idx], mask[idx], next_pos[idx]
+            start = time.perf_counter()
             mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
             out = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
                              past_key_values=cache, use_cache=True)

@@ -83,11 +83,12 @@ class EvalConfig:
     - `device` / `dtype`: `auto` = CUDA with bfloat16 when available, else CPU float32.
     - `threads`: torch CPU threads (None: torch's default). On a CPU shared with other jobs, more
       threads than free cores makes each generation step several times slower.
-    - `attn_implementation`: passed to `from_pretrained` (`sdpa`, `eager`, `flash_attention_2`); None
-      keeps the model's default; `auto` is `eager` on CPU and the model's default on GPU. Batched
-      prompts are left-padded, so each attention call carries a padding mask, and torch's CPU SDPA
-      then leaves its fused path: in scripts/bench_eval.py on SmolLM2-135M (batch 8, 256 new tokens,
-      one thread) eager attention took 97 s where SDPA took 121 s.
+    - `attn_implementation`: passed to `from_pretrained` (`sdpa`, `eager`, `flash_attention_2`,
+      `cipr_grouped`); None keeps the model's default; `auto` is `cipr_grouped` on CPU and the model's
+      default on GPU. Batched prompts are left-padded, so each attention call carries a padding mask;
+      torch's CPU SDPA then leaves its fused path, and both it and eager copy every key/value head
+      once per query head of its group at every decoding step. `cipr_grouped` (`cipr.attention`) is
+      eager's arithmetic without those copies (compare with `scripts/bench_eval.py --attn eager`).
     """
 
     model: str = "embedded"

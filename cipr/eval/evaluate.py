@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from cipr.attention import GROUPED
+from cipr.attention import register as register_grouped_attention
 from cipr.errors import ConfigError
 from cipr.eval.backends import (
     Backend,
@@ -81,7 +83,9 @@ def load_model(cfg: EvalConfig) -> tuple[Any, Any]:
     device, dtype = _device_dtype(cfg)
     impl = cfg.attn_implementation
     if impl == "auto":
-        impl = "eager" if device == "cpu" else None
+        impl = GROUPED if device == "cpu" else None
+    if impl == GROUPED:
+        register_grouped_attention()
     attn = {"attn_implementation": impl} if impl else {}
     if cfg.model == "embedded":
         from cipr.embedded import load_embedded
@@ -244,15 +248,16 @@ def _consistency(cfg: EvalConfig, items: list[Any], backend: Backend, fmt: CallF
 
 @contextlib.contextmanager
 def reader_attention(model: Any) -> Iterator[None]:
-    """SDPA instead of eager attention for the action reader's forwards, then back.
+    """SDPA instead of eager-style attention for the action reader's forwards, then back.
 
-    Eager is the CPU generation default (`load_model`), but the reader's one long forward over
-    sequences and their packed tries with a tree-shaped mask makes eager materialize [B, H, T, T]
-    float32 scores and their softmax in every layer: 24 s per forward of 8 sequences on 2 cores, most
-    of a consistency read's time (cProfile of `cipr-eval consistency.enabled=true`). SDPA's kernel
-    computes the same attention without those tensors."""
+    Eager-style attention (`eager`, or `cipr.attention.GROUPED`, the CPU generation default of
+    `load_model`) suits decoding, but the reader's one long forward over sequences and their packed
+    tries with a tree-shaped mask makes it materialize [B, H, T, T] float32 scores and their softmax in
+    every layer: 24 s per forward of 8 sequences on 2 cores, most of a consistency read's time (cProfile
+    of `cipr-eval consistency.enabled=true`). SDPA's kernel computes the same attention without those
+    tensors."""
     before = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if before != "eager" or not hasattr(model, "set_attn_implementation"):
+    if before not in ("eager", GROUPED) or not hasattr(model, "set_attn_implementation"):
         yield
         return
     model.set_attn_implementation("sdpa")
