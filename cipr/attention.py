@@ -12,11 +12,14 @@ query axis instead, so one matmul per group reads its key/value head in place:
 with H = K*G (query head h uses key/value head h // G, as `repeat_kv` orders them). The arithmetic
 is eager attention's (same scaling, additive float mask, float32 softmax), so outputs agree with
 `eager` to float rounding (tested). Registered under `GROUPED` with eager's mask builder; the
-evaluation's `attn_implementation=auto` picks it on CPU.
+evaluation's `attn_implementation=auto` picks it on CPU, and CPU training rollouts decode with it
+(`attention(model, GROUPED)` around generation; the update keeps the model's own attention).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -55,3 +58,23 @@ def register() -> str:
     AttentionInterface.register(GROUPED, grouped_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(GROUPED, eager_mask)
     return GROUPED
+
+
+@contextlib.contextmanager
+def attention(model: Any, name: str, replace: tuple[str, ...] = ("eager", "sdpa")) -> Iterator[None]:
+    """Run the block with the model's attention set to `name` (registering `GROUPED` if asked), then restore it.
+
+    Only a model whose attention is one of `replace` is switched; any other (flash attention, a custom
+    one, a model without `set_attn_implementation`) runs unchanged.
+    """
+    before = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if before not in replace or before == name or not hasattr(model, "set_attn_implementation"):
+        yield
+        return
+    if name == GROUPED:
+        register()
+    model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(before)

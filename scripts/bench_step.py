@@ -22,11 +22,12 @@ prompt shared by its G samples; TRL's: `generate` over the repeated prompts). `v
 ratio grpo / trl (target <= 1.05), `vs_trl_train` the same without generation (scoring + update). `cipr_unfolded` is
 CIPR with `algo.fold_action_read=false`: TRL's own forward for the task loss plus separate action
 reads, i.e. the cost of the consistency terms on top of TRL's path (the folded read skips TRL's
-per-token entropy, which is why folded CIPR can update faster than multi-interface training). The
+per-token entropy, which is why folded CIPR can update faster than multi-interface training; `--full`). The
 last line is `step_ratio=<r> update_ratio=<r>` for `cipr` (the default) against `multi_interface`,
 then `vs_trl` and `vs_trl_train`, each the larger over the models benchmarked (targets: 1.5, 2.2, 1.05).
 
-    .venv/bin/python scripts/bench_step.py                 # tiny model and SmolLM2-135M (prints its wall time)
+    .venv/bin/python scripts/bench_step.py                 # SmolLM2-135M, 2 repetitions (prints its wall time)
+    .venv/bin/python scripts/bench_step.py --full          # tiny model too, and cipr_unfolded
     .venv/bin/python scripts/bench_step.py --models tiny --repeats 3
 """
 
@@ -133,20 +134,22 @@ def one_step(trainer: Any, inputs: list[dict[str, Any]], seed: int) -> tuple[flo
     return scored - start, done - scored, batch["completion_ids"]
 
 
-ALGOS = ("multi_interface", "cipr", "cipr_unfolded", "grpo", "trl")
+ALGOS = ("multi_interface", "cipr", "grpo", "trl")
+FULL_ALGOS = (*ALGOS, "cipr_unfolded")
 
 
 def spread(values: list[float]) -> str:
     return f"[{min(values):.2f}-{max(values):.2f}]"
 
 
-def bench_model(name: str, repeats: int, pairs: int, g: int, max_len: int) -> dict[str, list[float]]:
+def bench_model(name: str, repeats: int, pairs: int, g: int, max_len: int, algos: tuple[str, ...] = ALGOS
+                ) -> dict[str, list[float]]:
     """Per-repetition ratios of one model: step and update of cipr / multi_interface, step of grpo / trl."""
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model, tokenizer, fmt, prompts = build(name, work, pairs, g, max_len)
         trainers = {algo: make_trainer(algo, copy.deepcopy(model), tokenizer, fmt, prompts, g, pairs, max_len, work)
-                    for algo in ALGOS}
+                    for algo in algos}
         times: dict[str, dict[str, list[float]]] = {a: {"gen": [], "score": [], "update": []} for a in trainers}
         for r in tqdm(range(repeats + 1), desc=f"{name}: repetitions (first is warm-up)"):  # warm-up not counted
             inputs = batch_rows(trainers["cipr"], (r * pairs) % (len(prompts.records) // 2 - pairs), pairs, g)
@@ -175,24 +178,29 @@ def bench_model(name: str, repeats: int, pairs: int, g: int, max_len: int) -> di
             times["grpo"]["score"], times["grpo"]["update"], times["trl"]["score"], times["trl"]["update"],
             strict=True)],
     }
-    unfolded = med["cipr_unfolded"]["update"] / med["multi_interface"]["update"]
+    unfolded = (f" (unfolded: update_ratio={med['cipr_unfolded']['update'] / med['multi_interface']['update']:.2f})"
+                if "cipr_unfolded" in med else "")
     print(f"{name}: " + " ".join(f"{k}={statistics.median(v):.2f} {spread(v)}" for k, v in per_rep.items())
-          + f" (unfolded: update_ratio={unfolded:.2f})")
+          + unfolded)
     return per_rep
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="tiny,smollm2", help="comma-separated: tiny, smollm2")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--models", default=None, help="comma-separated: tiny, smollm2 (default smollm2; "
+                        "both with --full)")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--full", action="store_true", help="both models, and CIPR without folding too")
     parser.add_argument("--pairs", type=int, default=1, help="canonical/perturbed pairs per step")
     parser.add_argument("--generations", type=int, default=4, help="G")
     parser.add_argument("--max-completion-length", type=int, default=96)
     args = parser.parse_args()
     worst: dict[str, list[float]] = {}
     started = time.perf_counter()
-    for name in args.models.split(","):
-        per_rep = bench_model(name.strip(), args.repeats, args.pairs, args.generations, args.max_completion_length)
+    models = args.models or ("tiny,smollm2" if args.full else "smollm2")
+    for name in models.split(","):
+        per_rep = bench_model(name.strip(), args.repeats, args.pairs, args.generations, args.max_completion_length,
+                              FULL_ALGOS if args.full else ALGOS)
         for k, v in per_rep.items():
             if k not in worst or statistics.median(v) > statistics.median(worst[k]):
                 worst[k] = v

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cipr.attention import GROUPED
+from cipr.attention import GROUPED, attention
 from cipr.attention import register as register_grouped_attention
 from cipr.errors import ConfigError
 from cipr.eval.backends import (
@@ -256,12 +256,5 @@ def reader_attention(model: Any) -> Iterator[None]:
     every layer: 24 s per forward of 8 sequences on 2 cores, most of a consistency read's time (cProfile
     of `cipr-eval consistency.enabled=true`). SDPA's kernel computes the same attention without those
     tensors."""
-    before = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if before not in ("eager", GROUPED) or not hasattr(model, "set_attn_implementation"):
+    with attention(model, "sdpa", replace=("eager", GROUPED)):
         yield
-        return
-    model.set_attn_implementation("sdpa")
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(before)

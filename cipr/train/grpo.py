@@ -58,6 +58,7 @@ from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import pad, split_tensor_dict
 
 from cipr.actions import ActionQuery, ActionReaderConfig, read_actions
+from cipr.attention import GROUPED, attention
 from cipr.consistency import rescoring_kl, rollout_kl
 from cipr.formats.base import CallFormat
 from cipr.pairing import decision_rows, rollout_index
@@ -272,6 +273,8 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
                               has_tool_images: bool = False) -> Any:
         """HF generation that runs each distinct prompt's prefill once (see `shared_prefill_generate`).
 
+        On CPU it decodes with `cipr.attention.GROUPED` (no key/value copies per query head).
+
         vLLM, continuous batching, multimodal inputs and `rollout.share_prompt_prefill=false` use TRL's path.
         """
         with self._timed("generate"):
@@ -289,8 +292,11 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
                                           generation_kwargs=self.generation_kwargs,
                                           gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs)
               as unwrapped, torch.no_grad(), self._dist.summon_full_params(self.model_wrapped, recurse=False)):
-            completions = shared_prefill_generate(unwrapped, runs, self._tokenizer.pad_token_id, self.eos_token_ids,
-                                                  self.generation_config, self.accelerator.device)
+            on_cpu = torch.device(self.accelerator.device).type == "cpu"
+            with attention(unwrapped, GROUPED) if on_cpu else contextlib.nullcontext():
+                completions = shared_prefill_generate(unwrapped, runs, self._tokenizer.pad_token_id,
+                                                      self.eos_token_ids, self.generation_config,
+                                                      self.accelerator.device)
         return completions, None
 
     # -- losses ----------------------------------------------------------------------------------
