@@ -12,7 +12,7 @@ query axis instead, so one matmul per group reads its key/value head in place:
 with H = K*G (query head h uses key/value head h // G, as `repeat_kv` orders them). The arithmetic
 is eager attention's (same scaling, additive float mask, float32 softmax), so outputs agree with
 `eager` to float rounding (tested). Registered under `GROUPED` with eager's mask builder; the
-evaluation's `attn_implementation=auto` picks it on CPU, and CPU training rollouts decode with it
+evaluation's `attn_implementation=auto` picks it on CPU for the families in `MODEL_TYPES` (eager for others), and CPU training rollouts decode with it
 (`attention(model, GROUPED)` around generation; the update keeps the model's own attention).
 """
 
@@ -26,6 +26,14 @@ if TYPE_CHECKING:
     import torch
 
 GROUPED = "cipr_grouped"
+MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3"})
+"""Model families whose eager attention is the plain one reproduced here (no soft-capping, sinks or
+sliding windows); `supports` gates the automatic choice on them."""
+
+
+def supports(model: Any) -> bool:
+    """Whether `GROUPED` computes this model's attention (its family is in `MODEL_TYPES`)."""
+    return getattr(getattr(model, "config", None), "model_type", None) in MODEL_TYPES
 
 
 def grouped_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -34,6 +42,10 @@ def grouped_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     """(attention output [B, L, H, D], weights [B, H, L, T]) from query [B, H, L, D], key/value [B, K, T, D]."""
     import torch
 
+    unsupported = [name for name in ("softcap", "s_aux", "sliding_window") if kwargs.get(name) is not None]
+    if unsupported:
+        raise NotImplementedError(f"{GROUPED} attention has no {', '.join(unsupported)}: load this model with "
+                                  "attn_implementation=eager or sdpa")
     b, h, lq, d = query.shape
     k = key.shape[1]
     g = h // k
@@ -42,12 +54,12 @@ def grouped_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     scores = scores.view(b, k, g, lq, t)
     if attention_mask is not None:
         mask = attention_mask[:, :, :, :t]
-        mask = mask[:, :, None] if mask.shape[1] == 1 else mask.view(mask.shape[0], k, g, lq, t)
+        mask = mask[:, :, None] if mask.shape[1] == 1 else mask.unflatten(1, (k, g))
         scores = scores + mask
     weights = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)
     out = torch.matmul(weights.view(b, k, g * lq, t), value)
-    return out.view(b, h, lq, d).transpose(1, 2).contiguous(), weights.view(b, h, lq, t)
+    return out.view(b, h, lq, value.shape[-1]).transpose(1, 2).contiguous(), weights.view(b, h, lq, t)
 
 
 def register() -> str:
@@ -64,11 +76,12 @@ def register() -> str:
 def attention(model: Any, name: str, replace: tuple[str, ...] = ("eager", "sdpa")) -> Iterator[None]:
     """Run the block with the model's attention set to `name` (registering `GROUPED` if asked), then restore it.
 
-    Only a model whose attention is one of `replace` is switched; any other (flash attention, a custom
-    one, a model without `set_attn_implementation`) runs unchanged.
+    Only a model whose attention is one of `replace` is switched (to `GROUPED` only if `supports` it);
+    any other (flash attention, a custom one, a model without `set_attn_implementation`) runs unchanged.
     """
     before = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if before not in replace or before == name or not hasattr(model, "set_attn_implementation"):
+    if before not in replace or before == name or not hasattr(model, "set_attn_implementation") or (
+            name == GROUPED and not supports(model)):
         yield
         return
     if name == GROUPED:

@@ -2,7 +2,8 @@
 
     .venv/bin/python scripts/bench_eval.py                        # default run (its wall time is printed)
     .venv/bin/python scripts/bench_eval.py --n 8 --max-new-tokens 256 --repeats 3   # the longer setting
-    options: [--batch-size 8] [--device auto] [--threads N] [--attn auto|sdpa|eager] [--model DIR] [--no-vllm]
+    options: [--batch-size 8] [--device auto] [--threads N] [--attn auto|cipr_grouped|eager|sdpa] [--model DIR]
+             [--no-vllm]
 
 Model: the embedded default (SmolLM2-135M-Instruct, `cipr.embedded`), or `--model DIR` (any folder
 `from_pretrained` loads). Items: the first `--n` BFCL items of `--partition` (default simple_python),
@@ -16,7 +17,10 @@ The roofline: decoding one token at batch size 1 reads every weight once, so it 
 (memory bandwidth) / (bytes of the weights). The bandwidth is measured here, with the same torch thread
 count, as the rate of a large tensor copy (bytes read + bytes written per second, the STREAM "copy"
 convention), before every repetition. `roofline_fraction` is the batch-1 decoding rate (decode forwards
-only, from `HFBackend.timing`; prefill excluded) over that bound.
+only, from `HFBackend.timing`; prefill excluded) over that bound. A copy writes as many bytes as it
+reads, and writes cost extra (write-allocate), so read-only streaming can beat this bound a little: a
+fraction near or above 1 means decoding is at the memory limit. CPU only (on a GPU the figure is not
+computed).
 
 Where vLLM is installed (its CPU build: see the README), the same items are also generated with
 `backend=vllm` (all at once, vLLM's own batching) and its rate is printed beside HF's, so a user can see
@@ -93,7 +97,8 @@ def main() -> None:
     p.add_argument("--data-root", "--root", dest="root", default=None, metavar="DIR",
                    help="data root (default: $CIPR_DATA_ROOT or ../shared/data)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--attn", default="auto", help="attn_implementation: auto (eager on CPU), sdpa, eager")
+    p.add_argument("--attn", default="auto", help="attn_implementation: auto (cipr_grouped on CPU where the model "
+                   "family allows, else eager), cipr_grouped, eager, sdpa")
     p.add_argument("--no-vllm", action="store_true", help="do not time vLLM even where it is installed")
     args = p.parse_args()
     started = time.perf_counter()
@@ -124,8 +129,9 @@ def main() -> None:
     bandwidth: list[float] = []
     roof: list[float] = []
     outputs: dict[int, list[str]] = {}
+    on_cpu = next(model.parameters()).device.type == "cpu"
     for rep in range(args.repeats):
-        bandwidth.append(copy_bandwidth())
+        bandwidth.append(copy_bandwidth() if on_cpu else float("nan"))
         for bs in (1, args.batch_size) if rep % 2 == 0 else (args.batch_size, 1):
             rate, decode, outputs[bs] = run_hf(model, tokenizer, fmt, bs, args.max_new_tokens, reqs)
             rates[bs].append(rate)
@@ -149,7 +155,9 @@ def main() -> None:
         vrates = []
         for _ in range(args.repeats):
             t = time.perf_counter()
-            vllm.generate(reqs)
+            errors = [g.error for g in vllm.generate(reqs) if g.error]
+            if errors:
+                raise SystemExit(f"vllm: {len(errors)} generation errors, first: {errors[0]}")
             vrates.append(len(reqs) / (time.perf_counter() - t))
         print(f"vllm (all items at once): {spread(vrates)} items/s = {statistics.median(vrates) / statistics.median(rates[args.batch_size]):.2f}x hf at batch {args.batch_size}")
     print(f"wall time {time.perf_counter() - started:.0f} s")

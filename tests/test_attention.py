@@ -74,3 +74,34 @@ def test_registered_attention_gives_eager_logits_in_a_cached_batch(tiny_model32)
         logits[impl] = torch.stack(steps)
     assert torch.isfinite(logits["eager"]).all()
     assert torch.allclose(logits["eager"], logits[GROUPED], atol=1e-5)
+
+
+def test_cpu_evaluation_decodes_with_grouped_attention_and_the_reader_switches_to_sdpa():
+    from cipr.eval.config import EvalConfig
+    from cipr.eval.evaluate import load_model, reader_attention
+
+    model, _ = load_model(EvalConfig(model="tiny", device="cpu"))
+    assert model.config._attn_implementation == GROUPED
+    with reader_attention(model):
+        assert model.config._attn_implementation == "sdpa"
+    assert model.config._attn_implementation == GROUPED
+
+
+def test_attention_switch_restores_and_leaves_other_families_alone(tiny_model32):
+    from cipr.attention import attention
+
+    tiny_model32.set_attn_implementation("sdpa")
+    with pytest.raises(RuntimeError, match="inside"):
+        with attention(tiny_model32, GROUPED):
+            assert tiny_model32.config._attn_implementation == GROUPED
+            raise RuntimeError("inside")
+    assert tiny_model32.config._attn_implementation == "sdpa"
+    tiny_model32.config.model_type = "gemma2"  # soft-capped attention: not reproduced, so not switched
+    try:
+        with attention(tiny_model32, GROUPED):
+            assert tiny_model32.config._attn_implementation == "sdpa"
+    finally:
+        tiny_model32.config.model_type = "llama"
+    with pytest.raises(NotImplementedError, match="softcap"):
+        grouped_attention(_Module(), torch.zeros(1, 6, 1, 4), torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4),
+                          None, 1.0, softcap=30.0)

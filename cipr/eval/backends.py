@@ -149,6 +149,7 @@ class HFBackend:
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
                          use_cache=True, **last_only)
         tok = out.logits[:, -1].argmax(-1)
+        toks = tok.tolist()  # waits for the device: the time below is of the work
         self.timing["prefill_seconds"] += time.perf_counter() - start
         self.timing["prefill_tokens"] += int(mask.sum())
         rows: list[list[int]] = [[] for _ in range(ids.shape[0])]
@@ -158,9 +159,10 @@ class HFBackend:
         for step in range(self.config.max_new_tokens):
             if step:
                 tok = out.logits[:, -1].argmax(-1)
+                toks = tok.tolist()
                 self.timing["decode_seconds"] += time.perf_counter() - start
-                self.timing["decode_tokens"] += len(tok)
-            for r, t in zip(active.tolist(), tok.tolist(), strict=True):
+                self.timing["decode_tokens"] += len(toks)
+            for r, t in zip(active.tolist(), toks, strict=True):
                 rows[r].append(t)
             if step == self.config.max_new_tokens - 1:
                 break

@@ -218,33 +218,41 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
     @contextlib.contextmanager
     def _timed(self, name: str) -> Iterator[None]:
         """Log the block's wall seconds as `time/<name>` (mean per call over the logging interval)."""
+        self._sync()
         start = time.perf_counter()
         try:
             yield
         finally:
+            self._sync()
             seconds = time.perf_counter() - start
             self._metrics["train" if self.model.training else "eval"][f"time/{name}"].append(seconds)
             if name in ("generate_and_score", "loss_forward"):
                 self._timed_seconds += seconds
+
+    def _sync(self) -> None:
+        """Wait for queued CUDA work, so that wall-clock timings are of the work itself (no-op on CPU)."""
+        if torch.device(self.accelerator.device).type == "cuda":
+            torch.cuda.synchronize()
 
     def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
         """TRL's micro-step; logs `time/backward`, its wall time outside generation, scoring and the loss forward."""
         self._timed_seconds = 0.0
         start = time.perf_counter()
         out = super().training_step(model, inputs, num_items_in_batch)
+        self._sync()
         self._metrics["train"]["time/backward"].append(time.perf_counter() - start - self._timed_seconds)
         return out
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         with self._timed("generate_and_score"):
             output = super()._generate_and_score_completions(inputs)
-        rollouts = list(self.scorer.last)
-        if len(rollouts) != len(inputs):
-            raise RuntimeError(f"the reward function scored {len(rollouts)} completions for {len(inputs)} rows")
-        output["cipr_rollout"] = rollouts
-        if self.model.training:
-            self._log_rollouts(rollouts)
-        return output
+            rollouts = list(self.scorer.last)
+            if len(rollouts) != len(inputs):
+                raise RuntimeError(f"the reward function scored {len(rollouts)} completions for {len(inputs)} rows")
+            output["cipr_rollout"] = rollouts
+            if self.model.training:
+                self._log_rollouts(rollouts)
+            return output
 
     def _log_rollouts(self, rollouts: Sequence[Rollout]) -> None:
         metrics = self._metrics["train"]
@@ -273,7 +281,8 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
                               has_tool_images: bool = False) -> Any:
         """HF generation that runs each distinct prompt's prefill once (see `shared_prefill_generate`).
 
-        On CPU it decodes with `cipr.attention.GROUPED` (no key/value copies per query head).
+        On CPU it decodes with `cipr.attention.GROUPED` where the model family allows (no key/value copies
+        per query head); TRL's own path below keeps the model's attention.
 
         vLLM, continuous batching, multimodal inputs and `rollout.share_prompt_prefill=false` use TRL's path.
         """
@@ -332,11 +341,12 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
     def _fold_rows(self, inputs: dict[str, Any], queries: Sequence[ActionQuery]) -> list[bool] | None:
         """Per row, whether re-tokenizing it gives exactly the prompt and completion ids the loss uses.
 
-        None when folding is off (by config, under vLLM importance-sampling correction, or with an
-        entropy-dependent loss, which needs TRL's token entropies).
+        None when folding is off (by config, under vLLM importance-sampling correction, with an
+        entropy-dependent loss, which needs TRL's token entropies, or with a MoE load-balancing loss,
+        which TRL takes from its own forward).
         """
         if not (self.algo.fold_action_read and self._fold_allowed) or self.top_entropy_quantile < 1.0 \
-                or self._entropy_bonus_enabled:
+                or self._entropy_bonus_enabled or self.aux_loss_enabled:
             return None
         tok = self.processing_class
         prompts = tok([q.prompt for q in queries], add_special_tokens=False)["input_ids"]
