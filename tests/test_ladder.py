@@ -60,6 +60,7 @@ def test_cpu_ladder_config_narrows_the_ladder_and_keeps_its_folders():
     assert shared == "runs/ladder_cpu/smollm2-135m/warm_start"
     assert str(cfg.hydra.sweeper.params["algo"]).split(",") == ["grpo", "multi_interface", "cipr"]
     assert (cfg.trainer.warm_start.steps, cfg.trainer.max_steps, cfg.rollout.max_completion_length) == (40, 8, 96)
+    assert (cfg.trainer.gradient_accumulation_steps, cfg.rollout.temperature) == (1, 0.7)  # as the report ran
     assert cfg.trainer.warm_start.names == "mixed" and list(cfg.data.tools_per_example) == [1, 2]
 
 
