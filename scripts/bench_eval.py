@@ -8,9 +8,11 @@
 Model: the embedded default (SmolLM2-135M-Instruct, `cipr.embedded`), or `--model DIR` (any folder
 `from_pretrained` loads). Items: the first `--n` BFCL items of `--partition` (default simple_python),
 original interface, ToolRL call format, exactly as `cipr-eval` renders them; one more item is generated
-first as a warm-up (not timed). Each repetition generates all items at batch size 1 and at the default
+first as a warm-up (not timed). Each repetition generates the items at batch size 1 and at the default
 batch size (the order alternates between repetitions, so drift in machine load hits both), greedy, left
-padding, longest prompts first. An untrained model rarely stops early, so most items run the full
+padding, longest prompts first. Batch size 1 costs the same per item whatever the item count, so it runs
+on every `--single-every`-th item only (default 2: half of them; both subsets' prompt lengths are
+printed) and rates are compared per item. An untrained model rarely stops early, so most items run the full
 `--max-new-tokens`: the comparison is of equal work.
 
 The roofline: decoding one token at batch size 1 reads every weight once, so it cannot run faster than
@@ -91,6 +93,7 @@ def main() -> None:
     p.add_argument("--n", type=int, default=8, help="items per setting")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--single-every", type=int, default=2, help="batch size 1 runs on every k-th item")
     p.add_argument("--batch-size", type=int, default=default_bs, help=f"the batched setting (default {default_bs})")
     p.add_argument("--partition", default="simple_python")
     p.add_argument("--device", default="auto")
@@ -121,8 +124,10 @@ def main() -> None:
     warm, reqs = [GenRequest(examples[0])], [GenRequest(e) for e in examples[1:]]
     lengths = [len(tokenizer(fmt.render_prompt(tokenizer, r.example.messages, r.example.interface),
                              add_special_tokens=False)["input_ids"]) for r in reqs]
+    single = reqs[::args.single_every]
     print(f"{len(reqs)} items from {args.partition}; prompt tokens min {min(lengths)} mean "
-          f"{sum(lengths) / len(lengths):.0f} max {max(lengths)}; max_new_tokens {args.max_new_tokens}")
+          f"{sum(lengths) / len(lengths):.0f} max {max(lengths)} (batch size 1 on {len(single)} of them, mean "
+          f"{statistics.mean(lengths[::args.single_every]):.0f}); max_new_tokens {args.max_new_tokens}")
     run_hf(model, tokenizer, fmt, 1, args.max_new_tokens, warm)
     rates: dict[int, list[float]] = {1: [], args.batch_size: []}
     decode1: list[float] = []
@@ -133,7 +138,8 @@ def main() -> None:
     for rep in range(args.repeats):
         bandwidth.append(copy_bandwidth() if on_cpu else float("nan"))
         for bs in (1, args.batch_size) if rep % 2 == 0 else (args.batch_size, 1):
-            rate, decode, outputs[bs] = run_hf(model, tokenizer, fmt, bs, args.max_new_tokens, reqs)
+            rate, decode, outputs[bs] = run_hf(model, tokenizer, fmt, bs, args.max_new_tokens,
+                                               single if bs == 1 else reqs)
             rates[bs].append(rate)
             if bs == 1:
                 decode1.append(decode)
@@ -146,8 +152,8 @@ def main() -> None:
           f"{spread(decode1)} tokens/s")
     for bs, r in rates.items():
         print(f"hf batch_size={bs}: {spread(r)} items/s")
-    same = sum(a == b for a, b in zip(outputs[1], outputs[args.batch_size], strict=True))
-    print(f"identical outputs at batch size 1 and {args.batch_size}: {same}/{len(reqs)}")
+    same = sum(a == b for a, b in zip(outputs[1], outputs[args.batch_size][::args.single_every], strict=True))
+    print(f"identical outputs at batch size 1 and {args.batch_size}: {same}/{len(single)}")
     if not args.no_vllm and importlib.util.find_spec("vllm") is not None:
         vcfg = EvalConfig(model=args.model, backend="vllm", max_new_tokens=args.max_new_tokens)
         vllm = make_backend(vcfg, fmt, tokenizer=tokenizer)

@@ -137,12 +137,14 @@ class HFBackend:
         """Greedy decoding that drops each sequence from the batch once it emits an end-of-turn token.
 
         Positions follow the attention mask (left padding: a row's first real token is position 0),
-        as `generate` computes them; only the last position's logits are computed.
+        as `generate` computes them; only the last position's logits are computed. The key/value cache
+        appends in place (`cipr.kv_cache`) instead of copying itself at every token.
         """
         import torch
-        from transformers import DynamicCache
 
-        cache = DynamicCache(config=self.model.config)
+        from cipr.kv_cache import growing_cache
+
+        cache = growing_cache(self.model.config)
         pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
         last_only = {"logits_to_keep": 1} if self._logits_to_keep else {}
         start = time.perf_counter()
