@@ -1,0 +1,50 @@
+"""The benchmark scripts run end to end on the tiny model and print their last line (integration tier).
+
+They measure speed on SmolLM2 by default (minutes); here they only have to run and report, so that a
+change in the code they drive cannot break them unnoticed. Their numbers are not checked here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def output(script: str, *args: str) -> str:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], capture_output=True, text=True,
+                            env=env, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip()
+
+
+def last_line(script: str, *args: str) -> str:
+    return output(script, *args).splitlines()[-1]
+
+
+def test_bench_step_prints_its_ratios():
+    line = last_line("bench_step.py", "--models", "tiny", "--repeats", "1")
+    assert re.fullmatch(r"step_ratio=\S+ \[\S+\] update_ratio=\S+ \[\S+\] vs_trl=\S+ \[\S+\] vs_trl_train=\S+ \[\S+\]",
+                        line), line
+
+
+def test_bench_eval_prints_speedup_and_roofline():
+    line = last_line("bench_eval.py", "--model", "tiny", "--n", "2", "--max-new-tokens", "4", "--batch-size", "2",
+                     "--repeats", "1", "--no-vllm", "--device", "cpu")
+    assert re.fullmatch(r"speedup=\S+ \[\S+\] roofline_fraction=\S+ \[\S+\]", line), line
+
+
+def test_bench_actions_prints_its_table():
+    """The summary line is of SmolLM2 at 8 tools (the default run); the tiny model prints its table rows."""
+    text = output("bench_actions.py", "--models", "tiny", "--tools", "4", "--repeats", "1", "--brute-repeats", "1")
+    for mode in ("packed", "prefix_cache"):
+        assert re.search(rf"^tiny\s+{mode}\s+4\s.*\[\S+\]", text, re.M), text
