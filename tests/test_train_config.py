@@ -215,15 +215,17 @@ def test_batch_geometry_failures_name_the_fix():
         validate(config_from_dict(composed("trainer.max_steps=0")))
 
 
-def test_cpu_schedule_is_unchanged_one_update_per_generation(tmp_path):
+def test_cpu_schedule_one_update_per_generation_of_two_pairs(tmp_path):
+    """The main job: each optimizer step generates 16 completions (2 pairs x G=4 x 2 interfaces) at once and
+    scores them in 2 micro-batches of one pair (gradient accumulation 2)."""
     from cipr.train.run import batch_geometry
 
     cfg = config_from_dict(composed())
     batch = batch_geometry(cfg, 1)
-    assert batch.gradient_accumulation_steps == cfg.trainer.gradient_accumulation_steps == 1
-    assert batch.steps_per_generation == 1 and batch.completions_per_step == cfg.trainer.per_device_train_batch_size
+    assert batch.gradient_accumulation_steps == cfg.trainer.gradient_accumulation_steps == 2
+    assert batch.steps_per_generation == 2 and batch.completions_per_step == 2 * cfg.trainer.per_device_train_batch_size
     args, trl = _grpo_config(cfg, tmp_path, 1)
-    assert trl.generation_batch_size == 8 and trl.max_steps == cfg.trainer.max_steps == 2
+    assert trl.generation_batch_size == 16 and trl.max_steps == cfg.trainer.max_steps == 2
 
 
 def test_prompts_over_max_prompt_length_leave_with_their_pair():
