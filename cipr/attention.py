@@ -44,7 +44,7 @@ def grouped_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
 
     unsupported = [name for name in ("softcap", "s_aux", "sliding_window") if kwargs.get(name) is not None]
     if unsupported:
-        raise NotImplementedError(f"{GROUPED} attention has no {', '.join(unsupported)}: load this model with "
+        raise ValueError(f"{GROUPED} attention has no {', '.join(unsupported)}: load this model with "
                                   "attn_implementation=eager or sdpa")
     b, h, lq, d = query.shape
     k = key.shape[1]

@@ -102,6 +102,6 @@ def test_attention_switch_restores_and_leaves_other_families_alone(tiny_model32)
             assert tiny_model32.config._attn_implementation == "sdpa"
     finally:
         tiny_model32.config.model_type = "llama"
-    with pytest.raises(NotImplementedError, match="softcap"):
+    with pytest.raises(ValueError, match="softcap"):
         grouped_attention(_Module(), torch.zeros(1, 6, 1, 4), torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4),
                           None, 1.0, softcap=30.0)
