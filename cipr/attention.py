@@ -62,6 +62,23 @@ def grouped_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     return out.view(b, h, lq, value.shape[-1]).transpose(1, 2).contiguous(), weights.view(b, h, lq, t)
 
 
+def use_grouped(model: Any, required: bool = False) -> bool:
+    """Switch a loaded model to `GROUPED` if its family is supported; whether it did.
+
+    `required` (the user asked for it by name): an unsupported family is a ConfigError instead.
+    """
+    if not supports(model):
+        if required:
+            from cipr.errors import ConfigError
+
+            raise ConfigError(f"attn_implementation={GROUPED} computes the plain attention of {sorted(MODEL_TYPES)} "
+                              f"models; this one is {getattr(model.config, 'model_type', None)!r}")
+        return False
+    register()
+    model.set_attn_implementation(GROUPED)
+    return True
+
+
 def register() -> str:
     """Register `GROUPED` with transformers (attention function and eager's float mask); returns the name."""
     from transformers import AttentionInterface

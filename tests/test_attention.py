@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cipr.attention import GROUPED, grouped_attention, register
+from cipr.attention import GROUPED, grouped_attention, register, use_grouped
+from cipr.errors import ConfigError
 
 
 class _Module(torch.nn.Module):
@@ -100,6 +101,10 @@ def test_attention_switch_restores_and_leaves_other_families_alone(tiny_model32)
     try:
         with attention(tiny_model32, GROUPED):
             assert tiny_model32.config._attn_implementation == "sdpa"
+        assert not use_grouped(tiny_model32)
+        with pytest.raises(ConfigError, match="gemma2"):
+            use_grouped(tiny_model32, required=True)
+        assert tiny_model32.config._attn_implementation == "sdpa"
     finally:
         tiny_model32.config.model_type = "llama"
     with pytest.raises(ValueError, match="softcap"):

@@ -25,10 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cipr.attention import GROUPED, attention
-from cipr.attention import MODEL_TYPES as GROUPED_TYPES
-from cipr.attention import register as register_grouped_attention
-from cipr.attention import supports as supports_grouped
+from cipr.attention import GROUPED, attention, use_grouped
 from cipr.errors import ConfigError
 from cipr.eval.backends import (
     Backend,
@@ -84,12 +81,9 @@ def load_model(cfg: EvalConfig) -> tuple[Any, Any]:
         torch.set_num_threads(cfg.threads)
     device, dtype = _device_dtype(cfg)
     impl = cfg.attn_implementation
-    grouped = impl == GROUPED or (impl == "auto" and device == "cpu")  # auto: eager, then grouped where it applies
-    if impl == "auto":
-        impl = "eager" if device == "cpu" else None
-    if grouped:
-        register_grouped_attention()
-        impl = impl if impl != GROUPED else "eager"
+    grouped = impl == GROUPED or (impl == "auto" and device == "cpu")  # loaded eager, then switched where it applies
+    if grouped or impl == "auto":
+        impl = "eager" if grouped else None
     attn = {"attn_implementation": impl} if impl else {}
     if cfg.model == "embedded":
         from cipr.embedded import load_embedded
@@ -104,11 +98,8 @@ def load_model(cfg: EvalConfig) -> tuple[Any, Any]:
         model, tokenizer = _from_pretrained(resolve_model(cfg.model), dtype, attn)
     model.to(device)
     model.eval()
-    if grouped and supports_grouped(model):
-        model.set_attn_implementation(GROUPED)
-    elif cfg.attn_implementation == GROUPED:
-        raise ConfigError(f"attn_implementation={GROUPED} computes the plain attention of "
-                          f"{sorted(GROUPED_TYPES)} models; this one is {model.config.model_type!r}")
+    if grouped:
+        use_grouped(model, required=cfg.attn_implementation == GROUPED)
     return model, prepare_tokenizer(tokenizer)
 
 
