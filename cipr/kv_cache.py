@@ -72,3 +72,32 @@ def growing_cache(config: Any) -> DynamicCache:
     cache = DynamicCache(config=config)
     cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
+
+
+def stack_left_padded(caches: list[DynamicCache], config: Any, capacity: int = 0) -> DynamicCache:
+    """One batch cache from single-row caches of different lengths, each row right-aligned (left padding).
+
+    Row i holds cache i's keys and values in its last `len_i` positions of `max(len)` and zeros before
+    them, the layout a left-padded batch prefill leaves (there the padded positions hold the pad
+    tokens' states; here zeros: either way the attention mask hides them). `capacity` reserves room
+    along the sequence axis for the tokens still to come, so decoding appends without regrowing.
+    Every layer of every cache must be a full-attention `GrowingLayer` (see `growing_cache`).
+    """
+    if not caches or any(type(layer) is not GrowingLayer for c in caches for layer in c.layers):
+        raise ValueError("stack_left_padded needs caches whose layers are all GrowingLayer (full attention)")
+    width = max(c.get_seq_length() for c in caches)
+    out = growing_cache(config)
+    if len(out.layers) != len(caches[0].layers):
+        raise ValueError(f"config has {len(out.layers)} cache layers, the caches {len(caches[0].layers)}")
+    for j, layer in enumerate(out.layers):
+        first = caches[0].layers[j]
+        shape = (len(caches), first.keys.shape[1], max(capacity, width), first.keys.shape[-1])
+        keys, values = first.keys.new_zeros(shape), first.values.new_zeros(shape[:-1] + first.values.shape[-1:])
+        for i, c in enumerate(caches):
+            n = c.layers[j].get_seq_length()
+            keys[i, :, width - n:width] = c.layers[j].keys[0]
+            values[i, :, width - n:width] = c.layers[j].values[0]
+        layer.lazy_initialization(first.keys, first.values)
+        layer._key_buffer, layer._value_buffer, layer._length = keys, values, width
+        layer.keys, layer.values = keys[..., :width, :], values[..., :width, :]
+    return out

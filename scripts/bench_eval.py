@@ -3,7 +3,7 @@
     .venv/bin/python scripts/bench_eval.py                        # default run (its wall time is printed)
     .venv/bin/python scripts/bench_eval.py --n 8 --max-new-tokens 256 --repeats 3   # the longer setting
     options: [--batch-size 8] [--device auto] [--threads N] [--attn auto|cipr_grouped|eager|sdpa] [--model DIR]
-             [--no-vllm]
+             [--prefill auto|per_item|batched] [--no-vllm]
 
 Model: the embedded default (SmolLM2-135M-Instruct, `cipr.embedded`), or `--model DIR` (any folder
 `from_pretrained` loads). Items: the first `--n` BFCL items of `--partition` (default simple_python),
@@ -72,18 +72,24 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
 
 
-def run_hf(model: Any, tokenizer: Any, fmt: Any, bs: int, max_new_tokens: int, reqs: list[GenRequest]
-           ) -> tuple[float, float, list[str]]:
-    """(items/s, decode tokens/s, texts) of one pass over `reqs` at batch size `bs`."""
-    backend = HFBackend(model, tokenizer, fmt, HFBackendConfig(batch_size=bs, max_new_tokens=max_new_tokens))
+def run_hf(model: Any, tokenizer: Any, fmt: Any, bs: int, max_new_tokens: int, reqs: list[GenRequest],
+           prefill: str = "auto") -> tuple[float, dict[str, float], list[str]]:
+    """(items/s, where the time went, texts) of one pass over `reqs` at batch size `bs`."""
+    backend = HFBackend(model, tokenizer, fmt, HFBackendConfig(batch_size=bs, max_new_tokens=max_new_tokens,
+                                                               prefill=prefill))  # type: ignore[arg-type]
     t = time.perf_counter()
     gens = backend.generate(reqs)
     dt = time.perf_counter() - t
     errors = [g.error for g in gens if g.error]
     if errors:
         raise SystemExit(f"batch size {bs}: {len(errors)} generation errors, first: {errors[0]}")
-    timing = backend.timing
-    return len(reqs) / dt, timing["decode_tokens"] / max(timing["decode_seconds"], 1e-9), [g.text for g in gens]
+    tm = backend.timing
+    return len(reqs) / dt, {
+        "decode_tps": tm["decode_tokens"] / max(tm["decode_seconds"], 1e-9),
+        "prefill_s_per_item": tm["prefill_seconds"] / len(reqs),
+        "step_ms": 1e3 * tm["decode_seconds"] / max(tm["decode_steps"], 1),
+        "other_s": dt - tm["prefill_seconds"] - tm["decode_seconds"],
+    }, [g.text for g in gens]
 
 
 def main() -> None:
@@ -102,6 +108,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--attn", default="auto", help="attn_implementation: auto (cipr_grouped on CPU where the model "
                    "family allows, else eager), cipr_grouped, eager, sdpa")
+    p.add_argument("--prefill", default="auto", choices=["auto", "per_item", "batched"],
+                   help="HF prefill: auto (per item on CPU), per_item, batched (one padded forward)")
     p.add_argument("--no-vllm", action="store_true", help="do not time vLLM even where it is installed")
     args = p.parse_args()
     started = time.perf_counter()
@@ -130,7 +138,7 @@ def main() -> None:
           f"{statistics.mean(lengths[::args.single_every]):.0f}); max_new_tokens {args.max_new_tokens}")
     run_hf(model, tokenizer, fmt, 1, args.max_new_tokens, warm)
     rates: dict[int, list[float]] = {1: [], args.batch_size: []}
-    decode1: list[float] = []
+    parts: dict[int, dict[str, list[float]]] = {1: {}, args.batch_size: {}}
     bandwidth: list[float] = []
     roof: list[float] = []
     outputs: dict[int, list[str]] = {}
@@ -138,18 +146,23 @@ def main() -> None:
     for rep in range(args.repeats):
         bandwidth.append(copy_bandwidth() if on_cpu else float("nan"))
         for bs in (1, args.batch_size) if rep % 2 == 0 else (args.batch_size, 1):
-            rate, decode, outputs[bs] = run_hf(model, tokenizer, fmt, bs, args.max_new_tokens,
-                                               single if bs == 1 else reqs)
+            rate, where, outputs[bs] = run_hf(model, tokenizer, fmt, bs, args.max_new_tokens,
+                                              single if bs == 1 else reqs, args.prefill)
             rates[bs].append(rate)
+            for k, v in where.items():
+                parts[bs].setdefault(k, []).append(v)
             if bs == 1:
-                decode1.append(decode)
-                roof.append(decode / (bandwidth[-1] * 1e9 / size))
+                roof.append(where["decode_tps"] / (bandwidth[-1] * 1e9 / size))
         print(f"repetition {rep + 1}: copy {bandwidth[-1]:.1f} GB/s; batch 1 {rates[1][-1]:.3f} items/s "
-              f"(decode {decode1[-1]:.1f} tokens/s); batch {args.batch_size} {rates[args.batch_size][-1]:.3f} items/s")
+              f"(decode {parts[1]['decode_tps'][-1]:.1f} tokens/s); batch {args.batch_size} "
+              f"{rates[args.batch_size][-1]:.3f} items/s")
     speedups = [b / a for a, b in zip(rates[1], rates[args.batch_size], strict=True)]
     bound = [bw * 1e9 / size for bw in bandwidth]
     print(f"memory copy {spread(bandwidth)} GB/s -> batch-1 roofline {spread(bound)} tokens/s; batch-1 decode "
-          f"{spread(decode1)} tokens/s")
+          f"{spread(parts[1]['decode_tps'])} tokens/s")
+    for bs, where in parts.items():
+        print(f"hf batch_size={bs}: prefill {spread(where['prefill_s_per_item'])} s/item, decode step "
+              f"{spread(where['step_ms'])} ms, other {spread(where['other_s'])} s per pass")
     for bs, r in rates.items():
         print(f"hf batch_size={bs}: {spread(r)} items/s")
     same = sum(a == b for a, b in zip(outputs[1], outputs[args.batch_size][::args.single_every], strict=True))

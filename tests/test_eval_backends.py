@@ -51,14 +51,21 @@ REQS = [GenRequest(ex(q)) for q in ["Rome?", "What is the weather like in Paris 
                                      "Oslo", "Tell me about Lima and its weather today"]]
 
 
-def test_hf_batched_matches_one_by_one(sharp_model, tiny_tokenizer):
-    def run(bs, drop):
-        cfg = HFBackendConfig(batch_size=bs, max_new_tokens=12, drop_finished=drop)
+@pytest.mark.parametrize("attn", ["eager", "cipr_grouped"])
+def test_hf_batched_matches_one_by_one(sharp_model, tiny_tokenizer, attn):
+    """Batch size 1 and 4, prefilled per item (SDPA when the model is grouped) or as a padded batch,
+    and `model.generate`: the same greedy texts."""
+    from cipr.attention import attention
+
+    def run(bs, drop, prefill="auto"):
+        cfg = HFBackendConfig(batch_size=bs, max_new_tokens=12, drop_finished=drop, prefill=prefill)
         return [g.text for g in HFBackend(sharp_model, tiny_tokenizer, FMT, cfg).generate(REQS)]
 
-    one = run(1, True)
-    assert tiny_tokenizer.padding_side == "left"
-    assert run(4, True) == one == run(4, False)
+    with attention(sharp_model, attn):
+        assert sharp_model.config._attn_implementation == attn
+        one = run(1, True)
+        assert tiny_tokenizer.padding_side == "left"
+        assert run(4, True, "per_item") == run(4, True, "batched") == one == run(4, False)
     assert all(one) and len(set(one)) == len(one)
     assert all("<|im_end|>" not in t and "<|endoftext|>" not in t for t in one)
 

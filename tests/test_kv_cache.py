@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from cipr.kv_cache import GrowingLayer, growing_cache
+from cipr.kv_cache import GrowingLayer, growing_cache, stack_left_padded
 
 
 def test_growing_layer_matches_dynamic_layer_through_appends_selection_and_crop():
@@ -47,3 +48,37 @@ def test_growing_cache_gives_the_model_the_same_logits(tiny_tokenizer):
                 x = out.logits[:, -1:].argmax(-1)
         logits.append(torch.stack(steps))
     assert torch.equal(logits[0], logits[1])
+
+
+def test_stack_left_padded_places_each_row_at_the_right_and_reserves_room():
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=16)
+    caches, states = [], []
+    for n in (3, 5):
+        cache = growing_cache(config)
+        for layer in cache.layers:
+            k, v = torch.randn(1, 2, n, 4), torch.randn(1, 2, n, 4)
+            layer.update(k, v)
+            states.append((k, v))
+        caches.append(cache)
+    out = stack_left_padded(caches, config, capacity=9)
+    assert out.get_seq_length() == 5
+    for j, layer in enumerate(out.layers):
+        assert layer.keys.shape == (2, 2, 5, 4) and layer._key_buffer.shape == (2, 2, 9, 4)
+        (k0, v0), (k1, v1) = states[j], states[len(out.layers) + j]
+        assert torch.equal(layer.keys[0, :, 2:], k0[0]) and torch.equal(layer.values[0, :, 2:], v0[0])
+        assert torch.equal(layer.keys[1], k1[0]) and torch.equal(layer.values[1], v1[0])
+        assert not layer.keys[0, :, :2].any() and not layer.values[0, :, :2].any()
+    k = torch.randn(2, 2, 1, 4)
+    keys, _ = out.layers[0].update(k, k)
+    assert keys.shape == (2, 2, 6, 4) and torch.equal(keys[:, :, 5:], k)
+    assert out.layers[0]._key_buffer.shape[-2] == 9  # appended into the reserved room, no regrowth
+
+
+def test_stack_left_padded_refuses_other_cache_layers():
+    from transformers import DynamicCache, LlamaConfig
+
+    config = LlamaConfig(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, hidden_size=8)
+    with pytest.raises(ValueError, match="GrowingLayer"):
+        stack_left_padded([DynamicCache(config=config)], config)

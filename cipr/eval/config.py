@@ -78,6 +78,8 @@ class EvalConfig:
     - `partitions`: BFCL partitions to load (None: all ten).
     - `drop_finished`: HF backend, remove ended sequences from the batch (see `HFBackendConfig`); False
       decodes with `model.generate`.
+    - `prefill`: HF backend with `drop_finished`: `auto` (per item on CPU, batched on GPU), `per_item`,
+      `batched` (see `HFBackendConfig.prefill`).
     - `replay`: `reference` or `familiar` (see `cipr.eval.backends.ReplayBackend`).
     - `format`: call format name (None: the benchmark's).
     - `device` / `dtype`: `auto` = CUDA with bfloat16 when available, else CPU float32.
@@ -102,6 +104,7 @@ class EvalConfig:
     batch_size: int = 8
     max_new_tokens: int = 512
     drop_finished: bool = True
+    prefill: Literal["auto", "batched", "per_item"] = "auto"
     chunk_size: int = 64
     format: str | None = None
     out_dir: str = "evals/run"

@@ -151,7 +151,7 @@ def make_backend(cfg: EvalConfig, fmt: CallFormat, model: Any = None, tokenizer:
     else:
         prepare_tokenizer(tokenizer)
     return HFBackend(model, tokenizer, fmt, HFBackendConfig(batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
-                                                           drop_finished=cfg.drop_finished))
+                                                           drop_finished=cfg.drop_finished, prefill=cfg.prefill))
 
 
 def report_config(cfg: EvalConfig) -> ReportConfig:
