@@ -76,3 +76,47 @@ def test_lora_wraps_the_policy_with_only_adapter_weights_trainable(tiny_dir):
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     assert any("q_proj.lora_A" in n for n in trainable) and any("v_proj.lora_B" in n for n in trainable)
+
+
+def _embedding_output_gets_grad(model) -> bool:
+    """Backward of a small LM loss under non-reentrant gradient checkpointing; whether a gradient reached the
+    token embeddings' output (transformers' checkpointing set-up makes that output require grad)."""
+    reached = []
+
+    def watch(module, inputs, output):
+        if output.requires_grad:
+            output.register_hook(lambda g: reached.append(True))
+
+    model.train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    handle = model.get_input_embeddings().register_forward_hook(watch)  # after transformers' own hook
+    ids = torch.arange(3, 21).reshape(2, 9)
+    model(input_ids=ids, labels=ids).loss.backward()
+    handle.remove()
+    return bool(reached)
+
+
+def test_backward_stops_at_the_first_trainable_layer_under_gradient_checkpointing(tiny_dir):
+    model, _ = load_model(local(tiny_dir, freeze_bottom_layers=1))
+    ref, _ = load_model(local(tiny_dir))  # the same weights, frozen by hand: no detach
+    ref.get_input_embeddings().weight.requires_grad_(False)
+    ref.model.layers[0].requires_grad_(False)
+    assert not _embedding_output_gets_grad(model)
+    assert _embedding_output_gets_grad(ref)  # what the detach saves: backward through the frozen layer
+    grads = {n: p.grad for n, p in ref.named_parameters() if p.requires_grad}
+    got = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+    assert got.keys() == grads.keys() and grads
+    for name, grad in grads.items():
+        torch.testing.assert_close(got[name], grad, msg=name)
+
+
+@pytest.mark.parametrize("copied", [False, True])
+def test_parameters_unfrozen_below_the_cut_still_get_gradients(tiny_dir, copied):
+    """Also on a deep copy of the model (the copy's hook must look at the copy's parameters)."""
+    import copy
+
+    model, _ = load_model(local(tiny_dir, freeze_bottom_layers=1))
+    model = copy.deepcopy(model) if copied else model
+    model.model.layers[0].mlp.requires_grad_(True)  # e.g. an adapter added below the cut
+    assert _embedding_output_gets_grad(model)
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.model.layers[0].mlp.parameters())

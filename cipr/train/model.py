@@ -57,7 +57,9 @@ class ModelConfig:
     `freeze_bottom_layers`: freeze the token embeddings (and so a tied output head) and the first k
     decoder layers. A CPU knob: backward then stops k layers early, which cuts the time and the
     activation memory of every update roughly in proportion (the main job trains the top 10 of
-    SmolLM2's 30 layers). 0 trains everything.
+    SmolLM2's 30 layers). 0 trains everything. Backward stops there even under gradient
+    checkpointing, whose transformers set-up makes the embeddings' output require grad and would
+    otherwise recompute and backpropagate through every frozen layer (see `freeze_bottom`).
     """
 
     name_or_path: str | None = None
@@ -261,14 +263,44 @@ def wrap_lora(model: Any, opts: LoraOptions) -> Any:
     return get_peft_model(model, config)
 
 
+class DetachWhileFrozen:
+    """Forward pre-hook of a decoder layer: detach its hidden-states input while no parameter of `below` trains.
+
+    A callable object, not a closure, so that `copy.deepcopy` of the model points the copy's hook at
+    the copy's modules.
+    """
+
+    def __init__(self, below: list[Any]):
+        self.below = below
+
+    def __call__(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if any(p.requires_grad for m in self.below for p in m.parameters()):
+            return None
+        if args:
+            return (args[0].detach(), *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": kwargs["hidden_states"].detach()}
+
+
 def freeze_bottom(model: Any, k: int) -> None:
-    """Freeze the input embeddings (with a tied head) and the first `k` decoder layers."""
+    """Freeze the input embeddings (with a tied head) and the first `k` decoder layers.
+
+    The hidden states entering layer `k` are detached while nothing below it trains. transformers'
+    `gradient_checkpointing_enable` (called by the Trainer, and again by TRL after every generation)
+    makes the embeddings' output require grad, so without the detach each backward recomputed and
+    backpropagated through all `k` frozen layers for gradients nothing uses: SmolLM2-135M with 20 of
+    30 layers frozen, 8 sequences of ~700-900 tokens, checkpointing on: 60 attention forwards and 30
+    attention backwards per update instead of 40 and 10. The check runs at each forward, so adapters
+    or parameters unfrozen below `k` later (LoRA on every layer) still get their gradients.
+    """
     layers = getattr(model.get_decoder(), "layers", None)
     if layers is None:
         raise ConfigError(f"model.freeze_bottom_layers needs a decoder with `.layers`; {type(model).__name__} has none")
     if not 0 < k < len(layers):
         raise ConfigError(f"model.freeze_bottom_layers={k} must be between 1 and {len(layers) - 1} "
                           f"(the model has {len(layers)} layers)")
-    model.get_input_embeddings().weight.requires_grad_(False)
-    for layer in list(layers)[:k]:
+    embeddings = model.get_input_embeddings()
+    embeddings.weight.requires_grad_(False)
+    bottom = list(layers)[:k]
+    for layer in bottom:
         layer.requires_grad_(False)
+    layers[k].register_forward_pre_hook(DetachWhileFrozen([embeddings, *bottom]), with_kwargs=True)
