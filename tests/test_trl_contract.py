@@ -8,6 +8,7 @@ CIPR uses it; when this test fails, read TRL's new code at that point before upd
 from __future__ import annotations
 
 import inspect
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -76,10 +77,17 @@ VLLM_ATTRIBUTES: dict[str, str] = {  # set in VLLMGeneration.__init__
 
 
 def _functions() -> list[tuple[str, Callable[..., Any], list[str], str]]:
+    from trl.kernels.chunked_logprob import _use_triton
     from trl.models import unwrap_model_for_generation
-    from trl.trainer.utils import pad, split_tensor_dict
+    from trl.trainer.utils import entropy_from_logits, pad, selective_log_softmax, split_tensor_dict
 
     return [
+        ("trl.kernels.chunked_logprob._use_triton", _use_triton, ["device"],
+         f"{_GRPO} CIPRGRPOTrainer._score_completions_only (where TRL's fused head scores every position)"),
+        ("trl.trainer.utils.selective_log_softmax", selective_log_softmax, ["logits", "index", "temperature", "row_mask"],
+         f"{_GRPO} completion_logps"),
+        ("trl.trainer.utils.entropy_from_logits", entropy_from_logits, ["logits", "chunk_size"],
+         f"{_GRPO} completion_logps"),
         ("trl.models.unwrap_model_for_generation", unwrap_model_for_generation,
          ["model", "accelerator", "gather_deepspeed3_params", "generation_kwargs", "gradient_checkpointing_kwargs"],
          f"{_GRPO} CIPRGRPOTrainer._generate_single_turn"),
@@ -230,3 +238,43 @@ def test_trainer_syncs_vllm_weights_through_the_instance_method():
     assert "self.vllm_generation.sync_weights()" in inspect.getsource(GRPOTrainer), _moved(
         "GRPOTrainer's weight sync", f"{_ROLLOUT} use_reload_weights",
         "it no longer calls self.vllm_generation.sync_weights(), so the colocated push would be skipped")
+
+
+def test_completion_scoring_matches_trls_fused_head(tiny_model, tiny_tokenizer, tmp_path):
+    """Off Triton, CIPR scores only the completion positions (`completion_logps`); TRL's fused head scores every
+    position. Same log-probabilities, entropies and gradients, at a sampling temperature."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from cipr.train.grpo import CIPRGRPOTrainer
+
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2,
+                      max_completion_length=4, report_to="none", use_cpu=True, bf16=False, disable_tqdm=True,
+                      temperature=0.7)
+    trainer = GRPOTrainer(model=tiny_model, reward_funcs=lambda completions, **_: [0.0] * len(completions),
+                          args=args, train_dataset=Dataset.from_list([{"prompt": "a b"}] * 4),
+                          processing_class=tiny_tokenizer)
+    # a stock trainer with CIPR's scoring methods bound to it: TRL's and CIPR's scoring side by side
+    trainer._score_completions_only = types.MethodType(CIPRGRPOTrainer._score_completions_only, trainer)
+    call = {"compute_entropy": True, "compute_aux_loss": False, "pixel_values": None}  # as TRL's _compute_loss calls
+    assert trainer._score_completions_only(trainer.model, (), call)
+    assert not trainer._score_completions_only(trainer.model, (), {**call, "compute_aux_loss": True})
+    assert not trainer._score_completions_only(trainer.model, (), {**call, "pixel_values": torch.zeros(1)})
+    torch.manual_seed(0)
+    ids = torch.randint(3, 200, (3, 11))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # left padding
+    results = []
+    for score in (GRPOTrainer._get_per_token_logps_and_entropies, CIPRGRPOTrainer._get_per_token_logps_and_entropies):
+        trainer.model.zero_grad()
+        trainer._given_task_logps = None
+        logps, entropies, _ = score(trainer, trainer.model, ids, mask, 5, batch_size=2, **call)
+        (logps * torch.linspace(-1, 1, 5)).sum().backward()
+        results.append((logps, entropies, [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]))
+    (trl_logps, trl_ent, trl_grads), (ours, ent, grads) = results
+    assert ours.shape == (3, 5) and ent.shape == (3, 5)
+    torch.testing.assert_close(ours, trl_logps, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(ent, trl_ent, rtol=1e-4, atol=1e-5)
+    assert len(grads) == len(trl_grads) > 0
+    for got, want in zip(grads, trl_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-6)

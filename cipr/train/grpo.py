@@ -47,6 +47,7 @@ Choices the paper leaves open:
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -131,6 +132,25 @@ def shared_prefill_generate(model: Any, runs: Sequence[tuple[list[int], int]], p
         end = next((i for i, t in enumerate(row) if t in stops), None)
         result.append(row if end is None else row[:end + 1])
     return result
+
+
+def completion_logps(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
+                     temperature: float, compute_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probabilities [B, C] of the last C = `logits_to_keep` tokens of `input_ids` [B, T] at `temperature`,
+    and their entropies [B, C] if asked, from logits at those positions only.
+
+    TRL's fused head scores every position of the sequence (prompt included) where Triton is absent,
+    to keep tile shapes fixed for compilers: on CPU that is the whole sequence's vocabulary projection
+    and its backward, ~10x the completion's on the main job's prompts. Same values as TRL's
+    (`selective_log_softmax` and `entropy_from_logits` on the temperature-scaled logits; tested).
+    """
+    from trl.trainer.utils import entropy_from_logits, selective_log_softmax
+
+    out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep + 1,
+                use_cache=False)
+    logits = out.logits[:, :-1] / temperature
+    logps = selective_log_softmax(logits, input_ids[:, -logits_to_keep:])
+    return logps, entropy_from_logits(logits) if compute_entropy else None
 
 
 def exact(probs: torch.Tensor) -> torch.Tensor:
@@ -322,9 +342,20 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
 
     def _get_per_token_logps_and_entropies(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                                            logits_to_keep: int, *args: Any, **kwargs: Any) -> Any:
-        """TRL's token scoring, or inside `given_task_logps` the given log-probs (entropies NaN: not computed)."""
+        """TRL's token scoring, or inside `given_task_logps` the given log-probs (entropies NaN: not computed).
+
+        Off Triton devices (CPU), text-only batches are scored by `completion_logps` (completion positions
+        only), in TRL's micro-batches; the rest goes to TRL.
+        """
         logps = self._given_task_logps
         if logps is None:
+            if self._score_completions_only(model, args, kwargs):
+                size = kwargs.get("batch_size") or input_ids.size(0)
+                parts = [completion_logps(model, input_ids[i:i + size], attention_mask[i:i + size], logits_to_keep,
+                                          self.temperature, bool(kwargs.get("compute_entropy")))
+                         for i in range(0, input_ids.size(0), size)]
+                entropies = torch.cat([e for _, e in parts]) if kwargs.get("compute_entropy") else None
+                return torch.cat([lp for lp, _ in parts]), entropies, None
             return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
                                                               *args, **kwargs)
         if logps.shape != (input_ids.size(0), logits_to_keep):
@@ -332,6 +363,19 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
                                f"({input_ids.size(0)}, {logits_to_keep})")
         entropies = torch.full_like(logps, float("nan")) if kwargs.get("compute_entropy") else None
         return logps, entropies, None
+
+    def _score_completions_only(self, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether `completion_logps` scores this call: off Triton devices, text only, no MoE aux loss."""
+        from trl.kernels.chunked_logprob import _use_triton
+
+        if args or kwargs.get("compute_aux_loss") or _use_triton(torch.device(self.accelerator.device)):
+            return False
+        if any(v is not None for k, v in kwargs.items() if k not in ("batch_size", "compute_entropy", "compute_aux_loss")):
+            return False
+        unwrapped = self.accelerator.unwrap_model(model)
+        base = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped  # PEFT
+        forward = getattr(base, "forward", None)
+        return forward is not None and "logits_to_keep" in inspect.signature(forward).parameters
 
     def _query(self, row: int, text: str, ended: bool, decisions: Sequence[Any]) -> ActionQuery:
         record = self.prompt_set.records[row]
