@@ -2,8 +2,8 @@
 `cipr.memory.limit_heap_growth` (fixed mmap threshold, heap trimmed on free).
 
 Each setting runs in its own process (allocator settings and peak RSS are per process): SmolLM2-135M
-(bottom 20 layers frozen, as the main job), one canonical/perturbed pair x G=4 replayed completions
-(bench_step's setup), then `--repeats` updates (loss, backward, optimizer step) of `--algo`. Printed
+(bottom 20 layers frozen, as the main job), one canonical/perturbed pair x G=4 replayed completions of
+<= 96 tokens, 1-2 tools per interface (the main job's shapes, built with bench_step's code), then `--repeats` updates (loss, backward, optimizer step) of `--algo`. Printed
 per setting: the peak RSS added by the updates over what model and trainer hold, and the median update
 time; last line `rss_ratio=<limited/default> time_ratio=<limited/default>`.
 

@@ -1,4 +1,4 @@
-"""Step cost of CIPR against multi-interface training on identical rollouts (tiny model and SmolLM2-135M).
+"""Step cost of CIPR against multi-interface training, and of our GRPO against stock TRL, on identical rollouts.
 
 Both algorithms see the same interfaces and, here, the same rollouts: the trainers are built from
 one initial model, and each repetition draws its completions with `ReplayRollouts` (reference calls,
@@ -19,14 +19,21 @@ Against the library it extends: `grpo` is our trainer with `algo=grpo` and `trl`
 `trl.GRPOTrainer` on the same GRPOConfig, model copy, prompts, reward function (our scorer) and
 replayed completions; each generates with its own class's HF path (ours: one prefill per distinct
 prompt shared by its G samples; TRL's: `generate` over the repeated prompts). `vs_trl` is the step
-ratio grpo / trl (target <= 1.05), `vs_trl_train` the same without generation (scoring + update). `cipr_unfolded` is
-CIPR with `algo.fold_action_read=false`: TRL's own forward for the task loss plus separate action
-reads, i.e. the cost of the consistency terms on top of TRL's path (the folded read skips TRL's
-per-token entropy, which is why folded CIPR can update faster than multi-interface training; `--full`). The
+ratio grpo / trl (target <= 1.05), `vs_trl_train` the same without generation (scoring + update). Off
+Triton devices our trainer scores only the completion positions (`cipr.train.grpo.completion_logps`),
+where TRL's fused head projects every prompt position onto the vocabulary too; both trainers get the
+same model, whose backward stops at the frozen bottom layers (`cipr.train.model.freeze_bottom`).
+`cipr_unfolded` is CIPR with `algo.fold_action_read=false`: the task loss from the scoring above plus
+separate action reads, i.e. the cost of the consistency terms on their own (`--full`). The
 last line is `step_ratio=<r> update_ratio=<r>` for `cipr` (the default) against `multi_interface`,
 then `vs_trl` and `vs_trl_train`, each the larger over the models benchmarked (targets: 1.5, 2.2, 1.05).
 
-    .venv/bin/python scripts/bench_step.py                 # SmolLM2-135M, 2 repetitions (prints its wall time)
+Default: SmolLM2-135M (bottom 20 of 30 layers frozen, as the main job), one pair x G=2 x 2 interfaces
+per step, 1-2 tools per interface, completions of at most 64 tokens, a warm-up repetition and 2
+measured ones; it prints its wall time. Larger settings by option (`--generations 4
+--max-completion-length 96` is the main job's rollout shape; its prompts also have 1-2 tools).
+
+    .venv/bin/python scripts/bench_step.py                 # the default above
     .venv/bin/python scripts/bench_step.py --full          # tiny model too, and cipr_unfolded
     .venv/bin/python scripts/bench_step.py --models tiny --repeats 3
 """
@@ -45,7 +52,8 @@ import torch
 from tqdm.auto import tqdm
 
 
-def build(model_name: str, workdir: Path, pairs: int, g: int, max_len: int) -> tuple[Any, Any, Any, Any]:
+def build(model_name: str, workdir: Path, pairs: int, g: int, max_len: int, tools: tuple[int, int] = (1, 2)
+          ) -> tuple[Any, Any, Any, Any]:
     from cipr.formats import get_format
     from cipr.testing import save_tiny
     from cipr.train.data import DataConfig, build_prompts, load_examples
@@ -58,9 +66,7 @@ def build(model_name: str, workdir: Path, pairs: int, g: int, max_len: int) -> t
         cfg = ModelConfig(freeze_bottom_layers=20)
     model, tokenizer = load_model(cfg)
     fmt = get_format(cfg.call_format)
-    # the tiny byte-level tokenizer needs ~3x the tokens of SmolLM2's for the same text: fewer tools keep
-    # its prompts under 2,048 tokens
-    data = DataConfig(n=pairs * 4 + 2, eval_examples=2, tools_per_example=(1, 2) if model_name == "tiny" else (2, 3))
+    data = DataConfig(n=pairs * 4 + 2, eval_examples=2, tools_per_example=tools)
     prompts = build_prompts(load_examples(data), data, names="canonical", perturbed=True, fmt=fmt,
                             tokenizer=tokenizer)
     return model, tokenizer, fmt, prompts
@@ -142,12 +148,12 @@ def spread(values: list[float]) -> str:
     return f"[{min(values):.2f}-{max(values):.2f}]"
 
 
-def bench_model(name: str, repeats: int, pairs: int, g: int, max_len: int, algos: tuple[str, ...] = ALGOS
-                ) -> dict[str, list[float]]:
+def bench_model(name: str, repeats: int, pairs: int, g: int, max_len: int, algos: tuple[str, ...] = ALGOS,
+                tools: tuple[int, int] = (1, 2)) -> dict[str, list[float]]:
     """Per-repetition ratios of one model: step and update of cipr / multi_interface, step of grpo / trl."""
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        model, tokenizer, fmt, prompts = build(name, work, pairs, g, max_len)
+        model, tokenizer, fmt, prompts = build(name, work, pairs, g, max_len, tools)
         trainers = {algo: make_trainer(algo, copy.deepcopy(model), tokenizer, fmt, prompts, g, pairs, max_len, work)
                     for algo in algos}
         times: dict[str, dict[str, list[float]]] = {a: {"gen": [], "score": [], "update": []} for a in trainers}
@@ -192,15 +198,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--full", action="store_true", help="both models, and CIPR without folding too")
     parser.add_argument("--pairs", type=int, default=1, help="canonical/perturbed pairs per step")
-    parser.add_argument("--generations", type=int, default=4, help="G")
-    parser.add_argument("--max-completion-length", type=int, default=96)
+    parser.add_argument("--generations", type=int, default=2, help="G")
+    parser.add_argument("--max-completion-length", type=int, default=64)
+    parser.add_argument("--tools", default="1,2", help="MIN,MAX tools per training interface")
     args = parser.parse_args()
     worst: dict[str, list[float]] = {}
     started = time.perf_counter()
     models = args.models or ("tiny,smollm2" if args.full else "smollm2")
     for name in models.split(","):
+        low, high = (int(x) for x in args.tools.split(","))
         per_rep = bench_model(name.strip(), args.repeats, args.pairs, args.generations, args.max_completion_length,
-                              FULL_ALGOS if args.full else ALGOS)
+                              FULL_ALGOS if args.full else ALGOS, (low, high))
         for k, v in per_rep.items():
             if k not in worst or statistics.median(v) > statistics.median(worst[k]):
                 worst[k] = v
