@@ -81,10 +81,13 @@ def stack_left_padded(caches: list[DynamicCache], config: Any, capacity: int = 0
     them, the layout a left-padded batch prefill leaves (there the padded positions hold the pad
     tokens' states; here zeros: either way the attention mask hides them). `capacity` reserves room
     along the sequence axis for the tokens still to come, so decoding appends without regrowing.
-    Every layer of every cache must be a full-attention `GrowingLayer` (see `growing_cache`).
+    Every layer of every cache must be a full-attention `DynamicLayer` or `GrowingLayer` (a prefill-only
+    cache is best a plain `DynamicCache`: it holds the prompt's states without spare room).
     """
-    if not caches or any(type(layer) is not GrowingLayer for c in caches for layer in c.layers):
-        raise ValueError("stack_left_padded needs caches whose layers are all GrowingLayer (full attention)")
+    full = (DynamicLayer, GrowingLayer)
+    if not caches or any(type(layer) not in full for c in caches for layer in c.layers):
+        raise ValueError("stack_left_padded needs caches whose layers are all DynamicLayer or GrowingLayer "
+                         "(full attention)")
     width = max(c.get_seq_length() for c in caches)
     out = growing_cache(config)
     if len(out.layers) != len(caches[0].layers):

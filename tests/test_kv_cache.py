@@ -51,12 +51,12 @@ def test_growing_cache_gives_the_model_the_same_logits(tiny_tokenizer):
 
 
 def test_stack_left_padded_places_each_row_at_the_right_and_reserves_room():
-    from transformers import LlamaConfig
+    from transformers import DynamicCache, LlamaConfig
 
     config = LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=16)
     caches, states = [], []
-    for n in (3, 5):
-        cache = growing_cache(config)
+    for n, make in ((3, growing_cache), (5, lambda c: DynamicCache(config=c))):
+        cache = make(config)
         for layer in cache.layers:
             k, v = torch.randn(1, 2, n, 4), torch.randn(1, 2, n, 4)
             layer.update(k, v)
@@ -76,9 +76,12 @@ def test_stack_left_padded_places_each_row_at_the_right_and_reserves_room():
     assert out.layers[0]._key_buffer.shape[-2] == 9  # appended into the reserved room, no regrowth
 
 
-def test_stack_left_padded_refuses_other_cache_layers():
-    from transformers import DynamicCache, LlamaConfig
+def test_stack_left_padded_refuses_sliding_window_layers():
+    from transformers import DynamicCache, MistralConfig
 
-    config = LlamaConfig(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, hidden_size=8)
-    with pytest.raises(ValueError, match="GrowingLayer"):
-        stack_left_padded([DynamicCache(config=config)], config)
+    config = MistralConfig(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, hidden_size=8,
+                           sliding_window=4)
+    cache = DynamicCache(config=config)
+    assert type(cache.layers[0]).__name__ != "DynamicLayer"
+    with pytest.raises(ValueError, match="full attention"):
+        stack_left_padded([cache], config)

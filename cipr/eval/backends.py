@@ -181,16 +181,17 @@ class HFBackend:
     def _prefill_per_item(self, prompts: list[str], device: Any) -> tuple[Any, Any, Any, Any]:
         """`_prefill_batched`'s result, from one unpadded forward per prompt (see `HFBackendConfig.prefill`)."""
         import torch
+        from transformers import DynamicCache
 
         from cipr.attention import GROUPED, attention
-        from cipr.kv_cache import growing_cache, stack_left_padded
+        from cipr.kv_cache import stack_left_padded
 
         caches, lengths, toks = [], [], []
         start = time.perf_counter()
         with attention(self.model, "sdpa", replace=(GROUPED,)):
             for prompt in prompts:
                 ids = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"].to(device)
-                cache = growing_cache(self.model.config)
+                cache = DynamicCache(config=self.model.config)  # the prompt's states only, no spare room
                 out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, **self._last_only())
                 caches.append(cache)
                 lengths.append(ids.shape[1])
