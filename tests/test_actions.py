@@ -69,7 +69,10 @@ def _queries(tok) -> list[ActionQuery]:
 
 @pytest.fixture(scope="module")
 def model64(tiny_model):
-    return tiny_model.to(torch.float64)
+    """A float64 copy: `Module.to` converts in place, and `tiny_model` is shared by the whole session."""
+    import copy
+
+    return copy.deepcopy(tiny_model).to(torch.float64)
 
 
 def _assert_same(a: torch.Tensor, b: torch.Tensor) -> None:

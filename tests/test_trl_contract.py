@@ -240,18 +240,20 @@ def test_trainer_syncs_vllm_weights_through_the_instance_method():
         "it no longer calls self.vllm_generation.sync_weights(), so the colocated push would be skipped")
 
 
-def test_completion_scoring_matches_trls_fused_head(tiny_model, tiny_tokenizer, tmp_path):
+def test_completion_scoring_matches_trls_fused_head(tiny_tokenizer, tmp_path):
     """Off Triton, CIPR scores only the completion positions (`completion_logps`); TRL's fused head scores every
     position. Same log-probabilities, entropies and gradients, at a sampling temperature."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
+    from cipr.testing import tiny_model
     from cipr.train.grpo import CIPRGRPOTrainer
 
+    model = tiny_model(tiny_tokenizer)  # its own float32 model: the backward below changes its gradients
     args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2,
                       max_completion_length=4, report_to="none", use_cpu=True, bf16=False, disable_tqdm=True,
                       temperature=0.7)
-    trainer = GRPOTrainer(model=tiny_model, reward_funcs=lambda completions, **_: [0.0] * len(completions),
+    trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **_: [0.0] * len(completions),
                           args=args, train_dataset=Dataset.from_list([{"prompt": "a b"}] * 4),
                           processing_class=tiny_tokenizer)
     # a stock trainer with CIPR's scoring methods bound to it: TRL's and CIPR's scoring side by side
