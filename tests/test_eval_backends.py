@@ -199,3 +199,16 @@ def test_vllm_is_not_imported_by_the_harness():
             "assert 'vllm' not in sys.modules; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_per_item_prefill_is_automatic_only_for_full_attention_on_cpu(tiny_model, tiny_tokenizer):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    sliding = MistralForCausalLM(MistralConfig(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                               hidden_size=8, intermediate_size=8, vocab_size=50, sliding_window=4))
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert HFBackend(tiny_model, tiny_tokenizer, FMT)._per_item_prefill(cpu)
+    assert not HFBackend(tiny_model, tiny_tokenizer, FMT)._per_item_prefill(gpu)
+    assert not HFBackend(sliding, tiny_tokenizer, FMT)._per_item_prefill(cpu)
+    forced = HFBackend(tiny_model, tiny_tokenizer, FMT, HFBackendConfig(prefill="per_item"))
+    assert forced._per_item_prefill(gpu)

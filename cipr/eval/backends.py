@@ -70,6 +70,16 @@ def _end_ids(tokenizer: Any, model: Any = None) -> set[int]:
     return ids
 
 
+def _full_attention(model: Any) -> bool:
+    """Whether every layer of the model's cache is a plain full-attention `DynamicLayer` (what
+    `cipr.kv_cache.stack_left_padded` can stack; sliding-window layers are not)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    config = getattr(model, "config", None)
+    return config is not None and all(type(x) is DynamicLayer for x in DynamicCache(config=config).layers)
+
+
 @dataclass
 class HFBackendConfig:
     """HF generation: `batch_size` prompts per forward, longest first (less padding), greedy.
@@ -115,6 +125,7 @@ class HFBackend:
         self.pad_id = tokenizer.pad_token_id
         forward = getattr(model, "forward", None)
         self._logits_to_keep = forward is not None and "logits_to_keep" in inspect.signature(forward).parameters
+        self._full_attention = _full_attention(model)
         self.timing = {"prefill_seconds": 0.0, "prefill_tokens": 0, "decode_seconds": 0.0, "decode_tokens": 0,
                        "decode_steps": 0}
         """Wall seconds and tokens of the greedy loop's prefill and decode forwards, and the number of
@@ -151,13 +162,9 @@ class HFBackend:
 
     def _per_item_prefill(self, device: Any) -> bool:
         """Whether this batch is prefilled prompt by prompt (`HFBackendConfig.prefill`)."""
-        from cipr.kv_cache import GrowingLayer, growing_cache
-
         if self.config.prefill != "auto":
             return self.config.prefill == "per_item"
-        if device.type != "cpu":
-            return False
-        return all(type(x) is GrowingLayer for x in growing_cache(self.model.config).layers)
+        return device.type == "cpu" and self._full_attention
 
     def _prefill_batched(self, ids: Any, mask: Any) -> tuple[Any, Any, Any, Any]:
         """(cache, attention mask, next positions, first tokens) of one left-padded forward over the batch.
