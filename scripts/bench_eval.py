@@ -19,7 +19,7 @@ Where the time goes is printed per batch size: prefill seconds per item, millise
 step, and the rest of the pass. On CPU each prompt is prefilled alone (`HFBackendConfig.prefill`), a
 compute-bound cost batching cannot share, so with P s of prefill per item, N new tokens and decoding
 steps of d1 and d8 seconds the speedup is (P + N d1) / (P + N d8 / 8): it grows with N towards
-8 d1 / d8 (SmolLM2-135M, 2 cores: P ~0.7-0.9 s, d1 ~45 ms, d8 ~80 ms, so ~3 at N = 96).
+8 d1 / d8 (SmolLM2-135M, 2 cores, one run: P 0.72-0.78 s, d1 41 ms, d8 78 ms, so 2.7 at N = 96).
 
 The roofline: decoding one token at batch size 1 reads every weight once, so it cannot run faster than
 (memory bandwidth) / (bytes of the weights). The bandwidth is measured here, with the same torch thread

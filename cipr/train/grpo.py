@@ -141,7 +141,8 @@ def completion_logps(model: Any, input_ids: torch.Tensor, attention_mask: torch.
 
     TRL's fused head scores every position of the sequence (prompt included) where Triton is absent,
     to keep tile shapes fixed for compilers: on CPU that is the whole sequence's vocabulary projection
-    and its backward, ~10x the completion's on the main job's prompts. Same values as TRL's
+    and its backward, ~10x the completion's for 600-800-token prompts and 80-token completions (a
+    profiled SmolLM2 update: 38 s with TRL's scoring, 20 s with this one). Same values as TRL's
     (`selective_log_softmax` and `entropy_from_logits` on the temperature-scaled logits; tested).
     """
     from trl.trainer.utils import entropy_from_logits, selective_log_softmax
