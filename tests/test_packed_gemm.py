@@ -1,0 +1,102 @@
+"""Packed GEMM: the packed product equals `F.linear`; other row counts and training fall back to it;
+layers are switched and restored; the HF backend's greedy texts do not change with it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cipr import packed_gemm
+from cipr.packed_gemm import PackedLinears, packed_linear
+
+needs_mkl = pytest.mark.skipif(not packed_gemm.available(), reason="this torch build has no MKL packed linear")
+
+
+def test_available_matches_the_build():
+    """x86 CPU wheels (the pinned torch) ship MKL; the flag must say so rather than silently disable packing."""
+    import platform
+
+    if platform.machine() in ("x86_64", "AMD64"):
+        assert packed_gemm.available()
+
+
+@needs_mkl
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(8, 48), (2, 4, 48)])
+def test_packed_linear_equals_f_linear(bias, shape):
+    """x [..., in=48] times weight [out=40, in]: the same values at the packed row count (8 rows in both
+    shapes), another summation order only."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=g)
+    w = torch.randn(40, 48, generator=g)
+    b = torch.randn(40, generator=g) if bias else None
+    packed = torch.ops.mkl._mkl_reorder_linear_weight(w, 8)
+    out = packed_linear(x, w, b, packed, 8)
+    assert out.shape == shape[:-1] + (40,)
+    torch.testing.assert_close(out, F.linear(x, w, b), rtol=1e-5, atol=1e-4)
+
+
+@needs_mkl
+def test_packed_linear_falls_back_on_other_rows_and_under_grad():
+    w = torch.randn(16, 12, requires_grad=True)
+    packed = torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), 4)
+    x = torch.randn(3, 12)  # 3 rows, packed for 4
+    with torch.no_grad():
+        torch.testing.assert_close(packed_linear(x, w, None, packed, 4), F.linear(x, w))
+    y = packed_linear(torch.randn(4, 12), w, None, packed, 4)  # grad on, weight trainable: F.linear
+    y.sum().backward()
+    assert w.grad is not None and w.grad.abs().sum() > 0
+
+
+@needs_mkl
+def test_packed_linears_pack_repack_restore():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8, bias=False),
+                                torch.nn.Linear(8, 8).double(), torch.nn.Linear(8, 8))
+    hooked = model[4]
+    hooked.forward = lambda x: x  # an instance-level wrapper, like accelerate's hooks: left alone
+    packer = PackedLinears(model)
+    assert packer.layers == [model[0], model[2]]
+    x = torch.randn(5, 12)
+    with torch.no_grad():
+        expect = model[2](F.relu(model[0](x)))
+        for rows in (5, 2, 5):
+            packer.pack(rows)
+            assert packer.rows == rows and all("forward" in vars(m) for m in packer.layers)
+            got = model[2](F.relu(model[0](x)))  # at rows=2 this input has 5 rows: the fallback path
+            torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)
+    packer.restore()
+    assert packer.rows == 0 and all("forward" not in vars(m) for m in packer.layers)
+    assert "forward" in vars(hooked)
+    with PackedLinears(model) as p:
+        p.pack(3)
+        assert "forward" in vars(model[0])
+    assert "forward" not in vars(model[0])
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_hf_backend_same_texts_with_and_without_packing(tiny_tokenizer, batch_size):
+    """Greedy texts of the sharpened tiny model (outputs vary with prompt and step) are the same with
+    packed weights and without; the layers are restored after generation."""
+    from cipr.eval.backends import GenRequest, HFBackend, HFBackendConfig
+    from cipr.formats.toolrl import ToolRLFormat
+    from cipr.interface import Example, Interface, Message, Tool
+    from cipr.testing import tiny_model
+
+    model = tiny_model(tiny_tokenizer, seed=2)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(10)
+    tool = Tool("get_weather", "Weather for a city.", {"type": "object", "properties": {"city": {"type": "string"}}})
+    reqs = [GenRequest(Example(id=q, messages=(Message("user", q),), interface=Interface((tool,))))
+            for q in ["Rome?", "What is the weather like in Paris tomorrow?", "Oslo", "Lima and its weather"]]
+
+    def texts(packed: bool) -> list[str]:
+        cfg = HFBackendConfig(batch_size=batch_size, max_new_tokens=12, packed_gemm=packed)
+        return [g.text for g in HFBackend(model, tiny_tokenizer, ToolRLFormat(), cfg).generate(reqs)]
+
+    plain = texts(False)
+    assert texts(True) == plain and len(set(plain)) > 1
+    assert all("forward" not in vars(m) for m in model.modules())
