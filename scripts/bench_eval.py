@@ -48,6 +48,7 @@ import statistics
 import time
 from typing import Any
 
+from cipr import packed_gemm
 from cipr.eval.backends import GenRequest, HFBackend, HFBackendConfig
 from cipr.eval.config import EvalConfig
 from cipr.eval.evaluate import load_model, make_backend
@@ -79,10 +80,11 @@ def spread(values: list[float]) -> str:
 
 
 def run_hf(model: Any, tokenizer: Any, fmt: Any, bs: int, max_new_tokens: int, reqs: list[GenRequest],
-           prefill: str = "auto") -> tuple[float, dict[str, float], list[str]]:
+           prefill: str = "auto", packed_gemm: bool = True) -> tuple[float, dict[str, float], list[str]]:
     """(items/s, where the time went, texts) of one pass over `reqs` at batch size `bs`."""
     backend = HFBackend(model, tokenizer, fmt, HFBackendConfig(batch_size=bs, max_new_tokens=max_new_tokens,
-                                                               prefill=prefill))  # type: ignore[arg-type]
+                                                               prefill=prefill,  # type: ignore[arg-type]
+                                                               packed_gemm=packed_gemm))
     t = time.perf_counter()
     gens = backend.generate(reqs)
     dt = time.perf_counter() - t
@@ -116,6 +118,9 @@ def main() -> None:
                    "family allows, else eager), cipr_grouped, eager, sdpa")
     p.add_argument("--prefill", default="auto", choices=["auto", "per_item", "batched"],
                    help="HF prefill: auto (per item on CPU), per_item, batched (one padded forward)")
+    p.add_argument("--no-packed-gemm", action="store_true",
+                   help="decode batches with F.linear only (default: MKL's packed weights where available, "
+                   "and one more batched pass per repetition without them, to print their gain)")
     p.add_argument("--no-vllm", action="store_true", help="do not time vLLM even where it is installed")
     args = p.parse_args()
     started = time.perf_counter()
@@ -149,11 +154,18 @@ def main() -> None:
     roof: list[float] = []
     outputs: dict[int, list[str]] = {}
     on_cpu = next(model.parameters()).device.type == "cpu"
+    packing = not args.no_packed_gemm and on_cpu and packed_gemm.available()
+    unpacked: list[float] = []  # the batched pass without packed weights (its gain, measured in the same run)
     for rep in range(args.repeats):
         bandwidth.append(copy_bandwidth() if on_cpu else float("nan"))
-        for bs in (1, args.batch_size) if rep % 2 == 0 else (args.batch_size, 1):
+        settings = [1, args.batch_size] + ([0] if packing else [])  # 0: batched, F.linear
+        for bs in settings if rep % 2 == 0 else settings[::-1]:
+            if bs == 0:
+                unpacked.append(run_hf(model, tokenizer, fmt, args.batch_size, args.max_new_tokens, reqs,
+                                       args.prefill, packed_gemm=False)[0])
+                continue
             rate, where, outputs[bs] = run_hf(model, tokenizer, fmt, bs, args.max_new_tokens,
-                                              single if bs == 1 else reqs, args.prefill)
+                                              single if bs == 1 else reqs, args.prefill, packing)
             rates[bs].append(rate)
             for k, v in where.items():
                 parts[bs].setdefault(k, []).append(v)
@@ -171,6 +183,10 @@ def main() -> None:
               f"{spread(where['step_ms'])} ms, other {spread(where['other_s'])} s per pass")
     for bs, r in rates.items():
         print(f"hf batch_size={bs}: {spread(r)} items/s")
+    if unpacked:
+        gain = [a / b for a, b in zip(rates[args.batch_size], unpacked, strict=True)]
+        print(f"hf batch_size={args.batch_size} with F.linear instead of packed weights: {spread(unpacked)} items/s "
+              f"(packed gain {spread(gain)}x, speedup without it {spread([u / a for a, u in zip(rates[1], unpacked, strict=True)])})")
     same = sum(a == b for a, b in zip(outputs[1], outputs[args.batch_size][::args.single_every], strict=True))
     print(f"identical outputs at batch size 1 and {args.batch_size}: {same}/{len(single)}")
     if not args.no_vllm and importlib.util.find_spec("vllm") is not None:

@@ -97,6 +97,11 @@ class HFBackendConfig:
     alone 9.4 s (`scripts/bench_eval.py` measures the whole backend). A per-item prefill of a model
     loaded with `cipr_grouped` attention uses SDPA (causal, no mask to build), the faster kernel
     for a whole unpadded prompt; decoding keeps the grouped attention.
+
+    `packed_gemm` (greedy loop only): decoding steps of two or more rows multiply by weights packed
+    once per row count with MKL (`cipr.packed_gemm`: float32 CPU layers, torch built with MKL; other
+    layers unchanged). Batch size 1 is unaffected. Costs about the float32 weights' size in memory
+    while a batch decodes.
     """
 
     batch_size: int = 8
@@ -104,6 +109,7 @@ class HFBackendConfig:
     sort_by_length: bool = True
     drop_finished: bool = True
     prefill: Literal["auto", "batched", "per_item"] = "auto"
+    packed_gemm: bool = True
 
 
 class HFBackend:
@@ -221,6 +227,16 @@ class HFBackend:
 
         The key/value cache appends in place (`cipr.kv_cache`) instead of copying itself at every token.
         """
+        from cipr.packed_gemm import PackedLinears, available
+
+        packer = PackedLinears(self.model) if self.config.packed_gemm and available() else None
+        try:
+            return self._greedy_steps(cache, mask, next_pos, tok, packer)
+        finally:
+            if packer is not None:
+                packer.restore()
+
+    def _greedy_steps(self, cache: Any, mask: Any, next_pos: Any, tok: Any, packer: Any) -> list[list[int]]:
         import torch
 
         toks = tok.tolist()
@@ -240,6 +256,10 @@ class HFBackend:
                 cache.batch_select_indices(idx)
                 active, tok, mask, next_pos = active[idx], tok[idx], mask[idx], next_pos[idx]
             start = time.perf_counter()
+            if packer is not None and tok.shape[0] > 1:
+                packer.pack(tok.shape[0])
+            elif packer is not None:
+                packer.restore()
             mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
             logits = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
                                 past_key_values=cache, use_cache=True).logits
