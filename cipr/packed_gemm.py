@@ -2,17 +2,21 @@
 
 A decoding step multiplies one row per sequence by every weight matrix. At batch size 1 MKL runs a
 matrix-vector product near the memory bandwidth; at a few rows its general `sgemm` repacks the weight
-into its kernel layout on every call, and the step costs about twice the batch-1 one (SmolLM2-135M on
-2 cores: ~63 ms vs ~31 ms of `mm` per step at 8 rows vs 1, torch.profiler). `cblas_sgemm_pack` does
-that packing once; `torch.ops.mkl._mkl_linear` then multiplies by the packed weight. It is the path
-torch.compile's CPU backend (inductor's mkldnn fusion pass) and IPEX take for float32 linears. A
-packed weight is packed for one row count, so `PackedLinears.pack` repacks when the batch shrinks
-(finished sequences leave it): a pass over the weights, ~0.03 s for 212 MB here.
+into its kernel layout on every call, and the step's matrix products cost about twice the batch-1 ones
+(`scripts/bench_eval.py` times all of a model's linears at 1 and 8 rows, plain and packed). `cblas_sgemm_pack`
+does that packing once; `torch.ops.mkl._mkl_linear` then multiplies by the packed weight. It is the
+path torch.compile's CPU backend (inductor's mkldnn fusion pass) and IPEX take for float32 linears.
+
+Packing is not free: a pass over all weights that allocates a packed copy (the benchmark prints its
+time; it exceeded a second on a loaded 2-core machine), so it is done once per row count and kept. A packed weight serves one row count; `packed_linear` pads an input with
+fewer rows (a batch whose finished sequences left it, or a short last batch) with zero rows up to it,
+which costs nothing measurable in a bandwidth-bound step, so a whole evaluation packs once.
 
 Used only under `torch.no_grad`/`inference_mode` (generation): a layer whose weight requires grad
-while grad is on, or an input with another row count (a prefill), goes through `F.linear`. Values
-agree with `F.linear` to float rounding (another summation order; tested). Memory: the packed copies
-add about the float32 weights' size while packed.
+while grad is on, an input of one row (a matrix-vector product is already at the bandwidth) or of more
+rows than packed (a prefill) goes through `F.linear`. Values agree with `F.linear` to float rounding
+(another summation order; tested). Memory: the packed copies add about the float32 weights' size
+while kept (`PackedLinears.release` frees them).
 """
 
 from __future__ import annotations
@@ -34,49 +38,70 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                   rows: int) -> torch.Tensor:
     """`F.linear(x, weight, bias)` [..., out] from x [..., in], with `packed` = weight packed for `rows` rows.
 
-    Falls back to `F.linear` when x does not have `rows` rows (flattened leading dims) or autograd
-    would need the weight's gradient (the packed op has no backward).
+    x with 2..`rows` rows (leading dims flattened) is multiplied by `packed`, zero-padded to `rows`;
+    one row, more rows, or autograd needing the weight's gradient (the packed op has no backward) go
+    through `F.linear`.
     """
-    if x.numel() // max(x.shape[-1], 1) != rows or (torch.is_grad_enabled() and weight.requires_grad):
+    n = x.numel() // max(x.shape[-1], 1)
+    if not 1 < n <= rows or (torch.is_grad_enabled() and weight.requires_grad):
         return F.linear(x, weight, bias)
-    return torch.ops.mkl._mkl_linear(x, packed, weight, bias, rows)
+    flat = x.reshape(n, x.shape[-1])
+    if n < rows:
+        flat = torch.cat([flat, flat.new_zeros(rows - n, flat.shape[1])])
+    out = torch.ops.mkl._mkl_linear(flat, packed, weight, bias, rows)
+    return out[:n].reshape(*x.shape[:-1], out.shape[-1])
 
 
 class PackedLinears:
-    """Switch a model's float32 CPU `nn.Linear` layers to packed weights for a given row count.
+    """Route a model's float32 CPU `nn.Linear` layers through weights packed for a given row count.
 
-    `pack(rows)` packs (or repacks, when `rows` changed) and routes each layer's forward through
-    `packed_linear`; `restore()` gives the layers their own forward back and frees the packed weights.
-    Also a context manager (restores on exit). Layers that already carry an instance-level forward
-    (accelerate's offloading hooks, another wrapper) are left alone.
+    `pack(rows)` packs (only if `rows` changed or a weight was modified or replaced since) and routes
+    each layer's forward through `packed_linear`; `restore()` gives the layers their own forward back
+    and keeps the packed weights for the next `pack`; `release()` also frees them. A context manager
+    (releases on exit). Layers that already carry an instance-level forward (accelerate's offloading
+    hooks, another wrapper) are left alone.
     """
 
     def __init__(self, model: Any):
         self.layers = [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in vars(m)
                        and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
         self.rows = 0
+        self.packs = 0
+        """How many times the weights were packed (each a pass over all of them)."""
+        self._packed: list[torch.Tensor] = []
+        self._stamps: list[tuple[int, int]] = []
+
+    def _stamp(self) -> list[tuple[int, int]]:
+        return [(id(m.weight), m.weight._version) for m in self.layers]
 
     def pack(self, rows: int) -> None:
-        """Route the layers through weights packed for `rows` input rows (no-op if already so)."""
-        if rows == self.rows:
-            return
-        with torch.no_grad():
-            for m in self.layers:
-                packed = torch.ops.mkl._mkl_reorder_linear_weight(m.weight.detach(), rows)
+        """Route the layers through weights packed for `rows` input rows, packing only if needed."""
+        if rows != self.rows or self._stamp() != self._stamps:
+            self.release()
+            with torch.no_grad():
+                self._packed = [torch.ops.mkl._mkl_reorder_linear_weight(m.weight.detach(), rows)
+                                for m in self.layers]
+            self.rows, self._stamps = rows, self._stamp()
+            self.packs += 1
+        for m, packed in zip(self.layers, self._packed, strict=True):
+            if "forward" not in vars(m):
                 m.forward = functools.partial(_forward, m, packed, rows)
-        self.rows = rows
 
     def restore(self) -> None:
-        """Every layer back to its own forward; the packed weights are freed."""
+        """Every layer back to its own forward; the packed weights are kept for the next `pack`."""
         for m in self.layers:
             vars(m).pop("forward", None)
-        self.rows = 0
+
+    def release(self) -> None:
+        """`restore`, and free the packed weights."""
+        self.restore()
+        self._packed, self._stamps, self.rows = [], [], 0
 
     def __enter__(self) -> PackedLinears:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.restore()
+        self.release()
 
 
 def _forward(module: torch.nn.Linear, packed: torch.Tensor, rows: int, x: torch.Tensor) -> torch.Tensor:

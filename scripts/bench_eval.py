@@ -3,14 +3,16 @@
     .venv/bin/python scripts/bench_eval.py                        # default run (its wall time is printed)
     .venv/bin/python scripts/bench_eval.py --n 8 --max-new-tokens 256 --repeats 3   # the longer setting
     options: [--batch-size 8] [--device auto] [--threads N] [--attn auto|cipr_grouped|eager|sdpa] [--model DIR]
-             [--prefill auto|per_item|batched] [--no-vllm]
+             [--prefill auto|per_item|batched] [--no-packed-gemm] [--no-vllm]
 
 Model: the embedded default (SmolLM2-135M-Instruct, `cipr.embedded`), or `--model DIR` (any folder
 `from_pretrained` loads). Items: the first `--n` BFCL items of `--partition` (default simple_python),
-original interface, ToolRL call format, exactly as `cipr-eval` renders them; one more item is generated
-first as a warm-up (not timed). Each repetition generates the items at batch size 1 and at the default
-batch size (the order alternates between repetitions, so drift in machine load hits both), greedy, left
-padding, longest prompts first. Batch size 1 costs the same per item whatever the item count, so it runs
+original interface, ToolRL call format, exactly as `cipr-eval` renders them. One backend per setting
+lives through the run, as in `cipr-eval`, and first generates one or two more items as a warm-up (not
+timed; a batched backend packs its weights there, `HFBackendConfig.packed_gemm`, and the time it took is
+printed). Each repetition generates the items at batch size 1 and at the default batch size (the order
+alternates between repetitions, so drift in machine load hits both), greedy, left padding, longest
+prompts first. Batch size 1 costs the same per item whatever the item count, so it runs
 on every `--single-every`-th item only (default 2: half of them; both subsets' prompt lengths are
 printed) and rates are compared per item. An untrained model rarely stops early, so most items run the full
 `--max-new-tokens`: the comparison is of equal work.
@@ -20,6 +22,13 @@ step, and the rest of the pass. On CPU each prompt is prefilled alone (`HFBacken
 compute-bound cost batching cannot share, so with P s of prefill per item, N new tokens and decoding
 steps of d1 and d8 seconds the speedup is (P + N d1) / (P + N d8 / 8): it grows with N towards
 8 d1 / d8 (SmolLM2-135M, 2 cores, one run: P 0.72-0.78 s, d1 41 ms, d8 78 ms, so 2.7 at N = 96).
+
+Why d8 is more than d1: the matrix products of a step. They are timed alone first (every linear layer
+once, at 1 row and at the batch's rows, with F.linear and, where torch has MKL, with weights packed
+once: `cipr.packed_gemm`); the batched backend decodes with the packed weights, and on CPU each
+repetition also runs the batched setting with F.linear, so the packing's gain is measured in the same
+run (`--no-packed-gemm` turns both off). The rest of d8 is attention over the batch's key/value cache,
+which grows with the rows.
 
 The roofline: decoding one token at batch size 1 reads every weight once, so it cannot run faster than
 (memory bandwidth) / (bytes of the weights). The bandwidth is measured here, with the same torch thread
@@ -79,25 +88,57 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
 
 
-def run_hf(model: Any, tokenizer: Any, fmt: Any, bs: int, max_new_tokens: int, reqs: list[GenRequest],
-           prefill: str = "auto", packed_gemm: bool = True) -> tuple[float, dict[str, float], list[str]]:
-    """(items/s, where the time went, texts) of one pass over `reqs` at batch size `bs`."""
-    backend = HFBackend(model, tokenizer, fmt, HFBackendConfig(batch_size=bs, max_new_tokens=max_new_tokens,
-                                                               prefill=prefill,  # type: ignore[arg-type]
-                                                               packed_gemm=packed_gemm))
+def hf_backend(model: Any, tokenizer: Any, fmt: Any, bs: int, max_new_tokens: int, prefill: str = "auto",
+               packed_gemm: bool = True) -> HFBackend:
+    return HFBackend(model, tokenizer, fmt, HFBackendConfig(batch_size=bs, max_new_tokens=max_new_tokens,
+                                                            prefill=prefill,  # type: ignore[arg-type]
+                                                            packed_gemm=packed_gemm))
+
+
+def run_hf(backend: HFBackend, reqs: list[GenRequest]) -> tuple[float, dict[str, float], list[str]]:
+    """(items/s, where the time went, texts) of one pass of `backend` over `reqs`."""
+    before = dict(backend.timing)
     t = time.perf_counter()
     gens = backend.generate(reqs)
     dt = time.perf_counter() - t
     errors = [g.error for g in gens if g.error]
     if errors:
-        raise SystemExit(f"batch size {bs}: {len(errors)} generation errors, first: {errors[0]}")
-    tm = backend.timing
+        raise SystemExit(f"batch size {backend.config.batch_size}: {len(errors)} generation errors, first: {errors[0]}")
+    tm = {k: v - before[k] for k, v in backend.timing.items()}
     return len(reqs) / dt, {
         "decode_tps": tm["decode_tokens"] / max(tm["decode_seconds"], 1e-9),
         "prefill_s_per_item": tm["prefill_seconds"] / len(reqs),
         "step_ms": 1e3 * tm["decode_seconds"] / max(tm["decode_steps"], 1),
         "other_s": dt - tm["prefill_seconds"] - tm["decode_seconds"],
     }, [g.text for g in gens]
+
+
+def linears_ms(model: Any, rows: int, repeats: int = 9) -> dict[str, float]:
+    """Median ms of one pass over every linear layer's matrix product, as in one decoding step, at 1 and
+    `rows` rows with F.linear, at `rows` rows with MKL's packed weights (where available), and seconds
+    to pack them (`cipr.packed_gemm`)."""
+    import torch
+    import torch.nn.functional as F
+
+    weights = [m.weight.detach() for m in model.modules() if type(m) is torch.nn.Linear]
+    xs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
+    runs = {"1 row": lambda: [F.linear(xs[w.shape[1]][:1], w) for w in weights],
+            f"{rows} rows": lambda: [F.linear(xs[w.shape[1]], w) for w in weights]}
+    out: dict[str, float] = {}
+    if packed_gemm.available() and weights[0].device.type == "cpu":
+        t = time.perf_counter()
+        packed = [torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in weights]
+        out["pack_s"] = time.perf_counter() - t
+        runs[f"{rows} rows packed"] = lambda: [torch.ops.mkl._mkl_linear(xs[w.shape[1]], p, w, None, rows)
+                                               for w, p in zip(weights, packed, strict=True)]
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    with torch.inference_mode():
+        for _ in range(repeats):
+            for k, f in runs.items():  # interleaved: load drift hits every variant alike
+                t = time.perf_counter()
+                f()
+                times[k].append(1e3 * (time.perf_counter() - t))
+    return {**{k: statistics.median(v) for k, v in times.items()}, **out}
 
 
 def main() -> None:
@@ -139,33 +180,46 @@ def main() -> None:
           f"{size / 1e9:.3f} GB of {next(model.parameters()).dtype} weights, attention "
           f"{model.config._attn_implementation}, torch threads {torch.get_num_threads()}")
     fmt = get_format("toolrl")
-    examples = load_bfcl(args.root, [args.partition])[: args.n + 1]
-    warm, reqs = [GenRequest(examples[0])], [GenRequest(e) for e in examples[1:]]
+    examples = load_bfcl(args.root, [args.partition])[: args.n + 2]
+    warm, extra = [GenRequest(examples[0])], [GenRequest(examples[-1])]
+    reqs = [GenRequest(e) for e in examples[1:args.n + 1]]
     lengths = [len(tokenizer(fmt.render_prompt(tokenizer, r.example.messages, r.example.interface),
                              add_special_tokens=False)["input_ids"]) for r in reqs]
     single = reqs[::args.single_every]
     print(f"{len(reqs)} items from {args.partition}; prompt tokens min {min(lengths)} mean "
           f"{sum(lengths) / len(lengths):.0f} max {max(lengths)} (batch size 1 on {len(single)} of them, mean "
           f"{statistics.mean(lengths[::args.single_every]):.0f}); max_new_tokens {args.max_new_tokens}")
-    run_hf(model, tokenizer, fmt, 1, args.max_new_tokens, warm)
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    packing = not args.no_packed_gemm and on_cpu and packed_gemm.available()
+    if on_cpu:
+        gemm = linears_ms(model, args.batch_size)
+        print("linears of one decoding step: " + ", ".join(
+            f"{k} {v:.1f} ms" for k, v in gemm.items() if k != "pack_s")
+            + (f" (packing them took {gemm['pack_s']:.2f} s)" if "pack_s" in gemm else ""))
+    backends = {1: hf_backend(model, tokenizer, fmt, 1, args.max_new_tokens, args.prefill),
+                args.batch_size: hf_backend(model, tokenizer, fmt, args.batch_size, args.max_new_tokens,
+                                            args.prefill, packing)}
+    if packing:  # 0: the batched setting with F.linear, to measure the packed weights' gain in this run
+        backends[0] = hf_backend(model, tokenizer, fmt, args.batch_size, args.max_new_tokens, args.prefill, False)
+    for bs, backend in backends.items():  # warm-up, not timed; two items, so a batched backend packs here
+        run_hf(backend, warm if bs == 1 else warm + extra)
+    if packing:
+        print(f"packing the weights for batch size {args.batch_size} (once per backend, in the warm-up): "
+              f"{backends[args.batch_size].timing['pack_seconds']:.2f} s")
     rates: dict[int, list[float]] = {1: [], args.batch_size: []}
     parts: dict[int, dict[str, list[float]]] = {1: {}, args.batch_size: {}}
     bandwidth: list[float] = []
     roof: list[float] = []
     outputs: dict[int, list[str]] = {}
-    on_cpu = next(model.parameters()).device.type == "cpu"
-    packing = not args.no_packed_gemm and on_cpu and packed_gemm.available()
-    unpacked: list[float] = []  # the batched pass without packed weights (its gain, measured in the same run)
+    unpacked: list[float] = []
     for rep in range(args.repeats):
         bandwidth.append(copy_bandwidth() if on_cpu else float("nan"))
-        settings = [1, args.batch_size] + ([0] if packing else [])  # 0: batched, F.linear
+        settings = list(backends)
         for bs in settings if rep % 2 == 0 else settings[::-1]:
             if bs == 0:
-                unpacked.append(run_hf(model, tokenizer, fmt, args.batch_size, args.max_new_tokens, reqs,
-                                       args.prefill, packed_gemm=False)[0])
+                unpacked.append(run_hf(backends[0], reqs)[0])
                 continue
-            rate, where, outputs[bs] = run_hf(model, tokenizer, fmt, bs, args.max_new_tokens,
-                                              single if bs == 1 else reqs, args.prefill, packing)
+            rate, where, outputs[bs] = run_hf(backends[bs], single if bs == 1 else reqs)
             rates[bs].append(rate)
             for k, v in where.items():
                 parts[bs].setdefault(k, []).append(v)

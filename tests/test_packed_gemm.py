@@ -38,10 +38,24 @@ def test_packed_linear_equals_f_linear(bias, shape):
 
 
 @needs_mkl
-def test_packed_linear_falls_back_on_other_rows_and_under_grad():
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_packed_linear_pads_fewer_rows(n):
+    """Packed for 4 rows: 2-3 rows are zero-padded through the packed product, 1 row goes through
+    F.linear; all equal F.linear, shape [n, out]."""
+    g = torch.Generator().manual_seed(1)
+    w, b = torch.randn(16, 12, generator=g), torch.randn(16, generator=g)
+    packed = torch.ops.mkl._mkl_reorder_linear_weight(w, 4)
+    x = torch.randn(n, 12, generator=g)
+    out = packed_linear(x, w, b, packed, 4)
+    assert out.shape == (n, 16)
+    torch.testing.assert_close(out, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+@needs_mkl
+def test_packed_linear_falls_back_on_more_rows_and_under_grad():
     w = torch.randn(16, 12, requires_grad=True)
     packed = torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), 4)
-    x = torch.randn(3, 12)  # 3 rows, packed for 4
+    x = torch.randn(5, 12)  # 5 rows (a prefill), packed for 4
     with torch.no_grad():
         torch.testing.assert_close(packed_linear(x, w, None, packed, 4), F.linear(x, w))
     y = packed_linear(torch.randn(4, 12), w, None, packed, 4)  # grad on, weight trainable: F.linear
@@ -50,7 +64,7 @@ def test_packed_linear_falls_back_on_other_rows_and_under_grad():
 
 
 @needs_mkl
-def test_packed_linears_pack_repack_restore():
+def test_packed_linears_pack_once_repack_on_change_restore_release():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8, bias=False),
                                 torch.nn.Linear(8, 8).double(), torch.nn.Linear(8, 8))
@@ -58,21 +72,34 @@ def test_packed_linears_pack_repack_restore():
     hooked.forward = lambda x: x  # an instance-level wrapper, like accelerate's hooks: left alone
     packer = PackedLinears(model)
     assert packer.layers == [model[0], model[2]]
-    x = torch.randn(5, 12)
+
+    def net(x):
+        return model[2](F.relu(model[0](x)))
+
     with torch.no_grad():
-        expect = model[2](F.relu(model[0](x)))
-        for rows in (5, 2, 5):
-            packer.pack(rows)
-            assert packer.rows == rows and all("forward" in vars(m) for m in packer.layers)
-            got = model[2](F.relu(model[0](x)))  # at rows=2 this input has 5 rows: the fallback path
-            torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)
+        x = torch.randn(5, 12)
+        expect = net(x)
+        packer.pack(8)
+        packer.restore()
+        packer.pack(8)  # kept: no second pass over the weights
+        assert packer.packs == 1 and all("forward" in vars(m) for m in packer.layers)
+        torch.testing.assert_close(net(x), expect, rtol=1e-5, atol=1e-5)
+        packer.pack(5)
+        assert packer.packs == 2
+        torch.testing.assert_close(net(x), expect, rtol=1e-5, atol=1e-5)
+        model[0].weight.mul_(2)  # an in-place update (an optimizer step): the packed copy is stale
+        packer.pack(5)
+        assert packer.packs == 3
+        torch.testing.assert_close(net(x), model[2](F.relu(F.linear(x, model[0].weight, model[0].bias))))
     packer.restore()
-    assert packer.rows == 0 and all("forward" not in vars(m) for m in packer.layers)
+    assert packer.rows == 5 and all("forward" not in vars(m) for m in packer.layers)
     assert "forward" in vars(hooked)
+    packer.release()
+    assert packer.rows == 0 and not packer._packed
     with PackedLinears(model) as p:
         p.pack(3)
         assert "forward" in vars(model[0])
-    assert "forward" not in vars(model[0])
+    assert "forward" not in vars(model[0]) and not p._packed
 
 
 @pytest.mark.parametrize("batch_size", [1, 4])
@@ -100,3 +127,8 @@ def test_hf_backend_same_texts_with_and_without_packing(tiny_tokenizer, batch_si
     plain = texts(False)
     assert texts(True) == plain and len(set(plain)) > 1
     assert all("forward" not in vars(m) for m in model.modules())
+    backend = HFBackend(model, tiny_tokenizer, ToolRLFormat(), HFBackendConfig(batch_size=batch_size, max_new_tokens=12))
+    backend.generate(reqs)
+    backend.generate(reqs[:3])  # a short batch: padded to the packed row count, not repacked
+    packs = backend._packer.packs if backend._packer else 0
+    assert packs == (1 if batch_size > 1 and packed_gemm.available() else 0)

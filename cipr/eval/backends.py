@@ -99,9 +99,9 @@ class HFBackendConfig:
     for a whole unpadded prompt; decoding keeps the grouped attention.
 
     `packed_gemm` (greedy loop only): decoding steps of two or more rows multiply by weights packed
-    once per row count with MKL (`cipr.packed_gemm`: float32 CPU layers, torch built with MKL; other
-    layers unchanged). Batch size 1 is unaffected. Costs about the float32 weights' size in memory
-    while a batch decodes.
+    with MKL for `batch_size` rows (`cipr.packed_gemm`: float32 CPU layers, torch built with MKL; other
+    layers unchanged), packed at the first batch and kept while the backend lives (about the float32
+    weights' size in memory; repacked if the weights change). Batch size 1 is unaffected.
     """
 
     batch_size: int = 8
@@ -133,9 +133,11 @@ class HFBackend:
         self._logits_to_keep = forward is not None and "logits_to_keep" in inspect.signature(forward).parameters
         self._full_attention = _full_attention(model)
         self.timing = {"prefill_seconds": 0.0, "prefill_tokens": 0, "decode_seconds": 0.0, "decode_tokens": 0,
-                       "decode_steps": 0}
-        """Wall seconds and tokens of the greedy loop's prefill and decode forwards, and the number of
-        decode forwards (summed over calls)."""
+                       "decode_steps": 0, "pack_seconds": 0.0}
+        """Wall seconds and tokens of the greedy loop's prefill and decode forwards, the number of
+        decode forwards, and the seconds spent packing weights (`packed_gemm`; not in decode_seconds),
+        summed over calls."""
+        self._packer: Any = None
 
     def prompt(self, example: Example) -> str:
         return self.fmt.render_prompt(self.tokenizer, example.messages, example.interface)
@@ -229,14 +231,20 @@ class HFBackend:
         """
         from cipr.packed_gemm import PackedLinears, available
 
-        packer = PackedLinears(self.model) if self.config.packed_gemm and available() else None
+        packer = None
+        if self.config.packed_gemm and self.config.batch_size > 1 and tok.shape[0] > 1 and available():
+            self._packer = self._packer or PackedLinears(self.model)
+            packer = self._packer
+            start = time.perf_counter()
+            packer.pack(self.config.batch_size)
+            self.timing["pack_seconds"] += time.perf_counter() - start
         try:
-            return self._greedy_steps(cache, mask, next_pos, tok, packer)
+            return self._greedy_steps(cache, mask, next_pos, tok)
         finally:
             if packer is not None:
                 packer.restore()
 
-    def _greedy_steps(self, cache: Any, mask: Any, next_pos: Any, tok: Any, packer: Any) -> list[list[int]]:
+    def _greedy_steps(self, cache: Any, mask: Any, next_pos: Any, tok: Any) -> list[list[int]]:
         import torch
 
         toks = tok.tolist()
@@ -256,10 +264,6 @@ class HFBackend:
                 cache.batch_select_indices(idx)
                 active, tok, mask, next_pos = active[idx], tok[idx], mask[idx], next_pos[idx]
             start = time.perf_counter()
-            if packer is not None and tok.shape[0] > 1:
-                packer.pack(tok.shape[0])
-            elif packer is not None:
-                packer.restore()
             mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
             logits = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
                                 past_key_values=cache, use_cache=True).logits
