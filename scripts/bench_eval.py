@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/bench_eval.py                        # default run (its wall time is printed)
     .venv/bin/python scripts/bench_eval.py --n 8 --max-new-tokens 256 --repeats 3   # the longer setting
-    options: [--batch-size 8] [--device auto] [--threads N] [--attn auto|cipr_grouped|eager|sdpa] [--model DIR]
+    options: [--batch-size 8] [--device auto] [--dtype auto] [--threads N] [--attn auto|cipr_grouped|eager|sdpa] [--model DIR]
              [--prefill auto|per_item|batched] [--no-packed-gemm] [--no-vllm]
 
 Model: the embedded default (SmolLM2-135M-Instruct, `cipr.embedded`), or `--model DIR` (any folder
@@ -125,7 +125,7 @@ def linears_ms(model: Any, rows: int, repeats: int = 9) -> dict[str, float]:
     runs = {"1 row": lambda: [F.linear(xs[w.shape[1]][:1], w) for w in weights],
             f"{rows} rows": lambda: [F.linear(xs[w.shape[1]], w) for w in weights]}
     out: dict[str, float] = {}
-    if packed_gemm.available() and weights[0].device.type == "cpu":
+    if packed_gemm.available() and weights[0].device.type == "cpu" and weights[0].dtype == torch.float32:
         t = time.perf_counter()
         packed = [torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in weights]
         out["pack_s"] = time.perf_counter() - t
@@ -154,6 +154,8 @@ def main() -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--data-root", "--root", dest="root", default=None, metavar="DIR",
                    help="data root (default: $CIPR_DATA_ROOT or ../shared/data)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="weights' dtype (auto: float32 on CPU, bfloat16 on a GPU that has it)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--attn", default="auto", help="attn_implementation: auto (cipr_grouped on CPU where the model "
                    "family allows, else eager), cipr_grouped, eager, sdpa")
@@ -171,7 +173,7 @@ def main() -> None:
 
     from cipr.data.bfcl import load_bfcl
 
-    cfg = EvalConfig(model=args.model, device=args.device, threads=args.threads or None,
+    cfg = EvalConfig(model=args.model, device=args.device, dtype=args.dtype, threads=args.threads or None,
                      attn_implementation=args.attn, max_new_tokens=args.max_new_tokens)
     t0 = time.perf_counter()
     model, tokenizer = load_model(cfg)
@@ -190,7 +192,8 @@ def main() -> None:
           f"{sum(lengths) / len(lengths):.0f} max {max(lengths)} (batch size 1 on {len(single)} of them, mean "
           f"{statistics.mean(lengths[::args.single_every]):.0f}); max_new_tokens {args.max_new_tokens}")
     on_cpu = next(model.parameters()).device.type == "cpu"
-    packing = not args.no_packed_gemm and on_cpu and packed_gemm.available()
+    packing = (not args.no_packed_gemm and on_cpu and packed_gemm.available()
+               and next(model.parameters()).dtype == torch.float32)  # the packed op is float32's
     if on_cpu:
         gemm = linears_ms(model, args.batch_size)
         print("linears of one decoding step: " + ", ".join(
