@@ -132,3 +132,14 @@ def test_hf_backend_same_texts_with_and_without_packing(tiny_tokenizer, batch_si
     backend.generate(reqs[:3])  # a short batch: padded to the packed row count, not repacked
     packs = backend._packer.packs if backend._packer else 0
     assert packs == (1 if batch_size > 1 and packed_gemm.available() else 0)
+
+
+def test_eval_config_reaches_the_backend(tiny_model, tiny_tokenizer):
+    """`cipr-eval packed_gemm=false` turns it off in the HF backend it builds."""
+    from cipr.eval.config import EvalConfig
+    from cipr.eval.evaluate import make_backend
+    from cipr.formats.toolrl import ToolRLFormat
+
+    for flag in (True, False):
+        backend = make_backend(EvalConfig(packed_gemm=flag), ToolRLFormat(), model=tiny_model, tokenizer=tiny_tokenizer)
+        assert backend.config.packed_gemm is flag

@@ -80,6 +80,8 @@ class EvalConfig:
       decodes with `model.generate`.
     - `prefill`: HF backend with `drop_finished`: `auto` (per item on CPU, batched on GPU), `per_item`,
       `batched` (see `HFBackendConfig.prefill`).
+    - `packed_gemm`: HF greedy loop on CPU, decode batches with MKL-packed float32 weights (see
+      `HFBackendConfig.packed_gemm`; costs about the weights' size in memory); false: F.linear.
     - `replay`: `reference` or `familiar` (see `cipr.eval.backends.ReplayBackend`).
     - `format`: call format name (None: the benchmark's).
     - `device` / `dtype`: `auto` = CUDA with bfloat16 when available, else CPU float32.
@@ -105,6 +107,7 @@ class EvalConfig:
     max_new_tokens: int = 512
     drop_finished: bool = True
     prefill: Literal["auto", "batched", "per_item"] = "auto"
+    packed_gemm: bool = True
     chunk_size: int = 64
     format: str | None = None
     out_dir: str = "evals/run"

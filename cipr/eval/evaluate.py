@@ -151,7 +151,8 @@ def make_backend(cfg: EvalConfig, fmt: CallFormat, model: Any = None, tokenizer:
     else:
         prepare_tokenizer(tokenizer)
     return HFBackend(model, tokenizer, fmt, HFBackendConfig(batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
-                                                           drop_finished=cfg.drop_finished, prefill=cfg.prefill))
+                                                           drop_finished=cfg.drop_finished, prefill=cfg.prefill,
+                                                           packed_gemm=cfg.packed_gemm))
 
 
 def report_config(cfg: EvalConfig) -> ReportConfig:
