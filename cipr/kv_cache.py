@@ -7,6 +7,11 @@ keeps each layer's keys and values in a buffer with spare room along the sequenc
 doubles when full, so appending is amortized O(new tokens)) and hands attention a view of the filled
 part. Same values as `DynamicLayer` (tested); `batch_select_indices` (dropping finished rows) copies the
 buffer once.
+
+`LeftPaddedBatch` builds a decoding batch from prompts prefilled one by one: each prompt's forward
+writes its keys and values straight into its row of the batch's buffers (right-aligned, left padding),
+instead of into a cache of its own that is then copied into the batch: no per-prompt allocations and
+no second copy.
 """
 
 from __future__ import annotations
@@ -74,33 +79,77 @@ def growing_cache(config: Any) -> DynamicCache:
     return cache
 
 
-def stack_left_padded(caches: list[DynamicCache], config: Any, capacity: int = 0) -> DynamicCache:
-    """One batch cache from single-row caches of different lengths, each row right-aligned (left padding).
+class _RowLayer(DynamicLayer):
+    """A prefill-only layer: its one update writes into row `row` of the batch's buffers for layer `layer`."""
 
-    Row i holds cache i's keys and values in its last `len_i` positions of `max(len)` and zeros before
-    them, the layout a left-padded batch prefill leaves (there the padded positions hold the pad
-    tokens' states; here zeros: either way the attention mask hides them). `capacity` reserves room
-    along the sequence axis for the tokens still to come, so decoding appends without regrowing.
-    Every layer of every cache must be a full-attention `DynamicLayer` or `GrowingLayer` (a prefill-only
-    cache is best a plain `DynamicCache`: it holds the prompt's states without spare room).
+    def __init__(self, batch: LeftPaddedBatch, layer: int, row: int):
+        super().__init__()
+        self.batch, self.layer, self.row = batch, layer, row
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.is_initialized:
+            raise RuntimeError("a LeftPaddedBatch row cache takes one prefill forward; decode with batch()")
+        self.lazy_initialization(key_states, value_states)
+        self.keys, self.values = self.batch._write(self.layer, self.row, key_states, value_states)
+        return self.keys, self.values
+
+
+class LeftPaddedBatch:
+    """Per-prompt prefill caches that fill one left-padded batch cache in place.
+
+    `row(i)` is the cache to pass to prompt i's forward (a single unpadded sequence of `lengths[i]`
+    tokens); its keys and values land in the last `lengths[i]` of `max(lengths)` positions of row i, zeros
+    before them (the attention mask hides them). `batch()`, once every row is prefilled, is the batch's
+    `growing_cache` over those buffers, with room for `capacity` positions in all (appends need no regrowth).
+    Full-attention models only: a sliding-window layer keeps only its window, so rows would not align.
     """
-    full = (DynamicLayer, GrowingLayer)
-    if not caches or any(type(layer) not in full for c in caches for layer in c.layers):
-        raise ValueError("stack_left_padded needs caches whose layers are all DynamicLayer or GrowingLayer "
-                         "(full attention)")
-    width = max(c.get_seq_length() for c in caches)
-    out = growing_cache(config)
-    if len(out.layers) != len(caches[0].layers):
-        raise ValueError(f"config has {len(out.layers)} cache layers, the caches {len(caches[0].layers)}")
-    for j, layer in enumerate(out.layers):
-        first = caches[0].layers[j]
-        shape = (len(caches), first.keys.shape[1], max(capacity, width), first.keys.shape[-1])
-        keys, values = first.keys.new_zeros(shape), first.values.new_zeros(shape[:-1] + first.values.shape[-1:])
-        for i, c in enumerate(caches):
-            n = c.layers[j].get_seq_length()
-            keys[i, :, width - n:width] = c.layers[j].keys[0]
-            values[i, :, width - n:width] = c.layers[j].values[0]
-        layer.lazy_initialization(first.keys, first.values)
-        layer._key_buffer, layer._value_buffer, layer._length = keys, values, width
-        layer.keys, layer.values = keys[..., :width, :], values[..., :width, :]
-    return out
+
+    def __init__(self, config: Any, lengths: list[int], capacity: int = 0):
+        from transformers.cache_utils import DynamicCache
+
+        self.config, self.lengths = config, list(lengths)
+        self.width = max(self.lengths)
+        self.capacity = max(capacity, self.width)
+        probe = DynamicCache(config=config)
+        if not self.lengths or any(type(layer) is not DynamicLayer for layer in probe.layers):
+            raise ValueError("LeftPaddedBatch needs prompts and a model whose cache layers are all DynamicLayer "
+                             "(full attention)")
+        self.num_layers = len(probe.layers)
+        self.buffers: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * self.num_layers
+        self.filled = [0] * len(self.lengths)
+
+    def row(self, i: int) -> DynamicCache:
+        """The cache for prompt i's prefill forward."""
+        from transformers.cache_utils import DynamicCache
+
+        cache = DynamicCache(config=self.config)
+        cache.layers = [_RowLayer(self, j, i) for j in range(self.num_layers)]
+        return cache
+
+    def _write(self, j: int, i: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = self.lengths[i]
+        if keys.shape[0] != 1 or keys.shape[-2] != n:
+            raise ValueError(f"row {i} expects one sequence of {n} tokens, got keys of shape {tuple(keys.shape)}")
+        if self.buffers[j] is None:
+            shape = (len(self.lengths), keys.shape[1], self.capacity)
+            self.buffers[j] = (keys.new_zeros(*shape, keys.shape[-1]), values.new_zeros(*shape, values.shape[-1]))
+        k_buf, v_buf = self.buffers[j]
+        start = self.width - n
+        k_buf[i, :, start:self.width] = keys[0]
+        v_buf[i, :, start:self.width] = values[0]
+        self.filled[i] += 1
+        return k_buf[i:i + 1, :, start:self.width], v_buf[i:i + 1, :, start:self.width]
+
+    def batch(self) -> DynamicCache:
+        """The left-padded batch cache (every row must have been prefilled)."""
+        missing = [i for i, f in enumerate(self.filled) if f != self.num_layers]
+        if missing:
+            raise ValueError(f"rows {missing} were not prefilled through every layer")
+        out = growing_cache(self.config)
+        for layer, buffers in zip(out.layers, self.buffers, strict=True):
+            keys, values = buffers  # type: ignore[misc]
+            layer.lazy_initialization(keys, values)
+            layer._key_buffer, layer._value_buffer, layer._length = keys, values, self.width
+            layer.keys, layer.values = keys[..., :self.width, :], values[..., :self.width, :]
+        return out

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from cipr.kv_cache import GrowingLayer, growing_cache, stack_left_padded
+from cipr.kv_cache import GrowingLayer, LeftPaddedBatch, growing_cache
 
 
 def test_growing_layer_matches_dynamic_layer_through_appends_selection_and_crop():
@@ -50,23 +50,29 @@ def test_growing_cache_gives_the_model_the_same_logits(tiny_tokenizer):
     assert torch.equal(logits[0], logits[1])
 
 
-def test_stack_left_padded_places_each_row_at_the_right_and_reserves_room():
-    from transformers import DynamicCache, LlamaConfig
+def test_left_padded_batch_places_each_row_at_the_right_and_reserves_room():
+    """Rows of 3 and 5 tokens [1, K=2, n, D=4] per layer: row 0 right-aligned after 2 zero positions,
+    row 1 full; buffers [2, 2, capacity=9, 4]; a decoding step appends into the reserved room."""
+    from transformers import LlamaConfig
 
     config = LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=16)
-    caches, states = [], []
-    for n, make in ((3, growing_cache), (5, lambda c: DynamicCache(config=c))):
-        cache = make(config)
-        for layer in cache.layers:
+    batch = LeftPaddedBatch(config, [3, 5], capacity=9)
+    states = {}
+    for i, n in enumerate([3, 5]):
+        cache = batch.row(i)
+        for j, layer in enumerate(cache.layers):
             k, v = torch.randn(1, 2, n, 4), torch.randn(1, 2, n, 4)
-            layer.update(k, v)
-            states.append((k, v))
-        caches.append(cache)
-    out = stack_left_padded(caches, config, capacity=9)
+            got_k, got_v = layer.update(k, v)
+            assert torch.equal(got_k, k) and torch.equal(got_v, v)  # what attention reads for this prompt
+            states[i, j] = (k, v)
+        with pytest.raises(RuntimeError, match="one prefill forward"):
+            cache.layers[0].update(k, v)
+    out = batch.batch()
     assert out.get_seq_length() == 5
     for j, layer in enumerate(out.layers):
+        assert isinstance(layer, GrowingLayer)
         assert layer.keys.shape == (2, 2, 5, 4) and layer._key_buffer.shape == (2, 2, 9, 4)
-        (k0, v0), (k1, v1) = states[j], states[len(out.layers) + j]
+        (k0, v0), (k1, v1) = states[0, j], states[1, j]
         assert torch.equal(layer.keys[0, :, 2:], k0[0]) and torch.equal(layer.values[0, :, 2:], v0[0])
         assert torch.equal(layer.keys[1], k1[0]) and torch.equal(layer.values[1], v1[0])
         assert not layer.keys[0, :, :2].any() and not layer.values[0, :, :2].any()
@@ -76,12 +82,45 @@ def test_stack_left_padded_places_each_row_at_the_right_and_reserves_room():
     assert out.layers[0]._key_buffer.shape[-2] == 9  # appended into the reserved room, no regrowth
 
 
-def test_stack_left_padded_refuses_sliding_window_layers():
-    from transformers import DynamicCache, MistralConfig
+def test_left_padded_batch_gives_the_model_each_prompts_own_logits(tiny_tokenizer):
+    """Prefilling through a batch row gives the logits of a prompt's own DynamicCache forward, and the
+    first decoding step of the batch those of each prompt continued alone."""
+    from transformers import DynamicCache
+
+    from cipr.testing import tiny_model
+
+    model = tiny_model(tiny_tokenizer).eval()
+    prompts = [torch.randint(3, 200, (1, n)) for n in (4, 9, 6)]
+    batch = LeftPaddedBatch(model.config, [p.shape[1] for p in prompts], capacity=12)
+    nxt = torch.randint(3, 200, (3, 1))
+    with torch.no_grad():
+        alone = []
+        for i, p in enumerate(prompts):
+            cache = DynamicCache(config=model.config)
+            want = model(input_ids=p, past_key_values=cache, use_cache=True).logits[0, -1]
+            got = model(input_ids=p, past_key_values=batch.row(i), use_cache=True).logits[0, -1]
+            torch.testing.assert_close(got, want)
+            step = model(input_ids=nxt[i:i + 1], past_key_values=cache, use_cache=True).logits[0, -1]
+            alone.append(step)
+        lengths = torch.tensor([p.shape[1] for p in prompts])
+        mask = (torch.arange(9)[None, :] >= (9 - lengths)[:, None]).long()
+        mask = torch.cat([mask, mask.new_ones(3, 1)], dim=1)
+        out = model(input_ids=nxt, attention_mask=mask, position_ids=lengths[:, None], past_key_values=batch.batch(),
+                    use_cache=True).logits[:, -1]
+    torch.testing.assert_close(out, torch.stack(alone), rtol=1e-4, atol=1e-5)
+
+
+def test_left_padded_batch_refuses_sliding_window_layers_and_unfilled_rows():
+    from transformers import LlamaConfig, MistralConfig
 
     config = MistralConfig(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, hidden_size=8,
                            sliding_window=4)
-    cache = DynamicCache(config=config)
-    assert type(cache.layers[0]).__name__ != "DynamicLayer"
     with pytest.raises(ValueError, match="full attention"):
-        stack_left_padded([cache], config)
+        LeftPaddedBatch(config, [3])
+    config = LlamaConfig(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, hidden_size=8)
+    batch = LeftPaddedBatch(config, [3, 2])
+    batch.row(0).layers[0].update(torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4))
+    with pytest.raises(ValueError, match=r"rows \[1\] were not prefilled"):
+        batch.batch()
+    with pytest.raises(ValueError, match="row 1 expects one sequence of 2 tokens"):
+        batch.row(1).layers[0].update(torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4))

@@ -72,7 +72,7 @@ def _end_ids(tokenizer: Any, model: Any = None) -> set[int]:
 
 def _full_attention(model: Any) -> bool:
     """Whether every layer of the model's cache is a plain full-attention `DynamicLayer` (what
-    `cipr.kv_cache.stack_left_padded` can stack; sliding-window layers are not)."""
+    `cipr.kv_cache.LeftPaddedBatch` can fill; sliding-window layers are not)."""
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
@@ -196,23 +196,22 @@ class HFBackend:
     def _prefill_per_item(self, prompts: list[str], device: Any) -> tuple[Any, Any, Any, Any]:
         """`_prefill_batched`'s result, from one unpadded forward per prompt (see `HFBackendConfig.prefill`)."""
         import torch
-        from transformers import DynamicCache
 
         from cipr.attention import GROUPED, attention
-        from cipr.kv_cache import stack_left_padded
+        from cipr.kv_cache import LeftPaddedBatch
 
-        caches, lengths, toks = [], [], []
         start = time.perf_counter()
-        with attention(self.model, "sdpa", replace=(GROUPED,)):
-            for prompt in prompts:
-                ids = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"].to(device)
-                cache = DynamicCache(config=self.model.config)  # the prompt's states only, no spare room
-                out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, **self._last_only())
-                caches.append(cache)
-                lengths.append(ids.shape[1])
-                toks.append(out.logits[0, -1].argmax(-1))
+        ids = [self.tokenizer(p, return_tensors="pt", add_special_tokens=False)["input_ids"].to(device)
+               for p in prompts]
+        lengths = [x.shape[1] for x in ids]
         width = max(lengths)
-        cache = stack_left_padded(caches, self.model.config, capacity=width + self.config.max_new_tokens)
+        batch = LeftPaddedBatch(self.model.config, lengths, capacity=width + self.config.max_new_tokens)
+        toks = []
+        with attention(self.model, "sdpa", replace=(GROUPED,)):
+            for i, x in enumerate(ids):  # each prompt's states go straight into its row of the batch's cache
+                out = self.model(input_ids=x, past_key_values=batch.row(i), use_cache=True, **self._last_only())
+                toks.append(out.logits[0, -1].argmax(-1))
+        cache = batch.batch()
         lengths_t = torch.tensor(lengths, device=device)
         mask = (torch.arange(width, device=device)[None, :] >= (width - lengths_t)[:, None]).long()
         tok = torch.stack(toks)
