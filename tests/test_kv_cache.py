@@ -23,6 +23,9 @@ def test_growing_layer_matches_dynamic_layer_through_appends_selection_and_crop(
                 layer.batch_select_indices(torch.tensor([0, 2, 3]))
             rows = 3
     assert ours.get_seq_length() == ref.get_seq_length() == sum(steps)
+    for layer in (ours, ref):  # not increasing: a reorder with a repeat (the copying path)
+        layer.batch_select_indices(torch.tensor([2, 0, 0]))
+    assert torch.equal(ours.keys, ref.keys) and torch.equal(ours.values, ref.values)
     ours.crop(-4)
     ref.crop(-4)
     k, v = torch.randn(3, 2, 2, 8), torch.randn(3, 2, 2, 8)
@@ -124,3 +127,28 @@ def test_left_padded_batch_refuses_sliding_window_layers_and_unfilled_rows():
         batch.batch()
     with pytest.raises(ValueError, match="row 1 expects one sequence of 2 tokens"):
         batch.row(1).layers[0].update(torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4))
+
+
+def test_left_padded_batch_reuses_buffers_that_fit_and_zeroes_their_padding():
+    """A second, smaller batch writes into views of the first batch's buffers (same storage), with its
+    left padding zeroed over the first batch's values; a batch that needs more room gets new buffers."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, hidden_size=8)
+    reuse: list = []
+
+    def fill(lengths, capacity):
+        batch = LeftPaddedBatch(config, lengths, capacity=capacity, reuse=reuse)
+        for i, n in enumerate(lengths):
+            batch.row(i).layers[0].update(torch.full((1, 1, n, 4), float(i + 1)), torch.full((1, 1, n, 4), -1.0))
+        return batch.batch().layers[0]
+
+    first = fill([5, 5, 5], 8)
+    storage = first._key_buffer.untyped_storage().data_ptr()
+    second = fill([2, 4], 6)
+    assert second._key_buffer.untyped_storage().data_ptr() == storage  # reused
+    assert second._key_buffer.shape == (2, 1, 6, 4) and second.keys.shape == (2, 1, 4, 4)
+    assert not second.keys[0, :, :2].any() and not second.values[0, :, :2].any()
+    assert (second.keys[0, :, 2:] == 1).all() and (second.keys[1] == 2).all()
+    third = fill([3], 20)
+    assert third._key_buffer.untyped_storage().data_ptr() != storage and reuse[0][0].shape == (1, 1, 20, 4)

@@ -89,12 +89,13 @@ class HFBackendConfig:
     for finished rows while the longest one runs on; False uses `model.generate` (for models whose
     cache or inputs the loop does not handle). Both give the same tokens (checked in the tests).
 
-    `prefill` (greedy loop only): `per_item` runs each prompt's prefill alone, unpadded, and stacks
-    the caches left-padded for batched decoding; `batched` runs one padded forward over the batch;
+    `prefill` (greedy loop only): `per_item` runs each prompt's prefill alone, unpadded, writing its
+    keys and values into its row of the left-padded batch cache (`cipr.kv_cache.LeftPaddedBatch`,
+    whose buffers the backend keeps for the next batch: no fresh memory to fault in per batch); `batched` runs one padded forward over the batch;
     `auto` is `per_item` on CPU for full-attention models and `batched` elsewhere. On CPU a prefill is
     compute-bound, so batching it gains nothing, while padding and the masked attention cost extra:
     SmolLM2-135M, 8 BFCL prompts of 486-669 tokens, 2 threads: one padded forward 16.5 s, the eight
-    alone 9.4 s (`scripts/bench_eval.py` measures the whole backend). A per-item prefill of a model
+    alone 9.4 s (`scripts/bench_eval.py --prefill batched|per_item` prints prefill seconds per item). A per-item prefill of a model
     loaded with `cipr_grouped` attention uses SDPA (causal, no mask to build), the faster kernel
     for a whole unpadded prompt; decoding keeps the grouped attention.
 
@@ -138,6 +139,7 @@ class HFBackend:
         decode forwards, and the seconds spent packing weights (`packed_gemm`; not in decode_seconds),
         summed over calls."""
         self._packer: Any = None
+        self._kv_buffers: list[Any] = []  # per-item prefill's key/value buffers, lent to the next batch
 
     def prompt(self, example: Example) -> str:
         return self.fmt.render_prompt(self.tokenizer, example.messages, example.interface)
@@ -205,7 +207,8 @@ class HFBackend:
                for p in prompts]
         lengths = [x.shape[1] for x in ids]
         width = max(lengths)
-        batch = LeftPaddedBatch(self.model.config, lengths, capacity=width + self.config.max_new_tokens)
+        batch = LeftPaddedBatch(self.model.config, lengths, capacity=width + self.config.max_new_tokens,
+                                reuse=self._kv_buffers)
         toks = []
         with attention(self.model, "sdpa", replace=(GROUPED,)):
             for i, x in enumerate(ids):  # each prompt's states go straight into its row of the batch's cache
