@@ -248,6 +248,11 @@ def main() -> None:
     same = sum(a == b for a, b in zip(outputs[1], outputs[args.batch_size][::args.single_every], strict=True))
     print(f"identical outputs at batch size 1 and {args.batch_size}: {same}/{len(single)}")
     if not args.no_vllm and importlib.util.find_spec("vllm") is not None:
+        if on_cpu and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+            # unset, vLLM's CPU worker reserves gpu_memory_utilization of all memory and refuses to start
+            # when that much is not free (this process already holds the HF model)
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
+            print("vllm: VLLM_CPU_KVCACHE_SPACE=1 (GiB of key/value cache; set it to override)")
         vcfg = EvalConfig(model=args.model, backend="vllm", max_new_tokens=args.max_new_tokens)
         vllm = make_backend(vcfg, fmt, tokenizer=tokenizer)
         vllm.generate(warm)

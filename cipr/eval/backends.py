@@ -310,7 +310,8 @@ class VLLMBackendConfig:
     `dtype` `auto` takes the model config's dtype (float32 for the embedded model's folder; on a CPU
     without bf16 matmul float32 decodes ~4x faster than bfloat16). `gpu_memory_utilization` and
     `tensor_parallel_size` apply on GPUs; vLLM's CPU build sizes its KV cache from
-    `$VLLM_CPU_KVCACHE_SPACE` (GiB) instead.
+    `$VLLM_CPU_KVCACHE_SPACE` (GiB) when set, and otherwise reserves `gpu_memory_utilization` of the
+    machine's memory (refusing to start when that much is not free).
     """
 
     max_new_tokens: int = 512
