@@ -91,11 +91,12 @@ class HFBackendConfig:
 
     `prefill` (greedy loop only): `per_item` runs each prompt's prefill alone, unpadded, writing its
     keys and values into its row of the left-padded batch cache (`cipr.kv_cache.LeftPaddedBatch`,
-    whose buffers the backend keeps for the next batch: no fresh memory to fault in per batch); `batched` runs one padded forward over the batch;
-    `auto` is `per_item` on CPU for full-attention models and `batched` elsewhere. On CPU a prefill is
-    compute-bound, so batching it gains nothing, while padding and the masked attention cost extra:
-    SmolLM2-135M, 8 BFCL prompts of 486-669 tokens, 2 threads: one padded forward 16.5 s, the eight
-    alone 9.4 s (`scripts/bench_eval.py --prefill batched|per_item` prints prefill seconds per item). A per-item prefill of a model
+    whose buffers the backend keeps for the next batch: no fresh memory to fault in per batch);
+    `batched` runs one padded forward over the batch; `auto` is `per_item` on CPU for full-attention
+    models and `batched` elsewhere. On CPU a prefill is compute-bound, so batching it gains nothing,
+    while padding and the masked attention cost extra: SmolLM2-135M, 8 BFCL prompts of 486-669
+    tokens, 2 threads: one padded forward 16.5 s, the eight alone 9.4 s (`scripts/bench_eval.py
+    --prefill batched|per_item` prints prefill seconds per item). A per-item prefill of a model
     loaded with `cipr_grouped` attention uses SDPA (causal, no mask to build), the faster kernel
     for a whole unpadded prompt; decoding keeps the grouped attention.
 
