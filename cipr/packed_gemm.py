@@ -16,7 +16,7 @@ Used only under `torch.no_grad`/`inference_mode` (generation): a layer whose wei
 while grad is on, an input of one row (a matrix-vector product is already at the bandwidth) or of more
 rows than packed (a prefill) goes through `F.linear`. Values agree with `F.linear` to float rounding
 (another summation order; tested). Memory: the packed copies add about the float32 weights' size
-while kept (`PackedLinears.release` frees them).
+while kept (`PackedLinears.release` frees them); `fits` tells whether that much memory is free.
 """
 
 from __future__ import annotations
@@ -32,6 +32,13 @@ def available() -> bool:
     """Whether this torch build has MKL's packed linear (x86 wheels do; ARM and ROCm builds may not)."""
     mkl = getattr(torch.ops, "mkl", None)
     return bool(torch._C.has_mkl) and hasattr(mkl, "_mkl_linear") and hasattr(mkl, "_mkl_reorder_linear_weight")
+
+
+def fits(nbytes: int, fraction: float = 0.5) -> bool:
+    """Whether `nbytes` more is at most `fraction` of the memory available now (psutil's estimate)."""
+    import psutil
+
+    return nbytes <= fraction * psutil.virtual_memory().available
 
 
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor,
@@ -65,6 +72,8 @@ class PackedLinears:
     def __init__(self, model: Any):
         self.layers = [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in vars(m)
                        and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
+        self.nbytes = sum(m.weight.numel() * 4 for m in self.layers)
+        """About what the packed copies take (MKL's layout pads a little)."""
         self.rows = 0
         self.packs = 0
         """How many times the weights were packed (each a pass over all of them)."""

@@ -143,3 +143,24 @@ def test_eval_config_reaches_the_backend(tiny_model, tiny_tokenizer):
     for flag in (True, False):
         backend = make_backend(EvalConfig(packed_gemm=flag), ToolRLFormat(), model=tiny_model, tokenizer=tiny_tokenizer)
         assert backend.config.packed_gemm is flag
+
+
+def test_fits_compares_with_free_memory():
+    assert packed_gemm.fits(1)
+    assert not packed_gemm.fits(10**18)
+
+
+def test_backend_skips_packing_that_does_not_fit(tiny_model, tiny_tokenizer, monkeypatch, caplog):
+    """When the packed copy would not fit in memory the backend decodes with F.linear and says so."""
+    from cipr.eval.backends import GenRequest, HFBackend, HFBackendConfig
+    from cipr.formats.toolrl import ToolRLFormat
+    from cipr.interface import Example, Interface, Message
+
+    monkeypatch.setattr(packed_gemm, "fits", lambda nbytes, fraction=0.5: False)
+    reqs = [GenRequest(Example(id=q, messages=(Message("user", q),), interface=Interface(()))) for q in ("a", "bb")]
+    backend = HFBackend(tiny_model, tiny_tokenizer, ToolRLFormat(), HFBackendConfig(batch_size=2, max_new_tokens=3))
+    with caplog.at_level("WARNING"):
+        gens = backend.generate(reqs)
+    assert all(g.error is None for g in gens) and backend.timing["pack_seconds"] == 0
+    if packed_gemm.available():
+        assert backend._packer is False and "more than half the free memory" in caplog.text

@@ -103,7 +103,8 @@ class HFBackendConfig:
     `packed_gemm` (greedy loop only): decoding steps of two or more rows multiply by weights packed
     with MKL for `batch_size` rows (`cipr.packed_gemm`: float32 CPU layers, torch built with MKL; other
     layers unchanged), packed at the first batch and kept while the backend lives (about the float32
-    weights' size in memory; repacked if the weights change). Batch size 1 is unaffected.
+    weights' size in memory, so it is skipped, with a warning, when that exceeds half the free memory;
+    repacked if the weights change). Batch size 1 is unaffected.
     """
 
     batch_size: int = 8
@@ -232,15 +233,21 @@ class HFBackend:
 
         The key/value cache appends in place (`cipr.kv_cache`) instead of copying itself at every token.
         """
-        from cipr.packed_gemm import PackedLinears, available
+        from cipr.packed_gemm import PackedLinears, available, fits
 
         packer = None
         if self.config.packed_gemm and self.config.batch_size > 1 and tok.shape[0] > 1 and available():
-            self._packer = self._packer or PackedLinears(self.model)
-            packer = self._packer
-            start = time.perf_counter()
-            packer.pack(self.config.batch_size)
-            self.timing["pack_seconds"] += time.perf_counter() - start
+            if self._packer is None:
+                self._packer = PackedLinears(self.model)
+                if not fits(self._packer.nbytes):
+                    log.warning("packed_gemm: packing needs %.1f GB, more than half the free memory; "
+                                   "decoding with F.linear", self._packer.nbytes / 1e9)
+                    self._packer = False
+            if self._packer:
+                packer = self._packer
+                start = time.perf_counter()
+                packer.pack(self.config.batch_size)
+                self.timing["pack_seconds"] += time.perf_counter() - start
         try:
             return self._greedy_steps(cache, mask, next_pos, tok)
         finally:
