@@ -124,13 +124,13 @@ class LeftPaddedBatch:
                  reuse: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None):
         from transformers.cache_utils import DynamicCache
 
-        self.config, self.lengths = config, list(lengths)
-        self.width = max(self.lengths) if self.lengths else 0
-        self.capacity = max(capacity, self.width)
         probe = DynamicCache(config=config)
-        if not self.lengths or any(type(layer) is not DynamicLayer for layer in probe.layers):
+        if not lengths or any(type(layer) is not DynamicLayer for layer in probe.layers):
             raise ValueError("LeftPaddedBatch needs prompts and a model whose cache layers are all DynamicLayer "
                              "(full attention)")
+        self.config, self.lengths = config, list(lengths)
+        self.width = max(self.lengths)
+        self.capacity = max(capacity, self.width)
         self.num_layers = len(probe.layers)
         self.reuse = reuse if reuse is not None else []
         self.reuse.extend([None] * (self.num_layers - len(self.reuse)))

@@ -3,14 +3,16 @@
 A decoding step multiplies one row per sequence by every weight matrix. At batch size 1 MKL runs a
 matrix-vector product near the memory bandwidth; at a few rows its general `sgemm` repacks the weight
 into its kernel layout on every call, and the step's matrix products cost about twice the batch-1 ones
-(`scripts/bench_eval.py` times all of a model's linears at 1 and 8 rows, plain and packed). `cblas_sgemm_pack`
-does that packing once; `torch.ops.mkl._mkl_linear` then multiplies by the packed weight. It is the
-path torch.compile's CPU backend (inductor's mkldnn fusion pass) and IPEX take for float32 linears.
+(`scripts/bench_eval.py` times all of a model's linears at 1 and 8 rows, plain and packed).
+`cblas_sgemm_pack` does that packing once; `torch.ops.mkl._mkl_linear` then multiplies by the packed
+weight. It is the pair of ops torch.compile's CPU backend uses for float32 linears (inductor's
+`mkldnn_fusion` pass).
 
 Packing is not free: a pass over all weights that allocates a packed copy (the benchmark prints its
-time; it exceeded a second on a loaded 2-core machine), so it is done once per row count and kept. A packed weight serves one row count; `packed_linear` pads an input with
-fewer rows (a batch whose finished sequences left it, or a short last batch) with zero rows up to it,
-which costs nothing measurable in a bandwidth-bound step, so a whole evaluation packs once.
+time; it exceeded a second on a loaded 2-core machine), so it is done once per row count and kept. A
+packed weight serves one row count; `packed_linear` pads an input with fewer rows (a batch whose
+finished sequences left it, or a short last batch) with zero rows up to it, so a whole evaluation packs
+once. The padded rows are computed and thrown away; their cost was not measured apart from the step's.
 
 Used only under `torch.no_grad`/`inference_mode` (generation): a layer whose weight requires grad
 while grad is on, an input of one row (a matrix-vector product is already at the bandwidth) or of more

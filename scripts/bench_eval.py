@@ -2,8 +2,8 @@
 
     .venv/bin/python scripts/bench_eval.py                        # default run (its wall time is printed)
     .venv/bin/python scripts/bench_eval.py --n 8 --max-new-tokens 256 --repeats 3   # the longer setting
-    options: [--batch-size 8] [--device auto] [--dtype auto] [--threads N] [--attn auto|cipr_grouped|eager|sdpa] [--model DIR]
-             [--prefill auto|per_item|batched] [--no-packed-gemm] [--no-vllm]
+    options: [--batch-size 8] [--device auto] [--dtype auto] [--threads N] [--model DIR]
+             [--attn auto|cipr_grouped|eager|sdpa] [--prefill auto|per_item|batched] [--no-packed-gemm] [--no-vllm]
 
 Model: the embedded default (SmolLM2-135M-Instruct, `cipr.embedded`), or `--model DIR` (any folder
 `from_pretrained` loads). Items: the first `--n` BFCL items of `--partition` (default simple_python),
@@ -12,24 +12,24 @@ lives through the run, as in `cipr-eval`, and first generates one or two more it
 timed; a batched backend packs its weights there, `HFBackendConfig.packed_gemm`, and the time it took is
 printed). Each repetition generates the items at batch size 1 and at the default batch size (the order
 alternates between repetitions, so drift in machine load hits both), greedy, left padding, longest
-prompts first. Batch size 1 costs the same per item whatever the item count, so it runs
-on every `--single-every`-th item only (default 2: half of them; both subsets' prompt lengths are
-printed) and rates are compared per item. An untrained model rarely stops early, so most items run the full
+prompts first. Batch size 1 costs the same per item whatever the item count, so it runs on every
+`--single-every`-th item only (default 2: half of them; both subsets' prompt lengths are printed) and
+rates are compared per item. An untrained model rarely stops early, so most items run the full
 `--max-new-tokens`: the comparison is of equal work.
 
 Where the time goes is printed per batch size: prefill seconds per item, milliseconds per decoding
 step, and the rest of the pass. On CPU each prompt is prefilled alone (`HFBackendConfig.prefill`), a
 compute-bound cost batching cannot share, so with P s of prefill per item, N new tokens and decoding
 steps of d1 and d8 seconds the speedup is (P + N d1) / (P + N d8 / 8): it grows with N towards
-8 d1 / d8 (SmolLM2-135M, 2 cores, one run: P 0.65 s at batch size 1 and 0.74 s at 8, d1 40 ms, d8 66 ms,
-so 2.9 at N = 96; `--max-new-tokens` moves N, and d8 grows with it as the cache lengthens).
+8 d1 / d8 (SmolLM2-135M, 2 cores, one run: P 0.65 s at batch size 1 and 0.64 s at 8, d1 39 ms, d8 69 ms,
+so 3.0 at N = 96; `--max-new-tokens` moves N, and d8 grows with it as the cache lengthens).
 
 Why d8 is more than d1: the matrix products of a step. They are timed alone first (every linear layer
 once, at 1 row and at the batch's rows, with F.linear and, where torch has MKL, with weights packed
 once: `cipr.packed_gemm`); the batched backend decodes with the packed weights, and on CPU each
 repetition also runs the batched setting with F.linear, so the packing's gain is measured in the same
-run (`--no-packed-gemm` turns both off). The rest of d8 is attention over the batch's key/value cache,
-which grows with the rows.
+run (`--no-packed-gemm` turns both off). Most of the rest of d8 is attention reading the batch's
+key/value cache, which grows with the rows.
 
 The roofline: decoding one token at batch size 1 reads every weight once, so it cannot run faster than
 (memory bandwidth) / (bytes of the weights). The bandwidth is measured here, with the same torch thread
@@ -104,7 +104,8 @@ def run_hf(backend: HFBackend, reqs: list[GenRequest]) -> tuple[float, dict[str,
     dt = time.perf_counter() - t
     errors = [g.error for g in gens if g.error]
     if errors:
-        raise SystemExit(f"batch size {backend.config.batch_size}: {len(errors)} generation errors, first: {errors[0]}")
+        raise SystemExit(f"batch size {backend.config.batch_size}: {len(errors)} generation errors, "
+                         f"first: {errors[0]}")
     tm = {k: v - before[k] for k, v in backend.timing.items()}
     return len(reqs) / dt, {
         "decode_tps": tm["decode_tokens"] / max(tm["decode_seconds"], 1e-9),
@@ -130,7 +131,7 @@ def linears_ms(model: Any, rows: int, repeats: int = 9) -> dict[str, float]:
         t = time.perf_counter()
         packed = [torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in weights]
         out["pack_s"] = time.perf_counter() - t
-        runs[f"{rows} rows packed"] = lambda: [torch.ops.mkl._mkl_linear(xs[w.shape[1]], p, w, None, rows)
+        runs[f"{rows} rows packed"] = lambda: [packed_gemm.packed_linear(xs[w.shape[1]], w, None, p, rows)
                                                for w, p in zip(weights, packed, strict=True)]
     times: dict[str, list[float]] = {k: [] for k in runs}
     with torch.inference_mode():
@@ -243,8 +244,9 @@ def main() -> None:
         print(f"hf batch_size={bs}: {spread(r)} items/s")
     if unpacked:
         gain = [a / b for a, b in zip(rates[args.batch_size], unpacked, strict=True)]
+        without = [u / a for a, u in zip(rates[1], unpacked, strict=True)]
         print(f"hf batch_size={args.batch_size} with F.linear instead of packed weights: {spread(unpacked)} items/s "
-              f"(packed gain {spread(gain)}x, speedup without it {spread([u / a for a, u in zip(rates[1], unpacked, strict=True)])})")
+              f"(packed gain {spread(gain)}x, speedup without it {spread(without)})")
     same = sum(a == b for a, b in zip(outputs[1], outputs[args.batch_size][::args.single_every], strict=True))
     print(f"identical outputs at batch size 1 and {args.batch_size}: {same}/{len(single)}")
     if not args.no_vllm and importlib.util.find_spec("vllm") is not None:

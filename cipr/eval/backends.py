@@ -140,7 +140,7 @@ class HFBackend:
         """Wall seconds and tokens of the greedy loop's prefill and decode forwards, the number of
         decode forwards, and the seconds spent packing weights (`packed_gemm`; not in decode_seconds),
         summed over calls."""
-        self._packer: Any = None
+        self._packer: Any = None  # PackedLinears once decided, False when packing does not fit
         self._kv_buffers: list[Any] = []  # per-item prefill's key/value buffers, lent to the next batch
 
     def prompt(self, example: Example) -> str:
@@ -241,8 +241,8 @@ class HFBackend:
                 self._packer = PackedLinears(self.model)
                 if not fits(self._packer.nbytes):
                     log.warning("packed_gemm: packing needs %.1f GB, more than half the free memory; "
-                                   "decoding with F.linear", self._packer.nbytes / 1e9)
-                    self._packer = False
+                                "decoding with F.linear", self._packer.nbytes / 1e9)
+                    self._packer = False  # decided once per backend
             if self._packer:
                 packer = self._packer
                 start = time.perf_counter()
