@@ -11,7 +11,9 @@ query axis instead, so one matmul per group reads its key/value head in place:
 
 with H = K*G (query head h uses key/value head h // G, as `repeat_kv` orders them). The arithmetic
 is eager attention's (same scaling, additive float mask, float32 softmax), so outputs agree with
-`eager` to float rounding (tested). Registered under `GROUPED` with eager's mask builder; the
+`eager` to float rounding (tested). A decoding step (one query position) goes through torch's fused
+`scaled_dot_product_attention` on the same group-stacked query instead (`grouped_decode`), which reads
+the cache once without writing scores or weights; same values to float rounding. Registered under `GROUPED` with eager's mask builder; the
 evaluation's `attn_implementation=auto` picks it on CPU for the families in `MODEL_TYPES` (eager for others), and CPU training rollouts decode with it
 (`attention(model, GROUPED)` around generation; the update keeps the model's own attention).
 """
@@ -38,14 +40,24 @@ def supports(model: Any) -> bool:
 
 def grouped_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0,
-                      **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """(attention output [B, L, H, D], weights [B, H, L, T]) from query [B, H, L, D], key/value [B, K, T, D]."""
-    import torch
-
+                      **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """transformers' attention-function signature over `grouped_scores` (prompts, training) and, for a
+    single query position without dropout, `grouped_decode` (decoding steps; it returns no weights)."""
     unsupported = [name for name in ("softcap", "s_aux", "sliding_window") if kwargs.get(name) is not None]
     if unsupported:
         raise ValueError(f"{GROUPED} attention has no {', '.join(unsupported)}: load this model with "
                                   "attn_implementation=eager or sdpa")
+    if query.shape[2] == 1 and (dropout == 0.0 or not module.training):
+        return grouped_decode(query, key, value, attention_mask, scaling), None
+    return grouped_scores(query, key, value, attention_mask, scaling, dropout if module.training else 0.0)
+
+
+def grouped_scores(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+                   scaling: float, dropout: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(attention output [B, L, H, D], weights [B, H, L, T]) from query [B, H, L, D], key/value [B, K, T, D]
+    and an additive float mask [B, 1 or H, L, >= T]: eager attention's arithmetic, group-stacked."""
+    import torch
+
     b, h, lq, d = query.shape
     k = key.shape[1]
     g = h // k
@@ -57,9 +69,28 @@ def grouped_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
         mask = mask[:, :, None] if mask.shape[1] == 1 else mask.unflatten(1, (k, g))
         scores = scores + mask
     weights = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)
+    weights = torch.nn.functional.dropout(weights, p=dropout, training=dropout > 0)
     out = torch.matmul(weights.view(b, k, g * lq, t), value)
     return out.view(b, h, lq, value.shape[-1]).transpose(1, 2).contiguous(), weights.view(b, h, lq, t)
+
+
+def grouped_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+                   scaling: float) -> torch.Tensor:
+    """`grouped_scores`'s output [B, 1, H, D] for one query position (query [B, H, 1, D]), through
+    `scaled_dot_product_attention` on the group-stacked query: its fused CPU kernel reads each key/value
+    head once and materializes neither scores, weights nor a broadcast mask. Same values to float
+    rounding (online softmax; tested); `scripts/bench_eval.py` times both on the model's decoding shapes."""
+    import torch
+
+    b, h, _, d = query.shape
+    k, t = key.shape[1], key.shape[2]
+    mask = None
+    if attention_mask is not None:
+        mask = attention_mask[:, :, :, :t]
+        mask = mask if mask.shape[1] == 1 else mask.reshape(b, k, h // k, t)
+    out = torch.nn.functional.scaled_dot_product_attention(query.reshape(b, k, h // k, d), key, value,
+                                                           attn_mask=mask, scale=scaling)
+    return out.reshape(b, 1, h, value.shape[-1])
 
 
 def use_grouped(model: Any, required: bool = False) -> bool:

@@ -11,11 +11,13 @@ rows below them up in place.
 `LeftPaddedBatch` builds a decoding batch from prompts prefilled one by one: each prompt's forward
 writes its keys and values straight into its row of the batch's buffers (right-aligned, left padding),
 instead of into a cache of its own that is then copied into the batch: no per-prompt allocations and
-no second copy.
+no second copy. A prompt that starts like one prefilled before can take that one's keys and values for
+the shared start (`row(i, prefix=...)`, `states`) and run its forward on the rest only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from transformers.cache_utils import DynamicCache, DynamicLayer
@@ -91,18 +93,28 @@ def growing_cache(config: Any) -> DynamicCache:
 
 
 class _RowLayer(DynamicLayer):
-    """A prefill-only layer: its one update writes into row `row` of the batch's buffers for layer `layer`."""
+    """A prefill-only layer: row `row` of the batch's buffers for layer `layer`, holding `prefix` (the keys
+    and values of the prompt's first tokens, computed before) if given; its one update writes the rest."""
 
-    def __init__(self, batch: LeftPaddedBatch, layer: int, row: int):
+    def __init__(self, batch: LeftPaddedBatch, layer: int, row: int,
+                 prefix: tuple[torch.Tensor, torch.Tensor] | None = None):
         super().__init__()
         self.batch, self.layer, self.row = batch, layer, row
+        self.offset, self.written = 0, False
+        if prefix is not None:
+            keys, values = prefix[0][None], prefix[1][None]
+            self.lazy_initialization(keys, values)
+            self.keys, self.values = batch._write(layer, row, keys, values, 0)
+            self.offset = keys.shape[-2]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.is_initialized:
+        if self.written:
             raise RuntimeError("a LeftPaddedBatch row cache takes one prefill forward; decode with batch()")
-        self.lazy_initialization(key_states, value_states)
-        self.keys, self.values = self.batch._write(self.layer, self.row, key_states, value_states)
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.keys, self.values = self.batch._write(self.layer, self.row, key_states, value_states, self.offset)
+        self.written = True
         return self.keys, self.values
 
 
@@ -137,28 +149,53 @@ class LeftPaddedBatch:
         self.buffers: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * self.num_layers
         self.filled = [0] * len(self.lengths)
 
-    def row(self, i: int) -> DynamicCache:
-        """The cache for prompt i's prefill forward."""
+    def row(self, i: int, prefix: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None) -> DynamicCache:
+        """The cache for prompt i's prefill forward. `prefix`, per layer the keys and values [K, m, D] of the
+        prompt's first m tokens (another prompt's identical start: `states`), goes into the row first, so
+        the forward runs on the prompt's remaining tokens only (positions m onwards)."""
         from transformers.cache_utils import DynamicCache
 
+        if prefix is not None and len(prefix) != self.num_layers:
+            raise ValueError(f"prefix has {len(prefix)} layers, the model {self.num_layers}")
+        if prefix is not None and not 0 < prefix[0][0].shape[-2] < self.lengths[i]:
+            raise ValueError(f"row {i}: a prefix of {prefix[0][0].shape[-2]} positions for a prompt of "
+                             f"{self.lengths[i]} tokens; it must leave the forward at least one")
         cache = DynamicCache(config=self.config)
-        cache.layers = [_RowLayer(self, j, i) for j in range(self.num_layers)]
+        cache.layers = [_RowLayer(self, j, i, None if prefix is None else prefix[j]) for j in range(self.num_layers)]
         return cache
 
-    def _write(self, j: int, i: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def states(self, i: int, m: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, views of the keys and values [K, m, D] of prompt i's first m tokens (default: all of
+        them); prompt i must have been prefilled."""
         n = self.lengths[i]
-        if keys.shape[0] != 1 or keys.shape[-2] != n:
-            raise ValueError(f"row {i} expects one sequence of {n} tokens, got keys of shape {tuple(keys.shape)}")
+        m = n if m is None else m
+        if self.filled[i] != self.num_layers or not 0 <= m <= n:
+            raise ValueError(f"row {i}: {m} of {n} prompt positions asked, {self.filled[i]} of {self.num_layers} "
+                             "layers prefilled")
+        start = self.width - n
+        return [(k[i, :, start:start + m], v[i, :, start:start + m]) for k, v in self.buffers]  # type: ignore[misc]
+
+    def _write(self, j: int, i: int, keys: torch.Tensor, values: torch.Tensor,
+               offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write keys/values [1, K, L, D] at prompt positions offset..offset+L of row i in layer j; views of
+        the row's positions 0..offset+L. Positions before the prompt are zeroed with the first write."""
+        n = self.lengths[i]
+        if keys.shape[0] != 1 or keys.shape[-2] == 0 or offset + keys.shape[-2] > n:
+            raise ValueError(f"row {i} holds one sequence of {n} tokens; got keys of shape {tuple(keys.shape)} "
+                             f"after {offset} cached")
         if self.buffers[j] is None:
             self.buffers[j] = self._buffers(j, keys, values)
         k_buf, v_buf = self.buffers[j]
         start = self.width - n
-        k_buf[i, :, :start] = 0  # left padding: masked, but never stale or uninitialized memory
-        v_buf[i, :, :start] = 0
-        k_buf[i, :, start:self.width] = keys[0]
-        v_buf[i, :, start:self.width] = values[0]
-        self.filled[i] += 1
-        return k_buf[i:i + 1, :, start:self.width], v_buf[i:i + 1, :, start:self.width]
+        end = start + offset + keys.shape[-2]
+        if offset == 0:
+            k_buf[i, :, :start] = 0  # left padding: masked, but never stale or uninitialized memory
+            v_buf[i, :, :start] = 0
+        k_buf[i, :, start + offset:end] = keys[0]
+        v_buf[i, :, start + offset:end] = values[0]
+        if end == self.width:
+            self.filled[i] += 1
+        return k_buf[i:i + 1, :, start:end], v_buf[i:i + 1, :, start:end]
 
     def _buffers(self, j: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer j's [rows, K, capacity, D] buffers: views of `reuse[j]` if it is large enough, else new ones

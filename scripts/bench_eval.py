@@ -3,7 +3,8 @@
     .venv/bin/python scripts/bench_eval.py                        # default run (its wall time is printed)
     .venv/bin/python scripts/bench_eval.py --n 8 --max-new-tokens 256 --repeats 3   # the longer setting
     options: [--batch-size 8] [--device auto] [--dtype auto] [--threads N] [--model DIR]
-             [--attn auto|cipr_grouped|eager|sdpa] [--prefill auto|per_item|batched] [--no-packed-gemm] [--no-vllm]
+             [--attn auto|cipr_grouped|eager|sdpa] [--prefill auto|per_item|batched] [--no-packed-gemm]
+             [--no-prefix-reuse] [--no-vllm]
 
 Model: the embedded default (SmolLM2-135M-Instruct, `cipr.embedded`), or `--model DIR` (any folder
 `from_pretrained` loads). Items: the first `--n` BFCL items of `--partition` (default simple_python),
@@ -19,7 +20,8 @@ rates are compared per item. An untrained model rarely stops early, so most item
 
 Where the time goes is printed per batch size: prefill seconds per item, milliseconds per decoding
 step, and the rest of the pass. On CPU each prompt is prefilled alone (`HFBackendConfig.prefill`), a
-compute-bound cost batching cannot share, so with P s of prefill per item, N new tokens and decoding
+compute-bound cost batching cannot share (except the start a prompt shares with the one before it, whose
+states it reuses at either batch size: `HFBackendConfig.prefix_reuse`, off with `--no-prefix-reuse`), so with P s of prefill per item, N new tokens and decoding
 steps of d1 and d8 seconds the speedup is (P + N d1) / (P + N d8 / 8): it grows with N towards
 8 d1 / d8 (SmolLM2-135M, 2 cores, one run: P 0.65 s at batch size 1 and 0.64 s at 8, d1 39 ms, d8 69 ms,
 so 3.0 at N = 96; `--max-new-tokens` moves N, and d8 grows with it as the cache lengthens).
@@ -29,7 +31,8 @@ once, at 1 row and at the batch's rows, with F.linear and, where torch has MKL, 
 once: `cipr.packed_gemm`); the batched backend decodes with the packed weights, and on CPU each
 repetition also runs the batched setting with F.linear, so the packing's gain is measured in the same
 run (`--no-packed-gemm` turns both off). Most of the rest of d8 is attention reading the batch's
-key/value cache, which grows with the rows.
+key/value cache, which grows with the rows; it is timed alone too (every layer once at the model's head
+shapes, unfused and with the fused kernel `cipr_grouped` decodes with: `cipr.attention.grouped_decode`).
 
 The roofline: decoding one token at batch size 1 reads every weight once, so it cannot run faster than
 (memory bandwidth) / (bytes of the weights). The bandwidth is measured here, with the same torch thread
@@ -59,6 +62,7 @@ import time
 from typing import Any
 
 from cipr import packed_gemm
+from cipr.attention import GROUPED
 from cipr.eval.backends import GenRequest, HFBackend, HFBackendConfig
 from cipr.eval.config import EvalConfig
 from cipr.eval.evaluate import load_model, make_backend
@@ -90,10 +94,10 @@ def spread(values: list[float]) -> str:
 
 
 def hf_backend(model: Any, tokenizer: Any, fmt: Any, bs: int, max_new_tokens: int, prefill: str = "auto",
-               packed_gemm: bool = True) -> HFBackend:
+               packed_gemm: bool = True, prefix_reuse: bool = True) -> HFBackend:
     return HFBackend(model, tokenizer, fmt, HFBackendConfig(batch_size=bs, max_new_tokens=max_new_tokens,
                                                             prefill=prefill,  # type: ignore[arg-type]
-                                                            packed_gemm=packed_gemm))
+                                                            packed_gemm=packed_gemm, prefix_reuse=prefix_reuse))
 
 
 def run_hf(backend: HFBackend, reqs: list[GenRequest]) -> tuple[float, dict[str, float], list[str]]:
@@ -110,6 +114,7 @@ def run_hf(backend: HFBackend, reqs: list[GenRequest]) -> tuple[float, dict[str,
     return len(reqs) / dt, {
         "decode_tps": tm["decode_tokens"] / max(tm["decode_seconds"], 1e-9),
         "prefill_s_per_item": tm["prefill_seconds"] / len(reqs),
+        "reused_per_item": tm["prefix_reused_tokens"] / len(reqs),
         "step_ms": 1e3 * tm["decode_seconds"] / max(tm["decode_steps"], 1),
         "other_s": dt - tm["prefill_seconds"] - tm["decode_seconds"],
     }, [g.text for g in gens]
@@ -143,6 +148,35 @@ def linears_ms(model: Any, rows: int, repeats: int = 9) -> dict[str, float]:
     return {**{k: statistics.median(v) for k, v in times.items()}, **out}
 
 
+def attention_ms(model: Any, rows: int, cached: int, repeats: int = 9) -> dict[str, float]:
+    """Median ms of one decoding step's attention (every layer once: `rows` query rows over `cached`
+    positions of a left-padded cache, the model's head shapes), unfused (`cipr.attention.grouped_scores`)
+    and fused (`grouped_decode`, what `cipr_grouped` decodes with)."""
+    import torch
+
+    from cipr.attention import grouped_decode, grouped_scores
+
+    c = model.config
+    h, k = c.num_attention_heads, c.num_key_value_heads
+    d = getattr(c, "head_dim", None) or c.hidden_size // h
+    dtype, device = next(model.parameters()).dtype, next(model.parameters()).device
+    layers = [(torch.randn(rows, h, 1, d, dtype=dtype, device=device),
+               torch.randn(rows, k, cached, d, dtype=dtype, device=device),
+               torch.randn(rows, k, cached, d, dtype=dtype, device=device)) for _ in range(c.num_hidden_layers)]
+    mask = torch.zeros(rows, 1, 1, cached, dtype=dtype, device=device)
+    mask[1:, ..., :cached // 10] = torch.finfo(dtype).min  # some left padding, as in a sorted batch
+    runs = {"unfused": lambda: [grouped_scores(q, kk, v, mask, d ** -0.5) for q, kk, v in layers],
+            "fused": lambda: [grouped_decode(q, kk, v, mask, d ** -0.5) for q, kk, v in layers]}
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    with torch.inference_mode():
+        for _ in range(repeats):
+            for name, f in runs.items():  # interleaved, as in linears_ms
+                t = time.perf_counter()
+                f()
+                times[name].append(1e3 * (time.perf_counter() - t))
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
 def main() -> None:
     default_bs = EvalConfig().batch_size
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -166,6 +200,8 @@ def main() -> None:
     p.add_argument("--no-packed-gemm", action="store_true",
                    help="decode batches with F.linear only (default: MKL's packed weights where available, "
                    "and one more batched pass per repetition without them, to print their gain)")
+    p.add_argument("--no-prefix-reuse", action="store_true",
+                   help="prefill every prompt in full (default: reuse the previous prompt's states for a shared start)")
     p.add_argument("--no-vllm", action="store_true", help="do not time vLLM even where it is installed")
     args = p.parse_args()
     started = time.perf_counter()
@@ -201,11 +237,19 @@ def main() -> None:
         print("linears of one decoding step: " + ", ".join(
             f"{k} {v:.1f} ms" for k, v in gemm.items() if k != "pack_s")
             + (f" (packing them took {gemm['pack_s']:.2f} s)" if "pack_s" in gemm else ""))
-    backends = {1: hf_backend(model, tokenizer, fmt, 1, args.max_new_tokens, args.prefill),
+    if model.config._attn_implementation == GROUPED:
+        cached = max(lengths) + args.max_new_tokens // 2
+        attn = {bs: attention_ms(model, bs, cached) for bs in (1, args.batch_size)}
+        print(f"attention of one decoding step over {cached} cached positions: " + ", ".join(
+            f"{bs} row{'s' * (bs > 1)} unfused {a['unfused']:.1f} ms, fused {a['fused']:.1f} ms"
+            for bs, a in attn.items()) + " (decoding uses the fused one)")
+    reuse = not args.no_prefix_reuse
+    backends = {1: hf_backend(model, tokenizer, fmt, 1, args.max_new_tokens, args.prefill, prefix_reuse=reuse),
                 args.batch_size: hf_backend(model, tokenizer, fmt, args.batch_size, args.max_new_tokens,
-                                            args.prefill, packing)}
+                                            args.prefill, packing, reuse)}
     if packing:  # 0: the batched setting with F.linear, to measure the packed weights' gain in this run
-        backends[0] = hf_backend(model, tokenizer, fmt, args.batch_size, args.max_new_tokens, args.prefill, False)
+        backends[0] = hf_backend(model, tokenizer, fmt, args.batch_size, args.max_new_tokens, args.prefill, False,
+                                 reuse)
     for bs, backend in backends.items():  # warm-up, not timed; two items, so a batched backend packs here
         run_hf(backend, warm if bs == 1 else warm + extra)
     if packing:
@@ -238,7 +282,8 @@ def main() -> None:
     print(f"memory copy {spread(bandwidth)} GB/s -> batch-1 roofline {spread(bound)} tokens/s; batch-1 decode "
           f"{spread(parts[1]['decode_tps'])} tokens/s")
     for bs, where in parts.items():
-        print(f"hf batch_size={bs}: prefill {spread(where['prefill_s_per_item'])} s/item, decode step "
+        print(f"hf batch_size={bs}: prefill {spread(where['prefill_s_per_item'])} s/item "
+              f"({statistics.median(where['reused_per_item']):.0f} prompt tokens per item reused), decode step "
               f"{spread(where['step_ms'])} ms, other {spread(where['other_s'])} s per pass")
     for bs, r in rates.items():
         print(f"hf batch_size={bs}: {spread(r)} items/s")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cipr.attention import GROUPED, grouped_attention, register, use_grouped
+from cipr.attention import GROUPED, grouped_attention, grouped_decode, grouped_scores, register, use_grouped
 from cipr.errors import ConfigError
 
 
@@ -33,14 +33,37 @@ def test_grouped_attention_matches_eager_by_loop_over_heads(lq, mask_heads):
     q, key, value = torch.randn(b, k * g, lq, d), torch.randn(b, k, t, d), torch.randn(b, k, t, d)
     mask = None if mask_heads is None else torch.randn(b, mask_heads, lq, t).masked_fill(
         torch.rand(b, mask_heads, lq, t) < 0.3, -1e9)
-    out, weights = grouped_attention(_Module().eval(), q, key, value, mask, 0.5)
+    out, weights = grouped_scores(q, key, value, mask, 0.5)
     expected, expected_w = _eager(q, key, value, mask, 0.5)
     assert out.shape == (b, lq, k * g, d) and weights.shape == (b, k * g, lq, t)
     assert torch.allclose(out, expected, atol=1e-6) and torch.allclose(weights, expected_w, atol=1e-6)
+    dispatched, dispatched_w = grouped_attention(_Module().eval(), q, key, value, mask, 0.5)
+    assert torch.allclose(dispatched, expected, atol=1e-6)
+    assert (dispatched_w is None) if lq == 1 else torch.equal(dispatched_w, weights)  # decode: fused, no weights
     for h in range(k * g):  # query head h reads key/value head h // g
         w = torch.softmax(q[:, h] @ key[:, h // g].transpose(1, 2) * 0.5 + (0 if mask is None else
                           mask[:, 0 if mask_heads == 1 else h]), dim=-1)
         assert torch.allclose(out[:, :, h], w @ value[:, h // g], atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_decode_matches_the_unfused_path_with_left_padding(dtype):
+    """One query position over a left-padded cache (the mask's finfo.min columns) at SmolLM2-135M's head
+    shapes: the fused kernel gives the unfused values to rounding, shape [B, 1, H, D]."""
+    torch.manual_seed(1)
+    b, k, g, t, d = 3, 3, 3, 40, 64
+    q = torch.randn(b, k * g, 1, d, dtype=dtype)
+    key, value = torch.randn(b, k, t, d, dtype=dtype), torch.randn(b, k, t, d, dtype=dtype)
+    mask = torch.zeros(b, 1, 1, t + 5, dtype=dtype)  # longer than the cache, as transformers may pass it
+    mask[0, ..., :7] = torch.finfo(dtype).min
+    mask[2, ..., :30] = torch.finfo(dtype).min
+    out = grouped_decode(q, key, value, mask, d ** -0.5)
+    expected, _ = grouped_scores(q, key, value, mask, d ** -0.5)
+    assert out.shape == (b, 1, k * g, d) and out.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(out.float(), expected.float(), atol=tol)
+    assert torch.allclose(out[2].float(), grouped_decode(q[2:], key[2:, :, 30:], value[2:, :, 30:], None,
+                                                         d ** -0.5)[0].float(), atol=tol)  # padding ignored
 
 
 @pytest.fixture(scope="module")

@@ -93,6 +93,55 @@ def test_hf_rows_leave_the_batch_when_they_end(sharp_model, tiny_tokenizer):
     assert len(lengths) > 1  # the rows did end at different steps
 
 
+@pytest.mark.parametrize("bs", [1, 3])
+def test_hf_prefix_reuse_computes_only_what_prompts_do_not_share_and_gives_the_same_texts(
+        sharp_model, tiny_tokenizer, bs):
+    """Each prompt reuses the states of the shared start of the one prefilled before it (longest first),
+    within one `generate` call: the tokens reused are the sum of those common prefixes, every call
+    starts afresh, and the texts equal those of prompts prefilled in full."""
+    from cipr.attention import GROUPED, attention
+    from cipr.eval.backends import common_prefix
+
+    def backend(reuse):
+        return HFBackend(sharp_model, tiny_tokenizer, FMT, HFBackendConfig(batch_size=bs, max_new_tokens=8,
+                                                                       prefill="per_item", prefix_reuse=reuse))
+
+    with attention(sharp_model, GROUPED):
+        on, off = backend(True), backend(False)
+        ids = sorted((tiny_tokenizer(on.prompt(r.example), add_special_tokens=False)["input_ids"] for r in REQS),
+                     key=lambda x: -len(x))
+        shared = sum(common_prefix(a, b) for a, b in zip(ids, ids[1:], strict=False))
+        assert shared >= 3 * 20  # the format's system prompt
+        first = [g.text for g in on.generate(REQS)]
+        assert on.timing["prefix_reused_tokens"] == shared
+        assert on.timing["prefill_tokens"] == sum(map(len, ids)) - shared
+        assert [g.text for g in on.generate(REQS)] == first and on.timing["prefix_reused_tokens"] == 2 * shared
+        assert [g.text for g in off.generate(REQS)] == first and off.timing["prefix_reused_tokens"] == 0
+
+
+def test_hf_prefix_reuse_survives_a_batch_that_fails_mid_prefill(sharp_model, tiny_tokenizer):
+    """The second prefill forward of the first batch raises: the batch is retried item by item (reusing its
+    buffers) and every text equals a clean run's; the states of the failed batch are not reused."""
+    cfg = HFBackendConfig(batch_size=4, max_new_tokens=8, prefill="per_item")
+    clean = [g.text for g in HFBackend(sharp_model, tiny_tokenizer, FMT, cfg).generate(REQS)]
+    backend = HFBackend(sharp_model, tiny_tokenizer, FMT, cfg)
+    calls = {"n": 0}
+    real = sharp_model.forward
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("out of memory")
+        return real(*args, **kwargs)
+
+    sharp_model.forward = flaky
+    try:
+        out = backend.generate(REQS)
+    finally:
+        del sharp_model.forward
+    assert calls["n"] > 2 and all(g.error is None for g in out) and [g.text for g in out] == clean
+
+
 def test_hf_batch_failure_is_retried_per_item(tiny_model, tiny_tokenizer):
     backend = HFBackend(tiny_model, tiny_tokenizer, FMT, HFBackendConfig(batch_size=2, max_new_tokens=4))
     real = backend._run_batch

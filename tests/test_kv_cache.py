@@ -125,8 +125,17 @@ def test_left_padded_batch_refuses_sliding_window_layers_and_unfilled_rows():
     batch.row(0).layers[0].update(torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4))
     with pytest.raises(ValueError, match=r"rows \[1\] were not prefilled"):
         batch.batch()
-    with pytest.raises(ValueError, match="row 1 expects one sequence of 2 tokens"):
+    with pytest.raises(ValueError, match=r"row 1 holds one sequence of 2 tokens; got keys of shape \(1, 1, 3, 4\)"):
         batch.row(1).layers[0].update(torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4))
+    with pytest.raises(ValueError, match="row 1: a prefix of 2 positions for a prompt of 2 tokens"):
+        batch.row(1, [(torch.randn(1, 2, 4), torch.randn(1, 2, 4))])
+    with pytest.raises(ValueError, match=r"row 1 holds one sequence of 2 tokens; .* after 1 cached"):  # 1 + 2 > 2
+        batch.row(1, [(torch.randn(1, 1, 4), torch.randn(1, 1, 4))]).layers[0].update(
+            torch.randn(1, 1, 2, 4), torch.randn(1, 1, 2, 4))
+    with pytest.raises(ValueError, match="prefix has 2 layers, the model 1"):
+        batch.row(1, [(torch.randn(1, 1, 4), torch.randn(1, 1, 4))] * 2)
+    with pytest.raises(ValueError, match=r"row 1: 2 of 2 prompt positions asked, 0 of 1 layers prefilled"):
+        batch.states(1)
 
 
 def test_left_padded_batch_reuses_buffers_that_fit_and_zeroes_their_padding():
@@ -152,3 +161,32 @@ def test_left_padded_batch_reuses_buffers_that_fit_and_zeroes_their_padding():
     assert (second.keys[0, :, 2:] == 1).all() and (second.keys[1] == 2).all()
     third = fill([3], 20)
     assert third._key_buffer.untyped_storage().data_ptr() != storage and reuse[0][0].shape == (1, 1, 20, 4)
+
+
+def test_a_row_prefilled_after_a_copied_prefix_holds_a_full_prefill_and_gives_its_logits(tiny_tokenizer):
+    """Prompt b shares its first 5 tokens with prompt a: row 1 takes a's states for them (`states`) and
+    its forward runs on b's last 4 tokens only, at positions 5-8. Its logits and cached keys/values are
+    those of b's own full forward (to rounding), and the copied positions equal a's exactly."""
+    from transformers import DynamicCache
+
+    from cipr.testing import tiny_model
+
+    model = tiny_model(tiny_tokenizer).eval()
+    a = torch.randint(3, 200, (1, 7))
+    b = torch.cat([a[:, :5], torch.randint(3, 200, (1, 4))], dim=1)
+    batch = LeftPaddedBatch(model.config, [7, 9], capacity=12)
+    with torch.no_grad():
+        model(input_ids=a, past_key_values=batch.row(0), use_cache=True)
+        prefix = batch.states(0, 5)
+        assert len(prefix) == model.config.num_hidden_layers and prefix[0][0].shape[-2] == 5
+        got = model(input_ids=b[:, 5:], past_key_values=batch.row(1, prefix), use_cache=True).logits[0, -1]
+        full = DynamicCache(config=model.config)
+        want = model(input_ids=b, past_key_values=full, use_cache=True).logits[0, -1]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    for (k, v), (k0, v0), layer in zip(batch.states(1), batch.states(0), full.layers, strict=True):
+        assert k.shape == (model.config.num_key_value_heads, 9, k.shape[-1])
+        torch.testing.assert_close(k, layer.keys[0], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(v, layer.values[0], rtol=1e-4, atol=1e-5)
+        assert torch.equal(k[:, :5], k0[:, :5]) and torch.equal(v[:, :5], v0[:, :5])
+    cache = batch.batch()
+    assert cache.get_seq_length() == 9 and not cache.layers[0].keys[0, :, :2].any()  # row 0 left-padded

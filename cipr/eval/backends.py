@@ -70,6 +70,16 @@ def _end_ids(tokenizer: Any, model: Any = None) -> set[int]:
     return ids
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Number of leading tokens `a` and `b` share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def _full_attention(model: Any) -> bool:
     """Whether every layer of the model's cache is a plain full-attention `DynamicLayer` (what
     `cipr.kv_cache.LeftPaddedBatch` can fill; sliding-window layers are not)."""
@@ -100,6 +110,15 @@ class HFBackendConfig:
     loaded with `cipr_grouped` attention uses SDPA (causal, no mask to build), the faster kernel
     for a whole unpadded prompt; decoding keeps the grouped attention.
 
+    `prefix_reuse` (per-item prefill only): a prompt that starts with the same tokens as the one
+    prefilled before it in the same `generate` call (a shared system prompt, or a whole tool list when
+    items share an interface) copies that prompt's keys and values for the common start and computes
+    only the rest (at least its last token, for the first logits). The states are kept for one call only
+    (the model may change between calls, e.g. during training). Causal attention makes the copied states
+    the ones a full forward computes, up to float rounding of a differently shaped product (tested
+    against a full prefill); `timing["prefix_reused_tokens"]` counts them. BFCL's ToolRL prompts share
+    their first ~50 tokens (the tools follow), multi-turn items with one interface much more.
+
     `packed_gemm` (greedy loop only): decoding steps of two or more rows multiply by weights packed
     with MKL for `batch_size` rows (`cipr.packed_gemm`: float32 CPU layers, torch built with MKL; other
     layers unchanged), packed at the first batch and kept while the backend lives (about the float32
@@ -112,6 +131,7 @@ class HFBackendConfig:
     sort_by_length: bool = True
     drop_finished: bool = True
     prefill: Literal["auto", "batched", "per_item"] = "auto"
+    prefix_reuse: bool = True
     packed_gemm: bool = True
 
 
@@ -136,12 +156,13 @@ class HFBackend:
         self._logits_to_keep = forward is not None and "logits_to_keep" in inspect.signature(forward).parameters
         self._full_attention = _full_attention(model)
         self.timing = {"prefill_seconds": 0.0, "prefill_tokens": 0, "decode_seconds": 0.0, "decode_tokens": 0,
-                       "decode_steps": 0, "pack_seconds": 0.0}
-        """Wall seconds and tokens of the greedy loop's prefill and decode forwards, the number of
-        decode forwards, and the seconds spent packing weights (`packed_gemm`; not in decode_seconds),
-        summed over calls."""
+                       "decode_steps": 0, "pack_seconds": 0.0, "prefix_reused_tokens": 0}
+        """Wall seconds and tokens of the greedy loop's prefill (tokens computed) and decode forwards, the
+        number of decode forwards, the seconds spent packing weights (`packed_gemm`; not in
+        decode_seconds) and the prompt tokens whose states were reused (`prefix_reuse`), summed over calls."""
         self._packer: Any = None  # PackedLinears once decided, False when packing does not fit
         self._kv_buffers: list[Any] = []  # per-item prefill's key/value buffers, lent to the next batch
+        self._previous: tuple[list[int], list[Any]] | None = None  # last prompt prefilled in this call, its states
 
     def prompt(self, example: Example) -> str:
         return self.fmt.render_prompt(self.tokenizer, example.messages, example.interface)
@@ -212,17 +233,34 @@ class HFBackend:
         batch = LeftPaddedBatch(self.model.config, lengths, capacity=width + self.config.max_new_tokens,
                                 reuse=self._kv_buffers)
         toks = []
-        with attention(self.model, "sdpa", replace=(GROUPED,)):
-            for i, x in enumerate(ids):  # each prompt's states go straight into its row of the batch's cache
-                out = self.model(input_ids=x, past_key_values=batch.row(i), use_cache=True, **self._last_only())
-                toks.append(out.logits[0, -1].argmax(-1))
+        reused = 0
+        try:
+            with attention(self.model, "sdpa", replace=(GROUPED,)):
+                for i, x in enumerate(ids):  # each prompt's states go straight into its row of the batch's cache
+                    tokens = x[0].tolist()
+                    m, prefix = 0, None
+                    if self.config.prefix_reuse and self._previous is not None:
+                        m = min(common_prefix(tokens, self._previous[0]), len(tokens) - 1)
+                        prefix = [(k[:, :m], v[:, :m]) for k, v in self._previous[1]] if m else None
+                    out = self.model(input_ids=x[:, m:], past_key_values=batch.row(i, prefix), use_cache=True,
+                                     **self._last_only())
+                    toks.append(out.logits[0, -1].argmax(-1))
+                    reused += m
+                    if self.config.prefix_reuse:
+                        self._previous = (tokens, batch.states(i))
+        except BaseException:
+            self._previous = None  # it may point into this batch's buffers, which a retry reuses
+            raise
+        if self._previous is not None:  # the batch's buffers are decoded into next: keep a copy of the last prompt
+            self._previous = (self._previous[0], [(k.clone(), v.clone()) for k, v in self._previous[1]])
         cache = batch.batch()
         lengths_t = torch.tensor(lengths, device=device)
         mask = (torch.arange(width, device=device)[None, :] >= (width - lengths_t)[:, None]).long()
         tok = torch.stack(toks)
         tok.tolist()
         self.timing["prefill_seconds"] += time.perf_counter() - start
-        self.timing["prefill_tokens"] += sum(lengths)
+        self.timing["prefill_tokens"] += sum(lengths) - reused
+        self.timing["prefix_reused_tokens"] += reused
         return cache, mask, lengths_t, tok
 
     def _last_only(self) -> dict[str, int]:
@@ -286,6 +324,13 @@ class HFBackend:
         return rows
 
     def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
+        self._previous = None  # states are reused within one call only: the model may change between calls
+        try:
+            return self._generate_all(requests)
+        finally:
+            self._previous = None
+
+    def _generate_all(self, requests: Sequence[GenRequest]) -> list[Generation]:
         prompts = [self.prompt(r.example) for r in requests]
         order = list(range(len(prompts)))
         if self.config.sort_by_length:

@@ -80,6 +80,8 @@ class EvalConfig:
       decodes with `model.generate`.
     - `prefill`: HF backend with `drop_finished`: `auto` (per item on CPU, batched on GPU), `per_item`,
       `batched` (see `HFBackendConfig.prefill`).
+    - `prefix_reuse`: HF per-item prefill, a prompt starting like the one before it in the same chunk
+      computes only the rest (see `HFBackendConfig.prefix_reuse`); false: every prompt in full.
     - `packed_gemm`: HF greedy loop on CPU, decode batches with MKL-packed float32 weights (see
       `HFBackendConfig.packed_gemm`; costs about the weights' size in memory); false: F.linear.
     - `replay`: `reference` or `familiar` (see `cipr.eval.backends.ReplayBackend`).
@@ -107,6 +109,7 @@ class EvalConfig:
     max_new_tokens: int = 512
     drop_finished: bool = True
     prefill: Literal["auto", "batched", "per_item"] = "auto"
+    prefix_reuse: bool = True
     packed_gemm: bool = True
     chunk_size: int = 64
     format: str | None = None

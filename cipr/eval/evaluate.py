@@ -152,6 +152,7 @@ def make_backend(cfg: EvalConfig, fmt: CallFormat, model: Any = None, tokenizer:
         prepare_tokenizer(tokenizer)
     return HFBackend(model, tokenizer, fmt, HFBackendConfig(batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
                                                            drop_finished=cfg.drop_finished, prefill=cfg.prefill,
+                                                           prefix_reuse=cfg.prefix_reuse,
                                                            packed_gemm=cfg.packed_gemm))
 
 
