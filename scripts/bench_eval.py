@@ -4,7 +4,7 @@
     .venv/bin/python scripts/bench_eval.py --n 8 --max-new-tokens 256 --repeats 3   # the longer setting
     options: [--batch-size 8] [--device auto] [--dtype auto] [--threads N] [--model DIR]
              [--attn auto|cipr_grouped|eager|sdpa] [--prefill auto|per_item|batched] [--no-packed-gemm]
-             [--no-prefix-reuse] [--no-vllm]
+             [--no-prefix-reuse] [--no-retain-heap] [--no-vllm]
 
 Model: the embedded default (SmolLM2-135M-Instruct, `cipr.embedded`), or `--model DIR` (any folder
 `from_pretrained` loads). Items: the first `--n` BFCL items of `--partition` (default simple_python),
@@ -202,6 +202,9 @@ def main() -> None:
                    "and one more batched pass per repetition without them, to print their gain)")
     p.add_argument("--no-prefix-reuse", action="store_true",
                    help="prefill every prompt in full (default: reuse the previous prompt's states for a shared start)")
+    p.add_argument("--no-retain-heap", action="store_true",
+                   help="keep glibc's malloc defaults (default: freed memory stays in the process, as cipr-eval "
+                   "does on CPU: cipr.memory.retain_freed_memory)")
     p.add_argument("--no-vllm", action="store_true", help="do not time vLLM even where it is installed")
     args = p.parse_args()
     started = time.perf_counter()
@@ -212,13 +215,15 @@ def main() -> None:
     from cipr.data.bfcl import load_bfcl
 
     cfg = EvalConfig(model=args.model, device=args.device, dtype=args.dtype, threads=args.threads or None,
-                     attn_implementation=args.attn, max_new_tokens=args.max_new_tokens)
+                     attn_implementation=args.attn, max_new_tokens=args.max_new_tokens,
+                     retain_heap=not args.no_retain_heap)
     t0 = time.perf_counter()
     model, tokenizer = load_model(cfg)
     size = weight_bytes(model)
     print(f"model {args.model} loaded in {time.perf_counter() - t0:.1f} s on {next(model.parameters()).device}, "
           f"{size / 1e9:.3f} GB of {next(model.parameters()).dtype} weights, attention "
-          f"{model.config._attn_implementation}, torch threads {torch.get_num_threads()}")
+          f"{model.config._attn_implementation}, torch threads {torch.get_num_threads()}, malloc "
+          f"{'retaining freed memory' if cfg.retain_heap else 'defaults'}")
     fmt = get_format("toolrl")
     examples = load_bfcl(args.root, [args.partition])[: args.n + 2]
     warm, extra = [GenRequest(examples[0])], [GenRequest(examples[-1])]

@@ -43,6 +43,7 @@ from cipr.export import apply_manifest
 from cipr.formats import CallFormat, get_format
 from cipr.hub import resolve_model
 from cipr.io import read_json, write_json_atomic
+from cipr.memory import retain_freed_memory
 from cipr.run_folder import changed_keys
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,8 @@ def load_model(cfg: EvalConfig) -> tuple[Any, Any]:
 
         torch.set_num_threads(cfg.threads)
     device, dtype = _device_dtype(cfg)
+    if device == "cpu" and cfg.retain_heap and not retain_freed_memory():
+        log.info("retain_heap: not set (CIPR_LOW_MEMORY=1, MALLOC_*_THRESHOLD_ set, or no glibc)")
     impl = cfg.attn_implementation
     grouped = impl == GROUPED or (impl == "auto" and device == "cpu")  # loaded eager, then switched where it applies
     if grouped or impl == "auto":
