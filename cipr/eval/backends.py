@@ -116,8 +116,9 @@ class HFBackendConfig:
     only the rest (at least its last token, for the first logits). The states are kept for one call only
     (the model may change between calls, e.g. during training). Causal attention makes the copied states
     the ones a full forward computes, up to float rounding of a differently shaped product (tested
-    against a full prefill); `timing["prefix_reused_tokens"]` counts them. BFCL's ToolRL prompts share
-    their first ~50 tokens (the tools follow), multi-turn items with one interface much more.
+    against a full prefill); `timing["prefix_reused_tokens"]` counts them. BFCL's ToolRL prompts of
+    different interfaces share their first ~50 tokens (the tools follow); items of one interface share
+    their whole system prompt.
 
     `packed_gemm` (greedy loop only): decoding steps of two or more rows multiply by weights packed
     with MKL for `batch_size` rows (`cipr.packed_gemm`: float32 CPU layers, torch built with MKL; other
