@@ -17,11 +17,13 @@ user); the CPU ladder's training process (docs/results/cpu_ladder.md), without i
 
 Evaluation, `retain_freed_memory` (the other way): glibc's defaults still mmap a block above the
 current threshold afresh and unmap it on free, and hand the free top of the heap back past the trim
-threshold, so every CPU prefill (activations of a few MB per layer: 3.5 MB per MLP product for a
-563-token prompt on SmolLM2-135M) faults fresh pages in again. Raising both thresholds keeps those
+threshold, so a CPU forward (activations of a few MB per layer: 3.5 MB per MLP product for a
+563-token prompt on SmolLM2-135M) can fault fresh pages in again, one fault per 4 KB; how many depends
+on how far glibc has raised its thresholds in that process so far. Raising both thresholds keeps those
 blocks in the heap for the next forward; the process keeps its peak heap, small next to the weights
 when generating. `cipr-eval` does it on CPU (`retain_heap`, on by default); `scripts/bench_eval.py`
-prints the prefill seconds per item with it and, with `--no-retain-heap`, without it.
+prints the prefill seconds and page faults per item with it and, with `--no-retain-heap`, without it
+(there, after its warm-up, the faults it removes cost less than the run-to-run noise).
 """
 
 from __future__ import annotations

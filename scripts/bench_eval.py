@@ -19,7 +19,8 @@ rates are compared per item. An untrained model rarely stops early, so most item
 `--max-new-tokens`: the comparison is of equal work.
 
 Where the time goes is printed per batch size: prefill seconds per item, milliseconds per decoding
-step, and the rest of the pass. On CPU each prompt is prefilled alone (`HFBackendConfig.prefill`), a
+step, the rest of the pass, and the minor page faults per item (fresh memory touched: see
+`cipr.memory.retain_freed_memory`, off with `--no-retain-heap`). On CPU each prompt is prefilled alone (`HFBackendConfig.prefill`), a
 compute-bound cost batching cannot share (except the start a prompt shares with the one before it, whose
 states it reuses at either batch size: `HFBackendConfig.prefix_reuse`, off with `--no-prefix-reuse`), so with P s of prefill per item, N new tokens and decoding
 steps of d1 and d8 seconds the speedup is (P + N d1) / (P + N d8 / 8): it grows with N towards
@@ -58,6 +59,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import resource
 import statistics
 import time
 from typing import Any
@@ -104,9 +106,11 @@ def hf_backend(model: Any, tokenizer: Any, fmt: Any, bs: int, max_new_tokens: in
 def run_hf(backend: HFBackend, reqs: list[GenRequest]) -> tuple[float, dict[str, float], list[str]]:
     """(items/s, where the time went, texts) of one pass of `backend` over `reqs`."""
     before = dict(backend.timing)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     t = time.perf_counter()
     gens = backend.generate(reqs)
     dt = time.perf_counter() - t
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     errors = [g.error for g in gens if g.error]
     if errors:
         raise SystemExit(f"batch size {backend.config.batch_size}: {len(errors)} generation errors, "
@@ -118,6 +122,7 @@ def run_hf(backend: HFBackend, reqs: list[GenRequest]) -> tuple[float, dict[str,
         "reused_per_item": tm["prefix_reused_tokens"] / len(reqs),
         "step_ms": 1e3 * tm["decode_seconds"] / max(tm["decode_steps"], 1),
         "other_s": dt - tm["prefill_seconds"] - tm["decode_seconds"],
+        "faults_per_item": faults / len(reqs),
     }, [g.text for g in gens]
 
 
@@ -290,7 +295,8 @@ def main() -> None:
     for bs, where in parts.items():
         print(f"hf batch_size={bs}: prefill {spread(where['prefill_s_per_item'])} s/item "
               f"({statistics.median(where['reused_per_item']):.0f} prompt tokens per item reused), decode step "
-              f"{spread(where['step_ms'])} ms, other {spread(where['other_s'])} s per pass")
+              f"{spread(where['step_ms'])} ms, other {spread(where['other_s'])} s per pass, "
+              f"{statistics.median(where['faults_per_item']):.0f} page faults per item")
     for bs, r in rates.items():
         print(f"hf batch_size={bs}: {spread(r)} items/s")
     if unpacked:

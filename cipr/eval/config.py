@@ -87,8 +87,8 @@ class EvalConfig:
     - `replay`: `reference` or `familiar` (see `cipr.eval.backends.ReplayBackend`).
     - `format`: call format name (None: the benchmark's).
     - `device` / `dtype`: `auto` = CUDA with bfloat16 when available, else CPU float32.
-    - `retain_heap`: on CPU, keep freed memory in the process (`cipr.memory.retain_freed_memory`: no fresh pages to fault in
-      at every forward; the process keeps its peak heap); false: glibc's defaults.
+    - `retain_heap`: on CPU, keep freed memory in the process (`cipr.memory.retain_freed_memory`: fewer
+      fresh pages to fault in per forward; the process keeps its peak heap); false: glibc's defaults.
     - `threads`: torch CPU threads (None: torch's default). On a CPU shared with other jobs, more
       threads than free cores makes each generation step several times slower.
     - `attn_implementation`: passed to `from_pretrained` (`sdpa`, `eager`, `flash_attention_2`,
