@@ -13,8 +13,10 @@ with H = K*G (query head h uses key/value head h // G, as `repeat_kv` orders the
 is eager attention's (same scaling, additive float mask, float32 softmax), so outputs agree with
 `eager` to float rounding (tested). A decoding step (one query position) goes through torch's fused
 `scaled_dot_product_attention` on the same group-stacked query instead (`grouped_decode`), which reads
-the cache once without writing scores or weights; same values to float rounding. Registered under `GROUPED` with eager's mask builder; the
-evaluation's `attn_implementation=auto` picks it on CPU for the families in `MODEL_TYPES` (eager for others), and CPU training rollouts decode with it
+the cache once without writing scores or weights; same values to float rounding.
+
+Registered under `GROUPED` with eager's mask builder; the evaluation's `attn_implementation=auto` picks
+it on CPU for the families in `MODEL_TYPES` (eager for others), and CPU training rollouts decode with it
 (`attention(model, GROUPED)` around generation; the update keeps the model's own attention).
 """
 
