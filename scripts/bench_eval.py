@@ -62,6 +62,7 @@ import os
 import resource
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 from cipr import packed_gemm
@@ -126,6 +127,21 @@ def run_hf(backend: HFBackend, reqs: list[GenRequest]) -> tuple[float, dict[str,
     }, [g.text for g in gens]
 
 
+def median_ms(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median milliseconds of each of `runs` over `repeats` rounds, interleaved so that drift in machine
+    load hits every variant alike."""
+    import torch
+
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    with torch.inference_mode():
+        for _ in range(repeats):
+            for name, f in runs.items():
+                t = time.perf_counter()
+                f()
+                times[name].append(1e3 * (time.perf_counter() - t))
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
 def linears_ms(model: Any, rows: int, repeats: int = 9) -> dict[str, float]:
     """Median ms of one pass over every linear layer's matrix product, as in one decoding step, at 1 and
     `rows` rows with F.linear, at `rows` rows with MKL's packed weights (where available), and seconds
@@ -144,14 +160,7 @@ def linears_ms(model: Any, rows: int, repeats: int = 9) -> dict[str, float]:
         out["pack_s"] = time.perf_counter() - t
         runs[f"{rows} rows packed"] = lambda: [packed_gemm.packed_linear(xs[w.shape[1]], w, None, p, rows)
                                                for w, p in zip(weights, packed, strict=True)]
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    with torch.inference_mode():
-        for _ in range(repeats):
-            for k, f in runs.items():  # interleaved: load drift hits every variant alike
-                t = time.perf_counter()
-                f()
-                times[k].append(1e3 * (time.perf_counter() - t))
-    return {**{k: statistics.median(v) for k, v in times.items()}, **out}
+    return {**median_ms(runs, repeats), **out}
 
 
 def attention_ms(model: Any, rows: int, cached: int, repeats: int = 9) -> dict[str, float]:
@@ -173,14 +182,7 @@ def attention_ms(model: Any, rows: int, cached: int, repeats: int = 9) -> dict[s
     mask[1:, ..., :cached // 10] = torch.finfo(dtype).min  # some left padding, as in a sorted batch
     runs = {"unfused": lambda: [grouped_scores(q, kk, v, mask, d ** -0.5) for q, kk, v in layers],
             "fused": lambda: [grouped_decode(q, kk, v, mask, d ** -0.5) for q, kk, v in layers]}
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    with torch.inference_mode():
-        for _ in range(repeats):
-            for name, f in runs.items():  # interleaved, as in linears_ms
-                t = time.perf_counter()
-                f()
-                times[name].append(1e3 * (time.perf_counter() - t))
-    return {name: statistics.median(v) for name, v in times.items()}
+    return median_ms(runs, repeats)
 
 
 def main() -> None:
