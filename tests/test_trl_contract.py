@@ -232,6 +232,34 @@ def test_vllm_generation_surface():
         "trl.generation.vllm_generation.empty_cache", f"{_ROLLOUT} push_weights", "it is gone or takes arguments")
 
 
+def test_colocated_engine_is_built_through_the_module_level_llm(monkeypatch):
+    """`eager_engine` passes `enforce_eager` by replacing `trl.generation.vllm_generation.LLM` around TRL's
+    constructor: TRL must build the engine through that module-level name and pass no `enforce_eager` of its
+    own. Checked on TRL's source, then the patch on a stand-in (no vLLM needed)."""
+    from trl.generation import vllm_generation
+
+    from cipr.train.rollout import eager_engine
+
+    init = inspect.getsource(vllm_generation.VLLMGeneration)
+    assert "self.llm = LLM(" in init and "enforce_eager" not in init, _moved(
+        "VLLMGeneration's engine construction", f"{_ROLLOUT} eager_engine",
+        "it no longer calls the module-level LLM(...), or passes enforce_eager itself")
+    calls: list[dict[str, Any]] = []
+
+    def fake_llm(**kwargs: Any) -> None:
+        calls.append(kwargs)
+
+    monkeypatch.setattr(vllm_generation, "LLM", fake_llm, raising=False)
+    for choice in (True, False):
+        with eager_engine(choice):
+            vllm_generation.LLM(model="m")
+        assert vllm_generation.LLM is fake_llm  # restored
+    with pytest.raises(RuntimeError), eager_engine(True):
+        raise RuntimeError("TRL's constructor failed")
+    assert vllm_generation.LLM is fake_llm
+    assert calls == [{"model": "m", "enforce_eager": True}, {"model": "m", "enforce_eager": False}]
+
+
 def test_trainer_syncs_vllm_weights_through_the_instance_method():
     from trl import GRPOTrainer
 

@@ -2,14 +2,15 @@
 
 Install: README, "vLLM on CPU". Skipped (with that reason) only where vLLM is not installed.
 
-What runs, sharing as much as it can (every engine start costs 30 s or more on 2 cores):
+What runs, sharing as much as it can (each process start, model load and engine start costs tens of seconds
+on 2 cores; the engines run eagerly, as cipr starts them on CPU: compiling would add ~100 s to each):
 1. `backend=vllm` against `backend=hf` on synthetic and BFCL slices (original + `typos`, both names),
    one vLLM engine for both benchmarks.
-2. `cipr-train rollout=vllm_colocate` for algo=grpo (after a one-step warm start) and algo=cipr (one
-   step, then resumed to two), each in its own process with a probe around the weight push
+2. `cipr-train rollout=vllm_colocate` for algo=cipr: a one-step warm start and step 1, then a second
+   process that resumes from checkpoint-1 to step 2, each with a probe around the weight push
    (`cipr.train.rollout.push_weights`): after every push, vLLM and the updated HF policy score the
    same fixed continuation and greedily continue the same fixed prompt.
-3. `cipr-export` of the grpo run, then `backend=vllm` and `backend=openai` (a vLLM OpenAI server
+3. `cipr-export` of that run, then `backend=vllm` and `backend=openai` (a vLLM OpenAI server
    on 127.0.0.1, started here and stopped by its PID) against `backend=hf` on the export.
 4. `rollout=vllm_server` against that server: generation through TRL's `VLLMClient`, and a training
    run that stops at TRL's NCCL weight-sync set-up with a one-line error naming the reason.
@@ -176,6 +177,7 @@ def test_eval_backend_vllm_matches_hf_on_the_embedded_model(hf_dir, tmp_path, sh
     first = eval_cfg(tmp_path / "synthetic_vllm", "synthetic", "vllm")
     backend = make_backend(first, get_format(first.call_format))
     timings["engine_start_s"] = time.time() - start
+    assert backend.llm.llm_engine.model_config.enforce_eager  # vllm.enforce_eager=null on CPU
     for bench in ("synthetic", "bfcl"):
         vcfg = eval_cfg(tmp_path / f"{bench}_vllm", bench, "vllm")
         start = time.time()
@@ -250,7 +252,8 @@ def probe_main(argv: list[str]) -> None:
         seconds = time.time() - start
         after = greedy_and_logps(generation)
         with out.open("a") as f:
-            f.write(json.dumps({"push_s": seconds, "gap_before": before["gap"], **after}) + "\n")
+            f.write(json.dumps({"push_s": seconds, "gap_before": before["gap"], **after,
+                                "eager": generation.llm.llm_engine.model_config.enforce_eager}) + "\n")
 
     rollout.push_weights = checked_push
     sys.argv = ["cipr-train", *argv]
@@ -291,46 +294,41 @@ def grpo_steps(run_dir: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def grpo_run(hf_dir, tmp_path_factory) -> Path:
-    """algo=grpo with vLLM colocated: one warm-start step (so the first push must carry new weights),
-    then two GRPO steps."""
-    tmp = tmp_path_factory.mktemp("grpo_vllm")
+def colocate_run(hf_dir, tmp_path_factory) -> Path:
+    """algo=cipr with vLLM colocated, in two processes: a one-step warm start (so the first push must carry
+    new weights) and GRPO step 1, then, as if that process had died after checkpoint-1, a second process
+    that resumes and runs step 2 (its push must carry the checkpoint's weights, not the base model's).
+    The rollout and weight-push path does not depend on the algorithm: algo=grpo takes the same one,
+    with unpaired prompts."""
+    tmp = tmp_path_factory.mktemp("cipr_vllm")
     run_dir, probe = tmp / "run", tmp / "probe.jsonl"
-    run_train(run_dir, probe, "algo=grpo", "trainer.warm_start.steps=1", "trainer.warm_start.learning_rate=1e-2")
+    warm = ("algo=cipr", "trainer.warm_start.steps=1", "trainer.warm_start.learning_rate=1e-2")
+    run_train(run_dir, probe, *warm, "trainer.max_steps=1")
+    (run_dir / "grpo" / "stage.json").unlink()  # the stage is not marked finished
+    shutil.rmtree(run_dir / "grpo" / "final")
+    run_train(run_dir, probe, *warm, "trainer.max_steps=2")
     return run_dir
 
 
-def test_colocate_grpo_pushes_weights_every_step(grpo_run):
-    pushes = read_probe(grpo_run.parent / "probe.jsonl")
-    assert len(pushes) == 2
-    check_pushes(pushes, "grpo")
-    assert pushes[0]["gap_before"] > 1.0, "the warm start did not move the policy: the check has no teeth"
-    assert [r["step"] for r in grpo_steps(grpo_run)] == [1, 2]
-    assert (grpo_run / "grpo" / "final" / "model.safetensors").is_file()
-
-
-def test_colocate_cipr_pushes_weights_and_resumes(hf_dir, tmp_path):
-    run_dir, probe = tmp_path / "run", tmp_path / "probe.jsonl"
-    run_train(run_dir, probe, "algo=cipr", "trainer.warm_start.steps=0", "trainer.max_steps=1")
-    # As if the process had died after checkpoint-1: the stage is not marked finished.
-    (run_dir / "grpo" / "stage.json").unlink()
-    shutil.rmtree(run_dir / "grpo" / "final")
-    run_train(run_dir, probe, "algo=cipr", "trainer.warm_start.steps=0", "trainer.max_steps=2")
-    pushes = read_probe(probe)
+def test_colocate_cipr_pushes_weights_every_step_and_resumes(colocate_run):
+    pushes = read_probe(colocate_run.parent / "probe.jsonl")
     assert len(pushes) == 2  # one per process: step 1, then step 2 after resuming from checkpoint-1
     check_pushes(pushes, "cipr")
-    steps = grpo_steps(run_dir)
+    assert all(p["eager"] for p in pushes)  # rollout.enforce_eager=null on CPU: no compile at start-up
+    assert pushes[0]["gap_before"] > 1.0, "the warm start did not move the policy: the check has no teeth"
+    steps = grpo_steps(colocate_run)
     assert [r["step"] for r in steps] == [1, 2]
     assert all("actions/folded" in r and "reward/perturbed" in r for r in steps)  # CIPR's reader, paired rollouts
+    assert (colocate_run / "grpo" / "final" / "model.safetensors").is_file()
 
 
 # -- 3. export, vLLM OpenAI server, server-mode rollouts -----------------------------------------
 @pytest.fixture(scope="module")
-def export_dir(grpo_run, tmp_path_factory) -> Path:
+def export_dir(colocate_run, tmp_path_factory) -> Path:
     from cipr.cli.export import main as export_main
 
     out = tmp_path_factory.mktemp("export") / "model"
-    assert export_main([str(grpo_run), str(out)]) == 0
+    assert export_main([str(colocate_run), str(out)]) == 0
     return out
 
 
@@ -347,7 +345,7 @@ def server(export_dir, tmp_path_factory):
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(export_dir),
            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "4096",
            "--weight-transfer-config", '{"backend": "nccl"}', "--logprobs-mode", "processed_logprobs",
-           "--max-logprobs", "-1"]
+           "--max-logprobs", "-1", "--enforce-eager"]  # CPU: compiling would add ~100 s (cipr/vllm_compile.py)
     start = time.time()
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

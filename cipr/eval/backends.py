@@ -365,7 +365,8 @@ class VLLMBackendConfig:
     without bf16 matmul float32 decodes ~4x faster than bfloat16). `gpu_memory_utilization` and
     `tensor_parallel_size` apply on GPUs; vLLM's CPU build sizes its KV cache from
     `$VLLM_CPU_KVCACHE_SPACE` (GiB) when set, and otherwise reserves `gpu_memory_utilization` of the
-    machine's memory (refusing to start when that much is not free).
+    machine's memory (refusing to start when that much is not free). `enforce_eager`: null compiles on
+    GPUs and runs eagerly on CPU, where compiling costs ~100 s per engine start (`cipr.vllm_compile`).
     """
 
     max_new_tokens: int = 512
@@ -373,6 +374,7 @@ class VLLMBackendConfig:
     gpu_memory_utilization: float = 0.85
     max_model_len: int | None = None
     tensor_parallel_size: int = 1
+    enforce_eager: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -399,10 +401,12 @@ class VLLMBackend:
         except ImportError as e:
             raise ImportError(f"backend=vllm needs vLLM: {VLLM_INSTALL_HINT}") from e
         self.tokenizer, self.fmt = tokenizer, fmt
+        from cipr.vllm_compile import enforce_eager
+
         self.config = config or VLLMBackendConfig()
         kwargs: dict[str, Any] = {"dtype": self.config.dtype, "tensor_parallel_size": self.config.tensor_parallel_size,
                                   "gpu_memory_utilization": self.config.gpu_memory_utilization,
-                                  **self.config.extra}
+                                  "enforce_eager": enforce_eager(self.config.enforce_eager), **self.config.extra}
         if self.config.max_model_len:
             kwargs["max_model_len"] = self.config.max_model_len
         path = os.path.join(model, gguf_file) if gguf_file else model

@@ -68,7 +68,13 @@ from cipr.train.algo import AlgoConfig
 from cipr.train.checkpoint import CheckpointMixin, check_finite
 from cipr.train.data import PromptSet
 from cipr.train.reward import Rollout, RolloutScorer
-from cipr.train.rollout import point_vllm_at, server_sync_error, stop_token_ids, use_reload_weights
+from cipr.train.rollout import (
+    eager_engine,
+    point_vllm_at,
+    server_sync_error,
+    stop_token_ids,
+    use_reload_weights,
+)
 from cipr.train.sampler import PairedRepeatSampler
 
 
@@ -171,7 +177,7 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
 
     def __init__(self, *args: Any, prompts: PromptSet, scorer: RolloutScorer, algo: AlgoConfig, fmt: CallFormat,
                  relabel_config: RelabelConfig | None = None, fold_allowed: bool = True,
-                 share_prefill: bool = True, sample_log: Callable[[int, list[dict[str, Any]]], None] | None = None,
+                 share_prefill: bool = True, vllm_enforce_eager: bool | None = None, sample_log: Callable[[int, list[dict[str, Any]]], None] | None = None,
                  samples_per_step: int = 0, **kwargs: Any) -> None:
         self.prompt_set = prompts
         self._sample_log = sample_log
@@ -184,6 +190,7 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         self._given_task_logps: torch.Tensor | None = None
         self._fold_allowed = fold_allowed
         self._share_prefill = share_prefill
+        self._vllm_enforce_eager = vllm_enforce_eager
         self._timed_seconds = 0.0
         self._init_trl(args, kwargs)
         self.unit_rows = prompts.unit_size * self.num_generations
@@ -198,6 +205,7 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         """TRL's constructor, with the vLLM adjustments of `cipr.train.rollout` around it.
 
         Before: vLLM is pointed at a folder it can load (the embedded GGUF's transformers copy).
+        During: a colocated engine is built with `enforce_eager` (`vllm_enforce_eager`; null: eager on CPU).
         After: the colocated engine receives weights through `reload_weights` (any dtype), and vLLM
         stops at the policy's eos ids. A vllm_server run on a machine without CUDA stops at TRL's
         NCCL set-up with a ConfigError that says so.
@@ -207,7 +215,9 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         if use_vllm:
             point_vllm_at(kwargs.get("model", args[0] if args else None))
         try:
-            super().__init__(*args, reward_funcs=[self.scorer], **kwargs)
+            with eager_engine(self._vllm_enforce_eager) if use_vllm and train_args.vllm_mode == "colocate" \
+                    else contextlib.nullcontext():
+                super().__init__(*args, reward_funcs=[self.scorer], **kwargs)
         except NotImplementedError as e:
             if use_vllm and train_args.vllm_mode == "server":
                 raise server_sync_error(getattr(getattr(self, "accelerator", None), "device", "cpu"), e) from e

@@ -21,6 +21,9 @@ What this module adds to TRL's vLLM path (`cipr.train.grpo` calls these):
   'weight_loader'`), so the push failed whenever vLLM ran in float32 there. The model runner's
   `reload_weights(weights_iterator=...)` restores the checkpoint layout, loads every tensor and
   re-runs the post-load processing, which works for any dtype on CPU and GPU.
+- `eager_engine`: TRL builds the colocated `LLM` without an `enforce_eager` argument, so vLLM's CPU
+  build compiled the model at every training start (~100 s on 2 cores, `cipr.vllm_compile`); around
+  TRL's constructor the engine gets `enforce_eager` (`RolloutConfig.enforce_eager`, null: eager on CPU).
 - `stop_token_ids`: vLLM stops at its own tokenizer's eos; TRL's HF path stops at the policy's eos
   ids (end of turn). The same ids are given to vLLM so both backends end a rollout at the same token.
 
@@ -31,8 +34,10 @@ CIPR trainer does not re-tokenize rollouts in that case (see `grpo.py`).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -49,6 +54,9 @@ class RolloutConfig:
 
     `share_prompt_prefill` (HF backend): compute each prompt's prefill once for its G samples instead
     of G times (see `cipr.train.grpo.shared_prefill_generate`); same distribution, less CPU time.
+
+    `enforce_eager` (vllm_colocate): null runs vLLM's engine eagerly on CPU and compiled on GPUs
+    (`cipr.vllm_compile`); true or false decides.
     """
 
     backend: Literal["hf", "vllm_colocate", "vllm_server"] = "hf"
@@ -62,6 +70,7 @@ class RolloutConfig:
     tensor_parallel_size: int = 1
     max_model_length: int | None = None
     enable_sleep_mode: bool = False
+    enforce_eager: bool | None = None
     server_host: str = "0.0.0.0"
     server_port: int = 8000
     server_base_url: str | None = None
@@ -161,6 +170,22 @@ def push_weights(generation: Any) -> None:
     runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
     runner.reload_weights(weights_iterator=generation._iter_named_params())
     generation.llm.reset_prefix_cache()
+
+
+@contextlib.contextmanager
+def eager_engine(choice: bool | None) -> Iterator[None]:
+    """Within the block, the `LLM` TRL's colocate mode builds gets `enforce_eager` (resolved from `choice`
+    by `cipr.vllm_compile.enforce_eager`); TRL 1.16 passes none. Needs vLLM and TRL's vLLM module."""
+    from trl.generation import vllm_generation
+
+    from cipr.vllm_compile import enforce_eager
+
+    original = vllm_generation.LLM
+    vllm_generation.LLM = functools.partial(original, enforce_eager=enforce_eager(choice))
+    try:
+        yield
+    finally:
+        vllm_generation.LLM = original
 
 
 def use_reload_weights(generation: Any) -> None:

@@ -355,6 +355,7 @@ def _run_grpo(cfg: TrainConfig, model: Any, tokenizer: Any, prompts: PromptSet, 
                               processing_class=tokenizer, prompts=prompts, scorer=scorer, algo=cfg.algo, fmt=fmt,
                               fold_allowed=not (cfg.rollout.uses_vllm and cfg.rollout.importance_sampling_correction),
                               share_prefill=cfg.rollout.share_prompt_prefill,
+                              vllm_enforce_eager=cfg.rollout.enforce_eager,
                               sample_log=lambda step, samples: writer.write_samples("grpo", step, samples),
                               samples_per_step=cfg.logging.rollout_samples,
                               callbacks=[MetricsCallback(writer, "grpo", cfg.logging.print_metrics), preemption])
