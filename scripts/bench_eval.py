@@ -191,7 +191,7 @@ def main() -> None:
     p.add_argument("--model", default="embedded")
     p.add_argument("--n", type=int, default=8, help="items per setting")
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--single-every", type=int, default=2, help="batch size 1 runs on every k-th item")
     p.add_argument("--batch-size", type=int, default=default_bs, help=f"the batched setting (default {default_bs})")
     p.add_argument("--partition", default="simple_python")
