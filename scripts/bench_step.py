@@ -29,8 +29,8 @@ last line is `step_ratio=<r> update_ratio=<r>` for `cipr` (the default) against 
 then `vs_trl` and `vs_trl_train`, each the larger over the models benchmarked (targets: 1.5, 2.2, 1.05).
 
 Default: SmolLM2-135M (bottom 20 of 30 layers frozen, as the main job), one pair x G=2 x 2 interfaces
-per step, 1-2 tools per interface, completions of at most 64 tokens, a warm-up repetition and 2
-measured ones; it prints its wall time. Larger settings by option (`--generations 4
+per step, 1-2 tools per interface, completions of at most 64 tokens, a warm-up repetition (scoring and
+updates; generation is timed only in the measured ones) and 2 measured ones; it prints its wall time. Larger settings by option (`--generations 4
 --max-completion-length 96` is the main job's rollout shape; its prompts also have 1-2 tools).
 
     .venv/bin/python scripts/bench_step.py                 # the default above
@@ -159,7 +159,8 @@ def bench_model(name: str, repeats: int, pairs: int, g: int, max_len: int, algos
         times: dict[str, dict[str, list[float]]] = {a: {"gen": [], "score": [], "update": []} for a in trainers}
         for r in tqdm(range(repeats + 1), desc=f"{name}: repetitions (first is warm-up)"):  # warm-up not counted
             inputs = batch_rows(trainers["cipr"], (r * pairs) % (len(prompts.records) // 2 - pairs), pairs, g)
-            gen = {"ours": time_generation(trainers["cipr"], inputs), "trl": time_generation(trainers["trl"], inputs)}
+            gen = {"ours": time_generation(trainers["cipr"], inputs),  # not timed in the warm-up: its times
+                   "trl": time_generation(trainers["trl"], inputs)} if r else {}  # would be discarded anyway
             completions = {}
             order = list(trainers)[r % len(trainers):] + list(trainers)[:r % len(trainers)]
             for algo in order:
