@@ -24,8 +24,8 @@ step, the rest of the pass, and the minor page faults per item (fresh memory tou
 compute-bound cost batching cannot share (except the start a prompt shares with the one before it, whose
 states it reuses at either batch size: `HFBackendConfig.prefix_reuse`, off with `--no-prefix-reuse`), so with P s of prefill per item, N new tokens and decoding
 steps of d1 and d8 seconds the speedup is (P + N d1) / (P + N d8 / 8): it grows with N towards
-8 d1 / d8 (SmolLM2-135M, 2 cores, one run: P 0.72 s at batch size 1 and 0.74 s at 8, d1 44 ms, d8 77 ms,
-so 2.9 at N = 96, where the run printed 2.91; `--max-new-tokens` moves N, and d8 grows with it as the
+8 d1 / d8 (SmolLM2-135M, 2 cores, one run: P 0.75 s at batch size 1 and 0.78 s at 8, d1 48 ms, d8 81 ms,
+so 3.1 at N = 96, where the run printed 3.06; `--max-new-tokens` moves N, and d8 grows with it as the
 cache lengthens).
 
 Why d8 is more than d1: the matrix products of a step. They are timed alone first (every linear layer
