@@ -400,9 +400,9 @@ class VLLMBackend:
             from vllm import LLM, SamplingParams
         except ImportError as e:
             raise ImportError(f"backend=vllm needs vLLM: {VLLM_INSTALL_HINT}") from e
-        self.tokenizer, self.fmt = tokenizer, fmt
         from cipr.vllm_compile import enforce_eager
 
+        self.tokenizer, self.fmt = tokenizer, fmt
         self.config = config or VLLMBackendConfig()
         kwargs: dict[str, Any] = {"dtype": self.config.dtype, "tensor_parallel_size": self.config.tensor_parallel_size,
                                   "gpu_memory_utilization": self.config.gpu_memory_utilization,

@@ -177,7 +177,8 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
 
     def __init__(self, *args: Any, prompts: PromptSet, scorer: RolloutScorer, algo: AlgoConfig, fmt: CallFormat,
                  relabel_config: RelabelConfig | None = None, fold_allowed: bool = True,
-                 share_prefill: bool = True, vllm_enforce_eager: bool | None = None, sample_log: Callable[[int, list[dict[str, Any]]], None] | None = None,
+                 share_prefill: bool = True, vllm_enforce_eager: bool | None = None,
+                 sample_log: Callable[[int, list[dict[str, Any]]], None] | None = None,
                  samples_per_step: int = 0, **kwargs: Any) -> None:
         self.prompt_set = prompts
         self._sample_log = sample_log
