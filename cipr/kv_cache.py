@@ -164,16 +164,13 @@ class LeftPaddedBatch:
         cache.layers = [_RowLayer(self, j, i, None if prefix is None else prefix[j]) for j in range(self.num_layers)]
         return cache
 
-    def states(self, i: int, m: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer, views of the keys and values [K, m, D] of prompt i's first m tokens (default: all of
-        them); prompt i must have been prefilled."""
-        n = self.lengths[i]
-        m = n if m is None else m
-        if self.filled[i] != self.num_layers or not 0 <= m <= n:
-            raise ValueError(f"row {i}: {m} of {n} prompt positions asked, {self.filled[i]} of {self.num_layers} "
-                             "layers prefilled")
-        start = self.width - n
-        return [(k[i, :, start:start + m], v[i, :, start:start + m]) for k, v in self.buffers]  # type: ignore[misc]
+    def states(self, i: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, views of the keys and values [K, n, D] of prompt i's n tokens; prompt i must have been
+        prefilled. Slice positions [:, :m] of each for a prefix to pass to `row`."""
+        if self.filled[i] != self.num_layers:
+            raise ValueError(f"row {i}: {self.filled[i]} of {self.num_layers} layers prefilled")
+        start = self.width - self.lengths[i]
+        return [(k[i, :, start:self.width], v[i, :, start:self.width]) for k, v in self.buffers]  # type: ignore[misc]
 
     def _write(self, j: int, i: int, keys: torch.Tensor, values: torch.Tensor,
                offset: int) -> tuple[torch.Tensor, torch.Tensor]:

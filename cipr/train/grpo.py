@@ -215,9 +215,9 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         use_vllm = bool(getattr(train_args, "use_vllm", False))
         if use_vllm:
             point_vllm_at(kwargs.get("model", args[0] if args else None))
+        colocate = use_vllm and train_args.vllm_mode == "colocate"
         try:
-            with eager_engine(self._vllm_enforce_eager) if use_vllm and train_args.vllm_mode == "colocate" \
-                    else contextlib.nullcontext():
+            with eager_engine(self._vllm_enforce_eager) if colocate else contextlib.nullcontext():
                 super().__init__(*args, reward_funcs=[self.scorer], **kwargs)
         except NotImplementedError as e:
             if use_vllm and train_args.vllm_mode == "server":
