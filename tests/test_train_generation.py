@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+
+import pytest
 import torch
 from transformers import GenerationConfig
 
@@ -12,7 +15,12 @@ def test_runs_of_identical_prompts():
     assert consecutive_runs([[1, 2], [1, 2], [3], [3], [3], [1, 2]]) == [([1, 2], 2), ([3], 3), ([1, 2], 1)]
 
 
-def test_shared_prefill_matches_full_prefill(tiny_model, tiny_tokenizer):
+@pytest.mark.parametrize("attn", [None, "cipr_grouped"])
+def test_shared_prefill_matches_full_prefill(tiny_model, tiny_tokenizer, attn):
+    """The model's own attention, or `cipr_grouped` (CPU rollouts: SDPA prefill over left padding, then
+    grouped decoding): the greedy tokens of a full `generate`."""
+    from cipr.attention import attention
+
     tok = tiny_tokenizer
     texts = ["<|im_start|>user\nWhat is the weather in Paris?<|im_end|>\n<|im_start|>assistant\n",
              "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"]
@@ -20,8 +28,9 @@ def test_shared_prefill_matches_full_prefill(tiny_model, tiny_tokenizer):
     rows = [prompts[0]] * 3 + [prompts[1]] * 2
     config = GenerationConfig(do_sample=False, max_new_tokens=12, pad_token_id=tok.pad_token_id,
                               eos_token_id=tok.eos_token_id)
-    shared = shared_prefill_generate(tiny_model, consecutive_runs(rows), tok.pad_token_id, [tok.eos_token_id],
-                                     config, torch.device("cpu"))
+    with attention(tiny_model, attn) if attn else contextlib.nullcontext():
+        shared = shared_prefill_generate(tiny_model, consecutive_runs(rows), tok.pad_token_id, [tok.eos_token_id],
+                                         config, torch.device("cpu"))
     longest = max(len(r) for r in rows)
     ids = torch.tensor([[tok.pad_token_id] * (longest - len(r)) + r for r in rows])
     mask = torch.tensor([[0] * (longest - len(r)) + [1] * len(r) for r in rows])
