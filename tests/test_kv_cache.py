@@ -190,3 +190,20 @@ def test_a_row_prefilled_after_a_copied_prefix_holds_a_full_prefill_and_gives_it
         assert torch.equal(k[:, :5], k0[:, :5]) and torch.equal(v[:, :5], v0[:, :5])
     cache = batch.batch()
     assert cache.get_seq_length() == 9 and not cache.layers[0].keys[0, :, :2].any()  # row 0 left-padded
+
+
+def test_generation_cache_appends_in_place_with_generate_and_gives_its_tokens(tiny_model, tiny_tokenizer):
+    """`model.generate` with `generation_cache`: the greedy tokens of its own cache, the layers grown in place;
+    None for an object that is not a transformers model."""
+    from cipr.kv_cache import GrowingLayer, generation_cache
+
+    ids = tiny_tokenizer(["What is the weather in Paris?", "Hi"], return_tensors="pt", padding=True)
+    kwargs = dict(max_new_tokens=10, do_sample=False, pad_token_id=tiny_tokenizer.pad_token_id)
+    cache = generation_cache(tiny_model)
+    assert all(type(layer) is GrowingLayer for layer in cache.layers)
+    with torch.no_grad():
+        own = tiny_model.generate(**ids, **kwargs)
+        grown = tiny_model.generate(**ids, **kwargs, past_key_values=cache)
+    assert torch.equal(own, grown)
+    assert cache.get_seq_length() == grown.shape[1] - 1  # the last token is not fed back
+    assert generation_cache(object()) is None

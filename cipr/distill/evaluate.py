@@ -183,11 +183,14 @@ def write_report(out_dir: str | Path, rows: Mapping[str, Any], live: Mapping[str
 
 
 def _generate(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int) -> str:
+    from cipr.kv_cache import generation_cache
+
     device = next(model.parameters()).device
     ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"].to(device)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                         do_sample=False, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad)
+                         do_sample=False, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad,
+                         past_key_values=generation_cache(model))  # appends in place
     return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
 

@@ -27,6 +27,8 @@ def evaluate_prompts(model: Any, tokenizer: Any, records: Sequence[PromptRecord]
         return {}
     stop = [tokenizer.eos_token_id, tokenizer.pad_token_id]
     scorer = RolloutScorer(records, fmt, tokenizer, [i for i in stop if i is not None])
+    from cipr.kv_cache import generation_cache
+
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -39,7 +41,8 @@ def evaluate_prompts(model: Any, tokenizer: Any, records: Sequence[PromptRecord]
             enc = tokenizer([r.prompt for r in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
             enc = {k: v.to(device) for k, v in enc.items()}
             out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                                 past_key_values=generation_cache(model))  # appends in place
             completions = out[:, enc["input_ids"].shape[1]:].tolist()
             trimmed = []
             for ids in completions:
