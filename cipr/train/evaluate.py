@@ -23,12 +23,12 @@ from cipr.train.reward import RolloutScorer
 def evaluate_prompts(model: Any, tokenizer: Any, records: Sequence[PromptRecord], fmt: CallFormat, *,
                      max_new_tokens: int, batch_size: int = 8) -> dict[str, float]:
     """Mean reward, format, correctness, no-call rate and response length over `records` (greedy)."""
+    from cipr.kv_cache import generation_cache
+
     if not records:
         return {}
     stop = [tokenizer.eos_token_id, tokenizer.pad_token_id]
     scorer = RolloutScorer(records, fmt, tokenizer, [i for i in stop if i is not None])
-    from cipr.kv_cache import generation_cache
-
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device

@@ -119,7 +119,7 @@ def shared_prefill_generate(model: Any, runs: Sequence[tuple[list[int], int]], p
     sampled distribution is that of TRL's path; on CPU the G-fold prefill of a group is most of the
     generation time. Completions are cut after their first end token, as TRL does.
 
-    The cache appends in place (`cipr.kv_cache.growing_cache`): transformers' own copies every layer's
+    The cache appends in place (`cipr.kv_cache.generation_cache`): transformers' own copies every layer's
     keys and values at each token (`aten::cat`, the top item of a profiled SmolLM2 rollout on 2 CPU
     cores). A model decoding with `cipr.attention.GROUPED` runs the prefill with SDPA, which neither
     copies key/value heads nor materializes the scores. Both together, `bench_step.py`'s rollout (2
@@ -127,16 +127,16 @@ def shared_prefill_generate(model: Any, runs: Sequence[tuple[list[int], int]], p
     8.0 s median against 10.2 s.
     """
     from cipr.attention import GROUPED, attention
-    from cipr.kv_cache import growing_cache
+    from cipr.kv_cache import generation_cache
 
     prompts = [torch.tensor(ids) for ids, _ in runs]
     ids = pad(prompts, padding_value=pad_id, padding_side="left").to(device)
     mask = pad([torch.ones_like(t) for t in prompts], padding_value=0, padding_side="left").to(device)
     positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
-    cache = growing_cache(model.config)
     with attention(model, "sdpa", replace=(GROUPED,)):
-        model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
-              past_key_values=cache, use_cache=True, logits_to_keep=1)  # only the cache is used
+        cache = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
+                      past_key_values=generation_cache(model), use_cache=True,
+                      logits_to_keep=1).past_key_values  # only the cache is used: no [R, P, vocab] logits
     counts = torch.tensor([n for _, n in runs], device=device)
     index = torch.repeat_interleave(torch.arange(len(runs), device=device), counts)
     cache.batch_select_indices(index)
