@@ -112,12 +112,13 @@ class HFBackendConfig:
 
     Not done: chunked prefill interleaved with decoding (vLLM's chunked prefill: each forward carries
     a 128-token chunk of the next prompt and one token of every row already prefilled). A prototype gave
-    the batch-1 texts but no gain within a batch: the chunking and the decoding rows' attention
-    cost more than the shared matrix products save, and the batch still decodes until its last-prefilled
-    row is done (`scripts/bench_eval.py --no-packed-gemm`, 2 repetitions: prefill 1.14 s per item with 15
-    tokens per item decoded in it, batch 8 0.45 items/s; the same day's default run: prefill 0.77 s per
-    item, batch 8 with F.linear 0.46 [0.45-0.54] items/s). It would pay with continuous batching, new
-    prompts joining as rows finish.
+    the batch-1 texts but no gain within a batch: the prefill grew by about as much time as the decoding
+    it absorbed had taken, and the batch still decodes until its last-prefilled row is done
+    (`scripts/bench_eval.py --no-packed-gemm`, 2 repetitions: prefill 1.14 s per item with 15 tokens per
+    item decoded in it, batch 8 0.45 items/s; the same day's default run: prefill 0.77 s per item, batch
+    8 with F.linear 0.46 [0.45-0.54] items/s; which part of the growth was chunking and which the decoding
+    rows' attention was not measured). It would pay with continuous batching, new prompts joining as
+    rows finish.
 
     `prefix_reuse` (per-item prefill only): a prompt that starts with the same tokens as the one
     prefilled before it in the same `generate` call (a shared system prompt, or a whole tool list when

@@ -121,10 +121,11 @@ def shared_prefill_generate(model: Any, runs: Sequence[tuple[list[int], int]], p
 
     The cache appends in place (`cipr.kv_cache.generation_cache`): transformers' own copies every layer's
     keys and values at each token (`aten::cat`, the top item of a profiled SmolLM2 rollout on 2 CPU
-    cores). A model decoding with `cipr.attention.GROUPED` runs the prefill with SDPA, which neither
-    copies key/value heads nor materializes the scores. Both together, `bench_step.py`'s rollout (2
-    prompts of 550 and 692 tokens x G=2, 64 new tokens), 4 runs each alternating with the former code:
-    8.0 s median against 10.2 s.
+    cores). A model decoding with `cipr.attention.GROUPED` runs the prefill with SDPA, which does not
+    materialize the scores (over left padding transformers still copies each key/value head per query
+    head first, `repeat_kv`: a mask rules out SDPA's own grouped-query path). Both changes together,
+    `bench_step.py`'s rollout (2 prompts of 550 and 692 tokens x G=2, 64 new tokens), 4 runs each
+    alternating with the former code: 8.0 s median against 10.2 s; their shares were not measured apart.
     """
     from cipr.attention import GROUPED, attention
     from cipr.kv_cache import generation_cache
