@@ -30,8 +30,9 @@ then `vs_trl` and `vs_trl_train`, each the larger over the models benchmarked (t
 
 Default: SmolLM2-135M (bottom 20 of 30 layers frozen, as the main job), one pair x G=2 x 2 interfaces
 per step, 1-2 tools per interface, completions of at most 64 tokens, a warm-up repetition (scoring and
-updates; generation is timed only in the measured ones) and 2 measured ones; it prints its wall time. Larger settings by option (`--generations 4
---max-completion-length 96` is the main job's rollout shape; its prompts also have 1-2 tools).
+updates; generation is timed only in the measured ones) and 2 measured ones; it prints its wall time.
+Larger settings by option (`--generations 4 --max-completion-length 96` is the main job's rollout shape;
+its prompts also have 1-2 tools).
 
     .venv/bin/python scripts/bench_step.py                 # the default above
     .venv/bin/python scripts/bench_step.py --full          # tiny model too, and cipr_unfolded
