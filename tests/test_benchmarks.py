@@ -38,9 +38,14 @@ def test_bench_step_prints_its_ratios():
 
 
 def test_bench_eval_prints_speedup_and_roofline():
-    line = last_line("bench_eval.py", "--model", "tiny", "--n", "2", "--max-new-tokens", "4", "--batch-size", "2",
-                     "--repeats", "1", "--no-vllm", "--device", "cpu")
+    from cipr import packed_gemm
+
+    text = output("bench_eval.py", "--model", "tiny", "--n", "2", "--max-new-tokens", "4", "--batch-size", "2",
+                  "--repeats", "1", "--no-vllm", "--device", "cpu", "--compare-unpacked")
+    line = text.splitlines()[-1]
     assert re.fullmatch(r"speedup=\S+ \[\S+\] roofline_fraction=\S+ \[\S+\]", line), line
+    # --compare-unpacked adds the batched pass with F.linear where the packed weights exist
+    assert ("with F.linear instead of packed weights" in text) == packed_gemm.available(), text
 
 
 def test_bench_actions_prints_its_table():
