@@ -41,11 +41,14 @@ def test_bench_eval_prints_speedup_and_roofline():
     from cipr import packed_gemm
 
     text = output("bench_eval.py", "--model", "tiny", "--n", "2", "--max-new-tokens", "4", "--batch-size", "2",
-                  "--repeats", "1", "--no-vllm", "--device", "cpu", "--compare-unpacked")
+                  "--repeats", "1", "--no-vllm", "--device", "cpu", "--compare-unpacked", "--compare-direct")
     line = text.splitlines()[-1]
     assert re.fullmatch(r"speedup=\S+ \[\S+\] roofline_fraction=\S+ \[\S+\]", line), line
     # --compare-unpacked adds the batched pass with F.linear where the packed weights exist
     assert ("with F.linear instead of packed weights" in text) == packed_gemm.available(), text
+    # --compare-direct: the tiny model (qwen2, cipr_grouped on CPU) decodes the same tokens either way
+    assert len(re.findall(r"^decoding step, layers called directly / model.forward, .* same tokens: True$",
+                          text, re.M)) == 2, text
 
 
 def test_bench_actions_prints_its_table():

@@ -135,6 +135,11 @@ class HFBackendConfig:
     layers unchanged), packed at the first batch and kept while the backend lives (about the float32
     weights' size in memory, so it is skipped, with a warning, when that exceeds half the free memory;
     repacked if the weights change). Batch size 1 is unaffected.
+
+    `direct_decode` (greedy loop only): decoding steps call the model's layers directly
+    (`cipr.decode_step`: same modules, same operations, same logits) instead of `model.forward`, skipping
+    transformers' per-call plumbing, for the models `cipr.decode_step.supports` (llama, mistral and qwen2
+    with `cipr_grouped` attention, the CPU default); others decode through `model.forward` either way.
     """
 
     batch_size: int = 8
@@ -144,6 +149,7 @@ class HFBackendConfig:
     prefill: Literal["auto", "batched", "per_item"] = "auto"
     prefix_reuse: bool = True
     packed_gemm: bool = True
+    direct_decode: bool = True
 
 
 class HFBackend:
@@ -306,6 +312,9 @@ class HFBackend:
     def _greedy_steps(self, cache: Any, mask: Any, next_pos: Any, tok: Any) -> list[list[int]]:
         import torch
 
+        from cipr import decode_step
+
+        direct = self.config.direct_decode and decode_step.supports(self.model)
         toks = tok.tolist()
         rows: list[list[int]] = [[] for _ in range(mask.shape[0])]
         active = torch.arange(mask.shape[0], device=mask.device)
@@ -324,10 +333,14 @@ class HFBackend:
                 active, tok, mask, next_pos = active[idx], tok[idx], mask[idx], next_pos[idx]
             start = time.perf_counter()
             mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-            logits = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
-                                past_key_values=cache, use_cache=True).logits
+            if direct:  # left padding only: a row whose first position is real has no padding
+                logits = decode_step.decode_step(self.model, tok, next_pos, cache,
+                                                 None if bool(mask[:, 0].all()) else mask)
+            else:
+                logits = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
+                                    past_key_values=cache, use_cache=True).logits[:, -1]
             next_pos = next_pos + 1
-            tok = logits[:, -1].argmax(-1)
+            tok = logits.argmax(-1)
             toks = tok.tolist()  # waits for the device
             self.timing["decode_seconds"] += time.perf_counter() - start
             self.timing["decode_tokens"] += len(toks)
