@@ -25,14 +25,19 @@ step, the rest of the pass, and the minor page faults per item (fresh memory tou
 compute-bound cost batching cannot share (except the start a prompt shares with the one before it, whose
 states it reuses at either batch size: `HFBackendConfig.prefix_reuse`, off with `--no-prefix-reuse`), so with P s of prefill per item, N new tokens and decoding
 steps of d1 and d8 seconds the speedup is (P + N d1) / (P + N d8 / 8): it grows with N towards
-8 d1 / d8 (SmolLM2-135M, 2 cores, a fresh clone's default run: P 0.85 s at batch size 1 and 0.79 s at 8,
-d1 53.9 ms, d8 91.4 ms, so 3.44 at N = 128, where the run printed 3.40; `--max-new-tokens` moves N, and
+8 d1 / d8 (SmolLM2-135M, 2 cores, a fresh clone, default settings plus `--compare-direct`, which runs
+after the measurements: P 0.73 s at batch size 1 and 0.80 s at 8,
+d1 45.4 ms, d8 89.5 ms, so 2.93 at N = 128, where the run printed 2.93; `--max-new-tokens` moves N, and
 d8 grows with it as the cache lengthens). The default N is 128, the setting at which the speedup was
 first recorded (1.48, before the work this script measures); runs at N = 96 printed 2.74-3.21.
 
 The two targets pull on d1 from opposite sides: a change that takes the same time off every decoding
 step at both batch sizes raises `roofline_fraction` and lowers `speedup`, and a machine that runs
-batch-1 steps slowly (other jobs on the host) does the reverse; read them together.
+batch-1 steps slowly (other jobs on the host) does the reverse; read them together. With that run's P,
+d8 and copy bandwidth, both hold only for d1 between 46.6 and 48.3 ms; three runs of the default
+settings on one day's fresh clones printed speedup 3.40, 3.61, 2.93 with roofline_fraction 0.46, 0.49,
+0.56 (the first two before decoding steps called the layers directly: `cipr.decode_step`). Widening that
+window takes a shorter batched step d8 (its matrix products and its attention over eight rows' caches).
 
 Why d8 is more than d1: the matrix products of a step. They are timed alone first (every linear layer
 once, at 1 row and at the batch's rows, with F.linear and, where torch has MKL, with weights packed
