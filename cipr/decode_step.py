@@ -14,7 +14,7 @@ projections, the family's own `apply_rotary_pos_emb`, the cache update, the atte
 model is set to, o_proj and the residual, the post-attention norm, the MLP and the residual; then the
 final norm and the output head at the last position. Same logits as `model.forward` (tested bit for bit
 on tiny llama, mistral and qwen2 models, with and without left padding). Linear layers are called as
-modules, so their forward hooks and swapped forwards (`cipr.packed_gemm`, LoRA layers) still apply.
+modules, so their forward hooks and swapped forwards (`cipr.packed_gemm`'s packed weights) still apply.
 
 `supports` gates it: a `LlamaForCausalLM`, `MistralForCausalLM` or `Qwen2ForCausalLM` (exact classes)
 whose decoder layers are that family's, with no sliding-window layer, attention set to `cipr_grouped`
