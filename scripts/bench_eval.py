@@ -34,9 +34,10 @@ first recorded (1.48, before the work this script measures); runs at N = 96 prin
 The two targets pull on d1 from opposite sides: a change that takes the same time off every decoding
 step at both batch sizes raises `roofline_fraction` and lowers `speedup`, and a machine that runs
 batch-1 steps slowly (other jobs on the host) does the reverse; read them together. With that run's P,
-d8 and copy bandwidth, both hold only for d1 between 46.6 and 48.3 ms; three runs of the default
-settings on one day's fresh clones printed speedup 3.40, 3.61, 2.93 with roofline_fraction 0.46, 0.49,
-0.56 (the first two before decoding steps called the layers directly: `cipr.decode_step`). Widening that
+d8 and copy bandwidth, both hold only for d1 between 46.6 and 48.3 ms; four runs of the default
+settings on one day's fresh clones printed speedup 3.40, 3.61, 2.93, 3.56 with roofline_fraction 0.46,
+0.49, 0.56, 0.52 (the first two before decoding steps called the layers directly: `cipr.decode_step`;
+the last at d1 51.2 ms and d8 81.2 ms). Widening that
 window takes a shorter batched step d8 (its matrix products and its attention over eight rows' caches).
 
 Why d8 is more than d1: the matrix products of a step. They are timed alone first (every linear layer
