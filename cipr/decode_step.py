@@ -57,7 +57,8 @@ def decode_step(model: Any, tokens: torch.Tensor, positions: torch.Tensor, cache
 
     tokens [B] (the last token of each row), positions [B] (its position), `cache` the batch's key/value
     cache holding the T - 1 positions before (appended to here), mask [B, T] (1 for a real token, 0 for
-    left padding, the new token included) or None when no row is padded.
+    left padding, the new token included) or None. A mask whose first column is all 1 (no row padded:
+    padding is on the left) is not applied, as attention without a mask computes the same.
     """
     from cipr.attention import grouped_attention
 
@@ -66,7 +67,7 @@ def decode_step(model: Any, tokens: torch.Tensor, positions: torch.Tensor, cache
     x = inner.embed_tokens(tokens[:, None])
     cos, sin = inner.rotary_emb(x, positions[:, None])
     additive = None
-    if mask is not None:
+    if mask is not None and not bool(mask[:, 0].all()):
         additive = torch.zeros(mask.shape[0], 1, 1, mask.shape[1], dtype=x.dtype, device=x.device)
         additive.masked_fill_(mask[:, None, None, :] == 0, torch.finfo(x.dtype).min)
     b = x.shape[0]

@@ -174,7 +174,7 @@ def direct_vs_forward(model: Any, prompt: Any, rows: int, steps: int) -> tuple[l
                 m = torch.cat([m, m.new_ones(rows, 1)], dim=1)
                 t = time.perf_counter()
                 if name == "direct":
-                    logits = decode_step(model, tok, p, cache, None if bool(m[:, 0].all()) else m)
+                    logits = decode_step(model, tok, p, cache, m)
                 else:
                     logits = model(input_ids=tok[:, None], attention_mask=m, position_ids=p[:, None],
                                    past_key_values=cache, use_cache=True).logits[:, -1]

@@ -53,7 +53,7 @@ def test_decode_step_equals_the_models_forward(family, padded):
             mask = torch.cat([mask, mask.new_ones(3, 1)], dim=1)
             want = model(input_ids=toks[0][:, None], attention_mask=mask, position_ids=next_pos[:, None],
                          past_key_values=caches[0], use_cache=True).logits[:, -1]
-            got = decode_step(model, toks[1], next_pos, caches[1], mask if padded else None)
+            got = decode_step(model, toks[1], next_pos, caches[1], mask)  # unpadded: applied as no mask
             assert got.shape == (3, model.config.vocab_size)
             assert torch.equal(got, want)
             toks = [want.argmax(-1), got.argmax(-1)]

@@ -333,9 +333,8 @@ class HFBackend:
                 active, tok, mask, next_pos = active[idx], tok[idx], mask[idx], next_pos[idx]
             start = time.perf_counter()
             mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-            if direct:  # left padding only: a row whose first position is real has no padding
-                logits = decode_step.decode_step(self.model, tok, next_pos, cache,
-                                                 None if bool(mask[:, 0].all()) else mask)
+            if direct:
+                logits = decode_step.decode_step(self.model, tok, next_pos, cache, mask)
             else:
                 logits = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
                                     past_key_values=cache, use_cache=True).logits[:, -1]
