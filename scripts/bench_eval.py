@@ -26,9 +26,9 @@ compute-bound cost batching cannot share (except the start a prompt shares with 
 states it reuses at either batch size: `HFBackendConfig.prefix_reuse`, off with `--no-prefix-reuse`), so with P s of prefill per item, N new tokens and decoding
 steps of d1 and d8 seconds the speedup is (P + N d1) / (P + N d8 / 8): it grows with N towards
 8 d1 / d8 (SmolLM2-135M, 2 cores, a fresh clone, default settings plus `--compare-direct`, which runs
-after the measurements: P 0.73 s at batch size 1 and 0.80 s at 8,
-d1 45.4 ms, d8 89.5 ms, so 2.93 at N = 128, where the run printed 2.93; `--max-new-tokens` moves N, and
-d8 grows with it as the cache lengthens). The default N is 128, the setting at which the speedup was
+after the measurements: P 0.73 s at batch size 1 and 0.80 s at 8, d1 45.4 ms, d8 89.5 ms, so 2.93 at
+N = 128, where the run printed 2.93; `--max-new-tokens` moves N, and d8 grows with it as the cache
+lengthens). The default N is 128, the setting at which the speedup was
 first recorded (1.48, before the work this script measures); runs at N = 96 printed 2.74-3.21.
 
 The two targets pull on d1 from opposite sides: a change that takes the same time off every decoding
@@ -37,8 +37,8 @@ batch-1 steps slowly (other jobs on the host) does the reverse; read them togeth
 d8 and copy bandwidth, both hold only for d1 between 46.6 and 48.3 ms; four runs of the default
 settings on one day's fresh clones printed speedup 3.40, 3.61, 2.93, 3.56 with roofline_fraction 0.46,
 0.49, 0.56, 0.52 (the first two before decoding steps called the layers directly: `cipr.decode_step`;
-the last at d1 51.2 ms and d8 81.2 ms). Widening that
-window takes a shorter batched step d8 (its matrix products and its attention over eight rows' caches).
+the last at d1 51.2 ms and d8 81.2 ms). Widening that window takes a shorter batched step d8 (its
+matrix products and its attention over eight rows' caches).
 
 Why d8 is more than d1: the matrix products of a step. They are timed alone first (every linear layer
 once, at 1 row and at the batch's rows, with F.linear and, where torch has MKL, with weights packed
@@ -165,7 +165,8 @@ def direct_vs_forward(model: Any, prompt: Any, rows: int, steps: int) -> tuple[l
     with torch.inference_mode():
         for name in ("forward", "direct"):
             cache = growing_cache(model.config)
-            out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+            out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
+                        logits_to_keep=1)  # the first token only: no [rows, L, vocab] logits
             state[name] = [cache, out.logits[:, -1].argmax(-1), pos[:, -1] + 1, mask, []]
         times: dict[str, list[float]] = {"forward": [], "direct": []}
         for step in range(steps):
@@ -379,6 +380,8 @@ def main() -> None:
               f"(packed gain {spread(gain)}x, speedup without it {spread(without)})")
     same = sum(a == b for a, b in zip(outputs[1], outputs[args.batch_size][::args.single_every], strict=True))
     print(f"identical outputs at batch size 1 and {args.batch_size}: {same}/{len(single)}")
+    if args.compare_direct and not supports_direct(model):
+        print("--compare-direct: cipr.decode_step does not support this model (cipr.decode_step.supports); skipped")
     if args.compare_direct and supports_direct(model):
         prompt = tokenizer(fmt.render_prompt(tokenizer, reqs[0].example.messages, reqs[0].example.interface),
                            return_tensors="pt", add_special_tokens=False)["input_ids"].to(next(model.parameters()).device)
