@@ -37,8 +37,9 @@ batch-1 steps slowly (other jobs on the host) does the reverse; read them togeth
 d8 and copy bandwidth, both hold only for d1 between 46.6 and 48.3 ms; four runs of the default
 settings on one day's fresh clones printed speedup 3.40, 3.61, 2.93, 3.56 with roofline_fraction 0.46,
 0.49, 0.56, 0.52 (the first two before decoding steps called the layers directly: `cipr.decode_step`;
-the last at d1 51.2 ms and d8 81.2 ms). Widening that window takes a shorter batched step d8 (its
-matrix products and its attention over eight rows' caches).
+the last at d1 51.2 ms and d8 81.2 ms); a run on the next day's fresh clone printed 3.11 [2.92-4.06] and
+0.54 [0.45-0.72], its quietest repetition (highest copy bandwidth) 2.91 and 0.54. Widening that window
+takes a shorter batched step d8 (its matrix products and its attention over eight rows' caches).
 
 Why d8 is more than d1: the matrix products of a step. They are timed alone first (every linear layer
 once, at 1 row and at the batch's rows, with F.linear and, where torch has MKL, with weights packed
