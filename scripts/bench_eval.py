@@ -28,8 +28,8 @@ steps of d1 and d8 seconds the speedup is (P + N d1) / (P + N d8 / 8): it grows 
 8 d1 / d8 (SmolLM2-135M, 2 cores, a fresh clone, default settings plus `--compare-direct`, which runs
 after the measurements: P 0.73 s at batch size 1 and 0.80 s at 8, d1 45.4 ms, d8 89.5 ms, so 2.93 at
 N = 128, where the run printed 2.93; `--max-new-tokens` moves N, and d8 grows with it as the cache
-lengthens). The default N is 128, the setting at which the speedup was
-first recorded (1.48, before the work this script measures); runs at N = 96 printed 2.74-3.21.
+lengthens). The default N is 128, the setting at which the speedup was first recorded (1.48, before
+the work this script measures); runs at N = 96 printed 2.74-3.21.
 
 The two targets pull on d1 from opposite sides: a change that takes the same time off every decoding
 step at both batch sizes raises `roofline_fraction` and lowers `speedup`, and a machine that runs
@@ -38,8 +38,9 @@ d8 and copy bandwidth, both hold only for d1 between 46.6 and 48.3 ms; four runs
 settings on one day's fresh clones printed speedup 3.40, 3.61, 2.93, 3.56 with roofline_fraction 0.46,
 0.49, 0.56, 0.52 (the first two before decoding steps called the layers directly: `cipr.decode_step`;
 the last at d1 51.2 ms and d8 81.2 ms); a run on the next day's fresh clone printed 3.11 [2.92-4.06] and
-0.54 [0.45-0.72], its quietest repetition (highest copy bandwidth) 2.91 and 0.54. Widening that window
-takes a shorter batched step d8 (its matrix products and its attention over eight rows' caches).
+0.54 [0.45-0.72], and the rates of its quietest repetition (highest copy bandwidth) give 2.91 and 0.54.
+Widening that window takes a shorter batched step d8 (its matrix products and its attention over eight
+rows' caches).
 
 Why d8 is more than d1: the matrix products of a step. They are timed alone first (every linear layer
 once, at 1 row and at the batch's rows, with F.linear and, where torch has MKL, with weights packed
@@ -69,7 +70,8 @@ Where vLLM is installed (its CPU build: see the README), the same items are also
 `backend=vllm` (all at once, vLLM's own batching) and its rate is printed beside HF's, so a user can see
 which backend to pick; `--no-vllm` skips it.
 
-Every figure is printed as the median over repetitions with its [min-max]. Last line:
+Each repetition's line also gives its own speedup and roofline_fraction. Every figure is printed as the
+median over repetitions with its [min-max]. Last line:
 `speedup=<items/s at the default batch size / items/s at batch size 1> roofline_fraction=<r>` (targets:
 at least 3 and 0.5).
 """
@@ -327,8 +329,9 @@ def main() -> None:
             f"{bs} row{'s' * (bs > 1)} unfused {a['unfused']:.1f} ms, fused {a['fused']:.1f} ms"
             for bs, a in attn.items()) + " (decoding uses the fused one)")
     reuse, direct = not args.no_prefix_reuse, not args.no_direct_decode
-    direct_used = direct and supports_direct(model)
-    print(f"decoding steps: {'the layers called directly (cipr.decode_step)' if direct_used else 'model.forward'}")
+    direct_supported = supports_direct(model)
+    print("decoding steps: " + ("the layers called directly (cipr.decode_step)" if direct and direct_supported
+                                else "model.forward"))
     backends = {1: hf_backend(model, tokenizer, fmt, 1, args.max_new_tokens, args.prefill, prefix_reuse=reuse,
                               direct_decode=direct),
                 args.batch_size: hf_backend(model, tokenizer, fmt, args.batch_size, args.max_new_tokens,
@@ -362,7 +365,8 @@ def main() -> None:
                 roof.append(where["decode_tps"] / (bandwidth[-1] * 1e9 / size))
         print(f"repetition {rep + 1}: copy {bandwidth[-1]:.1f} GB/s; batch 1 {rates[1][-1]:.3f} items/s "
               f"(decode {parts[1]['decode_tps'][-1]:.1f} tokens/s); batch {args.batch_size} "
-              f"{rates[args.batch_size][-1]:.3f} items/s")
+              f"{rates[args.batch_size][-1]:.3f} items/s; speedup {rates[args.batch_size][-1] / rates[1][-1]:.2f} "
+              f"roofline_fraction {roof[-1]:.2f}")  # per repetition: how the two move together with the load
     speedups = [b / a for a, b in zip(rates[1], rates[args.batch_size], strict=True)]
     bound = [bw * 1e9 / size for bw in bandwidth]
     print(f"memory copy {spread(bandwidth)} GB/s -> batch-1 roofline {spread(bound)} tokens/s; batch-1 decode "
@@ -381,9 +385,9 @@ def main() -> None:
               f"(packed gain {spread(gain)}x, speedup without it {spread(without)})")
     same = sum(a == b for a, b in zip(outputs[1], outputs[args.batch_size][::args.single_every], strict=True))
     print(f"identical outputs at batch size 1 and {args.batch_size}: {same}/{len(single)}")
-    if args.compare_direct and not supports_direct(model):
+    if args.compare_direct and not direct_supported:
         print("--compare-direct: cipr.decode_step does not support this model (cipr.decode_step.supports); skipped")
-    if args.compare_direct and supports_direct(model):
+    elif args.compare_direct:
         prompt = tokenizer(fmt.render_prompt(tokenizer, reqs[0].example.messages, reqs[0].example.interface),
                            return_tensors="pt", add_special_tokens=False)["input_ids"].to(next(model.parameters()).device)
         for rows in (1, args.batch_size):

@@ -44,6 +44,10 @@ def test_bench_eval_prints_speedup_and_roofline():
                   "--repeats", "1", "--no-vllm", "--device", "cpu", "--compare-unpacked", "--compare-direct")
     line = text.splitlines()[-1]
     assert re.fullmatch(r"speedup=\S+ \[\S+\] roofline_fraction=\S+ \[\S+\]", line), line
+    # the one repetition's own figures are the medians of one value
+    rep = re.search(r"^repetition 1: .*; speedup (\S+) roofline_fraction (\S+)$", text, re.M)
+    assert rep, text
+    assert line == f"speedup={rep[1]} [{rep[1]}-{rep[1]}] roofline_fraction={rep[2]} [{rep[2]}-{rep[2]}]", text
     # --compare-unpacked adds the batched pass with F.linear where the packed weights exist
     assert ("with F.linear instead of packed weights" in text) == packed_gemm.available(), text
     # --compare-direct: the tiny model (qwen2, cipr_grouped on CPU) decodes the same tokens either way
