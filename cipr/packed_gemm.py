@@ -1,4 +1,4 @@
-"""MKL's packed float32 GEMM for the linear layers of batched decoding on CPU.
+"""Packed float32 weights for the linear layers of decoding on CPU: CIPR's kernel or MKL's packed GEMM.
 
 A decoding step multiplies one row per sequence by every weight matrix. At batch size 1 MKL runs a
 matrix-vector product near the memory bandwidth; at a few rows its general `sgemm` repacks the weight
@@ -13,6 +13,11 @@ time; it exceeded a second on a loaded 2-core machine), so it is done once per r
 packed weight serves one row count; `packed_linear` pads an input with fewer rows (a batch whose
 finished sequences left it, or a short last batch) with zero rows up to it, so a whole evaluation packs
 once. The padded rows are computed and thrown away; their cost was not measured apart from the step's.
+
+Two kernels (`PackedLinears(model, kernel)`; `choose` picks): `cipr`, `cipr.skinny_gemm`'s kernel
+built on first use, which streams the weights once per step at any row count up to `MAX_ROWS` and is
+also used at one row; and `mkl`, the pair of MKL ops above, for two or more rows. `auto` is `cipr`
+where it builds, else `mkl` where torch has it.
 
 Used only under `torch.no_grad`/`inference_mode` (generation): a layer whose weight requires grad
 while grad is on, an input of one row (a matrix-vector product is already at the bandwidth) or of more
@@ -32,8 +37,33 @@ import torch.nn.functional as F
 
 def available() -> bool:
     """Whether this torch build has MKL's packed linear (x86 wheels do; ARM and ROCm builds may not)."""
+
     mkl = getattr(torch.ops, "mkl", None)
     return bool(torch._C.has_mkl) and hasattr(mkl, "_mkl_linear") and hasattr(mkl, "_mkl_reorder_linear_weight")
+
+
+KERNELS = ("auto", "cipr", "mkl")
+MAX_ROWS = 32
+"""Most input rows the `cipr` kernel takes (more, a prefill say, go through F.linear)."""
+
+
+def choose(kernel: str) -> str | None:
+    """The kernel `kernel` (one of KERNELS) resolves to here: `cipr` or `mkl`, or None where `auto` finds
+    neither. Asking for one that cannot run is an error that says why."""
+    from cipr import skinny_gemm
+
+    if kernel not in KERNELS:
+        raise ValueError(f"gemm_kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel in ("auto", "cipr") and skinny_gemm.load():
+        return "cipr"
+    if kernel == "cipr":
+        raise RuntimeError("gemm_kernel=cipr: cipr.skinny_gemm's kernel could not be built or loaded (the "
+                           "warning logged above says why); use gemm_kernel=auto or mkl")
+    if available():
+        return "mkl"
+    if kernel == "mkl":
+        raise RuntimeError("gemm_kernel=mkl: this torch build has no MKL packed linear")
+    return None
 
 
 def fits(nbytes: int, fraction: float = 0.5) -> bool:
@@ -62,18 +92,26 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 class PackedLinears:
-    """Route a model's float32 CPU `nn.Linear` layers through weights packed for a given row count.
+    """Route a model's float32 CPU `nn.Linear` layers through packed weights (`kernel` `cipr` or `mkl`).
 
-    `pack(rows)` packs (only if `rows` changed or a weight was modified or replaced since) and routes
-    each layer's forward through `packed_linear`; `restore()` gives the layers their own forward back
+    `pack(rows)` packs (only if a weight was modified or replaced since, or, for `mkl`, whose packing
+    serves one row count, if `rows` changed) and routes each layer's forward through `packed_linear`
+    (`mkl`) or `cipr_linear`; `cipr` routes only layers whose out_features is a multiple of
+    `cipr.skinny_gemm.PANEL`; `restore()` gives the layers their own forward back
     and keeps the packed weights for the next `pack`; `release()` also frees them. A context manager
     (releases on exit). Layers that already carry an instance-level forward (accelerate's offloading
     hooks, another wrapper) are left alone.
     """
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, kernel: str = "mkl"):
+        from cipr.skinny_gemm import PANEL
+
+        if kernel not in ("cipr", "mkl"):
+            raise ValueError(f"PackedLinears: kernel must be 'cipr' or 'mkl', got {kernel!r}")
+        self.kernel = kernel
         self.layers = [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in vars(m)
-                       and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
+                       and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"
+                       and (kernel == "mkl" or m.weight.shape[0] % PANEL == 0)]
         self.nbytes = sum(m.weight.numel() * 4 for m in self.layers)
         """About what the packed copies take (MKL's layout pads a little)."""
         self.rows = 0
@@ -87,16 +125,21 @@ class PackedLinears:
 
     def pack(self, rows: int) -> None:
         """Route the layers through weights packed for `rows` input rows, packing only if needed."""
-        if rows != self.rows or self._stamp() != self._stamps:
+        from cipr import skinny_gemm
+
+        if (rows != self.rows and self.kernel == "mkl") or self._stamp() != self._stamps:
             self.release()
             with torch.no_grad():
-                self._packed = [torch.ops.mkl._mkl_reorder_linear_weight(m.weight.detach(), rows)
+                self._packed = [skinny_gemm.pack(m.weight.detach()) if self.kernel == "cipr" else
+                                torch.ops.mkl._mkl_reorder_linear_weight(m.weight.detach(), rows)
                                 for m in self.layers]
-            self.rows, self._stamps = rows, self._stamp()
+            self._stamps = self._stamp()
             self.packs += 1
+        self.rows = rows
         for m, packed in zip(self.layers, self._packed, strict=True):
             if "forward" not in vars(m):
-                m.forward = functools.partial(_forward, m, packed, rows)
+                m.forward = (functools.partial(_cipr_forward, m, packed) if self.kernel == "cipr" else
+                             functools.partial(_forward, m, packed, rows))
 
     def restore(self) -> None:
         """Every layer back to its own forward; the packed weights are kept for the next `pack`."""
@@ -115,5 +158,25 @@ class PackedLinears:
         self.release()
 
 
+def cipr_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                packed: torch.Tensor) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` [..., out] from x [..., in], with `packed` = `cipr.skinny_gemm.pack(weight)`.
+
+    1..MAX_ROWS rows (leading dims flattened) go through the `cipr` kernel; more rows, or autograd
+    needing the weight's gradient, through `F.linear`.
+    """
+    from cipr import skinny_gemm
+
+    n = x.numel() // max(x.shape[-1], 1)
+    if not 0 < n <= MAX_ROWS or (torch.is_grad_enabled() and weight.requires_grad) or x.dtype != torch.float32:
+        return F.linear(x, weight, bias)
+    out = skinny_gemm.linear(x.reshape(n, x.shape[-1]), packed, bias)
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
 def _forward(module: torch.nn.Linear, packed: torch.Tensor, rows: int, x: torch.Tensor) -> torch.Tensor:
     return packed_linear(x, module.weight, module.bias, packed, rows)
+
+
+def _cipr_forward(module: torch.nn.Linear, packed: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return cipr_linear(x, module.weight, module.bias, packed)

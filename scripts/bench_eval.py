@@ -87,7 +87,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cipr import packed_gemm
+from cipr import packed_gemm, skinny_gemm
 from cipr.attention import GROUPED
 from cipr.decode_step import supports as supports_direct
 from cipr.eval.backends import GenRequest, HFBackend, HFBackendConfig
@@ -121,11 +121,13 @@ def spread(values: list[float]) -> str:
 
 
 def hf_backend(model: Any, tokenizer: Any, fmt: Any, bs: int, max_new_tokens: int, prefill: str = "auto",
-               packed_gemm: bool = True, prefix_reuse: bool = True, direct_decode: bool = True) -> HFBackend:
+               packed_gemm: bool = True, prefix_reuse: bool = True, direct_decode: bool = True,
+               gemm_kernel: str = "auto") -> HFBackend:
     return HFBackend(model, tokenizer, fmt, HFBackendConfig(batch_size=bs, max_new_tokens=max_new_tokens,
                                                             prefill=prefill,  # type: ignore[arg-type]
                                                             packed_gemm=packed_gemm, prefix_reuse=prefix_reuse,
-                                                            direct_decode=direct_decode))
+                                                            direct_decode=direct_decode,
+                                                            gemm_kernel=gemm_kernel))  # type: ignore[arg-type]
 
 
 def run_hf(backend: HFBackend, reqs: list[GenRequest]) -> tuple[float, dict[str, float], list[str]]:
@@ -207,8 +209,9 @@ def median_ms(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, 
 
 def linears_ms(model: Any, rows: int, repeats: int = 9) -> dict[str, float]:
     """Median ms of one pass over every linear layer's matrix product, as in one decoding step, at 1 and
-    `rows` rows with F.linear, at `rows` rows with MKL's packed weights (where available), and seconds
-    to pack them (`cipr.packed_gemm`)."""
+    `rows` rows with F.linear, at `rows` rows with MKL's packed weights (where available), at 1 and `rows`
+    rows with CIPR's kernel (where it builds: `cipr.skinny_gemm`; layers it does not pack with F.linear),
+    and seconds to pack them (`cipr.packed_gemm`)."""
     import torch
     import torch.nn.functional as F
 
@@ -221,8 +224,14 @@ def linears_ms(model: Any, rows: int, repeats: int = 9) -> dict[str, float]:
         t = time.perf_counter()
         packed = [torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in weights]
         out["pack_s"] = time.perf_counter() - t
-        runs[f"{rows} rows packed"] = lambda: [packed_gemm.packed_linear(xs[w.shape[1]], w, None, p, rows)
-                                               for w, p in zip(weights, packed, strict=True)]
+        runs[f"{rows} rows MKL packed"] = lambda: [packed_gemm.packed_linear(xs[w.shape[1]], w, None, p, rows)
+                                                   for w, p in zip(weights, packed, strict=True)]
+    if weights[0].device.type == "cpu" and weights[0].dtype == torch.float32 and skinny_gemm.load():
+        panels = [skinny_gemm.pack(w) if w.shape[0] % skinny_gemm.PANEL == 0 else None for w in weights]
+        for n in (1, rows):
+            runs[f"{n} row{'s' * (n > 1)} cipr"] = lambda n=n: [
+                F.linear(xs[w.shape[1]][:n], w) if p is None else skinny_gemm.linear(xs[w.shape[1]][:n], p, None)
+                for w, p in zip(weights, panels, strict=True)]
     return {**median_ms(runs, repeats), **out}
 
 
@@ -271,7 +280,9 @@ def main() -> None:
     p.add_argument("--prefill", default="auto", choices=["auto", "per_item", "batched"],
                    help="HF prefill: auto (per item on CPU), per_item, batched (one padded forward)")
     p.add_argument("--no-packed-gemm", action="store_true",
-                   help="decode batches with F.linear only (default: MKL's packed weights where available)")
+                   help="decode with F.linear only (default: packed weights, the --gemm-kernel's)")
+    p.add_argument("--gemm-kernel", default="auto", choices=list(packed_gemm.KERNELS),
+                   help="the packed weights' kernel: auto (CIPR's where it builds, else MKL's), cipr, mkl")
     p.add_argument("--compare-unpacked", action="store_true",
                    help="also run the batched setting with F.linear in each repetition, to print the packed "
                    "weights' gain on whole passes")
@@ -315,8 +326,9 @@ def main() -> None:
           f"{sum(lengths) / len(lengths):.0f} max {max(lengths)} (batch size 1 on {len(single)} of them, mean "
           f"{statistics.mean(lengths[::args.single_every]):.0f}); max_new_tokens {args.max_new_tokens}")
     on_cpu = next(model.parameters()).device.type == "cpu"
-    packing = (not args.no_packed_gemm and on_cpu and packed_gemm.available()
-               and next(model.parameters()).dtype == torch.float32)  # the packed op is float32's
+    kernel = packed_gemm.choose(args.gemm_kernel) if on_cpu else None
+    packing = (not args.no_packed_gemm and kernel is not None
+               and next(model.parameters()).dtype == torch.float32)  # the packed ops are float32's
     if on_cpu:
         gemm = linears_ms(model, args.batch_size)
         print("linears of one decoding step: " + ", ".join(
@@ -333,17 +345,20 @@ def main() -> None:
     print("decoding steps: " + ("the layers called directly (cipr.decode_step)" if direct and direct_supported
                                 else "model.forward"))
     backends = {1: hf_backend(model, tokenizer, fmt, 1, args.max_new_tokens, args.prefill, prefix_reuse=reuse,
-                              direct_decode=direct),
+                              direct_decode=direct, packed_gemm=packing, gemm_kernel=args.gemm_kernel),
                 args.batch_size: hf_backend(model, tokenizer, fmt, args.batch_size, args.max_new_tokens,
-                                            args.prefill, packing, reuse, direct)}
+                                            args.prefill, packing, reuse, direct, args.gemm_kernel)}
     if packing and args.compare_unpacked:  # 0: the batched setting with F.linear, the packed weights' gain
         backends[0] = hf_backend(model, tokenizer, fmt, args.batch_size, args.max_new_tokens, args.prefill, False,
                                  reuse, direct)
     for bs, backend in backends.items():  # warm-up, not timed; two items, so a batched backend packs here
         run_hf(backend, warm if bs == 1 else warm + extra)
     if packing:
-        print(f"packing the weights for batch size {args.batch_size} (once per backend, in the warm-up): "
-              f"{backends[args.batch_size].timing['pack_seconds']:.2f} s")
+        print(f"decoding with packed weights, kernel {kernel}; packing them (once per backend, in the warm-up) "
+              f"took " + ", ".join(f"{b.timing['pack_seconds']:.2f} s at batch size {b.config.batch_size}"
+                                   for bs, b in backends.items() if bs and b.timing["pack_seconds"]))
+    else:
+        print("decoding with F.linear (no packed weights)")
     rates: dict[int, list[float]] = {1: [], args.batch_size: []}
     parts: dict[int, dict[str, list[float]]] = {1: {}, args.batch_size: {}}
     bandwidth: list[float] = []

@@ -48,8 +48,13 @@ def test_bench_eval_prints_speedup_and_roofline():
     rep = re.search(r"^repetition 1: .*; speedup (\S+) roofline_fraction (\S+)$", text, re.M)
     assert rep, text
     assert line == f"speedup={rep[1]} [{rep[1]}-{rep[1]}] roofline_fraction={rep[2]} [{rep[2]}-{rep[2]}]", text
-    # --compare-unpacked adds the batched pass with F.linear where the packed weights exist
-    assert ("with F.linear instead of packed weights" in text) == packed_gemm.available(), text
+    # the default kernel is CIPR's (it builds on every machine of the README's set-up), timed beside F.linear
+    # and MKL; --compare-unpacked adds the batched pass with F.linear
+    assert "decoding with packed weights, kernel cipr;" in text, text
+    assert re.search(r"^linears of one decoding step: 1 row \S+ ms, 2 rows \S+ ms, "
+                     + (r"2 rows MKL packed \S+ ms, " if packed_gemm.available() else "")
+                     + r"1 row cipr \S+ ms, 2 rows cipr \S+ ms", text, re.M), text
+    assert "with F.linear instead of packed weights" in text, text
     # --compare-direct: the tiny model (qwen2, cipr_grouped on CPU) decodes the same tokens either way
     assert len(re.findall(r"^decoding step, layers called directly / model.forward, .* same tokens: True$",
                           text, re.M)) == 2, text

@@ -1,5 +1,6 @@
-"""Packed GEMM: the packed product equals `F.linear`; other row counts and training fall back to it;
-layers are switched and restored; the HF backend's greedy texts do not change with it."""
+"""Packed GEMM (MKL's; CIPR's kernel itself is tested in test_skinny_gemm.py): the packed product equals
+`F.linear`; other row counts and training fall back to it; layers are switched and restored; the HF
+backend's greedy texts do not change with either kernel."""
 
 from __future__ import annotations
 
@@ -102,10 +103,12 @@ def test_packed_linears_pack_once_repack_on_change_restore_release():
     assert "forward" not in vars(model[0]) and not p._packed
 
 
+@pytest.mark.parametrize("kernel", ["cipr", "mkl"])
 @pytest.mark.parametrize("batch_size", [1, 4])
-def test_hf_backend_same_texts_with_and_without_packing(tiny_tokenizer, batch_size):
+def test_hf_backend_same_texts_with_and_without_packing(tiny_tokenizer, batch_size, kernel):
     """Greedy texts of the sharpened tiny model (outputs vary with prompt and step) are the same with
-    packed weights and without; the layers are restored after generation."""
+    packed weights (either kernel) and without; the layers are restored after generation; the weights
+    are packed once per backend (`mkl` only for batches of two or more rows)."""
     from cipr.eval.backends import GenRequest, HFBackend, HFBackendConfig
     from cipr.formats.toolrl import ToolRLFormat
     from cipr.interface import Example, Interface, Message, Tool
@@ -120,18 +123,23 @@ def test_hf_backend_same_texts_with_and_without_packing(tiny_tokenizer, batch_si
     reqs = [GenRequest(Example(id=q, messages=(Message("user", q),), interface=Interface((tool,))))
             for q in ["Rome?", "What is the weather like in Paris tomorrow?", "Oslo", "Lima and its weather"]]
 
+    if kernel == "mkl" and not packed_gemm.available():
+        pytest.skip("this torch build has no MKL packed linear")
+
     def texts(packed: bool) -> list[str]:
-        cfg = HFBackendConfig(batch_size=batch_size, max_new_tokens=12, packed_gemm=packed)
+        cfg = HFBackendConfig(batch_size=batch_size, max_new_tokens=12, packed_gemm=packed, gemm_kernel=kernel)
         return [g.text for g in HFBackend(model, tiny_tokenizer, ToolRLFormat(), cfg).generate(reqs)]
 
     plain = texts(False)
     assert texts(True) == plain and len(set(plain)) > 1
     assert all("forward" not in vars(m) for m in model.modules())
-    backend = HFBackend(model, tiny_tokenizer, ToolRLFormat(), HFBackendConfig(batch_size=batch_size, max_new_tokens=12))
+    cfg = HFBackendConfig(batch_size=batch_size, max_new_tokens=12, gemm_kernel=kernel)
+    backend = HFBackend(model, tiny_tokenizer, ToolRLFormat(), cfg)
     backend.generate(reqs)
-    backend.generate(reqs[:3])  # a short batch: padded to the packed row count, not repacked
+    backend.generate(reqs[:3])  # a short batch: padded to the packed row count (mkl), not repacked
     packs = backend._packer.packs if backend._packer else 0
-    assert packs == (1 if batch_size > 1 and packed_gemm.available() else 0)
+    assert packs == (1 if batch_size > 1 or kernel == "cipr" else 0)
+    assert backend._packer.kernel == kernel
 
 
 def test_eval_config_reaches_the_backend(tiny_model, tiny_tokenizer):
@@ -143,6 +151,8 @@ def test_eval_config_reaches_the_backend(tiny_model, tiny_tokenizer):
     for flag in (True, False):
         backend = make_backend(EvalConfig(packed_gemm=flag), ToolRLFormat(), model=tiny_model, tokenizer=tiny_tokenizer)
         assert backend.config.packed_gemm is flag
+    backend = make_backend(EvalConfig(gemm_kernel="mkl"), ToolRLFormat(), model=tiny_model, tokenizer=tiny_tokenizer)
+    assert backend.config.gemm_kernel == "mkl"
 
 
 def test_fits_compares_with_free_memory():

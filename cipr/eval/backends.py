@@ -130,11 +130,12 @@ class HFBackendConfig:
     different interfaces share their first ~50 tokens (the tools follow); items of one interface share
     their whole system prompt.
 
-    `packed_gemm` (greedy loop only): decoding steps of two or more rows multiply by weights packed
-    with MKL for `batch_size` rows (`cipr.packed_gemm`: float32 CPU layers, torch built with MKL; other
-    layers unchanged), packed at the first batch and kept while the backend lives (about the float32
-    weights' size in memory, so it is skipped, with a warning, when that exceeds half the free memory;
-    repacked if the weights change). Batch size 1 is unaffected.
+    `packed_gemm` (greedy loop only): decoding steps multiply by weights packed once and kept while the
+    backend lives (`cipr.packed_gemm`: float32 CPU layers; about the float32 weights' size in memory, so
+    it is skipped, with a warning, when that exceeds half the free memory; repacked if the weights
+    change), with the kernel `gemm_kernel` names: `cipr`, CIPR's decoding kernel (`cipr.skinny_gemm`,
+    compiled on first use), at every batch size; `mkl`, MKL's packed GEMM for `batch_size` rows, at two
+    or more rows only; `auto`, `cipr` where it builds, else `mkl` where torch has it.
 
     `direct_decode` (greedy loop only): decoding steps call the model's layers directly
     (`cipr.decode_step`: same modules, same operations, same logits) instead of `model.forward`, skipping
@@ -149,6 +150,7 @@ class HFBackendConfig:
     prefill: Literal["auto", "batched", "per_item"] = "auto"
     prefix_reuse: bool = True
     packed_gemm: bool = True
+    gemm_kernel: Literal["auto", "cipr", "mkl"] = "auto"
     direct_decode: bool = True
 
 
@@ -177,7 +179,7 @@ class HFBackend:
         """Wall seconds and tokens of the greedy loop's prefill (tokens computed) and decode forwards, the
         number of decode forwards, the seconds spent packing weights (`packed_gemm`; not in
         decode_seconds) and the prompt tokens whose states were reused (`prefix_reuse`), summed over calls."""
-        self._packer: Any = None  # PackedLinears once decided, False when packing does not fit
+        self._packer: Any = None  # PackedLinears once decided, False when packing does not fit or no kernel runs
         self._kv_buffers: list[Any] = []  # per-item prefill's key/value buffers, lent to the next batch
         self._previous: tuple[list[int], list[Any]] | None = None  # last prompt prefilled in this call, its states
 
@@ -288,21 +290,25 @@ class HFBackend:
 
         The key/value cache appends in place (`cipr.kv_cache`) instead of copying itself at every token.
         """
-        from cipr.packed_gemm import PackedLinears, available, fits
+        import torch
+
+        from cipr.packed_gemm import PackedLinears, choose, fits
 
         packer = None
-        if self.config.packed_gemm and self.config.batch_size > 1 and tok.shape[0] > 1 and available():
-            if self._packer is None:
-                self._packer = PackedLinears(self.model)
-                if not fits(self._packer.nbytes):
-                    log.warning("packed_gemm: packing needs %.1f GB, more than half the free memory; "
-                                "decoding with F.linear", self._packer.nbytes / 1e9)
-                    self._packer = False  # decided once per backend
-            if self._packer:
-                packer = self._packer
-                start = time.perf_counter()
-                packer.pack(self.config.batch_size)
-                self.timing["pack_seconds"] += time.perf_counter() - start
+        if self.config.packed_gemm and self._packer is None:
+            weight = next(self.model.parameters())  # the kernels are float32 CPU ones: nothing to build elsewhere
+            on_cpu = weight.device.type == "cpu" and weight.dtype == torch.float32
+            kernel = choose(self.config.gemm_kernel) if on_cpu else None
+            self._packer = PackedLinears(self.model, kernel) if kernel else False
+            if self._packer and not fits(self._packer.nbytes):
+                log.warning("packed_gemm: packing needs %.1f GB, more than half the free memory; "
+                            "decoding with F.linear", self._packer.nbytes / 1e9)
+                self._packer = False  # decided once per backend
+        if self._packer and (self._packer.kernel == "cipr" or (self.config.batch_size > 1 and tok.shape[0] > 1)):
+            packer = self._packer
+            start = time.perf_counter()
+            packer.pack(self.config.batch_size)
+            self.timing["pack_seconds"] += time.perf_counter() - start
         try:
             return self._greedy_steps(cache, mask, next_pos, tok)
         finally:

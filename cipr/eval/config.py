@@ -82,8 +82,10 @@ class EvalConfig:
       `batched` (see `HFBackendConfig.prefill`).
     - `prefix_reuse`: HF per-item prefill, a prompt starting like the one before it in the same chunk
       computes only the rest (see `HFBackendConfig.prefix_reuse`); false: every prompt in full.
-    - `packed_gemm`: HF greedy loop on CPU, decode batches with MKL-packed float32 weights (see
+    - `packed_gemm`: HF greedy loop on CPU, decode with packed float32 weights (see
       `HFBackendConfig.packed_gemm`; costs about the weights' size in memory); false: F.linear.
+    - `gemm_kernel`: the packed weights' kernel: `auto` (CIPR's, `cipr.skinny_gemm`, where it builds,
+      else MKL's), `cipr` or `mkl` (see `HFBackendConfig.gemm_kernel`).
     - `replay`: `reference` or `familiar` (see `cipr.eval.backends.ReplayBackend`).
     - `format`: call format name (None: the benchmark's).
     - `device` / `dtype`: `auto` = CUDA with bfloat16 when available, else CPU float32.
@@ -113,6 +115,7 @@ class EvalConfig:
     prefill: Literal["auto", "batched", "per_item"] = "auto"
     prefix_reuse: bool = True
     packed_gemm: bool = True
+    gemm_kernel: Literal["auto", "cipr", "mkl"] = "auto"
     retain_heap: bool = True
     chunk_size: int = 64
     format: str | None = None

@@ -156,7 +156,8 @@ def make_backend(cfg: EvalConfig, fmt: CallFormat, model: Any = None, tokenizer:
     return HFBackend(model, tokenizer, fmt, HFBackendConfig(batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
                                                            drop_finished=cfg.drop_finished, prefill=cfg.prefill,
                                                            prefix_reuse=cfg.prefix_reuse,
-                                                           packed_gemm=cfg.packed_gemm))
+                                                           packed_gemm=cfg.packed_gemm,
+                                                           gemm_kernel=cfg.gemm_kernel))
 
 
 def report_config(cfg: EvalConfig) -> ReportConfig:
