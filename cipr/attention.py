@@ -13,7 +13,10 @@ with H = K*G (query head h uses key/value head h // G, as `repeat_kv` orders the
 is eager attention's (same scaling, additive float mask, float32 softmax), so outputs agree with
 `eager` to float rounding (tested). A decoding step (one query position) goes through torch's fused
 `scaled_dot_product_attention` on the same group-stacked query instead (`grouped_decode`), which reads
-the cache once without writing scores or weights; same values to float rounding.
+the cache once without writing scores or weights; same values to float rounding. Where CIPR's compiled
+CPU kernels load (`cipr.cpu_kernels`, float32 CPU tensors, head dim 64 or 128, at most 8 query heads
+per key/value head, no autograd), a decoding step uses their `decode_attention` instead, which streams
+the cache faster than SDPA's kernel (`scripts/bench_eval.py` times the three on the model's shapes).
 
 Registered under `GROUPED` with eager's mask builder; the evaluation's `attn_implementation=auto` picks
 it on CPU for the families in `MODEL_TYPES` (eager for others), and CPU training rollouts decode with it
@@ -77,11 +80,12 @@ def grouped_scores(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
 
 
 def grouped_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
-                   scaling: float) -> torch.Tensor:
+                   scaling: float, kernel: bool = True) -> torch.Tensor:
     """`grouped_scores`'s output [B, 1, H, D] for one query position (query [B, H, 1, D]), through
     `scaled_dot_product_attention` on the group-stacked query: its fused CPU kernel reads each key/value
-    head once and materializes neither scores, weights nor a broadcast mask. Same values to float
-    rounding (online softmax; tested); `scripts/bench_eval.py` times both on the model's decoding shapes."""
+    head once and materializes neither scores, weights nor a broadcast mask; or, with `kernel` where it
+    applies (module docstring), `cipr.cpu_kernels.decode_attention`. Same values to float rounding
+    (online softmax; tested)."""
     import torch
 
     b, h, _, d = query.shape
@@ -89,10 +93,37 @@ def grouped_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     mask = None
     if attention_mask is not None:
         mask = attention_mask[:, :, :, :t]
+        if kernel and kernel_applies(query, key, value, mask):
+            from cipr import cpu_kernels
+
+            flat = mask.expand(b, 1, 1, t)[:, 0, 0] if mask.shape[1] == mask.shape[2] == 1 else None
+            if flat is not None and flat.stride(-1) == 1 and flat.dtype == torch.float32:
+                return cpu_kernels.decode_attention(query[:, :, 0], key, value, flat, scaling).view(b, 1, h, d)
         mask = mask if mask.shape[1] == 1 else mask.reshape(b, k, h // k, t)
+    elif kernel and kernel_applies(query, key, value, None):
+        from cipr import cpu_kernels
+
+        return cpu_kernels.decode_attention(query[:, :, 0], key, value, None, scaling).view(b, 1, h, d)
     out = torch.nn.functional.scaled_dot_product_attention(query.reshape(b, k, h // k, d), key, value,
                                                            attn_mask=mask, scale=scaling)
     return out.reshape(b, 1, h, value.shape[-1])
+
+
+def kernel_applies(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None) -> bool:
+    """Whether `cipr.cpu_kernels.decode_attention` takes these tensors (see the module docstring)."""
+    import torch
+
+    tensors = (query, key, value) if mask is None else (query, key, value, mask)
+    if any(x.device.type != "cpu" or x.dtype != torch.float32 for x in tensors):
+        return False
+    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+        return False
+    h, k, d = query.shape[1], key.shape[1], query.shape[3]
+    if d not in (64, 128) or h % k or h // k > 8 or key.stride(-1) != 1 or value.stride(-1) != 1:
+        return False
+    from cipr import cpu_kernels
+
+    return cpu_kernels.load()
 
 
 def use_grouped(model: Any, required: bool = False) -> bool:

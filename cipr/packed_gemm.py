@@ -14,7 +14,7 @@ packed weight serves one row count; `packed_linear` pads an input with fewer row
 finished sequences left it, or a short last batch) with zero rows up to it, so a whole evaluation packs
 once. The padded rows are computed and thrown away; their cost was not measured apart from the step's.
 
-Two kernels (`PackedLinears(model, kernel)`; `choose` picks): `cipr`, `cipr.skinny_gemm`'s kernel
+Two kernels (`PackedLinears(model, kernel)`; `choose` picks): `cipr`, `cipr.cpu_kernels`'s kernel
 built on first use, which streams the weights once per step at any row count up to `MAX_ROWS` and is
 also used at one row; and `mkl`, the pair of MKL ops above, for two or more rows. `auto` is `cipr`
 where it builds, else `mkl` where torch has it.
@@ -50,14 +50,14 @@ MAX_ROWS = 32
 def choose(kernel: str) -> str | None:
     """The kernel `kernel` (one of KERNELS) resolves to here: `cipr` or `mkl`, or None where `auto` finds
     neither. Asking for one that cannot run is an error that says why."""
-    from cipr import skinny_gemm
+    from cipr import cpu_kernels
 
     if kernel not in KERNELS:
         raise ValueError(f"gemm_kernel must be one of {KERNELS}, got {kernel!r}")
-    if kernel in ("auto", "cipr") and skinny_gemm.load():
+    if kernel in ("auto", "cipr") and cpu_kernels.load():
         return "cipr"
     if kernel == "cipr":
-        raise RuntimeError("gemm_kernel=cipr: cipr.skinny_gemm's kernel could not be built or loaded (the "
+        raise RuntimeError("gemm_kernel=cipr: cipr.cpu_kernels's kernel could not be built or loaded (the "
                            "warning logged above says why); use gemm_kernel=auto or mkl")
     if available():
         return "mkl"
@@ -97,14 +97,14 @@ class PackedLinears:
     `pack(rows)` packs (only if a weight was modified or replaced since, or, for `mkl`, whose packing
     serves one row count, if `rows` changed) and routes each layer's forward through `packed_linear`
     (`mkl`) or `cipr_linear`; `cipr` routes only layers whose out_features is a multiple of
-    `cipr.skinny_gemm.PANEL`; `restore()` gives the layers their own forward back
+    `cipr.cpu_kernels.PANEL`; `restore()` gives the layers their own forward back
     and keeps the packed weights for the next `pack`; `release()` also frees them. A context manager
     (releases on exit). Layers that already carry an instance-level forward (accelerate's offloading
     hooks, another wrapper) are left alone.
     """
 
     def __init__(self, model: Any, kernel: str = "mkl"):
-        from cipr.skinny_gemm import PANEL
+        from cipr.cpu_kernels import PANEL
 
         if kernel not in ("cipr", "mkl"):
             raise ValueError(f"PackedLinears: kernel must be 'cipr' or 'mkl', got {kernel!r}")
@@ -125,12 +125,12 @@ class PackedLinears:
 
     def pack(self, rows: int) -> None:
         """Route the layers through weights packed for `rows` input rows, packing only if needed."""
-        from cipr import skinny_gemm
+        from cipr import cpu_kernels
 
         if (rows != self.rows and self.kernel == "mkl") or self._stamp() != self._stamps:
             self.release()
             with torch.no_grad():
-                self._packed = [skinny_gemm.pack(m.weight.detach()) if self.kernel == "cipr" else
+                self._packed = [cpu_kernels.pack(m.weight.detach()) if self.kernel == "cipr" else
                                 torch.ops.mkl._mkl_reorder_linear_weight(m.weight.detach(), rows)
                                 for m in self.layers]
             self._stamps = self._stamp()
@@ -160,17 +160,17 @@ class PackedLinears:
 
 def cipr_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 packed: torch.Tensor) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` [..., out] from x [..., in], with `packed` = `cipr.skinny_gemm.pack(weight)`.
+    """`F.linear(x, weight, bias)` [..., out] from x [..., in], with `packed` = `cipr.cpu_kernels.pack(weight)`.
 
     1..MAX_ROWS rows (leading dims flattened) go through the `cipr` kernel; more rows, or autograd
     needing the weight's gradient, through `F.linear`.
     """
-    from cipr import skinny_gemm
+    from cipr import cpu_kernels
 
     n = x.numel() // max(x.shape[-1], 1)
     if not 0 < n <= MAX_ROWS or (torch.is_grad_enabled() and weight.requires_grad) or x.dtype != torch.float32:
         return F.linear(x, weight, bias)
-    out = skinny_gemm.linear(x.reshape(n, x.shape[-1]), packed, bias)
+    out = cpu_kernels.linear(x.reshape(n, x.shape[-1]), packed, bias)
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 

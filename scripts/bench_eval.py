@@ -87,7 +87,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cipr import packed_gemm, skinny_gemm
+from cipr import cpu_kernels, packed_gemm
 from cipr.attention import GROUPED
 from cipr.decode_step import supports as supports_direct
 from cipr.eval.backends import GenRequest, HFBackend, HFBackendConfig
@@ -210,7 +210,7 @@ def median_ms(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, 
 def linears_ms(model: Any, rows: int, repeats: int = 9) -> dict[str, float]:
     """Median ms of one pass over every linear layer's matrix product, as in one decoding step, at 1 and
     `rows` rows with F.linear, at `rows` rows with MKL's packed weights (where available), at 1 and `rows`
-    rows with CIPR's kernel (where it builds: `cipr.skinny_gemm`; layers it does not pack with F.linear),
+    rows with CIPR's kernel (where it builds: `cipr.cpu_kernels`; layers it does not pack with F.linear),
     and seconds to pack them (`cipr.packed_gemm`)."""
     import torch
     import torch.nn.functional as F
@@ -226,22 +226,23 @@ def linears_ms(model: Any, rows: int, repeats: int = 9) -> dict[str, float]:
         out["pack_s"] = time.perf_counter() - t
         runs[f"{rows} rows MKL packed"] = lambda: [packed_gemm.packed_linear(xs[w.shape[1]], w, None, p, rows)
                                                    for w, p in zip(weights, packed, strict=True)]
-    if weights[0].device.type == "cpu" and weights[0].dtype == torch.float32 and skinny_gemm.load():
-        panels = [skinny_gemm.pack(w) if w.shape[0] % skinny_gemm.PANEL == 0 else None for w in weights]
+    if weights[0].device.type == "cpu" and weights[0].dtype == torch.float32 and cpu_kernels.load():
+        panels = [cpu_kernels.pack(w) if w.shape[0] % cpu_kernels.PANEL == 0 else None for w in weights]
         for n in (1, rows):
             runs[f"{n} row{'s' * (n > 1)} cipr"] = lambda n=n: [
-                F.linear(xs[w.shape[1]][:n], w) if p is None else skinny_gemm.linear(xs[w.shape[1]][:n], p, None)
+                F.linear(xs[w.shape[1]][:n], w) if p is None else cpu_kernels.linear(xs[w.shape[1]][:n], p, None)
                 for w, p in zip(weights, panels, strict=True)]
     return {**median_ms(runs, repeats), **out}
 
 
 def attention_ms(model: Any, rows: int, cached: int, repeats: int = 9) -> dict[str, float]:
     """Median ms of one decoding step's attention (every layer once: `rows` query rows over `cached`
-    positions of a left-padded cache, the model's head shapes), unfused (`cipr.attention.grouped_scores`)
-    and fused (`grouped_decode`, what `cipr_grouped` decodes with)."""
+    positions of a left-padded cache, the model's head shapes), unfused (`cipr.attention.grouped_scores`),
+    fused (SDPA's kernel on the group-stacked query: `grouped_decode` without CIPR's kernel) and, where
+    it applies, with `cipr.cpu_kernels.decode_attention` (what `cipr_grouped` decodes with there)."""
     import torch
 
-    from cipr.attention import grouped_decode, grouped_scores
+    from cipr.attention import grouped_decode, grouped_scores, kernel_applies
 
     c = model.config
     h, k = c.num_attention_heads, c.num_key_value_heads
@@ -253,7 +254,9 @@ def attention_ms(model: Any, rows: int, cached: int, repeats: int = 9) -> dict[s
     mask = torch.zeros(rows, 1, 1, cached, dtype=dtype, device=device)
     mask[1:, ..., :cached // 10] = torch.finfo(dtype).min  # some left padding, as in a sorted batch
     runs = {"unfused": lambda: [grouped_scores(q, kk, v, mask, d ** -0.5) for q, kk, v in layers],
-            "fused": lambda: [grouped_decode(q, kk, v, mask, d ** -0.5) for q, kk, v in layers]}
+            "fused": lambda: [grouped_decode(q, kk, v, mask, d ** -0.5, kernel=False) for q, kk, v in layers]}
+    if kernel_applies(*layers[0], mask):
+        runs["cipr"] = lambda: [grouped_decode(q, kk, v, mask, d ** -0.5) for q, kk, v in layers]
     return median_ms(runs, repeats)
 
 
@@ -338,8 +341,8 @@ def main() -> None:
         cached = max(lengths) + args.max_new_tokens // 2
         attn = {bs: attention_ms(model, bs, cached) for bs in (1, args.batch_size)}
         print(f"attention of one decoding step over {cached} cached positions: " + ", ".join(
-            f"{bs} row{'s' * (bs > 1)} unfused {a['unfused']:.1f} ms, fused {a['fused']:.1f} ms"
-            for bs, a in attn.items()) + " (decoding uses the fused one)")
+            f"{bs} row{'s' * (bs > 1)} " + ", ".join(f"{k} {v:.1f} ms" for k, v in a.items())
+            for bs, a in attn.items()) + f" (decoding uses {'cipr' if 'cipr' in attn[1] else 'fused'})")
     reuse, direct = not args.no_prefix_reuse, not args.no_direct_decode
     direct_supported = supports_direct(model)
     print("decoding steps: " + ("the layers called directly (cipr.decode_step)" if direct and direct_supported

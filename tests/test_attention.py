@@ -46,10 +46,17 @@ def test_grouped_attention_matches_eager_by_loop_over_heads(lq, mask_heads):
         assert torch.allclose(out[:, :, h], w @ value[:, h // g], atol=1e-6)
 
 
+@pytest.mark.parametrize("kernel", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_grouped_decode_matches_the_unfused_path_with_left_padding(dtype):
+def test_grouped_decode_matches_the_unfused_path_with_left_padding(dtype, kernel, monkeypatch):
     """One query position over a left-padded cache (the mask's finfo.min columns) at SmolLM2-135M's head
-    shapes: the fused kernel gives the unfused values to rounding, shape [B, 1, H, D]."""
+    shapes: the fused kernel (SDPA's, or CIPR's for float32 where `kernel`) gives the unfused values to
+    rounding, shape [B, 1, H, D]."""
+    from cipr import cpu_kernels
+
+    calls = []
+    real = cpu_kernels.decode_attention
+    monkeypatch.setattr(cpu_kernels, "decode_attention", lambda *a: calls.append(1) or real(*a))
     torch.manual_seed(1)
     b, k, g, t, d = 3, 3, 3, 40, 64
     q = torch.randn(b, k * g, 1, d, dtype=dtype)
@@ -57,13 +64,14 @@ def test_grouped_decode_matches_the_unfused_path_with_left_padding(dtype):
     mask = torch.zeros(b, 1, 1, t + 5, dtype=dtype)  # longer than the cache, as transformers may pass it
     mask[0, ..., :7] = torch.finfo(dtype).min
     mask[2, ..., :30] = torch.finfo(dtype).min
-    out = grouped_decode(q, key, value, mask, d ** -0.5)
+    out = grouped_decode(q, key, value, mask, d ** -0.5, kernel=kernel)
     expected, _ = grouped_scores(q, key, value, mask, d ** -0.5)
     assert out.shape == (b, 1, k * g, d) and out.dtype == dtype
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     assert torch.allclose(out.float(), expected.float(), atol=tol)
     assert torch.allclose(out[2].float(), grouped_decode(q[2:], key[2:, :, 30:], value[2:, :, 30:], None,
-                                                         d ** -0.5)[0].float(), atol=tol)  # padding ignored
+                                                         d ** -0.5, kernel=kernel)[0].float(), atol=tol)  # padding ignored
+    assert len(calls) == (2 if kernel and dtype == torch.float32 else 0)
 
 
 @pytest.fixture(scope="module")

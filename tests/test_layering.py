@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "cipr"
 
 LAYERS: list[tuple[str, set[str]]] = [  # bottom first
     ("leaf", {"cipr", "errors", "interface", "schema", "io", "bfcl_literals", "canonical", "config", "run_folder",
-              "hub", "memory", "attention", "kv_cache", "packed_gemm", "skinny_gemm", "decode_step", "vllm_compile"}),
+              "hub", "memory", "attention", "kv_cache", "packed_gemm", "cpu_kernels", "decode_step", "vllm_compile"}),
     ("formats", {"formats", "envs"}),
     ("data", {"data", "scoring"}),
     ("perturb", {"perturb"}),

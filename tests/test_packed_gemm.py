@@ -1,4 +1,4 @@
-"""Packed GEMM (MKL's; CIPR's kernel itself is tested in test_skinny_gemm.py): the packed product equals
+"""Packed GEMM (MKL's; CIPR's kernel itself is tested in test_cpu_kernels.py): the packed product equals
 `F.linear`; other row counts and training fall back to it; layers are switched and restored; the HF
 backend's greedy texts do not change with either kernel."""
 

@@ -133,7 +133,7 @@ class HFBackendConfig:
     `packed_gemm` (greedy loop only): decoding steps multiply by weights packed once and kept while the
     backend lives (`cipr.packed_gemm`: float32 CPU layers; about the float32 weights' size in memory, so
     it is skipped, with a warning, when that exceeds half the free memory; repacked if the weights
-    change), with the kernel `gemm_kernel` names: `cipr`, CIPR's decoding kernel (`cipr.skinny_gemm`,
+    change), with the kernel `gemm_kernel` names: `cipr`, CIPR's decoding kernel (`cipr.cpu_kernels`,
     compiled on first use), at every batch size; `mkl`, MKL's packed GEMM for `batch_size` rows, at two
     or more rows only; `auto`, `cipr` where it builds, else `mkl` where torch has it.
 

@@ -84,7 +84,7 @@ class EvalConfig:
       computes only the rest (see `HFBackendConfig.prefix_reuse`); false: every prompt in full.
     - `packed_gemm`: HF greedy loop on CPU, decode with packed float32 weights (see
       `HFBackendConfig.packed_gemm`; costs about the weights' size in memory); false: F.linear.
-    - `gemm_kernel`: the packed weights' kernel: `auto` (CIPR's, `cipr.skinny_gemm`, where it builds,
+    - `gemm_kernel`: the packed weights' kernel: `auto` (CIPR's, `cipr.cpu_kernels`, where it builds,
       else MKL's), `cipr` or `mkl` (see `HFBackendConfig.gemm_kernel`).
     - `replay`: `reference` or `familiar` (see `cipr.eval.backends.ReplayBackend`).
     - `format`: call format name (None: the benchmark's).
