@@ -4,6 +4,7 @@
     .venv/bin/python scripts/bench_eval.py --n 8 --max-new-tokens 256 --repeats 3   # the longer setting
     options: [--batch-size 8] [--device auto] [--dtype auto] [--threads N] [--model DIR]
              [--attn auto|cipr_grouped|eager|sdpa] [--prefill auto|per_item|batched] [--no-packed-gemm]
+             [--gemm-kernel auto|cipr|mkl]
              [--compare-unpacked] [--no-direct-decode] [--compare-direct] [--no-prefix-reuse]
              [--no-retain-heap] [--no-vllm]
 
@@ -25,31 +26,32 @@ step, the rest of the pass, and the minor page faults per item (fresh memory tou
 compute-bound cost batching cannot share (except the start a prompt shares with the one before it, whose
 states it reuses at either batch size: `HFBackendConfig.prefix_reuse`, off with `--no-prefix-reuse`), so with P s of prefill per item, N new tokens and decoding
 steps of d1 and d8 seconds the speedup is (P + N d1) / (P + N d8 / 8): it grows with N towards
-8 d1 / d8 (SmolLM2-135M, 2 cores, a fresh clone, default settings plus `--compare-direct`, which runs
-after the measurements: P 0.73 s at batch size 1 and 0.80 s at 8, d1 45.4 ms, d8 89.5 ms, so 2.93 at
-N = 128, where the run printed 2.93; `--max-new-tokens` moves N, and d8 grows with it as the cache
-lengthens). The default N is 128, the setting at which the speedup was first recorded (1.48, before
-the work this script measures); runs at N = 96 printed 2.74-3.21.
+8 d1 / d8; `--max-new-tokens` moves N, and d8 grows with it as the cache lengthens. The default N is
+128, the setting at which the speedup was first recorded (1.48, before the work this script measures).
 
 The two targets pull on d1 from opposite sides: a change that takes the same time off every decoding
 step at both batch sizes raises `roofline_fraction` and lowers `speedup`, and a machine that runs
-batch-1 steps slowly (other jobs on the host) does the reverse; read them together. With that run's P,
-d8 and copy bandwidth, both hold only for d1 between 46.6 and 48.3 ms; four runs of the default
-settings on one day's fresh clones printed speedup 3.40, 3.61, 2.93, 3.56 with roofline_fraction 0.46,
-0.49, 0.56, 0.52 (the first two before decoding steps called the layers directly: `cipr.decode_step`;
-the last at d1 51.2 ms and d8 81.2 ms); a run on the next day's fresh clone printed 3.11 [2.92-4.06] and
-0.54 [0.45-0.72], and the rates of its quietest repetition (highest copy bandwidth) give 2.91 and 0.54.
-Widening that window takes a shorter batched step d8 (its matrix products and its attention over eight
-rows' caches).
+batch-1 steps slowly (other jobs on the host) does the reverse; read them together (each repetition's
+line prints both). With torch's kernels (MKL's packed GEMM, SDPA's fused attention) d8 was about twice
+d1, and both targets held only in a window of d1 about 2 ms wide: five runs on fresh clones printed
+speedup 3.40, 3.61, 2.93, 3.56, 3.11 with roofline_fraction 0.46, 0.49, 0.56, 0.52, 0.54. What
+shortened d8 relative to d1 is `cipr.cpu_kernels`, CIPR's compiled decoding kernels for the linear
+layers and the attention, which overlap streaming the weights and the cache with the arithmetic
+(`CIPR_CPU_KERNELS=0` runs this script with torch's kernels only, for the A/B). Four alternating runs
+in one checkout without vLLM, kernels off, on, off, on: d8 73.6, 56.7, 83.6, 59.0 ms; d1 48.4, 45.7,
+46.6, 44.5 ms; P 0.75-0.82 s; speedup 3.48, 3.80, 3.30, 3.83; roofline_fraction 0.50, 0.62, 0.55, 0.61
+(README, "Benchmarks", gives their spreads).
 
-Why d8 is more than d1: the matrix products of a step. They are timed alone first (every linear layer
-once, at 1 row and at the batch's rows, with F.linear and, where torch has MKL, with weights packed
-once: `cipr.packed_gemm`); the batched backend decodes with the packed weights (`--no-packed-gemm`:
-with F.linear), and `--compare-unpacked` also runs the batched setting with F.linear in each repetition,
-so the packing's gain on whole passes is measured in the same run (off by default: one more batched
-pass per repetition). Most of the rest of d8 is attention reading the batch's
-key/value cache, which grows with the rows; it is timed alone too (every layer once at the model's head
-shapes, unfused and with the fused kernel `cipr_grouped` decodes with: `cipr.attention.grouped_decode`).
+Why d8 is more than d1: the matrix products of a step and its attention over eight rows' caches. The
+products are timed alone first (every linear layer once, at 1 row and at the batch's rows, with
+F.linear, with MKL's packed weights where torch has MKL, and with CIPR's kernel where it builds:
+`cipr.packed_gemm`); the backends decode with the packed weights of `--gemm-kernel` (default auto:
+CIPR's where it builds, else MKL's at 2+ rows; `--no-packed-gemm`: F.linear), and `--compare-unpacked`
+also runs the batched setting with F.linear in each repetition, so the packing's gain on whole passes is
+measured in the same run (off by default: one more batched pass per repetition). The attention reads the
+batch's key/value cache, which grows with the rows; it is timed alone too (every layer once at the
+model's head shapes: unfused, SDPA's fused kernel, and CIPR's `decode_attention`, which `cipr_grouped`
+decodes with where it applies: `cipr.attention.grouped_decode`).
 
 The roofline: decoding one token at batch size 1 reads every weight once, so it cannot run faster than
 (memory bandwidth) / (bytes of the weights). The bandwidth is measured here, with the same torch thread

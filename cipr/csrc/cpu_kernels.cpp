@@ -1,16 +1,18 @@
-// y = x W^T + b for a few rows of x (decoding steps), float32 on CPU: see cipr/cpu_kernels.py.
+// CIPR's float32 CPU kernels for decoding steps (see cipr/cpu_kernels.py): `linear`, y = x W^T + b for a
+// few rows of x, and `decode_attention`, one query position per row over a key/value cache.
 //
-// W [N, K] is packed once into panels of 16 output columns, [N / 16][K][16], so a panel streams
+// linear: W [N, K] is packed once into panels of 16 output columns, [N / 16][K][16], so a panel streams
 // contiguously. Each task takes a block of panels and keeps a chunk of rows' accumulators in registers
 // over the whole K loop; the weights are read from memory once per call whatever the row count (more
 // rows than a chunk re-read the task's panels from cache), and the next 2 KB of each panel are
-// prefetched, so that streaming and the multiply-adds overlap. Each row's sums run over k in the same order whatever the other rows are,
-// so a row's output does not depend on the batch it is in.
+// prefetched, so that streaming and the multiply-adds overlap. Each row's sums run over k in the same
+// order whatever the other rows are, so a row's output does not depend on the batch it is in.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
