@@ -20,8 +20,9 @@ also used at one row; and `mkl`, the pair of MKL ops above, for two or more rows
 where it builds, else `mkl` where torch has it.
 
 Used only under `torch.no_grad`/`inference_mode` (generation): a layer whose weight requires grad
-while grad is on, an input of one row (a matrix-vector product is already at the bandwidth) or of more
-rows than packed (a prefill) goes through `F.linear`. Values agree with `F.linear` to float rounding
+while grad is on, or an input of more rows than packed (`mkl`) or than `MAX_ROWS` (`cipr`: a prefill,
+say), goes through `F.linear`, as does one row under `mkl` (MKL's matrix-vector product is already
+near the bandwidth). Values agree with `F.linear` to float rounding
 (another summation order; tested). Memory: the packed copies add about the float32 weights' size
 while kept (`PackedLinears.release` frees them); `fits` tells whether that much memory is free.
 """
@@ -37,7 +38,6 @@ import torch.nn.functional as F
 
 def available() -> bool:
     """Whether this torch build has MKL's packed linear (x86 wheels do; ARM and ROCm builds may not)."""
-
     mkl = getattr(torch.ops, "mkl", None)
     return bool(torch._C.has_mkl) and hasattr(mkl, "_mkl_linear") and hasattr(mkl, "_mkl_reorder_linear_weight")
 
