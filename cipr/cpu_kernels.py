@@ -1,17 +1,18 @@
 """CIPR's compiled float32 CPU kernels for decoding steps: the linear layers and the attention.
 
 A decoding step streams every weight and every cached key and value from memory once; at a few rows the
-arithmetic (about 9 ms of a SmolLM2-135M step at 8 rows on 2 cores) should hide under that stream.
-torch's kernels do not overlap the two on this project's 2-core machines: MKL's packed GEMM
-(`cipr.packed_gemm`) took about the 1-row stream time plus the compute time at 8 rows, and the fused
-SDPA kernel read the cache at about half the copy bandwidth. `csrc/cpu_kernels.cpp` holds two ops:
+arithmetic (about 2.2 GFLOP for a SmolLM2-135M step at 8 rows) should hide under that stream. torch's
+kernels did not on this project's 2-core machines: MKL's packed GEMM (`cipr.packed_gemm`) took 1.4-1.5x
+its 1-row time for all of a step's linears at 8 rows, and SDPA's fused kernel read an 8-row cache at
+11-12 GB/s where a copy ran at ~21 GB/s (`scripts/bench_eval.py`'s timings of both on the model's
+shapes). `csrc/cpu_kernels.cpp` holds two ops:
 
 - `linear`: each weight packed once (`pack`) into 16-column panels; a block of rows' accumulators stays
   in registers over the whole inner dimension while the panels are prefetched 2 KB ahead.
 - `decode_attention`: one query position per row; per (row, key/value head) the group's query heads
   score every cached position in one pass over the keys, a softmax per head (max subtracted, a
-  vectorized exp within a few float ulps, exactly 0 below -87), one pass over the values; rows
-  prefetched 16 ahead. Head dims 64 and 128, up to 8 query heads per key/value head.
+  vectorized exp: range reduction and a degree-6 polynomial, exactly 0 below -87), one pass over the
+  values; rows prefetched 16 ahead. Head dims 64 and 128, up to 8 query heads per key/value head.
 
 `scripts/bench_eval.py` times both against torch's kernels on the model's shapes in one run and prints
 them. Each row's sums run in the same order whatever else is in the batch, so a row's outputs do not

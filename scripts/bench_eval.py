@@ -40,7 +40,8 @@ layers and the attention, which overlap streaming the weights and the cache with
 (`CIPR_CPU_KERNELS=0` runs this script with torch's kernels only, for the A/B). Four alternating runs
 in one checkout without vLLM, kernels off, on, off, on: d8 73.6, 56.7, 83.6, 59.0 ms; d1 48.4, 45.7,
 46.6, 44.5 ms; P 0.75-0.82 s; speedup 3.48, 3.80, 3.30, 3.83; roofline_fraction 0.50, 0.62, 0.55, 0.61
-(README, "Benchmarks", gives their spreads).
+(README, "Benchmarks", gives their spreads). A fresh clone with vLLM printed speedup 3.74 [3.51-3.89]
+and roofline_fraction 0.57 [0.48-0.62] (d1 43.9 ms, d8 62.4 ms, P 0.77 s at batch size 1 and 0.76 s at 8).
 
 Why d8 is more than d1: the matrix products of a step and its attention over eight rows' caches. The
 products are timed alone first (every linear layer once, at 1 row and at the batch's rows, with

@@ -19,6 +19,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -30,7 +31,6 @@ def child(algo: str, repeats: int, limited: bool) -> dict[str, float]:
         assert limit_heap_growth(), "no glibc here: nothing to compare"
     import resource
     import tempfile
-    import time
 
     import torch
 
@@ -63,6 +63,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--child", choices=("default", "limited"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    started = time.perf_counter()
     if args.child:
         print(json.dumps(child(args.algo, args.repeats, args.child == "limited")))
         return
@@ -79,6 +80,7 @@ def main() -> None:
         print(f"{setting:<8} model+trainer {r['base_gb']:.2f} GB, updates add {r['added_gb']:.2f} GB peak, "
               f"update {r['update_s']:.1f} s (median of {args.repeats})", flush=True)
     d, lim = out["default"], out["limited"]
+    print(f"wall time {time.perf_counter() - started:.0f} s")
     print(f"rss_ratio={lim['added_gb'] / max(d['added_gb'], 1e-9):.2f} time_ratio={lim['update_s'] / d['update_s']:.2f}")
 
 
