@@ -299,12 +299,14 @@ class HFBackend:
             weight = next(self.model.parameters())  # the kernels are float32 CPU ones: nothing to build elsewhere
             on_cpu = weight.device.type == "cpu" and weight.dtype == torch.float32
             kernel = choose(self.config.gemm_kernel) if on_cpu else None
+            if kernel == "mkl" and self.config.batch_size == 1:
+                kernel = None  # MKL's packing serves two or more rows
             self._packer = PackedLinears(self.model, kernel) if kernel else False
             if self._packer and not fits(self._packer.nbytes):
                 log.warning("packed_gemm: packing needs %.1f GB, more than half the free memory; "
                             "decoding with F.linear", self._packer.nbytes / 1e9)
                 self._packer = False  # decided once per backend
-        if self._packer and (self._packer.kernel == "cipr" or (self.config.batch_size > 1 and tok.shape[0] > 1)):
+        if self._packer and (self._packer.kernel == "cipr" or tok.shape[0] > 1):
             packer = self._packer
             start = time.perf_counter()
             packer.pack(self.config.batch_size)
