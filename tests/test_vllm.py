@@ -343,7 +343,7 @@ def server(export_dir, tmp_path_factory):
     env = {**os.environ, **VLLM_ENV, "VLLM_SERVER_DEV_MODE": "1"}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # the server runs its engine in a process of its own
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(export_dir),
-           "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "4096",
+           "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "8192",
            "--weight-transfer-config", '{"backend": "nccl"}', "--logprobs-mode", "processed_logprobs",
            "--max-logprobs", "-1", "--enforce-eager"]  # CPU: compiling would add ~100 s (cipr/vllm_compile.py)
     start = time.time()
@@ -446,3 +446,25 @@ def test_server_rollouts_stop_at_weight_sync_on_cpu(server, tmp_path):
 
 if __name__ == "__main__":
     probe_main(sys.argv[1:])
+
+
+def test_tau2_agent_served_by_vllm_through_cipr_serve(export_dir, server, tmp_path, shared_data):
+    """τ²-bench airline task 0, both arms, the agent and user simulator served by the vLLM server on the
+    exported checkpoint with cipr-serve's adapter in front: the path a GPU user takes (`cipr-tau2
+    serve=...` or `backend=URL`). The export's tool calls are read by CIPR's call format, not a vLLM tool
+    parser (SmolLM2 has no `<tool_call>` token), so cipr-serve calls the server's text completions
+    (`tokenizer=`). Two turns, 32 new tokens a turn."""
+    from test_tau2 import VENV, Recording, check_end_to_end, guidelines_dir
+
+    from cipr.serve.command import ServeCommand, build_backend
+    from cipr.tau2.run import Tau2Config, run_tau2
+
+    if not (VENV / "bin" / "python").exists():
+        pytest.fail(f"no τ² environment at {VENV}: run scripts/setup_tau2.sh (CI does)")
+    cmd = ServeCommand(backend=f"{server}/v1", tokenizer=str(export_dir), max_new_tokens=32)
+    backend = Recording(build_backend(cmd))
+    cfg = Tau2Config(out_dir=str(tmp_path), backend=cmd.backend, tokenizer=cmd.tokenizer, tasks=["airline/0"],
+                     max_steps=2, max_new_tokens=32, judge="none", venv=str(VENV),
+                     user_guidelines=guidelines_dir(shared_data))
+    run_tau2(cfg, backend=backend)
+    check_end_to_end(tmp_path, backend, ["airline/0"], {"airline": "book_reservation"})

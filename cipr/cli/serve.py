@@ -5,6 +5,11 @@ Examples. One CPU (the embedded SmolLM2-135M in this process; clients use http:/
 In front of any OpenAI-compatible server (e.g. vLLM, CPU build or GPU), with the guard and its audit log:
     python -m vllm.entrypoints.openai.api_server --model exports/q3b_cipr --port 8001 &
     cipr-serve backend=http://127.0.0.1:8001/v1 names=canonical guard=repair audit=runs/audit.jsonl port=8000
+The server then parses tool calls itself (vLLM: `--enable-auto-tool-choice --tool-call-parser NAME`). For a
+checkpoint no server parser reads (the embedded SmolLM2 exported), add `tokenizer=DIR`: cipr-serve renders the
+prompt with `call_format` and the tokenizer's chat template, calls the server's text-completions endpoint and
+parses the calls itself (`cipr.guard.backend.CompletionsBackend`):
+    cipr-serve backend=http://127.0.0.1:8001/v1 tokenizer=exports/smollm2 names=canonical port=8000
 One GPU: the same two lines (vLLM on the GPU), or `backend=exports/q3b_cipr device=cuda` (HF in process).
 Several GPUs: one vLLM server with `--tensor-parallel-size N` behind one cipr-serve.
 Slurm: run both lines inside one job step (`srun --gres=gpu:1 bash -c '... & cipr-serve ...'`); clients on
@@ -14,7 +19,7 @@ Both arms of a comparison from one server: `/original/v1` forwards names unchang
 canonicalizes; `/v1` uses `names=`. Options (defaults in `ServeCommand`): backend, names, guard
 (off|none|naive_retry|tool_list|repair), guard_budget, audit, rewrite_text, host, port (0: a free
 port, written to port_file), model_name, call_format, max_new_tokens, device, dtype, threads,
-api_key_env, timeout_s. Streaming is not supported (400). Stop the server with SIGINT or SIGTERM.
+api_key_env, timeout_s, tokenizer. Streaming is not supported (400). Stop the server with SIGINT or SIGTERM.
 """
 
 from __future__ import annotations

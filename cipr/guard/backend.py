@@ -260,3 +260,42 @@ class HFBackend:
             for i, result in zip(idx, self._run([prompts[i] for i in idx], max_tokens), strict=True):
                 out[i] = result
         return [r for r in out if r is not None]
+
+
+class CompletionsBackend(HFBackend):
+    """A model served behind an OpenAI-compatible text-completions endpoint (a vLLM server), prompted as
+    `HFBackend` prompts a local model: the tokenizer's chat template with the call format's tool text, the
+    same forced-choice prefill, and the reply cut at the first end-of-turn token.
+
+    This is how cipr-serve fronts a served checkpoint whose chat template or vocabulary has no native tool
+    support that the server's own tool parsers recognize (e.g. the embedded SmolLM2: no `<tool_call>` token,
+    which vLLM's Hermes parser requires). Greedy (`temperature` 0) unless `do_sample`; special tokens are
+    kept in the text (`skip_special_tokens: false`, a vLLM extension other servers ignore).
+    """
+
+    def __init__(self, base_url: str, tokenizer: Any, call_format: Any = None, *, model_name: str | None = None,
+                 timeout_s: float = 600.0, do_sample: bool = False, temperature: float = 1.0,
+                 top_p: float = 1.0) -> None:
+        import httpx
+
+        super().__init__(None, tokenizer, call_format, do_sample=do_sample, temperature=temperature, top_p=top_p,
+                         batch_size=1)
+        self._client = httpx.Client(base_url=base_url.rstrip("/") + "/", timeout=timeout_s)
+        self.model_name = model_name or self._client.get("models").json()["data"][0]["id"]
+        self.stop = sorted({tokenizer.convert_ids_to_tokens(i) for i in self.end_ids})
+
+    def _run(self, prompts: list[str], max_tokens: int) -> list[tuple[str, Usage]]:
+        results = []
+        for prompt in prompts:
+            body = {"model": self.model_name, "prompt": prompt, "max_tokens": max_tokens, "stop": self.stop,
+                    "temperature": self.temperature if self.do_sample else 0.0, "top_p": self.top_p,
+                    "skip_special_tokens": False}
+            r = self._client.post("completions", json=body)
+            if r.status_code != 200:
+                raise RuntimeError(f"completions endpoint {self._client.base_url} answered HTTP {r.status_code}: "
+                                   f"{r.text[:500]}")
+            data = r.json()
+            usage = data.get("usage") or {}
+            results.append((data["choices"][0]["text"], Usage(int(usage.get("prompt_tokens", 0)),
+                                                              int(usage.get("completion_tokens", 0)))))
+        return results

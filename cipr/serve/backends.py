@@ -11,7 +11,10 @@ and returns a `chat.completion` object whose first choice holds the assistant me
 - `HFChatBackend`: renders the conversation with a `cipr.formats` call format (Hermes by default:
   tools in the prompt, so models without a tool-aware template such as the embedded SmolLM2 work),
   generates greedily through `cipr.guard.HFBackend` (which also forces `tool_choice` by
-  prefilling), and parses the calls back into `tool_calls`. Generation is serialized by a lock:
+  prefilling), and parses the calls back into `tool_calls`. With `completions_url` the same prompt
+  goes to a served model's text-completions endpoint instead (`cipr.guard.backend.CompletionsBackend`,
+  e.g. a vLLM server: `backend=URL tokenizer=DIR` on cipr-serve), for checkpoints whose tool calls the
+  server's own parsers do not read. Generation is serialized by a lock:
   one model, one forward at a time; requests still run their own translation concurrently.
 """
 
@@ -140,14 +143,18 @@ class HFChatBackend:
     name = "hf"
 
     def __init__(self, model: Any, tokenizer: Any, *, call_format: str = "hermes", model_name: str = "embedded",
-                 max_new_tokens: int = 512) -> None:
+                 max_new_tokens: int = 512, completions_url: str | None = None) -> None:
         from cipr.formats import get_format
-        from cipr.guard.backend import HFBackend
+        from cipr.guard.backend import CompletionsBackend, HFBackend
 
         self.format = get_format(call_format)
-        self.generator = HFBackend(model, tokenizer, self.format)
+        if completions_url is None:
+            self.generator = HFBackend(model, tokenizer, self.format)
+        else:
+            self.generator = CompletionsBackend(completions_url, tokenizer, self.format, model_name=model_name)
         self.tokenizer = tokenizer
-        self.model_name, self.max_new_tokens = model_name, max_new_tokens
+        self.model_name = model_name if completions_url is None else self.generator.model_name
+        self.max_new_tokens = max_new_tokens
         self.max_length = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         self._lock = threading.Lock()
 

@@ -35,6 +35,7 @@ class ServeCommand:
     threads: int | None = None
     api_key_env: str = "OPENAI_API_KEY"
     timeout_s: float = 600.0
+    tokenizer: str | None = None
 
 
 def parse_args(argv: Sequence[str]) -> ServeCommand:
@@ -72,6 +73,14 @@ def build_backend(cmd: ServeCommand) -> Any:
     """The chat backend `cmd.backend` names."""
     from cipr.serve.backends import HFChatBackend, OpenAIChatBackend
 
+    if cmd.backend.startswith(("http://", "https://")) and cmd.tokenizer:
+        from transformers import AutoTokenizer
+
+        from cipr.eval.evaluate import prepare_tokenizer
+
+        tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(cmd.tokenizer))
+        return HFChatBackend(None, tokenizer, call_format=cmd.call_format, model_name=cmd.model_name,
+                             max_new_tokens=cmd.max_new_tokens, completions_url=cmd.backend)
     if cmd.backend.startswith(("http://", "https://")):
         return OpenAIChatBackend(cmd.backend, model_name=cmd.model_name, api_key_env=cmd.api_key_env,
                                  timeout_s=cmd.timeout_s)

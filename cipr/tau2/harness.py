@@ -26,7 +26,9 @@ For each task: build the orchestrator as τ² does (`build_text_orchestrator`, a
 ("does not support solo mode"); a run without a user model points the user simulator at a scripted
 endpoint instead (`cipr.tau2.gold`).
 A simulation that raises (e.g. the served agent answered an HTTP error) is recorded with the error,
-reward 0 and termination reason `infrastructure_error`.
+reward 0 and termination reason `infrastructure_error`; `error_code` is `judge_error` when the NL-assertion
+judge raised (τ² reads the judge's reply with `json.loads`, so a judge that does not answer in JSON ends
+the evaluation there).
 """
 
 from __future__ import annotations
@@ -99,9 +101,10 @@ def run_task(task: Any, spec: dict[str, Any]) -> dict[str, Any]:
 
         sim = run_simulation(orch, evaluation_type=EvaluationType(spec.get("evaluation", "all")))
     except Exception as e:  # noqa: BLE001 - one failed simulation is recorded, the others still run
-        message = f"{type(e).__name__}: {e}"
+        message, trace = f"{type(e).__name__}: {e}", traceback.format_exc()
+        code = "judge_error" if "evaluator_nl_assertions" in trace else error_code(message)
         rec.update(reward=0.0, termination_reason="infrastructure_error", error=message[:2000],
-                   error_code=error_code(message), traceback=traceback.format_exc()[-4000:],
+                   error_code=code, traceback=trace[-4000:],
                    duration_s=time.perf_counter() - start)
         return rec
     info = sim.reward_info

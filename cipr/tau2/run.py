@@ -43,7 +43,10 @@ class Tau2Config:
       (τ²'s EvaluationType value).
     - The agent: `serve` (root URL of a running cipr-serve) or, when None, cipr-serve started here
       with `backend` (embedded | gold: the scripted gold-replay agent and user of `cipr.tau2.gold` |
-      a model folder | an OpenAI-compatible URL such as a vLLM server), `guard`, `guard_budget`, `call_format`, `max_new_tokens`, `threads`; `model_name` is
+      a model folder | an OpenAI-compatible URL such as a vLLM server), `guard`, `guard_budget`, `call_format`,
+      `tokenizer` (with a URL: cipr-serve renders prompts with this tokenizer folder and `call_format` and
+      calls the server's text completions, for checkpoints the server cannot parse tool calls of),
+      `max_new_tokens`, `threads`; `model_name` is
       the model name sent (None: the first one the service lists); `temperature`, `num_retries`
       (litellm's retries; 0 by default: a local greedy model repeats its answer).
     - The user simulator: `user_url` (None: the served model under original names) and
@@ -69,6 +72,7 @@ class Tau2Config:
     guard: str = "off"
     guard_budget: int = 512
     call_format: str = "hermes"
+    tokenizer: str | None = None
     max_new_tokens: int = 256
     threads: int | None = None
     temperature: float = 0.0
@@ -176,7 +180,7 @@ def served(config: Tau2Config, out_dir: Path, root: Path, backend: Any = None) -
 
         backend = build_backend(ServeCommand(backend=config.backend, model_name=config.model_name,
                                              call_format=config.call_format, max_new_tokens=config.max_new_tokens,
-                                             threads=config.threads))
+                                             threads=config.threads, tokenizer=config.tokenizer))
     service = ChatService(backend, ServeConfig(guard=config.guard, guard_budget=config.guard_budget,
                                                audit=str(out_dir / "audit.jsonl") if config.guard != "off" else None))
     server, thread = start(service)
