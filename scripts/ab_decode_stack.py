@@ -1,4 +1,4 @@
-"""A/B of CIPR's CPU decoding stack against transformers' best setting, end to end, in one alternating run.
+"""A/B of the evaluation's greedy loop against transformers' best setting, end to end, in one alternating run.
 
     .venv/bin/python scripts/ab_decode_stack.py [--n 8] [--max-new-tokens 128] [--repeats 2]
 
@@ -6,12 +6,14 @@ Issue 34's rule: a hand-written replacement of a library component stays only if
 benchmark at least 1.3x faster than the library's best setting. This script generates the first `--n`
 BFCL simple_python items (ToolRL format, the embedded SmolLM2, float32, greedy, `--max-new-tokens`) at
 batch size 8 and 1 under:
-- `cipr`: `cipr-eval`'s CPU defaults (its greedy loop with per-item prefill, prefix reuse and in-place
-  key/value cache, packed GEMM with CIPR's compiled kernel, direct decode, grouped-query attention);
+- `cipr`: `cipr-eval`'s HF backend (`cipr.eval.backends.HFBackend`: its greedy loop with each prompt
+  prefilled alone into a left-padded key/value cache that appends in place, prefix reuse, finished rows
+  dropped), on the model's own attention (SDPA);
 - `lib_dynamic`: `model.generate` with SDPA attention and transformers' DynamicCache;
 - `lib_static`: `model.generate` with SDPA and `cache_implementation="static"`.
-The settings alternate within each repetition (rotated each repetition) on one loaded model; items/s is
-printed per setting and batch size, then cipr / the best library setting.
+The settings alternate within each repetition (rotated each repetition) on one loaded model (SDPA
+attention, float32, 2 threads); items/s is printed per setting and batch size, then cipr / the best
+library setting, and whether the texts are identical (greedy: they must be).
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import time
 
 import torch
 
-from cipr.attention import GROUPED, attention
 from cipr.data.bfcl import load_bfcl
 from cipr.eval.backends import GenRequest, HFBackend, HFBackendConfig, _end_ids
 from cipr.eval.config import EvalConfig
@@ -39,7 +40,7 @@ def lib_generate(model, tokenizer, prompts: list[str], bs: int, max_new: int, ca
         idx = order[s:s + bs]
         enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False)
         kw = {"cache_implementation": cache} if cache else {}
-        with torch.inference_mode(), attention(model, "sdpa", replace=(GROUPED, "eager", "sdpa")):
+        with torch.inference_mode():
             out = model.generate(**enc, do_sample=False, max_new_tokens=max_new, pad_token_id=tokenizer.pad_token_id,
                                  eos_token_id=ends, **kw)
         for i, row in zip(idx, out[:, enc["input_ids"].shape[1]:].tolist(), strict=True):
@@ -66,7 +67,7 @@ def main() -> None:
     prompts = [fmt.render_prompt(tokenizer, r.example.messages, r.example.interface) for r in reqs]
     backends = {bs: HFBackend(model, tokenizer, fmt, HFBackendConfig(batch_size=bs, max_new_tokens=args.max_new_tokens))
                 for bs in (1, 8)}
-    for b in backends.values():  # warm-up: packing, kernel build
+    for b in backends.values():  # warm-up
         b.generate([GenRequest(examples[0])] * 2)
     lib_generate(model, tokenizer, prompts[:1], 1, 4, None)
     lib_generate(model, tokenizer, prompts[:1], 1, 4, "static")
@@ -81,7 +82,7 @@ def main() -> None:
     rates: dict[tuple[str, int], list[float]] = {}
     texts: dict[tuple[str, int], list[str]] = {}
     for rep in range(args.repeats):
-        order = names[rep % 3:] + names[:rep % 3]
+        order = names[rep % len(names):] + names[:rep % len(names)]
         for bs in (8, 1):
             for name in order:
                 t = time.perf_counter()
@@ -99,7 +100,7 @@ def main() -> None:
         print(f"batch {bs}: cipr / {best} = {med['cipr', bs] / med[best, bs]:.2f} "
               f"(identical texts cipr vs lib_dynamic: {same}/{len(texts['cipr', bs])})")
     for name in names:
-        print(f"{name}: batch 8 / batch 1 = {med[name, 8] / med[name, 1]:.2f}")
+        print(f"{name}: batch 8 / batch 1 = {med[name, 8] / med[name, 1]:.2f} (different items: not bench_eval's speedup)")
     print(f"wall time {time.perf_counter() - t_start:.0f} s")
 
 

@@ -5,10 +5,10 @@ under canonical names (`function_01`, ...), a prompt rendered by a call format a
 two parallel calls (three decisions: two calls and the end of the turn), it times without gradients,
 in `--repeats` interleaved rounds after a warm-up round:
 - forward: one plain forward of the model over the prompt + response tokens;
-- reader: `cipr.actions.read_actions` on the same pair (tokenization, packing and its one pass), in
+- reader: `cipr.method.actions.read_actions` on the same pair (tokenization, packing and its one pass), in
   both modes: "packed" (one call, tree mask over everything) and "prefix_cache" (causal pass over the
   sequence, then the tries reading its cache);
-- brute force: `cipr.actions_reference.read_actions_bruteforce` (one forward per decision and name).
+- brute force: `support.actions_reference.read_actions_bruteforce` (one forward per decision and name).
 Each round gives the ratio reader/forward; the brute force (tens of forwards) is timed in the first
 `--brute-repeats` rounds only, and bruteforce/reader is the ratio of the medians, its range that of
 the extremes. The table prints each ratio's median and [min-max], and the maximum absolute
@@ -26,6 +26,11 @@ the script's own running time.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' support code: tiny models
+
 import argparse
 import os
 import statistics
@@ -34,12 +39,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from support.actions_reference import read_actions_bruteforce
 
-from cipr.actions import ActionQuery, ActionReaderConfig, read_actions
-from cipr.actions_reference import read_actions_bruteforce
-from cipr.canonical import canonical_tool_id
 from cipr.formats import get_format
-from cipr.interface import Call, Interface, Message, Tool
+from cipr.method.actions import ActionQuery, ActionReaderConfig, read_actions
+from cipr.tools.canonical import canonical_tool_id
+from cipr.tools.interface import Call, Interface, Message, Tool
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -167,8 +172,9 @@ def main() -> None:
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     models = (args.models or ("tiny,smollm2" if args.full else "smollm2")).split(",")
     tools = [int(t) for t in (args.tools or ("4,8,16" if args.full else "8")).split(",")]
-    from cipr.embedded import load_embedded
-    from cipr.testing import tiny_model, tiny_tokenizer
+    from support.tiny_models import tiny_model, tiny_tokenizer
+
+    from cipr.runtime.embedded import load_embedded
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -22,7 +22,7 @@ prompt shared by its G samples; TRL's: `generate` over the repeated prompts). `v
 ratio grpo / trl (target <= 1.05), `vs_trl_train` the same without generation (scoring + update). Off
 Triton devices our trainer scores only the completion positions (`cipr.train.grpo.completion_logps`),
 where TRL's fused head projects every prompt position onto the vocabulary too; both trainers get the
-same model, whose backward stops at the frozen bottom layers (`cipr.train.model.freeze_bottom`).
+same model, whose backward stops at the frozen bottom layers (`cipr.runtime.model.freeze_bottom`).
 `cipr_unfolded` is CIPR with `algo.fold_action_read=false`: the task loss from the scoring above plus
 separate action reads, i.e. the cost of the consistency terms on their own (`--full`). The
 last line is `step_ratio=<r> update_ratio=<r>` for `cipr` (the default) against `multi_interface`,
@@ -41,6 +41,11 @@ its prompts also have 1-2 tools).
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' support code: tiny models
+
 import argparse
 import copy
 import statistics
@@ -55,10 +60,11 @@ from tqdm.auto import tqdm
 
 def build(model_name: str, workdir: Path, pairs: int, g: int, max_len: int, tools: tuple[int, int] = (1, 2)
           ) -> tuple[Any, Any, Any, Any]:
+    from support.tiny_models import save_tiny
+
     from cipr.formats import get_format
-    from cipr.testing import save_tiny
+    from cipr.runtime.model import ModelConfig, load_model
     from cipr.train.data import DataConfig, build_prompts, load_examples
-    from cipr.train.model import ModelConfig, load_model
 
     if model_name == "tiny":
         cfg = ModelConfig(name_or_path=str(save_tiny(workdir / "tiny")), gguf_package=None, gguf_file=None,

@@ -35,16 +35,24 @@ def shared_data():
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
-    from cipr.testing import tiny_tokenizer as build
+    from support.tiny_models import tiny_tokenizer as build
 
     return build()
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tiny_tokenizer):
-    from cipr.testing import tiny_model as build
+    from support.tiny_models import tiny_model as build
 
     return build(tiny_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """A saved tiny model folder (tokenizer + weights) for commands that take a model path."""
+    from support.tiny_models import save_tiny
+
+    return save_tiny(tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from cipr.interface import Call, Example, Interface, Message, Tool
+from cipr.tools.interface import Call, Example, Interface, Message, Tool
 
 WEATHER = Tool("get_weather", "Returns the current weather for a city.", {
     "type": "object", "required": ["city"], "properties": {

@@ -8,10 +8,10 @@ import re
 
 import pytest
 import torch
+from support.actions_reference import read_actions_bruteforce
 
-from cipr.actions import ActionQuery, ActionReaderConfig, _vocabulary, plan_decision, read_actions
-from cipr.actions_reference import read_actions_bruteforce
 from cipr.formats.base import Decision
+from cipr.method.actions import ActionQuery, ActionReaderConfig, _vocabulary, plan_decision, read_actions
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread beats two contended ones
 
@@ -242,7 +242,7 @@ def test_plan_boundaries_tiny_tokenizer(tiny_tokenizer):
 
 @pytest.fixture(scope="module")
 def smollm2_tokenizer():
-    from cipr.embedded import load_embedded_tokenizer
+    from cipr.runtime.embedded import load_embedded_tokenizer
 
     return load_embedded_tokenizer()
 
@@ -282,7 +282,7 @@ def test_vocabulary_bytes_and_specials(tiny_tokenizer, smollm2_tokenizer):
 
 
 def test_window_plans_equal_full_text_plans(tiny_tokenizer, smollm2_tokenizer):
-    from cipr.actions import _plan, _window
+    from cipr.method.actions import _plan, _window
 
     windows = 0
     for tok in (tiny_tokenizer, smollm2_tokenizer):
@@ -315,7 +315,7 @@ def _format_queries(tok, fmt_name: str, names=("function_1", "function_10", "fun
                     chars: int = 120) -> list[ActionQuery]:
     """Targets rendered by a real call format: the parallel calls it allows, a single call, no call."""
     from cipr.formats import get_format
-    from cipr.interface import Call, Interface, Message, Tool
+    from cipr.tools.interface import Call, Interface, Message, Tool
 
     fmt = get_format(fmt_name)
     schema = {"type": "object", "properties": {"arg_01": {"type": "string"}}}
@@ -354,7 +354,7 @@ CLOSER_TOOLS = ("function_1", "function_10", "foo.", "v2.", "get_weather")
 @pytest.fixture(scope="module")
 def closers():
     """The tiny tokenizer trained with merged closers (`.",`, `."}`, no `."`; a double newline), and its model."""
-    from cipr.testing import MERGED_CLOSERS_CORPUS, tiny_model, tiny_tokenizer
+    from support.tiny_models import MERGED_CLOSERS_CORPUS, tiny_model, tiny_tokenizer
 
     tok = tiny_tokenizer(extra_corpus=MERGED_CLOSERS_CORPUS)
     return tok, tiny_model(tok).to(torch.float64)
@@ -411,8 +411,9 @@ def test_merged_closers_one_pass_equals_bruteforce(closers, mode):
 
 def test_empty_closing_set_falls_back_to_whole_tokens(tiny_tokenizer, model64, monkeypatch):
     """A rest no token starts with moves whole tokens into the path until one does: finite, as the reference."""
-    import cipr.actions_reference as reference
-    from cipr.actions import _Vocabulary
+    import support.actions_reference as reference
+
+    from cipr.method.actions import _Vocabulary
 
     tok, vocab = tiny_tokenizer, _vocabulary(tiny_tokenizer)
     assert not vocab.starting_with(b'"~~')
@@ -475,7 +476,7 @@ def test_smollm2_tokenizer_one_pass_equals_bruteforce(smollm2_tokenizer, smollm2
 @pytest.mark.integration  # loads the embedded GGUF (about 25 s of CPU): `pytest -m integration`
 def test_embedded_model_one_pass_equals_bruteforce():
     """The embedded SmolLM2-135M itself (float32), one query per suffix kind: JSON `"`, ReAct newline, WebShop `[`."""
-    from cipr.embedded import load_embedded
+    from cipr.runtime.embedded import load_embedded
 
     model, tok = load_embedded()
     queries = [_format_queries(tok, fmt, SMOLLM2_NAMES, 80)[i] for fmt, i in (("toolrl", 0), ("react", 0),
@@ -574,8 +575,7 @@ def test_formula_hand_computed_on_a_bigram_model(tiny_tokenizer):
 def test_embedded_model_missing_says_how_to_install(monkeypatch):
     import importlib.util
 
-    from cipr import embedded
-
+    from cipr.runtime import embedded
     folder, name = embedded.embedded_gguf()
     assert name.endswith(".gguf") and (folder / name).is_file()
     monkeypatch.setattr(importlib.util, "find_spec", lambda _name: None)

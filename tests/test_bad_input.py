@@ -3,7 +3,7 @@ status 2, one line on stderr naming the offending file, option or value, no trac
 it was given (inputs and earlier outputs) byte-identical afterwards.
 
 Also here: checkpoint integrity on resume (a truncated newest checkpoint falls back to the previous
-complete one), and the safe-output helpers of `cipr.io`.
+complete one), and the safe-output helpers of `cipr.core.io`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from cipr.data.bfcl import PARTITIONS
 from cipr.data.paths import data_root
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,10 +39,11 @@ def tree_digest(*roots: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
     """A workspace: a tiny model folder, an export of it, a finished 3-step SFT run, an evaluation folder."""
+    from support.tiny_models import save_tiny
+
     from cipr.eval.config import EvalConfig
     from cipr.eval.evaluate import evaluate
-    from cipr.export import ExportConfig, export
-    from cipr.testing import save_tiny
+    from cipr.runtime.export import ExportConfig, export
     from cipr.train.run import config_from_dict, run
 
     root = tmp_path_factory.mktemp("bad_input")
@@ -163,6 +165,16 @@ def _truncate_line(w: Path) -> None:
     (root / "object.json").write_text('{"instruction": "x"}')
 
 
+def _utf16_bfcl(w: Path) -> None:
+    """A BFCL copy whose first question file starts with the bytes ff fe (a UTF-16 byte-order mark)."""
+    name = f"BFCL_v4_{next(iter(PARTITIONS))}.json"
+    target = w / "data_utf16" / "bfcl_v4" / name
+    if not target.exists():
+        target.parent.mkdir(parents=True)
+        first = (BFCL_SIMPLE.parent / name).read_bytes().split(b"\n")[0]
+        target.write_bytes(b"\xff\xfe" + first + b"\n")
+
+
 def _bad_manifest(w: Path) -> None:
     target = w / "bad_manifest"
     if not target.exists():
@@ -214,6 +226,9 @@ CASES = [
     Case("data-root-missing", cipr_data("export", "bfcl", "--root", "{w}/nowhere", "--out", "{w}/x.jsonl"),
          "nowhere/bfcl_v4"),
     Case("data-stats-root-missing", cipr_data("stats", "rotbench", "--root", "{w}/nowhere"), "nowhere/rotbench"),
+    Case("data-stats-bfcl-not-utf8", cipr_data("stats", "bfcl", "--data-root", "{w}/data_utf16"),
+         f"_utf16/bfcl_v4/BFCL_v4_{next(iter(PARTITIONS))}.json': not a UTF-8 text file (invalid start byte at byte "
+         "offset 0)", setup=_utf16_bfcl),
     Case("data-toolrl-missing-file", cipr_data("export", "toolrl", "--path", "{w}/none.parquet", "--out", "{w}/x.jsonl"),
          "none.parquet"),
     Case("data-toolrl-malformed-json", cipr_data("export", "toolrl", "--path", "{w}/data/toolrl/broken.json", "--out",
@@ -361,7 +376,7 @@ def test_truncated_newest_checkpoint_resumes_from_the_previous_one(work, tmp_pat
 
 
 def test_damaged_files_and_trackers_are_detected(work, tmp_path, caplog):
-    from cipr.errors import DataError
+    from cipr.core.errors import DataError
     from cipr.train.checkpoint import checkpoint_problem, latest_complete
 
     stage = tmp_path / "sft"
@@ -382,14 +397,14 @@ def test_damaged_files_and_trackers_are_detected(work, tmp_path, caplog):
         latest_complete(stage)
 
 
-# ---------------------------------------------------------------- cipr.io
+# ---------------------------------------------------------------- cipr.core.io
 
 
 def test_atomic_write_leaves_nothing_on_failure_and_honours_the_umask(tmp_path):
     import os
     import stat
 
-    from cipr.io import atomic_write, write_text_atomic
+    from cipr.core.io import atomic_write, write_text_atomic
 
     target = tmp_path / "out.txt"
     target.write_text("old")
@@ -406,8 +421,8 @@ def test_atomic_write_leaves_nothing_on_failure_and_honours_the_umask(tmp_path):
 
 
 def test_missing_model_fails_at_once_without_the_network(tmp_path, monkeypatch):
-    from cipr.errors import ConfigError
-    from cipr.hub import looks_like_path, resolve_model
+    from cipr.core.errors import ConfigError
+    from cipr.runtime.hub import looks_like_path, resolve_model
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").mkdir()

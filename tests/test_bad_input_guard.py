@@ -37,7 +37,7 @@ def _guard_rows(n: int) -> str:
 
 @dataclass(frozen=True)
 class Case:
-    """A command line (`{d}` is the case's folder), the files to create first, and the expected message."""
+    """A command line (`{d}` is the case's folder, `{tiny}` a tiny model folder), the files to create first, and the expected message."""
 
     name: str
     argv: tuple[str, ...]
@@ -49,13 +49,21 @@ class Case:
 
 OK = {"old.json": json.dumps(OLD), "new.json": json.dumps(OLD)}
 DIFF = ("diff", "{d}/old.json", "{d}/new.json")
-EVAL = ("eval", "--model", "tiny", "--limit", "1", "--out", "{d}/out")
+EVAL = ("eval", "--model", "{tiny}", "--limit", "1", "--out", "{d}/out")
 
 CASES = [
     Case("missing old file", ("diff", "{d}/nope.json", "{d}/new.json"), "No such file", OK),
     Case("new is a folder", ("diff", "{d}/old.json", "{d}/sub"), "Is a directory", OK, ("sub",)),
-    Case("malformed json", DIFF, "not JSON", {**OK, "new.json": '[{"name": "f",'}),
-    Case("binary file", DIFF, "not a UTF-8 text file", {**OK, "new.json": b"\xff\xfe\x00garbage"}),
+    Case("malformed json", DIFF, "not valid JSON (Expecting property name enclosed in double quotes: line 1 "
+         "column 15)", {**OK, "new.json": '[{"name": "f",'}),
+    Case("malformed json lines", DIFF, "not valid JSON (Expecting value: line 3 column 8)",
+         {**OK, "new.json": json.dumps({"id": "a", "function": []}) + "\n\n" + '{"id": }'}),
+    Case("binary file", DIFF, "not a UTF-8 text file (invalid start byte at byte offset 0)",
+         {**OK, "new.json": b"\xff\xfe\x00garbage"}),
+    Case("UTF-16 file", DIFF, "new.json': not a UTF-8 text file (invalid start byte at byte offset 0)",
+         {**OK, "new.json": json.dumps(OLD).encode("utf-16")}),
+    Case("bad byte mid-file", DIFF, "not a UTF-8 text file (invalid continuation byte at byte offset 11)",
+         {**OK, "new.json": b'[{"name": "\xe9t\xe9"}]'}),
     Case("wrong shape", DIFF, "expected a list of tools", {**OK, "new.json": json.dumps({"foo": 1})}),
     Case("entry not an object", DIFF, "a tool entry must be an object", {**OK, "new.json": "[1, 2]"}),
     Case("tool without a name", DIFF, "tool name must be a non-empty string",
@@ -78,8 +86,8 @@ CASES = [
     Case("--report would overwrite the new input", (*DIFF, "--report", "{d}/new.json"), "would overwrite the input", OK),
     Case("--report .md beside an input .json", (*DIFF, "--report", "{d}/old.md"), "would overwrite the input", OK),
     Case("--report under a file", (*DIFF, "--report", "{d}/old.json/r.md"), "a parent of it is a file", OK),
-    Case("eval --limit 0", ("eval", "--model", "tiny", "--limit", "0", "--out", "{d}/out"), "--limit must be a positive number", {}),
-    Case("eval --limit -1", ("eval", "--model", "tiny", "--limit", "-1", "--out", "{d}/out"), "--limit must be", {}),
+    Case("eval --limit 0", ("eval", "--model", "{tiny}", "--limit", "0", "--out", "{d}/out"), "--limit must be a positive number", {}),
+    Case("eval --limit -1", ("eval", "--model", "{tiny}", "--limit", "-1", "--out", "{d}/out"), "--limit must be", {}),
     Case("eval --shard 3/2", (*EVAL, "--shard", "3/2"), "shard must be K/N", {}),
     Case("eval --shard x", (*EVAL, "--shard", "x"), "shard must be K/N", {}),
     Case("eval unknown policy", (*EVAL, "--policies", "none,bogus"), "unknown guard policies", {}),
@@ -105,22 +113,22 @@ def _snapshot(root: Path) -> dict[str, bytes | None]:
     return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
 
 
-def _build(root: Path, case: Case) -> list[str]:
+def _build(root: Path, case: Case, tiny: Path) -> list[str]:
     for name in case.dirs:
         (root / name).mkdir(parents=True)
     for name, content in (case.files or {}).items():
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(content if isinstance(content, bytes) else content.encode())
-    return [a.replace("{d}", str(root)) for a in case.argv]
+    return [a.replace("{d}", str(root)).replace("{tiny}", str(tiny)) for a in case.argv]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_bad_input_is_one_clear_line_and_touches_nothing(case, tmp_path, shared_data, capsys, monkeypatch):
+def test_bad_input_is_one_clear_line_and_touches_nothing(case, tmp_path, shared_data, tiny_dir, capsys, monkeypatch):
     if case.skip is not None and case.skip():
         pytest.skip("not a bad input on this machine")
     monkeypatch.delenv("CIPR_DEBUG", raising=False)
-    argv = _build(tmp_path, case)
+    argv = _build(tmp_path, case, tiny_dir)
     if argv[0] == "eval" and "--data-root" not in argv:
         argv += ["--data-root", str(shared_data)]
     before = _snapshot(tmp_path)

@@ -37,27 +37,14 @@ def test_bench_step_prints_its_ratios():
                         line), line
 
 
-def test_bench_eval_prints_speedup_and_roofline():
-    from cipr import packed_gemm
-
-    text = output("bench_eval.py", "--model", "tiny", "--n", "2", "--max-new-tokens", "4", "--batch-size", "2",
-                  "--repeats", "1", "--no-vllm", "--device", "cpu", "--compare-unpacked", "--compare-direct")
+def test_bench_eval_prints_its_speedup(tiny_dir):
+    text = output("bench_eval.py", "--model", str(tiny_dir), "--n", "2", "--max-new-tokens", "4", "--batch-size",
+                  "2", "--repeats", "1", "--no-vllm", "--device", "cpu")
     line = text.splitlines()[-1]
-    assert re.fullmatch(r"speedup=\S+ \[\S+\] roofline_fraction=\S+ \[\S+\]", line), line
-    # the one repetition's own figures are the medians of one value
-    rep = re.search(r"^repetition 1: .*; speedup (\S+) roofline_fraction (\S+)$", text, re.M)
-    assert rep, text
-    assert line == f"speedup={rep[1]} [{rep[1]}-{rep[1]}] roofline_fraction={rep[2]} [{rep[2]}-{rep[2]}]", text
-    # the default kernel is CIPR's (it builds on every machine of the README's set-up), timed beside F.linear
-    # and MKL; --compare-unpacked adds the batched pass with F.linear
-    assert "decoding with packed weights, kernel cipr;" in text, text
-    assert re.search(r"^linears of one decoding step: 1 row \S+ ms, 2 rows \S+ ms, "
-                     + (r"2 rows MKL packed \S+ ms, " if packed_gemm.available() else "")
-                     + r"1 row cipr \S+ ms, 2 rows cipr \S+ ms", text, re.M), text
-    assert "with F.linear instead of packed weights" in text, text
-    # --compare-direct: the tiny model (qwen2, cipr_grouped on CPU) decodes the same tokens either way
-    assert len(re.findall(r"^decoding step, layers called directly / model.forward, .* same tokens: True$",
-                          text, re.M)) == 2, text
+    assert re.fullmatch(r"speedup=\S+ \[\S+\]", line), line
+    rep = re.search(r"^repetition 1: .*; speedup (\S+)$", text, re.M)  # one repetition: the median of one value
+    assert rep and line == f"speedup={rep[1]} [{rep[1]}-{rep[1]}]", text
+    assert re.search(r"^identical outputs at batch size 1 and 2: \d/1$", text, re.M), text
 
 
 def test_bench_actions_prints_its_table():

@@ -23,11 +23,11 @@ from unittest import mock
 
 import pytest
 
-from cipr.bfcl_literals import NESTED_TYPES, read_value, write_value
 from cipr.data.bfcl import PARTITIONS, load_bfcl
-from cipr.interface import Call, Example, Interface, Tool
-from cipr.schema import normalize_schema
 from cipr.scoring.bfcl import PYTHON_TYPES, bfcl_type, score_bfcl
+from cipr.scoring.bfcl_literals import NESTED_TYPES, read_value, write_value
+from cipr.tools.interface import Call, Example, Interface, Tool
+from cipr.tools.schema import normalize_schema
 
 # item id -> (BFCL's error_type on our reference answer, why BFCL rejects it and we accept it)
 REFERENCE_DISAGREEMENTS = {

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from cipr.core.errors import DataError
 from cipr.data.bfcl import PARTITIONS, TOTAL, BfclReport, bfcl_prompt_tool, bfcl_stats, load_bfcl
 from cipr.data.fetch import BFCL_EVAL_SHA256, FetchError, download_wheel, fetch_bfcl
-from cipr.errors import DataError
-from cipr.interface import Call
+from cipr.tools.interface import Call
 
 EXPECTED = {"live_multiple": 1053, "simple_python": 400, "live_simple": 258, "multiple": 200, "parallel": 200,
             "parallel_multiple": 200, "simple_java": 100, "simple_javascript": 50, "live_parallel_multiple": 24,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from cipr.bfcl_literals import read_java, read_js, write_java, write_js
-from cipr.canonical import canonicalize
 from cipr.formats.base import ParseResult
-from cipr.interface import Call, Example, Interface, Message, Tool
-from cipr.schema import normalize_schema
 from cipr.scoring.bfcl import ERROR_CLASSES, score_bfcl, standardize
+from cipr.scoring.bfcl_literals import read_java, read_js, write_java, write_js
+from cipr.tools.canonical import canonicalize
+from cipr.tools.interface import Call, Example, Interface, Message, Tool
+from cipr.tools.schema import normalize_schema
 
 
 def _tool(name, props, required=(), language="python", description=""):

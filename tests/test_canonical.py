@@ -4,14 +4,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cipr.canonical import (
+from cipr.tools.canonical import (
     UndeclaredToolError,
     canonical_tool_id,
     canonicalize,
     canonicalize_interface,
     rewrite_text,
 )
-from cipr.interface import Call, Example, Interface, Message, Tool
+from cipr.tools.interface import Call, Example, Interface, Message, Tool
 
 
 def _weather_example() -> Example:

@@ -3,7 +3,7 @@
 import json
 
 from cipr.cli.data import main
-from cipr.interface import Call
+from cipr.tools.interface import Call
 
 
 def test_stats_bfcl(shared_data, capsys):

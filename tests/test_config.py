@@ -1,4 +1,4 @@
-"""The one config loader (cipr/config.py) as every command uses it: typo hints, Literal choices, types."""
+"""The one config loader (cipr/core/config.py) as every command uses it: typo hints, Literal choices, types."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from cipr.config import ConfigError, from_dict, from_overrides
+from cipr.core.config import ConfigError, from_dict, from_overrides
 from cipr.distill.run import config_from_dict as distill_config
 from cipr.eval.config import eval_config_from_dict
 from cipr.train.run import config_from_dict as train_config

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cipr.consistency import group_distribution, kl_rows, rescoring_kl, rollout_kl
+from cipr.method.consistency import group_distribution, kl_rows, rescoring_kl, rollout_kl
 
 T = torch.tensor
 

@@ -152,9 +152,10 @@ def test_summary_averages_orders_then_types_then_groups():
 
 
 def test_cipr_eval_with_consistency_reports_and_compares(tmp_path, tiny_tokenizer):
+    from support.tiny_models import tiny_model
+
     from cipr.eval.compare import render_comparison, write_comparison
     from cipr.eval.evaluate import evaluate
-    from cipr.testing import tiny_model
 
     runs = {}
     for seed in (0, 1):
@@ -176,8 +177,9 @@ def test_cipr_eval_with_consistency_reports_and_compares(tmp_path, tiny_tokenize
 
 
 def test_the_reader_runs_on_sdpa_and_the_model_returns_to_eager(tiny_tokenizer):
+    from support.tiny_models import tiny_model
+
     from cipr.eval.evaluate import reader_attention
-    from cipr.testing import tiny_model
 
     model = tiny_model(tiny_tokenizer)
     model.set_attn_implementation("eager")

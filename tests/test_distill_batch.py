@@ -4,6 +4,7 @@ import copy
 
 import pytest
 import torch
+from support.tiny_models import tiny_model
 
 from cipr.data.trajectories import toyshop_trajectories
 from cipr.distill import batch as batch_module
@@ -20,8 +21,7 @@ from cipr.distill.conversation import render_conversation
 from cipr.distill.data import trim
 from cipr.distill.naming import rename_example
 from cipr.formats import get_format
-from cipr.relabel import RelabelConfig
-from cipr.testing import tiny_model
+from cipr.method.relabel import RelabelConfig
 
 FMT = get_format("webshop")
 

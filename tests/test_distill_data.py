@@ -5,14 +5,14 @@ import json
 import pytest
 
 from cipr.cli.data import main as data_main
-from cipr.config import ConfigError
+from cipr.core.config import ConfigError
+from cipr.core.errors import DataError
 from cipr.data.trajectories import load_trajectories, to_agentinstruct, toyshop_trajectories
 from cipr.distill.conversation import UnusableTrajectory, render_conversation, tokenize_rendered
 from cipr.distill.data import TRIM_MARK, TrajectoryDataConfig, build_items, load_split, trim
 from cipr.distill.naming import named, rename_pairs
-from cipr.errors import DataError
 from cipr.formats import get_format
-from cipr.interface import Call, Example, Message
+from cipr.tools.interface import Call, Example, Message
 
 FMT = get_format("webshop")
 

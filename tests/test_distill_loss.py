@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from cipr.consistency import kl_rows
 from cipr.distill.loss import action_kl, combine, token_kl
+from cipr.method.consistency import kl_rows
 
 
 def test_token_kl_hand_computed():

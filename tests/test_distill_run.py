@@ -3,10 +3,10 @@
 import json
 
 import pytest
+from support.tiny_models import save_tiny
 
-from cipr.config import ConfigError
+from cipr.core.config import ConfigError
 from cipr.distill.run import config_from_dict, distill_main, run_distill
-from cipr.testing import save_tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -30,7 +30,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def two_process_run(tmp_path_factory):
-    from cipr.testing import save_tiny
+    from support.tiny_models import save_tiny
 
     out = tmp_path_factory.mktemp("ddp")
     tiny = save_tiny(out / "tiny")

@@ -3,6 +3,7 @@ backoff against a local server and records what it cannot get; vLLM stays unimpo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from cipr.eval.backends import (
     OpenAIBackendConfig,
 )
 from cipr.formats.toolrl import ToolRLFormat
-from cipr.interface import Call, Example, Interface, Message, Tool
+from cipr.tools.interface import Call, Example, Interface, Message, Tool
 
 FMT = ToolRLFormat()
 TOOL = Tool("get_weather", "Weather for a city.", {"type": "object", "properties": {"city": {"type": "string"}}})
@@ -36,8 +37,7 @@ def sharp_model(tiny_tokenizer):
     """The tiny model with its matrices scaled up, so that greedy outputs vary with the prompt and the
     step (at its initial scale it repeats one token everywhere)."""
     import torch
-
-    from cipr.testing import tiny_model
+    from support.tiny_models import tiny_model
 
     model = tiny_model(tiny_tokenizer, seed=1)
     with torch.no_grad():
@@ -51,11 +51,21 @@ REQS = [GenRequest(ex(q)) for q in ["Rome?", "What is the weather like in Paris 
                                      "Oslo", "Tell me about Lima and its weather today"]]
 
 
-@pytest.mark.parametrize("attn", ["eager", "cipr_grouped"])
+@contextlib.contextmanager
+def attention(model, name: str):
+    """The model's attention set to `name` for the block, then restored."""
+    before = model.config._attn_implementation
+    model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(before)
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_hf_batched_matches_one_by_one(sharp_model, tiny_tokenizer, attn):
-    """Batch size 1 and 4, prefilled per item (SDPA when the model is grouped) or as a padded batch,
-    and `model.generate`: the same greedy texts."""
-    from cipr.attention import attention
+    """Batch size 1 and 4, prefilled per item or as a padded batch, and `model.generate`: the same greedy
+    texts."""
 
     def run(bs, drop, prefill="auto"):
         cfg = HFBackendConfig(batch_size=bs, max_new_tokens=12, drop_finished=drop, prefill=prefill)
@@ -99,14 +109,13 @@ def test_hf_prefix_reuse_computes_only_what_prompts_do_not_share_and_gives_the_s
     """Each prompt reuses the states of the shared start of the one prefilled before it (longest first),
     within one `generate` call: the tokens reused are the sum of those common prefixes, every call
     starts afresh, and the texts equal those of prompts prefilled in full."""
-    from cipr.attention import GROUPED, attention
     from cipr.eval.backends import common_prefix
 
     def backend(reuse):
         return HFBackend(sharp_model, tiny_tokenizer, FMT, HFBackendConfig(batch_size=bs, max_new_tokens=8,
                                                                        prefill="per_item", prefix_reuse=reuse))
 
-    with attention(sharp_model, GROUPED):
+    with attention(sharp_model, "sdpa"):
         on, off = backend(True), backend(False)
         ids = sorted((tiny_tokenizer(on.prompt(r.example), add_special_tokens=False)["input_ids"] for r in REQS),
                      key=lambda x: -len(x))

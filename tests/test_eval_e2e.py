@@ -22,8 +22,9 @@ def bfcl_cfg(tmp, **kw) -> EvalConfig:
 
 
 def test_tiny_model_on_bfcl_under_every_perturbation(tmp_path, shared_data, tiny_tokenizer):
+    from support.tiny_models import tiny_model
+
     from cipr.perturb import list_perturbations
-    from cipr.testing import tiny_model
 
     # One item (its prompts run to ~1,500 tokens of the tiny tokenizer), a one-layer model: ~60 generations.
     cfg = bfcl_cfg(tmp_path, backend="hf", limit=1, partitions=["simple_python"],
@@ -104,9 +105,9 @@ def test_rotbench_levels_pair_original_and_canonical(tmp_path, shared_data):
 
 def test_hydra_entry_point_with_saved_tiny_model(tmp_path, shared_data, capsys):
     from hydra import compose, initialize_config_dir
+    from support.tiny_models import save_tiny
 
     from cipr.cli.eval import CONFIG_DIR, run, to_eval_config
-    from cipr.testing import save_tiny
 
     model_dir = save_tiny(tmp_path / "tiny")
     overrides = [f"model={model_dir}", "limit=2", "partitions=[simple_python]",
@@ -124,6 +125,6 @@ def test_hydra_entry_point_with_saved_tiny_model(tmp_path, shared_data, capsys):
     assert again["run_stats"]["evaluated"] == 0 and again["run_stats"]["skipped"] == 10
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         other = compose(config_name="eval", overrides=[*overrides, "seed=1"])
-    with pytest.raises(SystemExit) as stop:  # one line on stderr, exit status 2 (cipr.errors)
+    with pytest.raises(SystemExit) as stop:  # one line on stderr, exit status 2 (cipr.core.errors)
         run(other)
     assert stop.value.code == 2 and "another configuration" in capsys.readouterr().err

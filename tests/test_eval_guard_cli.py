@@ -18,7 +18,7 @@ def _cfg(model_dir, out, shared_data, **changes):
 
 
 def test_cipr_eval_guard_dispatch_with_tiny_model(tmp_path, shared_data):
-    from cipr.testing import save_tiny
+    from support.tiny_models import save_tiny
 
     model_dir = save_tiny(tmp_path / "tiny")
     out = tmp_path / "guard"

@@ -14,7 +14,7 @@ from cipr.eval.report import ReportConfig, read_results, summarize, write_report
 from cipr.eval.runner import RunnerConfig, Verdict, evaluate_one, run_items
 from cipr.eval.scorers import bfcl_scorer
 from cipr.formats.toolrl import ToolRLFormat
-from cipr.interface import Call, Example, Interface, Message, Tool
+from cipr.tools.interface import Call, Example, Interface, Message, Tool
 
 FMT = ToolRLFormat()
 CITY = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},

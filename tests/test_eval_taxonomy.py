@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cipr.eval.taxonomy import classify, equivalent_descriptions, strip_annotation
-from cipr.interface import Call, Interface, Tool
+from cipr.tools.interface import Call, Interface, Tool
 
 P = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 BASE = "Get the current weather for a city."

@@ -9,8 +9,16 @@ import shutil
 import pytest
 import torch
 
-from cipr.errors import DataError, UnsafeOutputError
-from cipr.export import MANIFEST, ExportConfig, apply_manifest, eval_names_for, export, locate, read_manifest
+from cipr.core.errors import DataError, UnsafeOutputError
+from cipr.runtime.export import (
+    MANIFEST,
+    ExportConfig,
+    apply_manifest,
+    eval_names_for,
+    export,
+    locate,
+    read_manifest,
+)
 
 
 def _logits(model, tokenizer) -> torch.Tensor:
@@ -24,7 +32,8 @@ def _logits(model, tokenizer) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory):
     """A finished one-stage SFT run with LoRA on the tiny model (two optimizer steps, saved every step)."""
-    from cipr.testing import save_tiny
+    from support.tiny_models import save_tiny
+
     from cipr.train.run import config_from_dict, run
 
     root = tmp_path_factory.mktemp("export")
@@ -47,7 +56,7 @@ def lora_run(tmp_path_factory):
 def test_lora_run_exports_merged_weights_with_the_checkpoints_logits(lora_run, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from cipr.train.model import load_model
+    from cipr.runtime.model import load_model
 
     run_dir, cfg = lora_run
     out = export(run_dir, tmp_path / "exp")
@@ -74,6 +83,76 @@ def test_lora_run_exports_merged_weights_with_the_checkpoints_logits(lora_run, t
     assert "## Training configuration" in card and "call_format: hermes" in card and "loss" in card
 
 
+@pytest.fixture(scope="module")
+def frozen_run(tmp_path_factory):
+    """A finished SFT run on the tiny model with its bottom layer frozen (weights saved without it), and the
+    trained model's state dict as training left it in memory."""
+    import copy
+
+    from support.tiny_models import save_tiny
+
+    from cipr.train import run as train_run
+
+    root = tmp_path_factory.mktemp("frozen")
+    tiny = save_tiny(root / "tiny")
+    cfg = train_run.config_from_dict({
+        "model": {"name_or_path": str(tiny), "gguf_package": None, "gguf_file": None, "short_name": "tiny",
+                  "dtype": "float32", "call_format": "hermes", "freeze_bottom_layers": 1},
+        "data": {"source": "synthetic", "n": 8, "seed": 0, "eval_examples": 0},
+        "algo": {"name": "sft", "names": "canonical", "perturbed": False, "rescore_weight": 0.0,
+                 "rollout_weight": 0.0},
+        "trainer": {"run_dir": str(root / "run"), "max_steps": 2, "save_steps": 1, "save_total_limit": None,
+                    "per_device_train_batch_size": 2, "learning_rate": 5e-2, "torch_threads": 1},
+        "logging": {"progress_bar": False},
+    })
+    trained: dict[str, torch.Tensor] = {}
+    finish = train_run._finish_stage
+
+    def keep_weights(trainer, stage_dir, steps):
+        trained.update(copy.deepcopy(trainer.model.state_dict()))
+        return finish(trainer, stage_dir, steps)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(train_run, "_finish_stage", keep_weights)
+        train_run.run(cfg)
+    return root / "run", cfg, trained
+
+
+def test_run_with_frozen_layers_exports_the_full_model_with_the_trained_logits(frozen_run, tmp_path):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cipr.runtime.model import load_model
+
+    run_dir, cfg, trained_weights = frozen_run
+    final = run_dir / "sft" / "final"
+    assert (final / "cipr_frozen.json").is_file()
+    saved = set(load_file(final / "model.safetensors"))
+    assert saved and all(k.startswith("model.layers.1.") or k == "model.norm.weight" for k in saved)
+
+    out = export(run_dir, tmp_path / "exp")
+    assert not (out / "cipr_frozen.json").exists()
+    exported = AutoModelForCausalLM.from_pretrained(str(out))
+    assert set(load_file(out / "model.safetensors")) > saved  # every tensor (the tied head once)
+    base, tok = load_model(cfg.model)
+    trained, _ = load_model(cfg.model)
+    trained.load_state_dict(trained_weights)  # strict: the model exactly as training left it
+    etok = AutoTokenizer.from_pretrained(str(out))
+    expected, got = _logits(trained.eval(), tok), _logits(exported.eval(), etok)
+    assert torch.equal(got, expected), (got - expected).abs().max()
+    assert (expected - _logits(base.eval(), tok)).abs().max() > 1e-3  # training did move the model
+    m = read_manifest(out)
+    assert (m.stage, m.step, m.finished, m.lora_merged, m.dtype) == ("sft", 2, True, False, "float32")
+
+    step = export(run_dir / "sft" / "checkpoint-1", tmp_path / "step1")  # a step folder: rebuilt the same way
+    assert read_manifest(step).step == 1 and set(load_file(step / "model.safetensors")) == set(
+        load_file(out / "model.safetensors"))
+    alone = tmp_path / "alone"
+    shutil.copytree(final, alone)
+    with pytest.raises(DataError, match="trainable tensors only"):
+        export(alone, tmp_path / "exp2", ExportConfig(call_format="hermes", names="canonical"))
+
+
 def test_checkpoint_folder_exports_its_step_and_unfinished_run_is_refused(lora_run, tmp_path):
     run_dir, _ = lora_run
     source = locate(run_dir / "sft" / "checkpoint-1")
@@ -93,9 +172,8 @@ def test_checkpoint_folder_exports_its_step_and_unfinished_run_is_refused(lora_r
 
 
 def test_plain_model_folder_round_trip_and_idempotent_reexport(tmp_path):
+    from support.tiny_models import save_tiny
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from cipr.testing import save_tiny
 
     folder = save_tiny(tmp_path / "plain")
     with pytest.raises(DataError, match="give --format and --names"):
@@ -116,7 +194,7 @@ def test_plain_model_folder_round_trip_and_idempotent_reexport(tmp_path):
 
 
 def test_eval_summary_goes_into_the_model_card(tmp_path):
-    from cipr.testing import save_tiny
+    from support.tiny_models import save_tiny
 
     folder = save_tiny(tmp_path / "plain")
     ev = tmp_path / "ev"
@@ -151,9 +229,9 @@ def test_read_manifest_names_the_bad_field(tmp_path):
 
 def test_cipr_eval_takes_format_and_names_from_the_manifest(tmp_path, shared_data):
     from hydra import compose, initialize_config_dir
+    from support.tiny_models import save_tiny
 
     from cipr.cli.eval import CONFIG_DIR, run, to_eval_config
-    from cipr.testing import save_tiny
 
     out = export(save_tiny(tmp_path / "plain"), tmp_path / "exp", ExportConfig(call_format="hermes", names="canonical"))
     common = ["limit=2", "partitions=[simple_python]", "perturbations=[original]", "max_new_tokens=4",
@@ -173,10 +251,10 @@ def test_cipr_eval_takes_format_and_names_from_the_manifest(tmp_path, shared_dat
 
 
 def test_cli_exports_in_the_asked_dtype_and_reports_bad_input(tmp_path, capsys):
+    from support.tiny_models import save_tiny
     from transformers import AutoModelForCausalLM
 
     from cipr.cli.export import main
-    from cipr.testing import save_tiny
 
     folder = save_tiny(tmp_path / "plain")
     assert main([str(folder), str(tmp_path / "exp"), "--format", "hermes", "--names", "original",
@@ -195,7 +273,7 @@ def test_export_never_replaces_its_source_or_a_folder_it_did_not_write(tmp_path)
     import os
     import stat
 
-    from cipr.testing import save_tiny
+    from support.tiny_models import save_tiny
 
     folder = save_tiny(tmp_path / "plain")
     options = ExportConfig(call_format="toolrl", names="original", overwrite=True)
@@ -215,3 +293,16 @@ def test_export_never_replaces_its_source_or_a_folder_it_did_not_write(tmp_path)
         os.umask(old)
     assert stat.S_IMODE(out.stat().st_mode) == 0o755
     assert stat.S_IMODE((out / MANIFEST).stat().st_mode) == 0o644
+
+
+def test_evaluation_refuses_a_checkpoint_without_its_frozen_layers(tmp_path):
+    """A weights folder that left its frozen tensors to the base is not a model on its own: cipr-eval says to
+    export it instead of loading random frozen layers."""
+    from cipr.core.checkpoints import FROZEN
+    from cipr.core.errors import DataError
+    from cipr.eval.evaluate import check_whole_model
+
+    (tmp_path / FROZEN).write_text('{"omitted": ["model.layers.0.mlp.up_proj.weight"]}')
+    with pytest.raises(DataError, match="cipr-export"):
+        check_whole_model(str(tmp_path))
+    check_whole_model(str(tmp_path / "elsewhere"))  # an ordinary folder passes

@@ -14,7 +14,7 @@ from cipr.formats.base import Decision
 from cipr.formats.hermes import FIRST_OPENER, NEXT_OPENER, HermesFormat
 from cipr.formats.react import ReActFormat, WebShopFormat
 from cipr.formats.toolrl import BLOCK_OPENER, CALL_THINK, RESPONSE_THINK, ToolRLFormat
-from cipr.interface import Call, Interface, Message, Tool
+from cipr.tools.interface import Call, Interface, Message, Tool
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from cipr.cli.guard import main
-from cipr.errors import DataError
+from cipr.core.errors import DataError
 from cipr.guard.diff import DiffConfig, diff_interfaces, load_tool_list
-from cipr.interface import Interface, Tool
+from cipr.tools.interface import Interface, Tool
 
 WEATHER = Tool("get_weather", "Get the current weather for a city, in celsius or fahrenheit.", {
     "type": "object",
@@ -177,7 +177,7 @@ def test_cli_exit_codes_and_reports(tmp_path, capsys):
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["verdict"] == "pass" and data["counts"] == {"drift": 2, "contract": 0}
     assert "Verdict: **PASS**" in (tmp_path / "r.md").read_text()
-    assert main(["diff", str(old), str(contract), "--report", str(tmp_path / "gate.json")]) == 2
+    assert main(["diff", str(old), str(contract), "--report", str(tmp_path / "gate.json")]) == 1  # as diff(1)
     assert json.loads((tmp_path / "gate.json").read_text())["changes"][0]["kind"] == "removed_tool"
     assert "removed_tool" in (tmp_path / "gate.md").read_text()
     assert main(["diff", str(old), str(tmp_path / "missing.json")]) == 2  # bad input stops the gate too
@@ -201,7 +201,7 @@ def test_cli_on_real_bfcl_item_via_subprocess(shared_data, tmp_path):
     fn["parameters"]["required"].append("unit")  # optional -> required: a contract change
     drifted.write_text(json.dumps(row))
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 2 and "became_required" in run.stdout
+    assert run.returncode == 1 and "became_required" in run.stdout, run.stderr
 
 
 def test_release_gate_on_real_bfcl_drift_perturbations(shared_data):

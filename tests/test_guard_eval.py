@@ -76,10 +76,10 @@ def test_counts_with_a_model_that_keeps_stale_names_but_repairs_well(study, tmp_
     assert summary["perturbation"] == "drift_mild" and set(summary["policies"]) == set(s)
 
 
-def test_cli_eval_smoke_with_the_tiny_model(tmp_path, shared_data, capsys):
+def test_cli_eval_smoke_with_the_tiny_model(tmp_path, shared_data, tiny_dir, capsys):
     from cipr.cli.guard import main
 
-    code = main(["eval", "--model", "tiny", "--format", "json", "--setting", "medium", "--limit", "1",
+    code = main(["eval", "--model", str(tiny_dir), "--format", "json", "--setting", "medium", "--limit", "1",
                  "--policies", "none", "--max-new-tokens", "2", "--out", str(tmp_path),
                  "--data-root", str(shared_data)])
     assert code == 0
@@ -181,7 +181,7 @@ def test_an_interrupted_run_resumes_every_unit_exactly_once(study, tmp_path):
 
 
 def test_a_larger_rerun_extends_and_a_different_one_is_refused_untouched(study, tmp_path):
-    from cipr.errors import CiprError
+    from cipr.core.errors import CiprError
 
     sample = study_sample(study, per_partition=2, seed=0)
     out = tmp_path / "run"
@@ -205,7 +205,7 @@ def test_a_larger_rerun_extends_and_a_different_one_is_refused_untouched(study, 
 
 
 def test_a_folder_of_other_data_is_refused_untouched(study, tmp_path):
-    from cipr.errors import CiprError
+    from cipr.core.errors import CiprError
 
     sample = study_sample(study, per_partition=1, seed=0)
     other = tmp_path / "eval_run"

@@ -11,7 +11,7 @@ from cipr.formats.base import CallFormat, Decision, ParseResult
 from cipr.formats.toolrl import ToolRLFormat
 from cipr.guard import AuditLog, ContractSnapshot, Guard, GuardConfig, HFBackend, read_audit
 from cipr.guard.backend import forced_prefix
-from cipr.interface import Call, Interface, Message, Tool
+from cipr.tools.interface import Call, Interface, Message, Tool
 
 WEATHER = Tool("get_weather", "Current weather for a city.", {
     "type": "object", "properties": {"location": {"type": "string"}, "days": {"type": "integer"}},

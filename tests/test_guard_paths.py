@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cipr.guard import AuditLog, ContractSnapshot, Guard, GuardConfig, ScriptedBackend, Usage, read_audit
-from cipr.interface import Call, Message, Tool
+from cipr.tools.interface import Call, Message, Tool
 
 WEATHER = Tool("get_weather", "Current weather for a city.", {
     "type": "object",

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from cipr.errors import DataError
+from cipr.core.errors import DataError
 from cipr.guard import CallValidator, ContractSnapshot, ValidatorConfig, tool_card, validate_call
 from cipr.guard.contract import contract_hash
 from cipr.guard.parse import parse_json_calls, parse_reply
-from cipr.interface import Call, Tool
+from cipr.tools.interface import Call, Tool
 
 SEARCH = Tool("search_hotels", "Find hotels.", {
     "type": "object",

@@ -2,8 +2,8 @@
 
 import pytest
 
-from cipr.errors import DataError
-from cipr.interface import Call, Interface, Tool
+from cipr.core.errors import DataError
+from cipr.tools.interface import Call, Interface, Tool
 
 WEATHER = Tool("get_weather", "Current weather for a city.",
                {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string",

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from cipr.kv_cache import GrowingLayer, LeftPaddedBatch, growing_cache
+from cipr.runtime.kv_cache import GrowingLayer, LeftPaddedBatch, growing_cache
 
 
 def test_growing_layer_matches_dynamic_layer_through_appends_selection_and_crop():
@@ -34,9 +34,8 @@ def test_growing_layer_matches_dynamic_layer_through_appends_selection_and_crop(
 
 
 def test_growing_cache_gives_the_model_the_same_logits(tiny_tokenizer):
+    from support.tiny_models import tiny_model
     from transformers import DynamicCache
-
-    from cipr.testing import tiny_model
 
     model = tiny_model(tiny_tokenizer).eval()
     ids = torch.randint(3, 200, (2, 7))
@@ -88,9 +87,8 @@ def test_left_padded_batch_places_each_row_at_the_right_and_reserves_room():
 def test_left_padded_batch_gives_the_model_each_prompts_own_logits(tiny_tokenizer):
     """Prefilling through a batch row gives the logits of a prompt's own DynamicCache forward, and the
     first decoding step of the batch those of each prompt continued alone."""
+    from support.tiny_models import tiny_model
     from transformers import DynamicCache
-
-    from cipr.testing import tiny_model
 
     model = tiny_model(tiny_tokenizer).eval()
     prompts = [torch.randint(3, 200, (1, n)) for n in (4, 9, 6)]
@@ -167,9 +165,8 @@ def test_a_row_prefilled_after_a_copied_prefix_holds_a_full_prefill_and_gives_it
     """Prompt b shares its first 5 tokens with prompt a: row 1 takes a's states for them (`states`) and
     its forward runs on b's last 4 tokens only, at positions 5-8. Its logits and cached keys/values are
     those of b's own full forward (to rounding), and the copied positions equal a's exactly."""
+    from support.tiny_models import tiny_model
     from transformers import DynamicCache
-
-    from cipr.testing import tiny_model
 
     model = tiny_model(tiny_tokenizer).eval()
     a = torch.randint(3, 200, (1, 7))
@@ -190,20 +187,3 @@ def test_a_row_prefilled_after_a_copied_prefix_holds_a_full_prefill_and_gives_it
         assert torch.equal(k[:, :5], k0[:, :5]) and torch.equal(v[:, :5], v0[:, :5])
     cache = batch.batch()
     assert cache.get_seq_length() == 9 and not cache.layers[0].keys[0, :, :2].any()  # row 0 left-padded
-
-
-def test_generation_cache_appends_in_place_with_generate_and_gives_its_tokens(tiny_model, tiny_tokenizer):
-    """`model.generate` with `generation_cache`: the greedy tokens of its own cache, the layers grown in place;
-    None for an object that is not a transformers model."""
-    from cipr.kv_cache import GrowingLayer, generation_cache
-
-    ids = tiny_tokenizer(["What is the weather in Paris?", "Hi"], return_tensors="pt", padding=True)
-    kwargs = dict(max_new_tokens=10, do_sample=False, pad_token_id=tiny_tokenizer.pad_token_id)
-    cache = generation_cache(tiny_model)
-    assert all(type(layer) is GrowingLayer for layer in cache.layers)
-    with torch.no_grad():
-        own = tiny_model.generate(**ids, **kwargs)
-        grown = tiny_model.generate(**ids, **kwargs, past_key_values=cache)
-    assert torch.equal(own, grown)
-    assert cache.get_seq_length() == grown.shape[1] - 1  # the last token is not fed back
-    assert generation_cache(object()) is None

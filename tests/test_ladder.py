@@ -107,8 +107,9 @@ def test_report_pairs_rows_over_items_and_averages_seeds(tmp_path):
 
 @pytest.mark.integration
 def test_sweep_then_ladder_end_to_end_and_rerun_skips_finished_work(tmp_path):
+    from support.tiny_models import save_tiny
+
     from cipr.cli.ladder import main as ladder_main
-    from cipr.testing import save_tiny
 
     tiny = save_tiny(tmp_path / "tiny")
     sweep = tmp_path / "sweep"

@@ -1,7 +1,7 @@
 """Each layer of the package imports only from the layers below it (README, "Layout").
 
 Every `import` and `from ... import` in cipr/ is read with `ast`, including those inside functions
-(a deferred import is still a dependency), and mapped to its unit: a top-level module (`cipr/io.py`
+(a deferred import is still a dependency), and mapped to its unit: a top-level module (`cipr/core/io.py`
 is `io`) or a subpackage (`cipr/train/` is `train`). A unit may import its own layer and the layers
 below; an import of a higher layer is a back-edge and fails with the file, the line and both layers.
 """
@@ -14,16 +14,18 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "cipr"
+PACKAGES = {"cipr"} | {f"cipr.{p.name}" for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
 
 LAYERS: list[tuple[str, set[str]]] = [  # bottom first
-    ("leaf", {"cipr", "errors", "interface", "schema", "io", "bfcl_literals", "canonical", "config", "run_folder",
-              "hub", "memory", "attention", "kv_cache", "packed_gemm", "cpu_kernels", "decode_step", "vllm_compile"}),
+    ("core", {"cipr", "core"}),
+    ("tools", {"tools"}),
     ("formats", {"formats", "envs"}),
     ("data", {"data", "scoring"}),
     ("perturb", {"perturb"}),
-    ("actions", {"actions", "actions_reference", "consistency", "pairing", "relabel"}),
+    ("method", {"method"}),
     ("ops", {"ops"}),
-    ("train", {"train", "distill", "export", "embedded", "testing"}),
+    ("runtime", {"runtime"}),
+    ("train", {"train", "distill"}),
     ("eval", {"eval", "guard", "serve"}),
     ("harness", {"tau2"}),
     ("cli", {"cli"}),
@@ -60,7 +62,7 @@ def _imports(path: Path, source: str | None = None) -> list[tuple[int, str]]:
                 target = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            if target == "cipr" or node.module is None:  # `from cipr import io`, `from . import base`: modules
+            if target in PACKAGES or node.module is None:  # `from cipr.core import io`, `from . import base`: modules
                 found += [(node.lineno, f"{target}.{a.name}") for a in node.names]
             else:
                 found.append((node.lineno, target))
@@ -112,8 +114,74 @@ def test_a_back_edge_is_named_with_its_file_line_and_layers():
 @pytest.mark.parametrize("source, expected", [
     ("from cipr.train.run import run\n", ["cipr.train.run"]),
     ("def f():\n    import cipr.eval.config\n", ["cipr.eval.config"]),
-    ("from cipr import io\n", ["cipr.io"]),
+    ("from cipr.core import io\n", ["cipr.core.io"]),
     ("from . import base\n", ["cipr.formats.base"]),
 ])
 def test_imports_are_read_at_any_depth(source, expected):
     assert [name for _, name in _imports(PACKAGE / "formats" / "probe.py", source)] == expected
+
+
+def _module_graph(files: list[tuple[Path, str | None]]) -> dict[str, set[str]]:
+    modules = {_module(p) for p, _ in files}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for path, source in files:
+        here = _module(path)
+        for _, target in _imports(path, source):
+            while target not in modules and "." in target:  # `from cipr.core.io import x` -> cipr.core.io
+                target = target.rpartition(".")[0]
+            if target in modules and target != here and not (path.name == "__init__.py" and
+                                                             target.startswith(here + ".")):
+                graph[here].add(target)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each as a sorted list."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles_deferred_imports_included():
+    cycles = _cycles(_module_graph([(p, None) for p in _files()]))
+    assert not cycles, "import cycles (deferred imports count):\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_a_deferred_back_edge_is_a_cycle():
+    files = [(PACKAGE / "eval" / "report.py", "def f():\n    from cipr.eval.consistency_metric import attach\n"),
+             (PACKAGE / "eval" / "consistency_metric.py", "from cipr.eval.report import table\n"),
+             (PACKAGE / "eval" / "stats.py", "import math\n")]
+    assert _cycles(_module_graph(files)) == [["cipr.eval.consistency_metric", "cipr.eval.report"]]
+
+
+def test_the_root_holds_few_modules():
+    modules = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(modules) <= 8, f"cipr/ holds {modules}: group them into the layer subpackages"

@@ -1,4 +1,4 @@
-"""`cipr.pairing`: index tensors of the consistency terms, by hand and against a per-pair loop."""
+"""`cipr.method.pairing`: index tensors of the consistency terms, by hand and against a per-pair loop."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from cipr.consistency import kl_rows, rollout_kl
-from cipr.pairing import decision_rows, rollout_index
+from cipr.method.consistency import kl_rows, rollout_kl
+from cipr.method.pairing import decision_rows, rollout_index
 
 
 def test_rollout_index_by_hand():

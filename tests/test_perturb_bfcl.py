@@ -16,10 +16,10 @@ import json
 import pytest
 
 from cipr.data.bfcl import TOTAL, load_bfcl
-from cipr.interface import Example
 from cipr.perturb import apply_perturbation, list_perturbations
 from cipr.perturb.registry import ORDERED_TYPES
 from cipr.scoring.bfcl import score_bfcl
+from cipr.tools.interface import Example
 
 TYPES = [name for name, _, _ in list_perturbations()]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cipr.interface import Call
 from cipr.perturb.correspondence import Correspondence
+from cipr.tools.interface import Call
 
 
 def _corr() -> Correspondence:

@@ -10,13 +10,13 @@ import pytest
 from jsonschema import Draft202012Validator
 from perturb_examples import AREA, parallel_example, weather_example
 
-from cipr.interface import Call, Example, Interface, Message, Tool
 from cipr.perturb import HELD_OUT, apply_perturbation, list_perturbations
 from cipr.perturb.cost_latency import EXPLICIT_REQUESTS, IMPLICIT_REQUESTS, CostLatencySpec, annotate
 from cipr.perturb.naming import abbreviate, resembling_name, typo
 from cipr.perturb.pool import UNRELATED_TOOLS
 from cipr.perturb.typos import TypoConfig, add_typos
 from cipr.scoring.bfcl import score_bfcl
+from cipr.tools.interface import Call, Example, Interface, Message, Tool
 
 COST_TYPES = [n for n in HELD_OUT if n.startswith(("cost_", "latency_"))]
 

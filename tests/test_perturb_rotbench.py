@@ -6,10 +6,8 @@ import random
 
 import pytest
 
-from cipr.canonical import canonical_tool_id, canonicalize
+from cipr.core.errors import DataError
 from cipr.data.rotbench import LEVELS, load_rotbench
-from cipr.errors import DataError
-from cipr.interface import Example, Tool
 from cipr.perturb.rotbench import (
     align_parameters,
     canonical_level,
@@ -21,6 +19,8 @@ from cipr.perturb.rotbench import (
     shipped_correspondence,
 )
 from cipr.scoring.rotbench import accepted_answers, content_filling
+from cipr.tools.canonical import canonical_tool_id, canonicalize
+from cipr.tools.interface import Example, Tool
 
 
 def test_levenshtein_by_hand() -> None:

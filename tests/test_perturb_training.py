@@ -10,8 +10,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from perturb_examples import examples, parallel_example, weather_example
 
-from cipr.canonical import canonicalize
-from cipr.interface import Call, Example
 from cipr.perturb import TrainingPerturbationConfig, in_distribution, perturb_for_training
 from cipr.perturb.cost_latency import (
     EXPLICIT_REQUESTS,
@@ -26,6 +24,8 @@ from cipr.perturb.cost_latency import (
 from cipr.perturb.pool import UNRELATED_ARGUMENTS
 from cipr.perturb.training import COST_WORDINGS, DEGRADED_WORDINGS, VARIANTS
 from cipr.scoring.bfcl import score_bfcl
+from cipr.tools.canonical import canonicalize
+from cipr.tools.interface import Call, Example
 
 ID = re.compile(r"function_\d{2,}$")
 

@@ -10,11 +10,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cipr.actions import ActionQuery, read_actions
-from cipr.consistency import rescoring_kl
 from cipr.formats import get_format
-from cipr.interface import Call, Interface, Message, Tool
-from cipr.relabel import RelabelConfig, relabel
+from cipr.method.actions import ActionQuery, read_actions
+from cipr.method.consistency import rescoring_kl
+from cipr.method.relabel import RelabelConfig, relabel
+from cipr.tools.interface import Call, Interface, Message, Tool
 
 NAMES = [f"function_{i:02d}" for i in range(1, 9)]
 SCHEMA = {"type": "object", "properties": {"arg_01": {"type": "string"}}}
@@ -89,7 +89,7 @@ def test_broken_correspondence_raises(tiny_tokenizer):
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.sampled_from(NAMES), min_size=0, max_size=4), st.integers(0, 1000))
 def test_property_decisions_correspond(called, seed):
-    from cipr.testing import tiny_tokenizer
+    from support.tiny_models import tiny_tokenizer
 
     tok = test_property_decisions_correspond.tok = getattr(test_property_decisions_correspond, "tok", None) \
         or tiny_tokenizer()

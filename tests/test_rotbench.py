@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+from cipr.core.errors import DataError
 from cipr.data.rotbench import (
     LEVELS,
     SPLITS,
@@ -17,9 +18,8 @@ from cipr.data.rotbench import (
     rotbench_file,
     rotbench_stats,
 )
-from cipr.errors import DataError
-from cipr.interface import Call, Example, Interface, Message, Tool
 from cipr.scoring.rotbench import accepted_answers, content_filling, parse_prediction, rotbench_criteria
+from cipr.tools.interface import Call, Example, Interface, Message, Tool
 
 COUNTS = {"First_Turn": dict(zip(LEVELS, (105, 210, 210, 210, 105), strict=True)),
           "Third_Turn": dict(zip(LEVELS, (70, 140, 140, 140, 70), strict=True))}
@@ -123,7 +123,7 @@ def test_malformed_items_name_file_item_field(tmp_path, bad, field):
 def test_malformed_json_file(tmp_path):
     p = tmp_path / "clean.json"
     p.write_text("[{")
-    with pytest.raises(DataError, match="malformed JSON") as ei:
+    with pytest.raises(DataError, match=r"not valid JSON \(.*: line 1 column 3\)") as ei:
         load_rotbench_file(p, "First_Turn", "clean")
     assert ei.value.file == str(p)
 

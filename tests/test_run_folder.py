@@ -1,4 +1,5 @@
-"""The run scaffold every runner shares (cipr/run_folder.py): config record and refusal, torn lines, truncation."""
+"""The run scaffold every runner shares (cipr/core/run_folder.py): config record and refusal, torn lines
+(`cipr.core.io.complete_lines`), truncation."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import json
 
 import pytest
 
-from cipr.errors import ConfigError
-from cipr.run_folder import changed_keys, check_config, complete_lines, prepare, truncate_metrics
+from cipr.core.errors import ConfigError
+from cipr.core.io import complete_lines
+from cipr.core.run_folder import changed_keys, check_config, prepare, truncate_metrics
 
 
 def test_changed_keys_by_section_and_recorded_only():

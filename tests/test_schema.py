@@ -1,4 +1,4 @@
-"""cipr.schema: BFCL's parameter dialects to standard JSON Schema."""
+"""cipr.tools.schema: BFCL's parameter dialects to standard JSON Schema."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import copy
 import jsonschema
 import pytest
 
-from cipr.errors import DataError
-from cipr.schema import json_type, normalize_schema
+from cipr.core.errors import DataError
+from cipr.tools.schema import json_type, normalize_schema
 
 
 def test_python_dialect_hand_written():

@@ -203,8 +203,7 @@ def _comparable(record: dict) -> dict:
 
 def test_requeued_job_resumes_from_its_checkpoint_with_the_same_final_metrics(slurm, tmp_path):
     from safetensors.torch import load_file
-
-    from cipr.testing import save_tiny
+    from support.tiny_models import save_tiny
 
     tiny = save_tiny(tmp_path / "tiny")
     env_opts = [f"--export=ALL,CIPR_HOME={ROOT},CIPR_VENV={sys.prefix},HF_HUB_OFFLINE=1,WANDB_MODE=disabled,"
@@ -264,7 +263,7 @@ def test_requeued_job_resumes_from_its_checkpoint_with_the_same_final_metrics(sl
 def test_time_limit_warning_saves_requeues_itself_and_resumes(slurm, tmp_path):
     """USR1 to the batch shell only (what `--signal=B:USR1@300` sends before the time limit): the run saves
     at the next step boundary, rank 0 requeues the job, and the requeued job resumes from that save."""
-    from cipr.testing import save_tiny
+    from support.tiny_models import save_tiny
 
     tiny = save_tiny(tmp_path / "tiny")
     run_dir, log = tmp_path / "run", tmp_path / "job.out"
@@ -299,7 +298,7 @@ def test_submitit_sweep_runs_each_point_as_a_job_and_a_usr2_point_resumes(slurm,
     """`cipr-train -m launcher=slurm +sweep=consistency` over two seeds: one array job per point, each in its
     own run folder. Point 0 gets submitit's time-limit signal (USR2) mid-run: it saves at the step boundary,
     hands the signal to submitit, which requeues it; it resumes and the sweep ends with both points done."""
-    from cipr.testing import save_tiny
+    from support.tiny_models import save_tiny
 
     tiny = save_tiny(tmp_path / "tiny")
     env = {**slurm.env, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "CIPR_SLURM_GPUS_PER_NODE": "null",

@@ -56,7 +56,7 @@ def test_launcher_slurm_selects_submitit_with_settings_from_the_environment(monk
 
 
 def test_local_sweep_runs_each_point_in_its_own_folder_and_resumes_each_on_its_own(tmp_path):
-    from cipr.testing import save_tiny
+    from support.tiny_models import save_tiny
 
     tiny = save_tiny(tmp_path / "tiny")
     cmd = [sys.executable, "-m", "cipr.cli.train", "-m", "+sweep=consistency", "model=tiny",

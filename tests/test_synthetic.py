@@ -8,7 +8,6 @@ from collections import Counter
 import jsonschema
 import pytest
 
-from cipr.canonical import canonicalize
 from cipr.data.synthetic import (
     CHITCHAT,
     SyntheticConfig,
@@ -18,6 +17,7 @@ from cipr.data.synthetic import (
     generate_synthetic,
     synthetic_stats,
 )
+from cipr.tools.canonical import canonicalize
 
 TOOLS = {c.tool.name: c for c in catalog()}
 

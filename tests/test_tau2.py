@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from cipr.errors import ConfigError, MissingInputError
+from cipr.core.errors import ConfigError, MissingInputError
 from cipr.eval.compare import compare_runs
 from cipr.eval.report import RESULTS, read_results
 from cipr.serve.conversation import canonical_request

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from cipr.core.errors import DataError
 from cipr.data.toolrl import (
     load_toolrl_parquet,
     load_toolrl_sft,
@@ -19,8 +20,7 @@ from cipr.data.toolrl import (
     toolrl_property,
     toolrl_stats,
 )
-from cipr.errors import DataError
-from cipr.interface import Call, Message
+from cipr.tools.interface import Call, Message
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +175,7 @@ def test_sft_malformed_items_name_file_item_field(tmp_path, change, field):
 def test_sft_malformed_json(tmp_path):
     p = tmp_path / "sft.json"
     p.write_text('[{"instruction": ')
-    with pytest.raises(DataError, match="malformed JSON"):
+    with pytest.raises(DataError, match=r"not valid JSON \(.*: line 1 column 18\)"):
         load_toolrl_sft(p)
 
 

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cipr.data.toolrl import load_toolrl_parquet, load_toolrl_sft
-from cipr.interface import Call
 from cipr.scoring.toolrl_reward import correctness_reward, format_reward, match_score, toolrl_reward
+from cipr.tools.interface import Call
 
 
 def calls_text(*objs, think: str = "ok", response: str | None = None) -> str:

@@ -8,7 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from cipr.cli.train import CONFIG_DIR, _main, relaunch_command
-from cipr.config import ConfigError, from_dict
+from cipr.core.config import ConfigError, from_dict
 from cipr.train.run import TrainConfig, config_from_dict, validate
 
 
@@ -130,7 +130,7 @@ def test_relaunch_command_uses_accelerate():
 
 
 def test_train_config_round_trips_through_its_dict():
-    from cipr.config import to_dict
+    from cipr.core.config import to_dict
 
     cfg = config_from_dict(composed())
     assert from_dict(TrainConfig, to_dict(cfg)) == cfg

@@ -15,12 +15,19 @@ def test_runs_of_identical_prompts():
     assert consecutive_runs([[1, 2], [1, 2], [3], [3], [3], [1, 2]]) == [([1, 2], 2), ([3], 3), ([1, 2], 1)]
 
 
-@pytest.mark.parametrize("attn", [None, "cipr_grouped"])
-def test_shared_prefill_matches_full_prefill(tiny_model, tiny_tokenizer, attn):
-    """The model's own attention, or `cipr_grouped` (CPU rollouts: SDPA prefill over left padding, then
-    grouped decoding): the greedy tokens of a full `generate`."""
-    from cipr.attention import attention
+@contextlib.contextmanager
+def attention(model, name: str):
+    before = model.config._attn_implementation
+    model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(before)
 
+
+@pytest.mark.parametrize("attn", [None, "eager"])
+def test_shared_prefill_matches_full_prefill(tiny_model, tiny_tokenizer, attn):
+    """The model's own attention (SDPA) or eager: the greedy tokens of a full `generate`."""
     tok = tiny_tokenizer
     texts = ["<|im_start|>user\nWhat is the weather in Paris?<|im_end|>\n<|im_start|>assistant\n",
              "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"]

@@ -17,8 +17,9 @@ import pytest
 @pytest.mark.gpu
 def test_vllm_colocate_runs_two_cipr_steps(tmp_path):
     pytest.importorskip("vllm")
-    from cipr.config import from_dict
-    from cipr.testing import save_tiny
+    from support.tiny_models import save_tiny
+
+    from cipr.core.config import from_dict
     from cipr.train.run import TrainConfig, run
 
     tiny = save_tiny(tmp_path / "tiny")

@@ -2,7 +2,8 @@
 
 Runs the real entry point (`python -m cipr.cli.train`, Hydra and all) with real HF-generate
 rollouts: warm start and CIPR GRPO steps, held-out probes before and after each, then a rerun that
-finds every stage complete. Only sizes and the model are overridden.
+finds every stage complete. Only sizes and the model are overridden (its bottom layer frozen, as the
+main job freezes SmolLM2's bottom 20: the weights folders then hold the trainable tensors only).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 
 pytestmark = pytest.mark.integration  # subprocesses / end-to-end runs: the integration tier
 
-SHRINK = ["model=tiny", "data.n=10", "data.eval_examples=2", "data.tools_per_example=[1,1]",
+SHRINK = ["model=tiny", "++model.freeze_bottom_layers=1", "data.n=10", "data.eval_examples=2", "data.tools_per_example=[1,1]",
           "rollout.num_generations=2", "rollout.max_completion_length=16", "trainer.max_steps=2",
           "trainer.per_device_train_batch_size=4", "trainer.save_steps=1", "trainer.warm_start.steps=2",
           "trainer.warm_start.per_device_train_batch_size=2", "trainer.warm_start.eval_examples=2",
@@ -32,7 +33,7 @@ def cli(*overrides: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def main_job(tmp_path_factory):
-    from cipr.testing import save_tiny
+    from support.tiny_models import save_tiny
 
     root = tmp_path_factory.mktemp("main_job")
     tiny = save_tiny(root / "tiny")
@@ -56,8 +57,12 @@ def test_main_job_writes_a_complete_run_folder(main_job):
     assert (run_dir / "warm_start" / "stage.json").is_file()
     assert not (run_dir / "warm_start" / "latest.json").exists()
     assert not list((run_dir / "warm_start").glob("checkpoint-*"))
-    for stage in ("warm_start", "grpo"):
-        assert (run_dir / stage / "final" / "model.safetensors").is_file()
+    from safetensors.torch import load_file
+
+    for folder in (run_dir / "warm_start" / "final", run_dir / "grpo" / "final", run_dir / "grpo" / "checkpoint-2"):
+        saved = set(load_file(folder / "model.safetensors"))  # the frozen layer is left to the base model
+        assert saved and all(k.startswith("model.layers.1.") or k == "model.norm.weight" for k in saved), folder
+        assert (folder / "cipr_frozen.json").is_file(), folder
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = {(r["stage"], r["tag"]): r for r in records if r.get("kind") == "eval"}
     assert set(evals) == {(s, t) for s in ("warm_start", "grpo") for t in ("before", "after")}

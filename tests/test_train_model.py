@@ -1,4 +1,4 @@
-"""Loading the policy (cipr/train/model.py): dtype and attention from config, the tokenizer's eos, pad,
+"""Loading the policy (cipr/runtime/model.py): dtype and attention from config, the tokenizer's eos, pad,
 side and chat template set explicitly, the embedded GGUF model, bottom-layer freezing, LoRA."""
 
 from __future__ import annotations
@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cipr.config import ConfigError
-from cipr.train.model import ModelConfig, load_model, load_tokenizer, resolve_source
+from cipr.core.config import ConfigError
+from cipr.runtime.model import ModelConfig, load_model, load_tokenizer, resolve_source
 
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from cipr.testing import save_tiny
+    from support.tiny_models import save_tiny
 
     return save_tiny(tmp_path_factory.mktemp("tiny") / "model")
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from cipr.config import from_dict
+from cipr.core.config import from_dict
 from cipr.train.checkpoint import NonFiniteLossError, latest_complete
 from cipr.train.grpo import CIPRGRPOTrainer
 from cipr.train.replay import ReplayRollouts
@@ -36,7 +36,7 @@ SFT_STEPS = 24
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from cipr.testing import save_tiny
+    from support.tiny_models import save_tiny
 
     return save_tiny(tmp_path_factory.mktemp("tiny") / "model")
 
@@ -207,6 +207,60 @@ def test_resume_after_kill_reproduces_the_uninterrupted_run(warm_dir, tmp_path, 
             assert resumed[step][key] == pytest.approx(value, rel=1e-4, abs=1e-6), (step, key)
     assert len(steps(cut, "warm_start")) == 1  # the finished warm start was not rerun
     assert (cut / "rollouts.jsonl").read_text() == (full / "rollouts.jsonl").read_text()
+
+
+def test_frozen_layers_are_left_out_of_checkpoints_and_resume_from_them_is_exact(warm_dir, tmp_path, replayed,
+                                                                                  monkeypatch):
+    """With the bottom layer frozen, step folders and final/ hold the trainable tensors only; a run killed
+    after a step and resumed from that folder ends with the uninterrupted run's weights."""
+    from safetensors.torch import load_file
+
+    from cipr.runtime.model import load_model
+    from cipr.train import checkpoint
+
+    def config(run_dir):
+        cfg = make_config(warm_dir, run_dir, "cipr", max_steps=3, warm_start={"steps": 1},
+                          gradient_accumulation_steps=2)
+        cfg.model.freeze_bottom_layers = 1
+        return cfg
+
+    full = run(config(tmp_path / "full"))
+    base, _ = load_model(config(full).model)
+    trainable = {n for n, p in base.named_parameters() if p.requires_grad}
+    frozen = {n for n, p in base.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    assert trainable and frozen and all(n.startswith("model.layers.1.") or n == "model.norm.weight" for n in trainable)
+
+    original = checkpoint.CheckpointMixin._save_checkpoint
+
+    def save_then_die(self, model, trial):
+        original(self, model, trial)
+        if isinstance(self, CIPRGRPOTrainer) and self.state.global_step == 1:
+            raise Kill("killed after step 1")
+
+    monkeypatch.setattr(checkpoint.CheckpointMixin, "_save_checkpoint", save_then_die)
+    cut = tmp_path / "cut"
+    with pytest.raises(Kill):
+        run(config(cut))
+    step = latest_complete(cut / "grpo")
+    assert step.name == "checkpoint-1"
+    for folder in (step, cut / "warm_start" / "final"):  # what a resume and the GRPO stage load
+        assert set(load_file(folder / "model.safetensors")) == trainable, folder
+        assert set(json.loads((folder / "cipr_frozen.json").read_text())["omitted"]) == frozen, folder
+    assert (step / "optimizer.pt").is_file()
+    monkeypatch.setattr(checkpoint.CheckpointMixin, "_save_checkpoint", original)
+    run(config(cut))
+
+    assert [r["step"] for r in steps(cut, "grpo")] == [1, 2, 3]
+    for name in ("checkpoint-3/model.safetensors", "final/model.safetensors"):
+        resumed, reference = load_file(cut / "grpo" / name), load_file(full / "grpo" / name)
+        assert set(resumed) == set(reference) == trainable, name
+        for key, tensor in reference.items():
+            assert torch.equal(resumed[key], tensor), (name, key)
+    # the full model: the base's frozen tensors under the trained ones, and training moved the trained ones
+    trained, _ = checkpoint.load_trained(config(cut).model, cut / "grpo" / "final")
+    weights, start = trained.state_dict(), base.state_dict()
+    assert all(torch.equal(weights[n], start[n]) for n in frozen)
+    assert any(not torch.equal(weights[n], start[n]) for n in trainable)
 
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(warm_dir, tmp_path, replayed, monkeypatch):

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
+from cipr.core.errors import DataError
 from cipr.data.trajectories import load_trajectories, to_agentinstruct, toyshop_trajectories
 from cipr.envs.toyshop import ToyShop
-from cipr.errors import DataError
-from cipr.interface import Call
+from cipr.tools.interface import Call
 
 
 def test_toyshop_expert_solves_tasks_and_is_deterministic():

@@ -272,9 +272,9 @@ def test_completion_scoring_matches_trls_fused_head(tiny_tokenizer, tmp_path):
     """Off Triton, CIPR scores only the completion positions (`completion_logps`); TRL's fused head scores every
     position. Same log-probabilities, entropies and gradients, at a sampling temperature."""
     from datasets import Dataset
+    from support.tiny_models import tiny_model
     from trl import GRPOConfig, GRPOTrainer
 
-    from cipr.testing import tiny_model
     from cipr.train.grpo import CIPRGRPOTrainer
 
     model = tiny_model(tiny_tokenizer)  # its own float32 model: the backward below changes its gradients

@@ -145,7 +145,7 @@ def item_prompts(cfg: Any, tokenizer: Any) -> dict[tuple[str, ...], str]:
 # -- fixtures ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def hf_dir() -> Path:
-    from cipr.embedded import embedded_hf_dir
+    from cipr.runtime.embedded import embedded_hf_dir
 
     return embedded_hf_dir()
 
@@ -345,7 +345,7 @@ def server(export_dir, tmp_path_factory):
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(export_dir),
            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "8192",
            "--weight-transfer-config", '{"backend": "nccl"}', "--logprobs-mode", "processed_logprobs",
-           "--max-logprobs", "-1", "--enforce-eager"]  # CPU: compiling would add ~100 s (cipr/vllm_compile.py)
+           "--max-logprobs", "-1", "--enforce-eager"]  # CPU: compiling would add ~100 s (cipr/runtime/vllm_compile.py)
     start = time.time()
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -1,5 +1,4 @@
-"""What every command does before its own work: stay offline unless the user opted in, keep freed memory
-from piling up in the heap, log at INFO."""
+"""What every command does before its own work: stay offline unless the user opted in, log at INFO."""
 
 from __future__ import annotations
 
@@ -11,13 +10,10 @@ LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 
 def begin() -> None:
-    """HF_HUB_OFFLINE=1 unless downloads were allowed (`cipr.hub`), freed memory returned to the OS
-    with CIPR_LOW_MEMORY=1 (`cipr.memory`), and INFO logging to stderr."""
-    from cipr.hub import stay_offline
-    from cipr.memory import limit_heap_growth
+    """HF_HUB_OFFLINE=1 unless downloads were allowed (`cipr.runtime.hub`), and INFO logging to stderr."""
+    from cipr.runtime.hub import stay_offline
 
     stay_offline()
-    limit_heap_growth()
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
 
 

@@ -28,11 +28,11 @@ from typing import Any
 
 from tqdm import tqdm
 
-from cipr.canonical import canonicalize
+from cipr.core.errors import ConfigError, cli_errors
+from cipr.core.io import atomic_write, check_output_file, write_text_atomic
 from cipr.data.paths import data_root
-from cipr.errors import ConfigError, cli_errors
-from cipr.interface import Example
-from cipr.io import atomic_write, check_output_file, write_text_atomic
+from cipr.tools.canonical import canonicalize
+from cipr.tools.interface import Example
 
 SOURCES = ("bfcl", "toolrl", "rotbench", "synthetic")
 ROOT_HELP = "data root (default: $CIPR_DATA_ROOT or ../shared/data)"

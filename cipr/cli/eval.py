@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from cipr.cli.common import begin
-from cipr.config import EVAL_CONFIG_DIR
-from cipr.errors import MissingInputError, cli_errors
-from cipr.io import check_not_source
+from cipr.core.config import EVAL_CONFIG_DIR
+from cipr.core.errors import MissingInputError, cli_errors
+from cipr.core.io import check_not_source
 
 CONFIG_DIR = str(EVAL_CONFIG_DIR)
 
@@ -49,7 +49,7 @@ def to_eval_config(cfg: Any) -> Any:
 
 def run(cfg: Any) -> dict[str, Any]:
     """Evaluate a composed config and print where the outputs are (bad input: one line, exit status 2)."""
-    from cipr.errors import cli_errors
+    from cipr.core.errors import cli_errors
 
     with cli_errors("cipr-eval"):
         return _run(cfg)
@@ -79,15 +79,15 @@ def main() -> None:
     """`cipr-eval` entry point (Hydra parses sys.argv overrides such as `limit=20`; `--debug` shows tracebacks)."""
     import hydra
 
-    from cipr.errors import EXIT_INPUT, debug_enabled, pop_debug_flag, report
-    from cipr.io import file_in_the_way, override_value
+    from cipr.core.errors import EXIT_INPUT, debug_enabled, pop_debug_flag, report
+    from cipr.core.io import file_in_the_way, override_value
 
     pop_debug_flag()
     begin()
     out_dir = override_value(sys.argv[1:], "out_dir")
     blocker = file_in_the_way(out_dir) if out_dir else None
     if blocker is not None and not debug_enabled():  # Hydra creates out_dir before the config is read
-        from cipr.errors import UnsafeOutputError
+        from cipr.core.errors import UnsafeOutputError
 
         report("cipr-eval", UnsafeOutputError(f"out_dir={out_dir!r}: {blocker} is a file; give a folder"))
         sys.exit(EXIT_INPUT)

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 
 from cipr.cli.common import begin
-from cipr.errors import cli_errors
+from cipr.core.errors import cli_errors
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point (`cipr-export`)."""
-    from cipr.export import ExportConfig, export
+    from cipr.runtime.export import ExportConfig, export
 
     begin()
     args = build_parser().parse_args(argv)

@@ -1,7 +1,7 @@
 """`cipr-guard`: the release gate for tool interfaces, and the guard's drift evaluation.
 
     cipr-guard diff OLD NEW [--report PATH] [--item ID] [--new-tools-are-drift]
-    cipr-guard eval --model DIR|embedded|tiny --format toolrl --setting mild|medium \
+    cipr-guard eval --model DIR|embedded --format toolrl --setting mild|medium \
         --policies none,naive_retry,tool_list,repair --sample study200|full --out DIR [--limit N]
 
 OLD and NEW are JSON files holding a tool list: OpenAI `tools` (wrapped or bare functions), an MCP
@@ -10,17 +10,18 @@ JSON-lines file, `--item ID` picks the row). The markdown report goes to stdout,
 `--report PATH` to PATH with the JSON report beside it (PATH with the suffix `.json`; a PATH
 ending in `.json` gets the JSON, and the markdown goes beside it with `.md`).
 
-Exit status: 0 when every change is drift; 2 when any contract change is present (a deployment
-pipeline stops on it) and also for bad input or usage (a missing or unreadable file, malformed
-JSON, a tool list of the wrong shape, a bad threshold, an output path that is a folder or an
-input): one line on stderr says which file, item and field, and what to do (`--debug` or
-`CIPR_DEBUG=1` shows the traceback instead). Reports are written to a temporary name and renamed,
-and never over an input. `diff` runs on CPU in well under a second, the same on any machine.
+Exit status of `diff`, as `diff`'s: 0 when the contract is unchanged (every change is drift), 1 when
+it changed (any contract change: a deployment pipeline stops on it), 2 on trouble: bad input or usage
+(a missing or unreadable file, a file that is not UTF-8 or not JSON, a tool list of the wrong shape, a
+bad threshold, an output path that is a folder or an input), where one line on stderr says which
+file, item and field, and what to do (`--debug` or `CIPR_DEBUG=1` shows the traceback instead).
+Reports are written to a temporary name and renamed, and never over an input. `diff` runs on CPU in
+well under a second, the same on any machine.
 
 `eval` runs `cipr.guard.evaluate.evaluate_guard` on BFCL (the study's 200-item sample or the full
 2,501 items) and writes results.jsonl, audit.jsonl and summary.json to `--out`:
 - one CPU: `cipr-guard eval --model embedded --format toolrl --setting mild --sample study200
-  --limit 20 --out runs/guard_cpu` (`--model tiny` is a seconds-long smoke test: garbage replies);
+  --limit 20 --out runs/guard_cpu`;
 - one GPU: the same with `--model DIR --device cuda --batch-size 32` (a transformers folder);
 - several GPUs or Slurm: run one process per setting (mild, medium) or per `--shard K/N`, each with
   its own `--out`, e.g. `srun --gpus=1 cipr-guard eval ... --shard $SLURM_PROCID/$SLURM_NTASKS`.
@@ -37,10 +38,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cipr.errors import EXIT_INPUT, ConfigError, UnsafeOutputError, cli_errors, debug_enabled
+from cipr.core.errors import EXIT_INPUT, ConfigError, UnsafeOutputError, cli_errors, debug_enabled
 from cipr.guard.diff import DiffConfig, diff_interfaces, load_tool_list
 
-EXIT_OK, EXIT_CONTRACT = 0, 2
+EXIT_OK, EXIT_CONTRACT = 0, 1  # and EXIT_INPUT (2) on trouble, as `diff` exits
 PROG = "cipr-guard"
 EXAMPLE_DIFF = "cipr-guard diff tools_v1.json tools_v2.json --report reports/gate.md"
 EXAMPLE_EVAL = ("cipr-guard eval --model embedded --format toolrl --setting mild --sample study200 --limit 20 "
@@ -61,8 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
                      epilog=f"Examples:\n  {EXAMPLE_DIFF}\n  {EXAMPLE_EVAL}",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    d = sub.add_parser("diff", help="compare two tool lists; exit 2 on a contract change",
-                       epilog=f"Example:\n  {EXAMPLE_DIFF}", formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = sub.add_parser("diff", help="compare two tool lists; exit 0 unchanged, 1 on a contract change, 2 on trouble",
+                       description="Compare two tool lists and classify every change as drift or a contract change.",
+                       epilog=f"Exit status, as diff's: {EXIT_OK} contract unchanged (drift only), {EXIT_CONTRACT} "
+                              f"contract changed,\n{EXIT_INPUT} trouble (bad input or usage).\n\n"
+                              f"Example:\n  {EXAMPLE_DIFF}",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     d.add_argument("old", type=Path)
     d.add_argument("new", type=Path)
     d.add_argument("--report", type=Path, help="write the markdown report here and the JSON beside it")
@@ -74,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--overlap-threshold", type=float, default=DiffConfig.overlap_threshold)
     e = sub.add_parser("eval", help="drift evaluation of the guard policies on BFCL",
                        epilog=f"Example:\n  {EXAMPLE_EVAL}", formatter_class=argparse.RawDescriptionHelpFormatter)
-    e.add_argument("--model", required=True, help="a transformers folder, 'embedded' (SmolLM2-135M) or 'tiny'")
+    e.add_argument("--model", required=True, help="a transformers folder or 'embedded' (SmolLM2-135M)")
     e.add_argument("--format", default="toolrl", help="call format name (cipr.formats), or 'json' for the "
                                                       "tokenizer's native tools template with JSON calls")
     e.add_argument("--setting", choices=("mild", "medium"), default="mild")
@@ -95,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _eval(args: argparse.Namespace) -> int:
     """`cipr-guard eval`: the flags spelled as `cipr-eval guard.enabled=true` options, then the one path."""
-    from cipr.config import from_dict
+    from cipr.core.config import from_dict
     from cipr.eval.config import EvalConfig
     from cipr.guard.run import run_guard
 

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cipr.cli.common import begin
-from cipr.errors import cli_errors
+from cipr.core.errors import cli_errors
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point (`cipr-ladder`)."""
-    from cipr.errors import ConfigError
+    from cipr.core.errors import ConfigError
     from cipr.eval.ladder import LadderConfig, run_ladder
 
     begin()

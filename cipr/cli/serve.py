@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from cipr.cli.common import key_value_argv
-from cipr.errors import cli_errors
+from cipr.core.errors import cli_errors
 from cipr.serve.command import build_backend, parse_args
 
 

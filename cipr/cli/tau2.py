@@ -33,10 +33,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     argv = key_value_argv(argv, __doc__)
     if argv is None:
         return
-    from cipr.errors import cli_errors
+    from cipr.core.errors import cli_errors
 
     with cli_errors("cipr-tau2"):
-        from cipr.config import from_overrides
+        from cipr.core.config import from_overrides
         from cipr.tau2.run import Tau2Config, run_tau2
 
         config = from_overrides(Tau2Config, [a for a in argv if a != "--debug"])

@@ -35,8 +35,8 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from cipr.config import TRAIN_CONFIG_DIR
-from cipr.errors import ConfigError
+from cipr.core.config import TRAIN_CONFIG_DIR
+from cipr.core.errors import ConfigError
 
 CONFIG_DIR = TRAIN_CONFIG_DIR
 
@@ -69,15 +69,13 @@ def _hydra_entry(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console entry point (`cipr-train`); `--debug` shows the traceback of an input error."""
-    from cipr.errors import EXIT_INPUT, debug_enabled, pop_debug_flag, report
-    from cipr.hub import stay_offline
-    from cipr.io import override_value
-    from cipr.memory import limit_heap_growth
+    from cipr.core.errors import EXIT_INPUT, debug_enabled, pop_debug_flag, report
+    from cipr.core.io import override_value
     from cipr.ops.launch import check_run_dir
+    from cipr.runtime.hub import stay_offline
 
     pop_debug_flag()
     stay_offline()
-    limit_heap_growth()
     run_dir = override_value(sys.argv[1:], "trainer.run_dir")
     if run_dir is not None and not debug_enabled():  # Hydra creates it before the config is read
         try:

@@ -6,7 +6,7 @@ single-turn partitions with reference answers: 2,501 items in all (see PARTITION
 
 Each Example has:
 - `messages`: the single turn of BFCL's `question` (a system message, if any, then the user's);
-- `interface`: the declared functions, parameters normalized to JSON Schema by `cipr.schema` (the
+- `interface`: the declared functions, parameters normalized to JSON Schema by `cipr.tools.schema` (the
   BFCL type name kept in `x-bfcl-type`);
 - `accepted`: BFCL's accepted-values lists, one mapping per reference call, argument -> tuple of
   accepted values (`""` among them marks an optional argument), unchanged;
@@ -14,7 +14,7 @@ Each Example has:
   is not `""` (or `""` itself when it is the only one), dict values and the dicts in a list of
   dicts unwrapped from their own accepted lists the same way; an argument is omitted exactly when
   `""` is accepted and the tool's schema does not require it. Java and JavaScript values are
-  written as source literals in strings (`cipr.bfcl_literals`), as BFCL's models answer,
+  written as source literals in strings (`cipr.scoring.bfcl_literals`), as BFCL's models answer,
   so `score_bfcl(example.reference, example)` is correct for every item;
 - `meta`: `language` (python, java, javascript), and `anomalies` when the item has any.
 
@@ -42,11 +42,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cipr.bfcl_literals import NESTED_TYPES, write_value
+from cipr.core.errors import ConfigError, DataError
+from cipr.core.io import parse_json, read_text
 from cipr.data.paths import data_root, require_dir
-from cipr.errors import ConfigError, DataError
-from cipr.interface import Call, Example, Interface, Message, Tool
-from cipr.schema import normalize_schema
+from cipr.scoring.bfcl_literals import NESTED_TYPES, write_value
+from cipr.tools.interface import Call, Example, Interface, Message, Tool
+from cipr.tools.schema import normalize_schema
 
 # Partition -> number of items with a reference answer (BFCL v4, bfcl-eval 2026.3.23).
 PARTITIONS: dict[str, int] = {
@@ -159,20 +160,17 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise DataError("file not found", file=str(path))
     rows: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                item = _guess_id(line)
-                raise DataError(f"line {lineno} is not valid JSON ({e.msg} at column {e.colno})", file=str(path),
-                                item=item, field=f"line {lineno}") from None
-            if not isinstance(row, dict) or not isinstance(row.get("id"), str):
-                raise DataError(f"line {lineno} is not an object with a string id", file=str(path),
-                                item=row.get("id") if isinstance(row, dict) else None, field="id")
-            rows.append(row)
+    for lineno, line in enumerate(read_text(path).split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = parse_json(line, path, line=lineno)
+        except DataError as e:
+            raise DataError(e.reason, file=str(path), item=_guess_id(line), field=f"line {lineno}") from e
+        if not isinstance(row, dict) or not isinstance(row.get("id"), str):
+            raise DataError(f"line {lineno} is not an object with a string id", file=str(path),
+                            item=row.get("id") if isinstance(row, dict) else None, field="id")
+        rows.append(row)
     return rows
 
 

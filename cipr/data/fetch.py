@@ -18,8 +18,8 @@ import tempfile
 import zipfile
 from pathlib import Path, PurePosixPath
 
-from cipr.errors import CiprError
-from cipr.io import make_temp_dir
+from cipr.core.errors import CiprError
+from cipr.core.io import make_temp_dir
 
 BFCL_EVAL_VERSION = "2026.3.23"
 BFCL_EVAL_SHA256 = "3bb6dfa5f0c68ad403c9ec50b00db2bb3b4cc9b38ab1ff33f48fe30d853d3a0a"

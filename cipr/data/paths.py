@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cipr.errors import MissingInputError
+from cipr.core.errors import MissingInputError
 
 _REPO = Path(__file__).resolve().parents[2]
 

@@ -35,11 +35,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from cipr.core.errors import ConfigError, DataError
+from cipr.core.io import read_json_list
 from cipr.data.paths import data_root, require_dir
-from cipr.errors import ConfigError, DataError
 from cipr.formats.react import extract_action
-from cipr.interface import Call, Example, Interface, Message, Tool
-from cipr.io import read_json_list
+from cipr.tools.interface import Call, Example, Interface, Message, Tool
 
 SPLITS = ("First_Turn", "Third_Turn")
 LEVELS = ("clean", "slight", "medium", "heavy", "union")

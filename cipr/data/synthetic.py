@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from cipr.interface import Call, Example, Interface, Message, Tool
+from cipr.tools.interface import Call, Example, Interface, Message, Tool
 
 # ---------------------------------------------------------------------------------------------
 # Catalog model

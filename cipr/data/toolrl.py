@@ -45,10 +45,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cipr.core.errors import DataError, MissingInputError
+from cipr.core.io import read_json_list
 from cipr.data.paths import data_root
-from cipr.errors import DataError, MissingInputError
-from cipr.interface import Call, Example, Interface, Message, Tool
-from cipr.io import read_json_list
+from cipr.tools.interface import Call, Example, Interface, Message, Tool
 
 HISTORY_HEADER = "**Dialogue Records History**"
 _ENTRY = re.compile(r"(\d+)\. Name: (.*)")

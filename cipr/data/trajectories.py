@@ -26,32 +26,21 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from cipr.core.errors import DataError, MissingInputError
+from cipr.core.io import read_json, read_jsonl
 from cipr.envs.toyshop import ACTIONS, ToyShop
-from cipr.errors import DataError, MissingInputError
 from cipr.formats import get_format
 from cipr.formats.base import CallFormat
-from cipr.interface import Call, Example, Interface, Message
+from cipr.tools.interface import Call, Example, Interface, Message
 
 _ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 _ACTION_LINE = re.compile(r"(?m)^Action:")
 
 
 def _records(path: Path) -> list[Any]:
-    text = path.read_text()
     if path.suffix == ".jsonl":
-        out = []
-        for i, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise DataError(f"invalid JSON: {e.msg} at column {e.colno}", file=str(path),
-                                    item=f"line {i}") from e
-        return out
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DataError(f"invalid JSON: {e.msg} at line {e.lineno} column {e.colno}", file=str(path)) from e
+        return read_jsonl(path)
+    data = read_json(path)
     if not isinstance(data, list):
         raise DataError("expected a JSON list of trajectories", file=str(path))
     return data

@@ -6,7 +6,7 @@ tokenize to different numbers of tokens, so token i of one side is not token i o
 alignment is built in two steps, both exact (no fuzzy matching):
 
 1. Segments (`segment_texts`): the two texts are scanned in lockstep. Where side a has a whole-word
-   occurrence of an old name (same word boundaries as `cipr.canonical.rewrite_text`: not preceded by
+   occurrence of an old name (same word boundaries as `cipr.tools.canonical.rewrite_text`: not preceded by
    a word character or `.`, not followed by a word character) and side b has its new name at the
    same point, both spans form a *name* segment; otherwise the two characters must be equal and
    extend the current *shared* segment. Trying the rename first is safe: a name and its new name

@@ -1,7 +1,7 @@
 """A trajectory's views for self-distillation, and the loss of a batch of them.
 
 For each trajectory (original names) a `DistillItem` holds, computed once: the teacher's rendering
-(original names), the student's (canonical names, `cipr.canonical.canonicalize` with free text
+(original names), the student's (canonical names, `cipr.tools.canonical.canonicalize` with free text
 rewritten), their tokens and their token alignment, and the check that both renderings have the
 same decisions taking the same actions. At every step the student's canonical example is relabeled
 with fresh neutral names (seeded by step and trajectory, so each visit sees new names) for the
@@ -9,7 +9,7 @@ rescoring consistency KL.
 
 `batch_loss` runs, per batch, one forward of the teacher without gradient and one of the student
 with gradient (over its canonical and relabeled renderings together): each is an action read
-(`cipr.actions.read_actions`) whose decoder hidden states also give the next-token distributions
+(`cipr.method.actions.read_actions`) whose decoder hidden states also give the next-token distributions
 at the aligned positions (`read_with_logits`), and combines the three terms (`cipr.distill.loss`).
 """
 
@@ -23,9 +23,6 @@ from typing import Any
 
 import torch
 
-from cipr.actions import ActionQuery, ActionReaderConfig, read_actions
-from cipr.canonical import RewriteText
-from cipr.consistency import rescoring_kl
 from cipr.distill.alignment import TokenAlignment, align_tokens, segment_texts
 from cipr.distill.conversation import (
     Rendered,
@@ -37,8 +34,11 @@ from cipr.distill.conversation import (
 from cipr.distill.loss import action_kl, combine, token_kl
 from cipr.distill.naming import named, relabel_example, rename_pairs
 from cipr.formats.base import CallFormat
-from cipr.interface import Example
-from cipr.relabel import RelabelConfig
+from cipr.method.actions import ActionQuery, ActionReaderConfig, read_actions
+from cipr.method.consistency import rescoring_kl
+from cipr.method.relabel import RelabelConfig
+from cipr.tools.canonical import RewriteText
+from cipr.tools.interface import Example
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cipr.formats.base import CallFormat, Decision, supports_native_tools
-from cipr.interface import Example
+from cipr.tools.interface import Example
 
 
 class UnusableTrajectory(ValueError):
@@ -119,7 +119,7 @@ class Tokenized:
     """Token ids of a rendering and each token's (start, end) char span in `Rendered.text`.
 
     The prompt and the response are tokenized separately, without special tokens added, exactly as
-    the action reader (`cipr.actions.read_actions`) tokenizes them, so its decision plans and these
+    the action reader (`cipr.method.actions.read_actions`) tokenizes them, so its decision plans and these
     ids index the same sequence. `prompt_len` is the number of prompt tokens.
     """
 

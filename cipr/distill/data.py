@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from cipr.core.errors import ConfigError
 from cipr.distill.alignment import AlignmentError
 from cipr.distill.batch import DistillItem, build_item
 from cipr.distill.conversation import UnusableTrajectory
-from cipr.errors import ConfigError
 from cipr.formats.base import CallFormat
-from cipr.interface import Example, Message
+from cipr.tools.interface import Example, Message
 
 log = logging.getLogger(__name__)
 

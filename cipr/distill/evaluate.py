@@ -33,15 +33,15 @@ from typing import Any, Literal
 
 import torch
 
-from cipr.actions import read_actions
-from cipr.canonical import RewriteText, UndeclaredToolError
-from cipr.consistency import kl_rows
 from cipr.distill.batch import action_query
 from cipr.distill.conversation import Rendered, render_conversation
 from cipr.distill.naming import SWAPPED, SYNONYMS, Naming, named
 from cipr.envs.base import Environment
 from cipr.formats.base import CallFormat
-from cipr.interface import Example, Message
+from cipr.method.actions import read_actions
+from cipr.method.consistency import kl_rows
+from cipr.tools.canonical import RewriteText, UndeclaredToolError
+from cipr.tools.interface import Example, Message
 
 NAMINGS: tuple[str, ...] = ("original", "canonical", "synonyms", "swapped")
 
@@ -183,14 +183,12 @@ def write_report(out_dir: str | Path, rows: Mapping[str, Any], live: Mapping[str
 
 
 def _generate(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int) -> str:
-    from cipr.kv_cache import generation_cache
 
     device = next(model.parameters()).device
     ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"].to(device)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                         do_sample=False, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad,
-                         past_key_values=generation_cache(model))  # appends in place
+                         do_sample=False, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad)
     return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
 

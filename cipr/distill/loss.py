@@ -6,11 +6,11 @@ is taken in two parts:
 
 - `token_kl`: KL(teacher || student) of the next-token distributions at the positions that predict
   a token the alignment paired (`cipr.distill.alignment`): the shared text of the assistant turns.
-- `action_kl`: KL(teacher || student) of the action distributions (`cipr.actions`) at each decision,
+- `action_kl`: KL(teacher || student) of the action distributions (`cipr.method.actions`) at each decision,
   actions indexed by equivalence (tool i under any name is class i, ∅ last), so `search` on the
   teacher side and `function_01` on the student side are one action.
 
-`combine` adds them with the rescoring consistency KL (`cipr.consistency.rescoring_kl`, student
+`combine` adds them with the rescoring consistency KL (`cipr.method.consistency.rescoring_kl`, student
 under canonical vs relabeled names) as `w_token · token + w_action · action + λ_rescore · rescore`.
 
 Choices the paper leaves open:
@@ -21,7 +21,7 @@ Choices the paper leaves open:
   then the trajectories (the 1/n_y average of the rescoring KL), so long trajectories do not
   dominate the decision-level signal.
 - No temperature: the student matches the teacher's distributions as they are.
-- Smoothing of the action distributions (`eps`) as in `cipr.consistency.kl_rows`; the token term is
+- Smoothing of the action distributions (`eps`) as in `cipr.method.consistency.kl_rows`; the token term is
   exact (both are softmaxes, never exactly zero).
 """
 
@@ -31,7 +31,7 @@ from collections.abc import Mapping
 
 import torch
 
-from cipr.consistency import kl_rows
+from cipr.method.consistency import kl_rows
 
 
 def token_kl(teacher_logits: torch.Tensor, student_logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:

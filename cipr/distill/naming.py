@@ -1,6 +1,6 @@
 """A trajectory under other action names: canonical ids, fresh relabels, synonyms, swaps.
 
-Every renaming goes through `cipr.canonical.apply_name_map`, so calls, the interface and free text
+Every renaming goes through `cipr.tools.canonical.apply_name_map`, so calls, the interface and free text
 change together. Free text is rewritten with `rewrite` (default "all": every whole-word occurrence),
 because trajectory text names its actions in plain words (AgentInstruct's instruction says
 "search[keywords]"); with "identifiers" the plain-word name `search` would survive in the student's
@@ -18,9 +18,9 @@ import re
 from collections.abc import Mapping
 from typing import Literal
 
-from cipr.canonical import NameMap, RewriteText, apply_name_map, canonicalize
-from cipr.interface import Example, Interface
-from cipr.relabel import RelabelConfig, fresh_names
+from cipr.method.relabel import RelabelConfig, fresh_names
+from cipr.tools.canonical import NameMap, RewriteText, apply_name_map, canonicalize
+from cipr.tools.interface import Example, Interface
 
 Naming = Literal["original", "canonical", "synonyms", "swapped"]
 
@@ -43,7 +43,7 @@ def rename_example(example: Example, mapping: Mapping[str, str], rewrite: Rewrit
 
 
 def relabel_example(example: Example, config: RelabelConfig, seed: int | str) -> tuple[Example, NameMap]:
-    """Fresh neutral tool names (`cipr.relabel.fresh_names`), drawn with `seed`, never a word of the text."""
+    """Fresh neutral tool names (`cipr.method.relabel.fresh_names`), drawn with `seed`, never a word of the text."""
     rng = random.Random(seed)
     words = {w for m in example.messages for w in re.findall(r"\w+", m.content)} | set(example.interface.names)
     names = fresh_names(list(example.interface.names), config, rng, words - set(example.interface.names))

@@ -38,7 +38,9 @@ from typing import Any
 
 import torch
 
-from cipr.config import ConfigError, from_dict, to_dict
+from cipr.core.config import ConfigError, from_dict, to_dict
+from cipr.core.io import read_json, read_text
+from cipr.core.run_folder import prepare
 from cipr.distill.data import TrajectoryDataConfig, build_items, check_data, load_split
 from cipr.distill.evaluate import (
     Readings,
@@ -50,15 +52,15 @@ from cipr.distill.evaluate import (
     write_report,
 )
 from cipr.distill.trainer import DistillConfig, DistillTrainer, check_distill, teacher_for
-from cipr.run_folder import prepare
+from cipr.runtime.model import ModelConfig, resolve_source
 from cipr.train.checkpoint import (
     latest_complete,
+    load_trained,
     resolve_resume,
     stage_done,
     write_json_atomic,
 )
 from cipr.train.metrics import LoggingConfig, MetricsCallback, MetricsWriter, peak_memory_gb
-from cipr.train.model import ModelConfig, load_model, resolve_source
 from cipr.train.schedule import (
     DistributedConfig,
     LauncherConfig,
@@ -222,7 +224,7 @@ def _run(cfg: DistillRunConfig, out: Path, writer: MetricsWriter, started: float
         return
     fmt = get_format(call_format_name(cfg))
     weights = stage_dir / "final" if done else None
-    student, tokenizer = load_model(cfg.model, weights=weights)
+    student, tokenizer = load_trained(cfg.model, weights)
     _plain_float(student)
     train_examples, eval_examples, counts = load_split(cfg.data)
     train = build_items(train_examples, fmt, tokenizer, rewrite=cfg.data.rewrite_text)
@@ -239,7 +241,7 @@ def _run(cfg: DistillRunConfig, out: Path, writer: MetricsWriter, started: float
     teacher_readings: dict[str, Readings] | None = None
     if main and usable_eval and not done:
         if teacher_file.is_file():
-            teacher_readings = {k: Readings.from_json(v) for k, v in json.loads(teacher_file.read_text()).items()}
+            teacher_readings = {k: Readings.from_json(v) for k, v in read_json(teacher_file).items()}
         else:
             t0 = time.time()
             namings = ["original", *[n for n in cfg.algo.eval.namings if n != "original"]]
@@ -258,7 +260,7 @@ def _run(cfg: DistillRunConfig, out: Path, writer: MetricsWriter, started: float
             if not teacher_file.is_file():
                 raise RuntimeError(f"{teacher_file} is missing: delete {stage_dir}/stage.json to redo the run's "
                                    f"teacher evaluation, or start a new run_dir")
-            teacher_readings = {k: Readings.from_json(v) for k, v in json.loads(teacher_file.read_text()).items()}
+            teacher_readings = {k: Readings.from_json(v) for k, v in read_json(teacher_file).items()}
         t0 = time.time()
         student_readings = _readings(student, tokenizer, usable_eval, fmt, cfg, cfg.algo.eval.namings)
         write_json_atomic(eval_dir / "student.json", {k: v.to_json() for k, v in student_readings.items()})
@@ -267,17 +269,17 @@ def _run(cfg: DistillRunConfig, out: Path, writer: MetricsWriter, started: float
         live = {}
         if cfg.algo.eval.live_tasks:
             teacher_live_file = eval_dir / "teacher_live.json"
-            live = {"teacher": json.loads(teacher_live_file.read_text()) if teacher_live_file.is_file() else {},
+            live = {"teacher": read_json(teacher_live_file) if teacher_live_file.is_file() else {},
                     "student": _live(student, tokenizer, fmt, cfg)}
         write_report(eval_dir, rows, live, {"held_out_trajectories": len(usable_eval)})
         writer.write({"stage": STAGE, "kind": "eval", "tag": "after", "step": steps,
                       **{f"eval/{m}/{n}/{k}": v for m, per in rows.items() for n, r in per.items()
                          for k, v in r.items() if k != "decisions"}})
-        log.info("evaluation (%.0fs):\n%s", time.time() - t0, (eval_dir / "table.md").read_text())
+        log.info("evaluation (%.0fs):\n%s", time.time() - t0, read_text(eval_dir / "table.md"))
     if main:
         summary = {"run_dir": str(out), "algo": "distill", "stage_done": bool(stage_done(stage_dir)),
                    "final": next((r for r in reversed(writer.read()) if r.get("kind") == "step"), None),
-                   "eval": json.loads((eval_dir / "eval.json").read_text()) if (eval_dir / "eval.json").is_file()
+                   "eval": read_json(eval_dir / "eval.json") if (eval_dir / "eval.json").is_file()
                    else None,
                    "data": counts, "train_trajectories": len(train.items), "held_out_trajectories": len(usable_eval),
                    "skipped_trajectories": skipped, "peak_memory_gb": peak_memory_gb(),

@@ -32,7 +32,7 @@ from transformers import Trainer
 from cipr.distill.batch import DistillItem, LossWeights, batch_loss, relabeled_view
 from cipr.distill.evaluate import EvalConfig
 from cipr.formats.base import CallFormat
-from cipr.relabel import RelabelConfig
+from cipr.method.relabel import RelabelConfig
 from cipr.train.checkpoint import CheckpointMixin, check_finite
 
 
@@ -43,8 +43,8 @@ class DistillConfig:
     - `token_weight`, `action_weight`: the task loss, KL(teacher original || student canonical) on
       aligned tokens and on action distributions at decisions (`cipr.distill.loss`).
     - `rescore_weight`: λ of the rescoring consistency KL (student canonical vs relabeled); 0 turns it off.
-    - `detach_reference`: the canonical side of the rescoring KL is a fixed target (see `cipr.consistency`).
-    - `relabel`: the fresh-name scheme (`cipr.relabel.RelabelConfig`).
+    - `detach_reference`: the canonical side of the rescoring KL is a fixed target (see `cipr.method.consistency`).
+    - `relabel`: the fresh-name scheme (`cipr.method.relabel.RelabelConfig`).
     - `teacher_dtype`: "bfloat16" runs the frozen teacher in bfloat16 (its forward is inference only;
       faster on CPUs with AVX512-BF16); "model" keeps the loaded dtype. Without LoRA only.
     - `autocast_bf16`: on CPU, run the student's forward and backward under bfloat16 autocast (weights

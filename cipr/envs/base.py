@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from cipr.interface import Call, Interface
+from cipr.tools.interface import Call, Interface
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass, field
 
 from cipr.envs.base import StepResult
-from cipr.interface import Call, Interface, Message, Tool
+from cipr.tools.interface import Call, Interface, Message, Tool
 
 ACTIONS = Interface((
     Tool("search", "Search the shop for products matching a text query; shows a page of results.",

@@ -18,7 +18,7 @@ from typing import Any
 
 from cipr.envs.base import StepResult
 from cipr.envs.toyshop import ACTIONS
-from cipr.interface import Call, Interface
+from cipr.tools.interface import Call, Interface
 
 INSTALL_HINT = ("WebShop is not installed: clone https://github.com/princeton-nlp/WebShop, run its setup.sh "
                 "(product data and search index) and `pip install -e .` there, so that `web_agent_site` imports; "

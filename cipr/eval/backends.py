@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from cipr.formats.base import CallFormat, ParseResult
-from cipr.interface import Call, Example
+from cipr.tools.interface import Call, Example
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 def _full_attention(model: Any) -> bool:
     """Whether every layer of the model's cache is a plain full-attention `DynamicLayer` (what
-    `cipr.kv_cache.LeftPaddedBatch` can fill; sliding-window layers are not)."""
+    `cipr.runtime.kv_cache.LeftPaddedBatch` can fill; sliding-window layers are not)."""
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
@@ -100,23 +100,24 @@ class HFBackendConfig:
     cache or inputs the loop does not handle). Both give the same tokens (checked in the tests).
 
     `prefill` (greedy loop only): `per_item` runs each prompt's prefill alone, unpadded, writing its
-    keys and values into its row of the left-padded batch cache (`cipr.kv_cache.LeftPaddedBatch`,
+    keys and values into its row of the left-padded batch cache (`cipr.runtime.kv_cache.LeftPaddedBatch`,
     whose buffers the backend keeps for the next batch: no fresh memory to fault in per batch);
     `batched` runs one padded forward over the batch; `auto` is `per_item` on CPU for full-attention
     models and `batched` elsewhere. On CPU a prefill is compute-bound, so batching it gains nothing,
     while padding and the masked attention cost extra: SmolLM2-135M, 8 BFCL prompts of 486-669
-    tokens, 2 threads: one padded forward 16.5 s, the eight alone 9.4 s (`scripts/bench_eval.py
-    --prefill batched|per_item` prints prefill seconds per item). A per-item prefill of a model
-    loaded with `cipr_grouped` attention uses SDPA (causal, no mask to build), the faster kernel
-    for a whole unpadded prompt; decoding keeps the grouped attention.
+    tokens, 2 threads: one padded forward 16.5 s, the eight alone 9.4 s.
+
+    This loop (per-item prefill into `LeftPaddedBatch`, prefix reuse, rows dropped when they finish) is
+    hand-written around the model's forward; against transformers' best setting (`generate` with SDPA,
+    dynamic or static cache) it decoded 8 BFCL items 1.5-1.6x faster end to end at batch size 8 and
+    as fast at batch size 1 (`scripts/ab_decode_stack.py`, docs/benchmarks.md).
 
     Not done: chunked prefill interleaved with decoding (vLLM's chunked prefill: each forward carries
     a 128-token chunk of the next prompt and one token of every row already prefilled). A prototype gave
     the batch-1 texts but no gain within a batch: the prefill grew by about as much time as the decoding
     it absorbed had taken, and the batch still decodes until its last-prefilled row is done
-    (`scripts/bench_eval.py --no-packed-gemm`, 2 repetitions: prefill 1.14 s per item with 15 tokens per
-    item decoded in it, batch 8 0.45 items/s; the same day's default run: prefill 0.77 s per item, batch
-    8 with F.linear 0.46 [0.45-0.54] items/s; which part of the growth was chunking and which the decoding
+    (2 repetitions: prefill 1.14 s per item with 15 tokens per item decoded in it, batch 8 0.45 items/s;
+    the same day's default run: prefill 0.77 s per item, batch 8 0.46 [0.45-0.54] items/s; which part of the growth was chunking and which the decoding
     rows' attention was not measured). It would pay with continuous batching, new prompts joining as
     rows finish.
 
@@ -130,17 +131,6 @@ class HFBackendConfig:
     different interfaces share their first ~50 tokens (the tools follow); items of one interface share
     their whole system prompt.
 
-    `packed_gemm` (greedy loop only): decoding steps multiply by weights packed once and kept while the
-    backend lives (`cipr.packed_gemm`: float32 CPU layers; about the float32 weights' size in memory, so
-    it is skipped, with a warning, when that exceeds half the free memory; repacked if the weights
-    change), with the kernel `gemm_kernel` names: `cipr`, CIPR's decoding kernel (`cipr.cpu_kernels`,
-    compiled on first use), at every batch size; `mkl`, MKL's packed GEMM for `batch_size` rows, at two
-    or more rows only; `auto`, `cipr` where it builds, else `mkl` where torch has it.
-
-    `direct_decode` (greedy loop only): decoding steps call the model's layers directly
-    (`cipr.decode_step`: same modules, same operations, same logits) instead of `model.forward`, skipping
-    transformers' per-call plumbing, for the models `cipr.decode_step.supports` (llama, mistral and qwen2
-    with `cipr_grouped` attention, the CPU default); others decode through `model.forward` either way.
     """
 
     batch_size: int = 8
@@ -149,9 +139,6 @@ class HFBackendConfig:
     drop_finished: bool = True
     prefill: Literal["auto", "batched", "per_item"] = "auto"
     prefix_reuse: bool = True
-    packed_gemm: bool = True
-    gemm_kernel: Literal["auto", "cipr", "mkl"] = "auto"
-    direct_decode: bool = True
 
 
 class HFBackend:
@@ -175,11 +162,10 @@ class HFBackend:
         self._logits_to_keep = forward is not None and "logits_to_keep" in inspect.signature(forward).parameters
         self._full_attention = _full_attention(model)
         self.timing = {"prefill_seconds": 0.0, "prefill_tokens": 0, "decode_seconds": 0.0, "decode_tokens": 0,
-                       "decode_steps": 0, "pack_seconds": 0.0, "prefix_reused_tokens": 0}
+                       "decode_steps": 0, "prefix_reused_tokens": 0}
         """Wall seconds and tokens of the greedy loop's prefill (tokens computed) and decode forwards, the
-        number of decode forwards, the seconds spent packing weights (`packed_gemm`; not in
-        decode_seconds) and the prompt tokens whose states were reused (`prefix_reuse`), summed over calls."""
-        self._packer: Any = None  # PackedLinears once decided, False when packing does not fit or no kernel runs
+        number of decode forwards and the prompt tokens whose states were reused (`prefix_reuse`), summed over
+        calls."""
         self._kv_buffers: list[Any] = []  # per-item prefill's key/value buffers, lent to the next batch
         self._previous: tuple[list[int], list[Any]] | None = None  # last prompt prefilled in this call, its states
 
@@ -224,7 +210,7 @@ class HFBackend:
         Positions follow the attention mask (left padding: a row's first real token is position 0),
         as `generate` computes them; only the last position's logits are computed.
         """
-        from cipr.kv_cache import growing_cache
+        from cipr.runtime.kv_cache import growing_cache
 
         cache = growing_cache(self.model.config)
         pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -241,8 +227,7 @@ class HFBackend:
         """`_prefill_batched`'s result, from one unpadded forward per prompt (see `HFBackendConfig.prefill`)."""
         import torch
 
-        from cipr.attention import GROUPED, attention
-        from cipr.kv_cache import LeftPaddedBatch
+        from cipr.runtime.kv_cache import LeftPaddedBatch
 
         start = time.perf_counter()
         ids = [self.tokenizer(p, return_tensors="pt", add_special_tokens=False)["input_ids"].to(device)
@@ -254,19 +239,18 @@ class HFBackend:
         toks = []
         reused = 0
         try:
-            with attention(self.model, "sdpa", replace=(GROUPED,)):
-                for i, x in enumerate(ids):  # each prompt's states go straight into its row of the batch's cache
-                    tokens = x[0].tolist()
-                    m, prefix = 0, None
-                    if self.config.prefix_reuse and self._previous is not None:
-                        m = min(common_prefix(tokens, self._previous[0]), len(tokens) - 1)
-                        prefix = [(k[:, :m], v[:, :m]) for k, v in self._previous[1]] if m else None
-                    out = self.model(input_ids=x[:, m:], past_key_values=batch.row(i, prefix), use_cache=True,
-                                     **self._last_only())
-                    toks.append(out.logits[0, -1].argmax(-1))
-                    reused += m
-                    if self.config.prefix_reuse:
-                        self._previous = (tokens, batch.states(i))
+            for i, x in enumerate(ids):  # each prompt's states go straight into its row of the batch's cache
+                tokens = x[0].tolist()
+                m, prefix = 0, None
+                if self.config.prefix_reuse and self._previous is not None:
+                    m = min(common_prefix(tokens, self._previous[0]), len(tokens) - 1)
+                    prefix = [(k[:, :m], v[:, :m]) for k, v in self._previous[1]] if m else None
+                out = self.model(input_ids=x[:, m:], past_key_values=batch.row(i, prefix), use_cache=True,
+                                 **self._last_only())
+                toks.append(out.logits[0, -1].argmax(-1))
+                reused += m
+                if self.config.prefix_reuse:
+                    self._previous = (tokens, batch.states(i))
         except BaseException:
             self._previous = None  # it may point into this batch's buffers, which a retry reuses
             raise
@@ -288,41 +272,13 @@ class HFBackend:
     def _greedy(self, cache: Any, mask: Any, next_pos: Any, tok: Any) -> list[list[int]]:
         """Greedy decoding from a prefilled batch that drops each sequence once it emits an end-of-turn token.
 
-        The key/value cache appends in place (`cipr.kv_cache`) instead of copying itself at every token.
+        The key/value cache appends in place (`cipr.runtime.kv_cache`) instead of copying itself at every token.
         """
-        import torch
-
-        from cipr.packed_gemm import PackedLinears, choose, fits
-
-        packer = None
-        if self.config.packed_gemm and self._packer is None:
-            weight = next(self.model.parameters())  # the kernels are float32 CPU ones: nothing to build elsewhere
-            on_cpu = weight.device.type == "cpu" and weight.dtype == torch.float32
-            kernel = choose(self.config.gemm_kernel) if on_cpu else None
-            if kernel == "mkl" and self.config.batch_size == 1:
-                kernel = None  # MKL's packing serves two or more rows
-            self._packer = PackedLinears(self.model, kernel) if kernel else False
-            if self._packer and not fits(self._packer.nbytes):
-                log.warning("packed_gemm: packing needs %.1f GB, more than half the free memory; "
-                            "decoding with F.linear", self._packer.nbytes / 1e9)
-                self._packer = False  # decided once per backend
-        if self._packer and (self._packer.kernel == "cipr" or tok.shape[0] > 1):
-            packer = self._packer
-            start = time.perf_counter()
-            packer.pack(self.config.batch_size)
-            self.timing["pack_seconds"] += time.perf_counter() - start
-        try:
-            return self._greedy_steps(cache, mask, next_pos, tok)
-        finally:
-            if packer is not None:
-                packer.restore()
+        return self._greedy_steps(cache, mask, next_pos, tok)
 
     def _greedy_steps(self, cache: Any, mask: Any, next_pos: Any, tok: Any) -> list[list[int]]:
         import torch
 
-        from cipr import decode_step
-
-        direct = self.config.direct_decode and decode_step.supports(self.model)
         toks = tok.tolist()
         rows: list[list[int]] = [[] for _ in range(mask.shape[0])]
         active = torch.arange(mask.shape[0], device=mask.device)
@@ -341,11 +297,8 @@ class HFBackend:
                 active, tok, mask, next_pos = active[idx], tok[idx], mask[idx], next_pos[idx]
             start = time.perf_counter()
             mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-            if direct:
-                logits = decode_step.decode_step(self.model, tok, next_pos, cache, mask)
-            else:
-                logits = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
-                                    past_key_values=cache, use_cache=True).logits[:, -1]
+            logits = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
+                                past_key_values=cache, use_cache=True).logits[:, -1]
             next_pos = next_pos + 1
             tok = logits.argmax(-1)
             toks = tok.tolist()  # waits for the device
@@ -396,7 +349,7 @@ class VLLMBackendConfig:
     `tensor_parallel_size` apply on GPUs; vLLM's CPU build sizes its KV cache from
     `$VLLM_CPU_KVCACHE_SPACE` (GiB) when set, and otherwise reserves `gpu_memory_utilization` of the
     machine's memory (refusing to start when that much is not free). `enforce_eager`: null compiles on
-    GPUs and runs eagerly on CPU, where compiling costs ~100 s per engine start (`cipr.vllm_compile`).
+    GPUs and runs eagerly on CPU, where compiling costs ~100 s per engine start (`cipr.runtime.vllm_compile`).
     """
 
     max_new_tokens: int = 512
@@ -430,7 +383,7 @@ class VLLMBackend:
             from vllm import LLM, SamplingParams
         except ImportError as e:
             raise ImportError(f"backend=vllm needs vLLM: {VLLM_INSTALL_HINT}") from e
-        from cipr.vllm_compile import enforce_eager
+        from cipr.runtime.vllm_compile import enforce_eager
 
         self.tokenizer, self.fmt = tokenizer, fmt
         self.config = config or VLLMBackendConfig()

@@ -26,12 +26,12 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
-from cipr.errors import ConfigError, DataError
+from cipr.core.errors import ConfigError, DataError
 from cipr.eval.config import EvalConfig
 from cipr.eval.items import make_item, make_shown_item
 from cipr.eval.runner import EvalItem, Scorer
 from cipr.eval.scorers import SCORERS
-from cipr.interface import Example
+from cipr.tools.interface import Example
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cipr.errors import DataError
+from cipr.core.errors import DataError
+from cipr.core.io import read_json, write_json_atomic, write_text_atomic
 from cipr.eval.report import (
     RESULTS,
     RUN_META,
@@ -25,7 +26,6 @@ from cipr.eval.report import (
     report_config_from_meta,
     table,
 )
-from cipr.io import read_json, write_json_atomic, write_text_atomic
 
 
 def _load(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:

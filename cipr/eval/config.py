@@ -3,7 +3,7 @@
 `EvalConfig` composes the options of the modules it drives: the benchmark (`BenchmarkConfig`), the
 backends (`HFBackendConfig` fields are flat here: `batch_size`, `max_new_tokens`), the OpenAI and
 vLLM backend configs, and the report's aggregation. `eval_config_from_dict` builds it with the
-project's one strict loader (`cipr.config.from_dict`), so a misspelled key (with a "did you mean"),
+project's one strict loader (`cipr.core.config.from_dict`), so a misspelled key (with a "did you mean"),
 a wrong type or a value outside a `Literal` fails before anything loads.
 """
 
@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from cipr.config import EVAL_CONFIG_DIR, from_dict
-from cipr.errors import ConfigError
+from cipr.core.config import EVAL_CONFIG_DIR, from_dict
+from cipr.core.errors import ConfigError
 from cipr.eval.backends import OpenAIBackendConfig, VLLMBackendConfig
 from cipr.eval.consistency_metric import ConsistencyConfig
 from cipr.guard.evaluate import GuardEvalConfig
@@ -82,23 +82,13 @@ class EvalConfig:
       `batched` (see `HFBackendConfig.prefill`).
     - `prefix_reuse`: HF per-item prefill, a prompt starting like the one before it in the same chunk
       computes only the rest (see `HFBackendConfig.prefix_reuse`); false: every prompt in full.
-    - `packed_gemm`: HF greedy loop on CPU, decode with packed float32 weights (see
-      `HFBackendConfig.packed_gemm`; costs about the weights' size in memory); false: F.linear.
-    - `gemm_kernel`: the packed weights' kernel: `auto` (CIPR's, `cipr.cpu_kernels`, where it builds,
-      else MKL's), `cipr` or `mkl` (see `HFBackendConfig.gemm_kernel`).
     - `replay`: `reference` or `familiar` (see `cipr.eval.backends.ReplayBackend`).
     - `format`: call format name (None: the benchmark's).
     - `device` / `dtype`: `auto` = CUDA with bfloat16 when available, else CPU float32.
-    - `retain_heap`: on CPU, keep freed memory in the process (`cipr.memory.retain_freed_memory`: fewer
-      fresh pages to fault in per forward; the process keeps its peak heap); false: glibc's defaults.
     - `threads`: torch CPU threads (None: torch's default). On a CPU shared with other jobs, more
       threads than free cores makes each generation step several times slower.
-    - `attn_implementation`: passed to `from_pretrained` (`sdpa`, `eager`, `flash_attention_2`,
-      `cipr_grouped`); None keeps the model's default; `auto` is `cipr_grouped` on CPU and the model's
-      default on GPU. Batched prompts are left-padded, so each attention call carries a padding mask;
-      torch's CPU SDPA then leaves its fused path, and both it and eager copy every key/value head
-      once per query head of its group at every decoding step. `cipr_grouped` (`cipr.attention`) is
-      eager's arithmetic without those copies (compare with `scripts/bench_eval.py --attn eager`).
+    - `attn_implementation`: passed to `from_pretrained` (`sdpa`, `eager`, `flash_attention_2`); None or
+      `auto` keeps the model's default (SDPA for most families).
     """
 
     model: str = "embedded"
@@ -114,9 +104,6 @@ class EvalConfig:
     drop_finished: bool = True
     prefill: Literal["auto", "batched", "per_item"] = "auto"
     prefix_reuse: bool = True
-    packed_gemm: bool = True
-    gemm_kernel: Literal["auto", "cipr", "mkl"] = "auto"
-    retain_heap: bool = True
     chunk_size: int = 64
     format: str | None = None
     out_dir: str = "evals/run"

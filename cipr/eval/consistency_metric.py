@@ -3,13 +3,13 @@ interface at the decisions of one teacher-forced reference response (no generati
 
 For an evaluation item (example, held-out perturbation, tool order, tool names) the reference response is
 the example's reference calls rendered by the benchmark's call format, once in the unperturbed interface's
-names and once in the perturbed one's (the perturbation rewrites the reference calls). `cipr.actions`
+names and once in the perturbed one's (the perturbation rewrites the reference calls). `cipr.method.actions`
 reads the action distribution at every decision of both (one forward pass per sequence), each on one
 index set: unperturbed tool i is class i; a perturbed tool takes the class of the tool its correspondence
 says it is equivalent to, and an added tool (distractor, costlier or slower equivalent, training twin) a
 class of its own, so mass on it counts as disagreement. Per item:
 
-- `kl`: KL(unperturbed || perturbed) per decision (`cipr.consistency.kl_rows`, the training loss's
+- `kl`: KL(unperturbed || perturbed) per decision (`cipr.method.consistency.kl_rows`, the training loss's
   smoothing), averaged over the response's decisions (nats).
 - `argmax_agree`: share of decisions whose most likely action (∅ included) is the same on both sides.
 - `added_mass`: mean probability the perturbed side puts on added tools (None when the perturbation
@@ -44,14 +44,15 @@ from typing import Any
 
 import torch
 
-from cipr.canonical import canonicalize
-from cipr.consistency import kl_rows
-from cipr.errors import ConfigError, DataError
+from cipr.core.errors import ConfigError, DataError
+from cipr.core.io import read_jsonl
 from cipr.eval.report import ReportConfig, fmt, layout, table
 from cipr.eval.runner import EvalItem, Key, existing_keys
 from cipr.eval.stats import mean_estimate, paired_difference
 from cipr.formats.base import CallFormat
-from cipr.interface import Example
+from cipr.method.consistency import kl_rows
+from cipr.tools.canonical import canonicalize
+from cipr.tools.interface import Example
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +207,7 @@ def build_pairs(examples: Iterable[Example], items: Sequence[EvalItem], seed: in
 
 
 def _queries(pair: ConsistencyPair, fmt: CallFormat, tokenizer: Any) -> tuple[Any, Any]:
-    from cipr.actions import ActionQuery
+    from cipr.method.actions import ActionQuery
 
     out = []
     for ex, classes in ((pair.reference, pair.ref_classes), (pair.perturbed, pair.pert_classes)):
@@ -219,7 +220,7 @@ def _queries(pair: ConsistencyPair, fmt: CallFormat, tokenizer: Any) -> tuple[An
 def _read(model: Any, tokenizer: Any, queries: Sequence[Any], num_actions: Sequence[int], batch_size: int
           ) -> list[torch.Tensor]:
     """Per query, its [d, num_actions + 1] distributions (∅ last)."""
-    from cipr.actions import read_actions
+    from cipr.method.actions import read_actions
 
     out: list[torch.Tensor] = []
     for start in range(0, len(queries), batch_size):
@@ -330,8 +331,7 @@ def read_records(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / CONSISTENCY
     if not path.is_file():
         return []
-    lines = path.read_text(encoding="utf-8").split("\n")
-    return [json.loads(line) for line in lines[:-1] if line.strip()]
+    return read_jsonl(path, torn="skip")
 
 
 def item_values(records: Sequence[Mapping[str, Any]], lay: Any) -> dict[str, dict[str, Any]]:

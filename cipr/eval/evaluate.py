@@ -2,9 +2,7 @@
 
 `evaluate(cfg)` is what `cipr-eval` calls; tests and benchmarks call it with a preloaded model.
 
-Model loading (`load_model`): `embedded` is SmolLM2-135M-Instruct from its GGUF (`cipr.embedded`), `tiny` a random few-layer model
-(`cipr.testing`, smoke runs);
-a folder with `adapter_config.json` is a PEFT adapter loaded onto its base model; anything else goes to
+Model loading (`load_model`): `embedded` is SmolLM2-135M-Instruct from its GGUF (`cipr.runtime.embedded`); a folder with `adapter_config.json` is a PEFT adapter loaded onto its base model; anything else goes to
 `from_pretrained` (a checkpoint folder, or a hub id from the local cache). The tokenizer gets a pad
 token (the end-of-text token when there is one, else eos) and left padding; end-of-turn tokens stop
 generation (`cipr.eval.backends`).
@@ -25,8 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cipr.attention import GROUPED, attention, use_grouped
-from cipr.errors import ConfigError
+from cipr.core.errors import ConfigError
+from cipr.core.io import read_json, write_json_atomic
+from cipr.core.run_folder import changed_keys
 from cipr.eval.backends import (
     Backend,
     HFBackend,
@@ -39,12 +38,9 @@ from cipr.eval.benchmarks import build, scorer_for
 from cipr.eval.config import EvalConfig
 from cipr.eval.report import RESULTS, RUN_META, ReportConfig, write_report
 from cipr.eval.runner import RunnerConfig, check_same_selection, run_items
-from cipr.export import apply_manifest
 from cipr.formats import CallFormat, get_format
-from cipr.hub import resolve_model
-from cipr.io import read_json, write_json_atomic
-from cipr.memory import retain_freed_memory
-from cipr.run_folder import changed_keys
+from cipr.runtime.export import apply_manifest
+from cipr.runtime.hub import resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -81,37 +77,38 @@ def load_model(cfg: EvalConfig) -> tuple[Any, Any]:
 
         torch.set_num_threads(cfg.threads)
     device, dtype = _device_dtype(cfg)
-    if device == "cpu" and cfg.retain_heap and not retain_freed_memory():
-        log.info("retain_heap: not set (CIPR_LOW_MEMORY=1, MALLOC_*_THRESHOLD_ set, or no glibc)")
-    impl = cfg.attn_implementation
-    grouped = impl == GROUPED or (impl == "auto" and device == "cpu")  # loaded eager, then switched where it applies
-    if grouped or impl == "auto":
-        impl = "eager" if grouped else None
+    impl = None if cfg.attn_implementation == "auto" else cfg.attn_implementation
     attn = {"attn_implementation": impl} if impl else {}
     if cfg.model == "embedded":
-        from cipr.embedded import load_embedded
+        from cipr.runtime.embedded import load_embedded
 
         model, tokenizer = load_embedded(dtype=dtype, **attn)
-    elif cfg.model == "tiny":  # a randomly initialised few-layer model: seconds-long smoke runs, garbage replies
-        from cipr.testing import tiny_model, tiny_tokenizer
-
-        tokenizer = tiny_tokenizer()
-        model = tiny_model(tokenizer)
     else:
         model, tokenizer = _from_pretrained(resolve_model(cfg.model), dtype, attn)
     model.to(device)
     model.eval()
-    if grouped:
-        use_grouped(model, required=cfg.attn_implementation == GROUPED)
     return model, prepare_tokenizer(tokenizer)
+
+
+def check_whole_model(name: str) -> None:
+    """Refuse a cipr-train weights folder that holds the trainable tensors only (`cipr_frozen.json`: the
+    frozen ones live in the run's base model): loaded as it is, its frozen layers would be random."""
+    from cipr.core.checkpoints import FROZEN
+    from cipr.core.errors import DataError
+
+    if (Path(name) / FROZEN).is_file():
+        raise DataError(f"this checkpoint holds the trainable tensors only ({FROZEN}); make a whole model with "
+                        f"`cipr-export RUN_DIR OUT_DIR` (it rebuilds the frozen layers from the run's base model) "
+                        f"and evaluate OUT_DIR", file=name)
 
 
 def _from_pretrained(name: str, dtype: Any, attn: dict[str, Any]) -> tuple[Any, Any]:
     """A checkpoint folder (a PEFT adapter merged onto its base) or cached hub id; DataError if it holds no model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from cipr.errors import DataError
+    from cipr.core.errors import DataError
 
+    check_whole_model(name)
     try:
         if (Path(name) / "adapter_config.json").is_file():
             from peft import AutoPeftModelForCausalLM
@@ -140,7 +137,7 @@ def make_backend(cfg: EvalConfig, fmt: CallFormat, model: Any = None, tokenizer:
     if kind == "vllm":
         cfg.vllm.max_new_tokens = cfg.max_new_tokens
         if cfg.model == "embedded":
-            from cipr.embedded import embedded_hf_dir, load_embedded_tokenizer
+            from cipr.runtime.embedded import embedded_hf_dir, load_embedded_tokenizer
 
             # vLLM reads the GGUF's transformers copy; the GGUF tokenizer keeps the HF backend's stop tokens
             tok = tokenizer or prepare_tokenizer(load_embedded_tokenizer())
@@ -155,9 +152,7 @@ def make_backend(cfg: EvalConfig, fmt: CallFormat, model: Any = None, tokenizer:
         prepare_tokenizer(tokenizer)
     return HFBackend(model, tokenizer, fmt, HFBackendConfig(batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
                                                            drop_finished=cfg.drop_finished, prefill=cfg.prefill,
-                                                           prefix_reuse=cfg.prefix_reuse,
-                                                           packed_gemm=cfg.packed_gemm,
-                                                           gemm_kernel=cfg.gemm_kernel))
+                                                           prefix_reuse=cfg.prefix_reuse))
 
 
 def report_config(cfg: EvalConfig) -> ReportConfig:
@@ -206,8 +201,9 @@ def evaluate(cfg: EvalConfig, *, model: Any = None, tokenizer: Any = None, backe
     `backend`: an already built backend (e.g. one vLLM engine reused over several runs) instead of
     the one `cfg` describes.
     """
-    if cfg.model not in ("embedded", "tiny") and cfg.resolved_backend in ("hf", "vllm") and model is None:
-        resolve_model(cfg.model)  # a missing folder or an uncached hub id fails here, before any output
+    if cfg.model != "embedded" and cfg.resolved_backend in ("hf", "vllm") and model is None:
+        check_whole_model(resolve_model(cfg.model))  # a missing folder, an uncached hub id or a trimmed
+        # checkpoint fails here, before any output
     apply_manifest(cfg)  # an exported model's call format and tool naming (cipr-export's manifest)
     out_dir = Path(cfg.out_dir)
     try:
@@ -226,7 +222,9 @@ def evaluate(cfg: EvalConfig, *, model: Any = None, tokenizer: Any = None, backe
     log.info("evaluated %d, skipped %d already done, %d correct", stats.evaluated, stats.skipped, stats.correct)
     if cfg.consistency.enabled:
         _consistency(cfg, items, backend, fmt, out_dir)
-    summary = write_report(out_dir)
+    from cipr.eval.consistency_metric import attach
+
+    summary = write_report(out_dir, sections=(attach,))
     summary["run_stats"] = {"total": stats.total, "evaluated": stats.evaluated, "skipped": stats.skipped,
                             "torn_lines": stats.torn_lines}
     return summary
@@ -256,11 +254,17 @@ def _consistency(cfg: EvalConfig, items: list[Any], backend: Backend, fmt: CallF
 def reader_attention(model: Any) -> Iterator[None]:
     """SDPA instead of eager-style attention for the action reader's forwards, then back.
 
-    Eager-style attention (`eager`, or `cipr.attention.GROUPED`, the CPU generation default of
-    `load_model`) suits decoding, but the reader's one long forward over sequences and their packed
-    tries with a tree-shaped mask makes it materialize [B, H, T, T] float32 scores and their softmax in
-    every layer: 24 s per forward of 8 sequences on 2 cores, most of a consistency read's time (cProfile
-    of `cipr-eval consistency.enabled=true`). SDPA's kernel computes the same attention without those
-    tensors."""
-    with attention(model, "sdpa", replace=("eager", GROUPED)):
+    Eager attention's one long forward over sequences and their packed tries with a tree-shaped mask
+    materializes [B, H, T, T] float32 scores and their softmax in every layer: 24 s per forward of 8
+    sequences on 2 cores, most of a consistency read's time (cProfile of `cipr-eval
+    consistency.enabled=true`). SDPA's kernel computes the same attention without those tensors. A model
+    on any other attention (SDPA, flash, a custom one) runs unchanged."""
+    before = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if before != "eager" or not hasattr(model, "set_attn_implementation"):
         yield
+        return
+    model.set_attn_implementation("sdpa")
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(before)

@@ -1,7 +1,7 @@
 """Evaluation items: an example under one perturbation, tool order and naming, ready for the runner.
 
 With `names="canonical"` the adapter is applied as at deployment: the perturbed interface (with its
-own, executable names) is canonicalized by `cipr.canonical.canonicalize` after it is constructed, the
+own, executable names) is canonicalized by `cipr.tools.canonical.canonicalize` after it is constructed, the
 model sees canonical ids, and its calls are translated back with that map and scored against the
 perturbed example. The adapter knows nothing of the perturbation (no correspondence is used), as in
 deployment, where it receives whatever interface the registry serves.
@@ -14,9 +14,9 @@ corruption to the ids) and scored in the names the model saw (`name_map=None`).
 
 from __future__ import annotations
 
-from cipr.canonical import canonicalize
 from cipr.eval.runner import EvalItem
-from cipr.interface import Example
+from cipr.tools.canonical import canonicalize
+from cipr.tools.interface import Example
 
 NAMES = ("original", "canonical")
 

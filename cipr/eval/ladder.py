@@ -4,7 +4,7 @@
       warm_start/                    the shared SFT warm start (the Base row, when it exists)
       <algo>_rs<w>_ro<w>_s<seed>/    one run folder per point
       ladder/
-        exports/<point>/             `cipr.export` of the point's final weights
+        exports/<point>/             `cipr.runtime.export` of the point's final weights
         evals/<point>/               a `cipr-eval` run folder (+ consistency.jsonl), and done.json
         ladder.md, ladder.json, ladder.png
 
@@ -25,7 +25,6 @@ Unfinished points are listed, not evaluated.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections import defaultdict
@@ -34,7 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cipr.errors import DataError
+from cipr.core.errors import DataError
+from cipr.core.io import read_json, write_json_atomic, write_text_atomic
 from cipr.eval.consistency_metric import METRICS, SCALE, format_cell, item_values, read_records
 from cipr.eval.report import (
     RESULTS,
@@ -47,7 +47,6 @@ from cipr.eval.report import (
     table,
 )
 from cipr.eval.stats import mean_estimate, paired_difference
-from cipr.io import read_json, write_json_atomic, write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +113,7 @@ def discover(sweep_dir: Path) -> list[Point]:
         run_dir = cfg_path.parent
         if run_dir.name in (BASE, LADDER):
             continue
-        config = json.loads(cfg_path.read_text())
+        config = read_json(cfg_path)
         algo = config.get("algo", {})
         stage = "sft" if algo.get("name") == "sft" else "grpo"
         points.append(Point(run_dir.name, run_dir, method_label(algo), eval_names(algo),
@@ -141,7 +140,7 @@ def _compose_eval(overrides: Sequence[str]) -> Any:
 
 def _export(point: Point, out: Path, call_format: str | None) -> tuple[Path, bool]:
     """Export `point` into `out` unless it already holds this export; (folder, whether it exported)."""
-    from cipr.export import ExportConfig, _same_export, export, locate
+    from cipr.runtime.export import ExportConfig, _same_export, export, locate
 
     if point.name == BASE:
         source, cfg = point.run_dir / "final", ExportConfig(call_format=call_format, names="original")
@@ -155,7 +154,7 @@ def _export(point: Point, out: Path, call_format: str | None) -> tuple[Path, boo
 def _evaluate(point: Point, model_dir: Path, eval_dir: Path, config: LadderConfig) -> bool:
     """Evaluate an export into `eval_dir` unless done.json says this checkpoint and options are done."""
     from cipr.eval.evaluate import evaluate
-    from cipr.export import read_manifest
+    from cipr.runtime.export import read_manifest
 
     manifest = read_manifest(model_dir)
     identity = {"source": manifest.source if manifest else str(model_dir), "overrides": list(config.eval_overrides),
@@ -183,7 +182,7 @@ def run_ladder(sweep_dir: str | Path, config: LadderConfig | None = None) -> dic
                         file=str(sweep_dir))
     base = _base_point(sweep_dir) if config.base else None
     finished = [p for p in points if p.finished] + ([base] if base else [])
-    call_format = json.loads((points[0].run_dir / "config.json").read_text())["model"].get("call_format")
+    call_format = read_json(points[0].run_dir / "config.json")["model"].get("call_format")
     work = {"exported": [], "evaluated": [], "skipped": []}
     for p in finished:
         model_dir, exported = _export(p, out / "exports" / p.name, call_format)

@@ -23,15 +23,15 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from cipr.errors import DataError
+from cipr.core.errors import DataError
+from cipr.core.io import decode_text, iter_jsonl, read_json, write_json_atomic, write_text_atomic
 from cipr.eval.stats import Estimate, accuracy, mean_estimate, paired_difference
 from cipr.eval.taxonomy import CLASSES
-from cipr.io import read_json, write_json_atomic, write_text_atomic
 
 RESULTS = "results.jsonl"
 RUN_META = "run.json"
@@ -64,23 +64,22 @@ def read_results(path: str | Path) -> tuple[list[dict[str, Any]], int]:
     path = Path(path)
     if not path.exists():
         return [], 0
-    text = path.read_text()
-    lines = text.split("\n")
-    records: list[dict[str, Any]] = []
-    torn = 0
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    lines: list[tuple[int, Any]] = list(iter_jsonl(decode_text(data[:end], path), path))
+    tail, torn = data[end:], 0
+    if tail.strip():  # the file does not end with "\n": a write cut short, unless the line is whole
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            if i == len(lines) - 1:  # the file does not end with "\n": a write cut short
-                torn += 1
-                continue
-            raise DataError(f"line {i + 1} is not JSON: {e}", file=str(path), field="results") from e
+            lines.append((data.count(b"\n") + 1, json.loads(tail.decode("utf-8"))))
+        except ValueError:  # not JSON, or cut inside a multi-byte character
+            torn = 1
+    records: list[dict[str, Any]] = []
+    for number, rec in lines:
+        if not isinstance(rec, dict):
+            raise DataError(f"line {number} is not a JSON object", file=str(path), field="results")
         missing = [k for k in RECORD_FIELDS if k not in rec]
         if missing:
-            raise DataError(f"line {i + 1} lacks {', '.join(missing)}", file=str(path), item=rec.get("id"),
+            raise DataError(f"line {number} lacks {', '.join(missing)}", file=str(path), item=rec.get("id"),
                             field=missing[0])
         records.append(rec)
     return records, torn
@@ -429,8 +428,15 @@ def report_config_from_meta(meta: Mapping[str, Any]) -> ReportConfig:
     return ReportConfig(**rc)
 
 
-def write_report(run_dir: str | Path, config: ReportConfig | None = None) -> dict[str, Any]:
-    """Read a run directory's results.jsonl (and run.json), write summary.json, report.md, plots/."""
+Section = Callable[[Path, dict[str, Any], ReportConfig], str]
+"""An extra report section: (run dir, summary, config) -> markdown, adding its figures to the summary."""
+
+
+def write_report(run_dir: str | Path, config: ReportConfig | None = None,
+                 sections: Sequence[Section] = ()) -> dict[str, Any]:
+    """Read a run directory's results.jsonl (and run.json), write summary.json, report.md, plots/.
+
+    `sections` add their parts (e.g. `cipr.eval.consistency_metric.attach`) after the accuracy tables."""
     run_dir = Path(run_dir)
     meta_path = run_dir / RUN_META
     meta = read_json(meta_path) if meta_path.exists() else {}
@@ -440,11 +446,9 @@ def write_report(run_dir: str | Path, config: ReportConfig | None = None) -> dic
         raise DataError("no results to report", file=str(run_dir / RESULTS))
     summary = summarize(records, config, {k: v for k, v in meta.items() if k != "report"})
     summary["torn_lines"] = torn
-    from cipr.eval.consistency_metric import attach
-
-    consistency = attach(run_dir, summary, config)
+    extra = "".join(section(run_dir, summary, config) for section in sections)
     write_json_atomic(run_dir / SUMMARY, summary)
-    write_text_atomic(run_dir / REPORT, render_markdown(summary) + consistency)
+    write_text_atomic(run_dir / REPORT, render_markdown(summary) + extra)
     plot_summary(summary, run_dir / PLOTS)
     return summary
 

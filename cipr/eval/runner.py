@@ -28,14 +28,14 @@ from typing import Any, Protocol
 
 from tqdm import tqdm
 
-from cipr.canonical import NameMap, UndeclaredToolError
-from cipr.errors import ConfigError, DataError
+from cipr.core.errors import ConfigError, DataError
+from cipr.core.io import complete_lines, decode_text, parse_json
 from cipr.eval.backends import Backend, Generation, GenRequest
 from cipr.eval.report import RESULTS
 from cipr.eval.taxonomy import TaxonomyConfig, classify
 from cipr.formats.base import CallFormat, ParseResult
-from cipr.interface import Call, Example
-from cipr.run_folder import complete_lines
+from cipr.tools.canonical import NameMap, UndeclaredToolError
+from cipr.tools.interface import Call, Example
 
 log = logging.getLogger(__name__)
 
@@ -129,13 +129,15 @@ def recorded_keys(path: Path) -> set[Key]:
 
 def _keys(data: bytes, path: Path) -> set[Key]:
     keys: set[Key] = set()
-    for i, line in enumerate(data.split(b"\n")):
+    for i, line in enumerate(decode_text(data, path).split("\n"), 1):
         if not line.strip():
             continue
         try:
-            keys.add(record_key(json.loads(line)))
-        except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
-            raise DataError(f"line {i + 1} is not a result record: {e}", file=str(path), field="results") from e
+            keys.add(record_key(parse_json(line, path, line=i)))
+        except DataError as e:
+            raise DataError(f"line {i} is not a result record: {e.reason}", file=str(path), field="results") from e
+        except (KeyError, TypeError) as e:
+            raise DataError(f"line {i} is not a result record: {e}", file=str(path), field="results") from e
     return keys
 
 

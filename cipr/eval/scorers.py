@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from cipr.eval.runner import Scorer, Verdict
 from cipr.formats.base import ParseResult
-from cipr.interface import Call, Example
+from cipr.tools.interface import Call, Example
 
 
 def bfcl_scorer(*, calls: Sequence[Call], target: Example, shown: Example, text: str,

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from cipr.interface import Call, Interface
+from cipr.tools.interface import Call, Interface
 
 CLASSES = ("correct", "backend_error", "parse_failure", "no_call", "wrong_count", "undeclared_tool",
            "equivalent_tool", "unrelated_tool", "argument_error", "other")

@@ -1,7 +1,7 @@
 """What every call format provides: prompt rendering, target rendering, parsing, decisions.
 
 A call format is the textual protocol by which a policy emits tool calls (JSON in tags, ReAct
-lines, ...). The action reader (`cipr.actions`) needs to know, for a response text, where the
+lines, ...). The action reader (`cipr.method.actions`) needs to know, for a response text, where the
 policy made each decision, which text `o` opens a call there, and which text closes a tool name,
 so that it can score every declared name after `o` in one forward pass.
 """
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cipr.interface import Call, Interface, Message
+from cipr.tools.interface import Call, Interface, Message
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ from cipr.formats.json_calls import (
     to_plain,
 )
 from cipr.formats.json_calls import name_text as json_name_text
-from cipr.interface import Call, Interface, Message
+from cipr.tools.interface import Call, Interface, Message
 
 _CALL, _CALL_END = "<tool_call>", "</tool_call>"
 FIRST_OPENER = _CALL + "\n" + CALL_NAME_OPENER

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cipr.interface import Call
+from cipr.tools.interface import Call
 
 CALL_NAME_OPENER = '{"name": "'
 """The text of a call object up to its name; a tool name is closed by a double quote."""

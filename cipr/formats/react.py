@@ -53,7 +53,7 @@ from typing import Any
 
 from cipr.formats.base import CallFormat, Decision, ParseResult
 from cipr.formats.json_calls import dumps, to_plain
-from cipr.interface import Call, Interface, Message
+from cipr.tools.interface import Call, Interface, Message
 
 OPENER = "Action: "
 ARGUMENT = "argument"

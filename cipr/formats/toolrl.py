@@ -63,7 +63,7 @@ from typing import Any
 from cipr.formats.base import THINK, THINK_END, CallFormat, Decision, ParseResult, ThinkScan
 from cipr.formats.json_calls import CALL_NAME_OPENER, ReadCall, call_object, read_call_at, to_plain
 from cipr.formats.json_calls import name_text as json_name_text
-from cipr.interface import Call, Interface, Message, Tool
+from cipr.tools.interface import Call, Interface, Message, Tool
 
 CALL_THINK = "I should use the appropriate tool with proper parameters to respond to the user's need."
 RESPONSE_THINK = "I should directly respond to the user's need."

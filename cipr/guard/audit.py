@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from cipr.core.io import read_jsonl
 from cipr.guard.backend import Usage
 
 
@@ -132,5 +133,4 @@ class AuditLog:
 
 def read_audit(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The records of an audit file, in order."""
-    with Path(path).open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_jsonl(path)

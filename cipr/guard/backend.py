@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from cipr.interface import Call, Interface, Message
+from cipr.tools.interface import Call, Interface, Message
 
 
 @dataclass(frozen=True)
@@ -216,8 +216,6 @@ class HFBackend:
     def _run(self, prompts: list[str], max_tokens: int) -> list[tuple[str, Usage]]:
         import torch
 
-        from cipr.kv_cache import generation_cache
-
         side = self.tokenizer.padding_side
         self.tokenizer.padding_side = "left"
         try:
@@ -231,8 +229,7 @@ class HFBackend:
         if self.do_sample:
             gen_kwargs.update(temperature=self.temperature, top_p=self.top_p)
         with torch.inference_mode():
-            out = self.model.generate(**enc, **gen_kwargs,
-                                      past_key_values=generation_cache(self.model))  # appends in place
+            out = self.model.generate(**enc, **gen_kwargs)
         width = enc["input_ids"].shape[1]
         results = []
         for row, mask in zip(out[:, width:].tolist(), enc["attention_mask"].sum(dim=1).tolist(), strict=True):

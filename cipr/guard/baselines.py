@@ -15,7 +15,7 @@ the first reply; that is the point of the baseline (the study ran it with a samp
 from __future__ import annotations
 
 from cipr.guard.session import GuardSession
-from cipr.interface import Call
+from cipr.tools.interface import Call
 
 TOOL_LIST_TEMPLATE = "Your previous tool call was invalid. The available tools are: {names}. Please try again."
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cipr.guard.validator import describe_type
-from cipr.interface import Tool
+from cipr.tools.interface import Tool
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,8 @@ from jsonschema.exceptions import SchemaError
 from referencing import Registry, Resource
 from referencing.exceptions import NoSuchResource
 
-from cipr.errors import DataError
-from cipr.interface import Interface, Tool
+from cipr.core.errors import DataError
+from cipr.tools.interface import Interface, Tool
 
 
 def contract_hash(tools: Sequence[Tool], pending: Sequence[str] = ()) -> str:

@@ -2,7 +2,8 @@
 
 Drift keeps every capability and every previously valid call meaningful; the guard (or a robust
 policy) should absorb it. A contract change can make a previously valid call invalid or remove
-what a workflow relies on; a deployment pipeline should stop on it (`cipr-guard diff` exits 2).
+what a workflow relies on; a deployment pipeline should stop on it (`cipr-guard diff` exits 1, as
+`diff` does on a difference; 0 when the contract is unchanged, 2 on bad input).
 
 Drift kinds: `renamed_tool`, `renamed_parameter`, `reordered_tools`, `reordered_parameters`,
 `reworded_description`, `reworded_parameter_description`, `overlapping_tool_added` (an added tool
@@ -48,7 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cipr.errors import ConfigError, DataError
+from cipr.core.errors import ConfigError, DataError
+from cipr.core.io import iter_jsonl, parse_json, read_text
 from cipr.guard.contract import (
     MAX_SCHEMA_DEPTH,
     check_entries_depth,
@@ -56,7 +58,7 @@ from cipr.guard.contract import (
     nesting_depth,
     schema_problem,
 )
-from cipr.interface import Interface, Tool
+from cipr.tools.interface import Interface, Tool
 
 DRIFT, CONTRACT = "drift", "contract"
 DRIFT_KINDS = frozenset({
@@ -391,7 +393,7 @@ def diff_interfaces(old: Interface | Sequence[Tool], new: Interface | Sequence[T
 
 
 def _entry_tool(entry: Any, where: str, index: int) -> Tool:
-    from cipr.schema import normalize_schema
+    from cipr.tools.schema import normalize_schema
 
     if not isinstance(entry, Mapping):
         raise DataError("a tool entry must be an object", file=where, field=f"tools[{index}]")
@@ -408,21 +410,14 @@ def _entry_tool(entry: Any, where: str, index: int) -> Tool:
 def _read_json(text: str, where: str, item: str | None) -> Any:
     """One JSON document, or the row `item` of a JSON-lines file."""
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        pass
-    except RecursionError as e:
-        raise DataError(f"nests too deeply to read (a tool schema may nest at most {MAX_SCHEMA_DEPTH} levels)",
-                        file=where) from e
-    rows = []
-    for k, line in enumerate(text.splitlines()):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise DataError(f"not JSON (line {k + 1}: {e.msg})", file=where) from e
-            except RecursionError as e:
-                raise DataError(f"line {k + 1} nests too deeply to read", file=where) from e
+        return parse_json(text, where)
+    except DataError as e:
+        if isinstance(e.__cause__, RecursionError):
+            raise DataError(f"nests too deeply to read (a tool schema may nest at most {MAX_SCHEMA_DEPTH} "
+                            "levels)", file=where) from e
+        if not (isinstance(e.__cause__, json.JSONDecodeError) and e.__cause__.msg == "Extra data"):
+            raise  # one broken document, not several
+    rows = [row for _, row in iter_jsonl(text, where)]
     if item is None:
         raise DataError("a JSON-lines file holds several tool lists: pass the item id", file=where, field="id")
     found = [r for r in rows if isinstance(r, Mapping) and r.get("id") == item]
@@ -438,11 +433,9 @@ def load_tool_list(path: str | Path, *, item: str | None = None) -> Interface:
     path = Path(path)
     where = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path)
     except OSError as e:
         raise DataError(f"cannot read the tool list: {e.strerror or e}", file=where) from e
-    except UnicodeDecodeError as e:
-        raise DataError(f"not a UTF-8 text file ({e.reason} at byte {e.start})", file=where) from e
     data = _read_json(text, where, item)
     check_entries_depth(data, where=where)
     if isinstance(data, Mapping) and item is not None and data.get("id") not in (None, item):

@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from cipr.errors import ConfigError, DataError, UnsafeOutputError
+from cipr.core.errors import ConfigError, DataError, UnsafeOutputError
+from cipr.core.io import complete_lines, decode_text, iter_jsonl, read_json
 from cipr.guard.audit import AuditLog
 from cipr.guard.backend import Backend, Usage
 from cipr.guard.contract import ContractSnapshot
@@ -54,7 +55,7 @@ from cipr.guard.guard import POLICIES, Guard, GuardConfig
 from cipr.guard.metrics import ItemOutcome, summarize
 from cipr.guard.parse import parse_reply
 from cipr.guard.validator import ValidatorConfig
-from cipr.interface import Call, Example
+from cipr.tools.interface import Call, Example
 
 STUDY_PARTITIONS = ("simple_python", "multiple", "live_simple", "live_multiple")
 SETTINGS = {"mild": "drift_mild", "medium": "drift_medium"}
@@ -223,20 +224,15 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
         return []
     if not path.is_file():
         raise UnsafeOutputError(f"{path} is not a file; use a new out folder")
-    data = path.read_bytes()
-    data = data[:data.rfind(b"\n") + 1]
     records = []
-    for i, line in enumerate(data.decode("utf-8", errors="replace").splitlines()):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except (json.JSONDecodeError, RecursionError) as e:
-            raise DataError(f"line {i + 1} is not JSON; the folder was not written by a guard evaluation, "
-                            "use a new out folder", file=str(path)) from e
-        if not isinstance(record, dict):
-            raise DataError(f"line {i + 1} is not a record; use a new out folder", file=str(path))
-        records.append(record)
+    try:
+        for i, record in iter_jsonl(decode_text(complete_lines(path, cut=False), path), path):
+            if not isinstance(record, dict):
+                raise DataError(f"line {i} is not a record", file=str(path))
+            records.append(record)
+    except DataError as e:
+        raise DataError(f"{e.reason}; the folder was not written by a guard evaluation, use a new out folder",
+                        file=str(path)) from e
     return records
 
 
@@ -267,9 +263,11 @@ def _open_folder(out: Path, meta: dict[str, Any], ids: Sequence[str], say: Calla
     old: Any = None
     if meta_path.exists():
         try:
-            old = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError, IsADirectoryError) as e:
-            raise UnsafeOutputError(f"{meta_path} is not a run description we wrote; use a new out folder") from e
+            old = read_json(meta_path)
+        except (DataError, IsADirectoryError) as e:
+            why = e.reason if isinstance(e, DataError) else "a folder"
+            raise UnsafeOutputError(f"{meta_path} is not a run description we wrote ({why}); use a new out "
+                                    "folder") from e
         if not isinstance(old, dict) or old.get("kind") != RUN_KIND:
             raise UnsafeOutputError(f"{out} holds another kind of run ({RUN_META} is not a guard evaluation's); "
                                     "use a new out folder")

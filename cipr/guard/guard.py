@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from cipr.errors import ConfigError
+from cipr.core.errors import ConfigError
 from cipr.guard.audit import AuditLog, AuditRecord
 from cipr.guard.backend import Backend, Usage
 from cipr.guard.baselines import retry_turn
@@ -37,7 +37,7 @@ from cipr.guard.parse import parse_reply
 from cipr.guard.repair import REPAIRED, RESOLVED, UNRESOLVED, VALID, repair_protocol
 from cipr.guard.session import GuardSession
 from cipr.guard.validator import CallValidator, ValidatorConfig, call_to_json
-from cipr.interface import Call, Interface, Message, Tool
+from cipr.tools.interface import Call, Interface, Message, Tool
 
 Policy = Literal["none", "naive_retry", "tool_list", "repair"]
 POLICIES: tuple[str, ...] = ("none", "naive_retry", "tool_list", "repair")

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cipr.interface import Call
+from cipr.tools.interface import Call
 
 _TAG = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
 _OPENS_OBJECT = re.compile(r'\{\s*"')

@@ -29,7 +29,7 @@ from typing import Any
 from cipr.guard.cards import render_cards, tool_card
 from cipr.guard.session import GuardSession
 from cipr.guard.validator import ValidationReport, call_to_json
-from cipr.interface import Call, Tool
+from cipr.tools.interface import Call, Tool
 
 REPAIR_INSTRUCTIONS = (
     "You repair one tool call that failed validation against its tool's schema. Reply with exactly one "

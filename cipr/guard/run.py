@@ -4,7 +4,7 @@
 It takes an `EvalConfig` (model, format, seed, limit, batch size, device, data root, out_dir) whose
 `guard` section is a `GuardEvalConfig`; picks the items (`guard_examples`), refuses an `out_dir` holding
 another run before loading the model, loads the model the way `cipr-eval` does
-(`cipr.eval.evaluate.load_model`: embedded, tiny, a folder or a cached hub id), and runs
+(`cipr.eval.evaluate.load_model`: embedded, a folder or a cached hub id), and runs
 `evaluate_guard`, which resumes what an earlier run of the same configuration left.
 `format=json` uses the tokenizer's native tools template with JSON calls.
 """
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cipr.errors import ConfigError
+from cipr.core.errors import ConfigError
 from cipr.guard.evaluate import GuardEvalResult, check_out_dir, evaluate_guard, guard_examples
 
 

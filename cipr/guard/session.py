@@ -18,7 +18,7 @@ from cipr.guard.backend import Backend, Usage
 from cipr.guard.contract import ContractSnapshot
 from cipr.guard.parse import ParsedReply, parse_reply
 from cipr.guard.validator import CallValidator, ValidationReport, call_to_json
-from cipr.interface import Call, Message, Tool
+from cipr.tools.interface import Call, Message, Tool
 
 
 @dataclass

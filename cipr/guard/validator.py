@@ -39,7 +39,7 @@ from jsonschema.exceptions import ValidationError
 from referencing.exceptions import Unresolvable
 
 from cipr.guard.contract import OFFLINE_REGISTRY, ContractSnapshot, nesting_depth, schema_problem
-from cipr.interface import Call, Tool
+from cipr.tools.interface import Call, Tool
 
 # Issue codes. Name-level codes mean the call cannot be checked against any tool's schema.
 MISSING_NAME = "missing_name"

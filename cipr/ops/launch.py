@@ -44,12 +44,12 @@ def accelerate_command(num_processes: int, port: int, accelerate_config: str | N
                        module: str = "cipr.cli.train") -> list[str]:
     """`python -m accelerate.commands.launch ... -m <module> <argv>` for `num_processes` processes on this node."""
     if num_processes < 1:
-        from cipr.errors import ConfigError
+        from cipr.core.errors import ConfigError
 
         raise ConfigError(f"launcher.num_processes={num_processes}: must be >= 1")
     config = accelerate_config or str(DEFAULT_ACCELERATE_CONFIG)
     if not Path(config).is_file():
-        from cipr.errors import MissingInputError
+        from cipr.core.errors import MissingInputError
 
         raise MissingInputError(f"accelerate config {config} not found (launcher.accelerate_config)")
     return [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(num_processes),
@@ -90,8 +90,8 @@ def run_launcher(cmd: Sequence[str], notice_file: str | None = None) -> int:
 
 def check_run_dir(path: str | Path, option: str = "trainer.run_dir") -> None:
     """Refuse a run folder that names a file (or lies under one) before anything starts."""
-    from cipr.errors import ConfigError
-    from cipr.io import file_in_the_way
+    from cipr.core.errors import ConfigError
+    from cipr.core.io import file_in_the_way
 
     blocker = file_in_the_way(path)
     if blocker is not None:
@@ -103,13 +103,13 @@ def run_entry(container: dict[str, Any], parse: Callable[[dict[str, Any]], Any],
     """Parse a resolved config, re-launch it as `launcher.num_processes` processes or train it; the exit status.
 
     0 done (or preempted after a save: rerun to resume), 2 bad input: a configuration error (nothing
-    was started), or a missing or damaged input file, one line naming it (`cipr.errors`; CIPR_DEBUG=1
+    was started), or a missing or damaged input file, one line naming it (`cipr.core.errors`; CIPR_DEBUG=1
     shows the traceback), 3 non-finite loss (the last checkpoint is intact). `parse` raises
     ConfigError on bad input; the parsed config has a `launcher` with num_processes,
     main_process_port and accelerate_config; `train` returns the run folder, named in the closing
     line with its `artifacts`.
     """
-    from cipr.errors import (
+    from cipr.core.errors import (
         EXIT_INPUT,
         USER_ERRORS,
         ConfigError,

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cipr.interface import Call
+from cipr.tools.interface import Call
 
 ADDED_PREFIX = "+"
 

@@ -28,9 +28,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from cipr.interface import Tool
 from cipr.perturb.draft import Draft, Entry
 from cipr.perturb.naming import abbreviate, unique
+from cipr.tools.interface import Tool
 
 KINDS = ("cost", "latency")
 STYLES = ("tag", "nl", "abbrev")

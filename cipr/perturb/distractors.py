@@ -23,10 +23,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from cipr.interface import Tool
 from cipr.perturb.draft import Draft, Entry
 from cipr.perturb.naming import resembling_name, typo, unique
 from cipr.perturb.pool import UNRELATED_ARGUMENTS, pick_unrelated
+from cipr.tools.interface import Tool
 
 _TYPE_SWAP = {"string": "integer", "integer": "string", "number": "string", "boolean": "string",
               "array": "string", "object": "string", None: "integer"}

@@ -9,7 +9,7 @@ Choices:
 - Canonical names are applied AFTER the interface is constructed (paper, Appendix C): ids follow the
   final tool order, argument ids the final property order. A reference call keeps pointing at the
   declaration it was built for, even when a duplicate of the same name comes first.
-- With canonical names, free text gets the written names replaced as `cipr.canonical.canonicalize`
+- With canonical names, free text gets the written names replaced as `cipr.tools.canonical.canonicalize`
   does (first declaration of a name wins). With original names, held-out perturbations leave the
   text alone: the paper keeps the query, so a familiar name in it keeps pointing where it now points.
 - Calls in earlier turns name source tools; they are rewritten to the source tool's equivalent.
@@ -23,10 +23,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from cipr.canonical import canonical_arg_id, canonical_tool_id, rewrite_text
-from cipr.errors import DataError
-from cipr.interface import Call, Example, Interface, Message, Tool
+from cipr.core.errors import DataError
 from cipr.perturb.correspondence import Correspondence
+from cipr.tools.canonical import canonical_arg_id, canonical_tool_id, rewrite_text
+from cipr.tools.interface import Call, Example, Interface, Message, Tool
 
 Names = Literal["original", "canonical"]
 
@@ -58,7 +58,7 @@ class RefCall:
 
 
 def rewrite_names(text: str, mapping: Mapping[str, str]) -> str:
-    """`cipr.canonical.rewrite_text`, skipped when no name occurs in the text at all (most queries
+    """`cipr.tools.canonical.rewrite_text`, skipped when no name occurs in the text at all (most queries
     name no tool, and compiling the pattern dominates the cost of a perturbation)."""
     present = {k: v for k, v in mapping.items() if k in text}
     return rewrite_text(text, present) if present else text

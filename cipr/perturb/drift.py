@@ -47,12 +47,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from cipr.bfcl_literals import NESTED_TYPES, read_value, write_value
-from cipr.interface import Tool
 from cipr.perturb.draft import Draft, Entry, RefCall, with_parameters
 from cipr.perturb.naming import drifted_name, slug, unique
 from cipr.perturb.pool import pick_unrelated
 from cipr.scoring.bfcl import standardize
+from cipr.scoring.bfcl_literals import NESTED_TYPES, read_value, write_value
+from cipr.tools.interface import Tool
 
 FILLER_VALUES = ("default", "other", "unspecified", "auto", "standard")
 ENUM_STYLES = ("prefix", "code", "option")
@@ -329,7 +329,7 @@ def _map_value(v: Any, table: dict[Any, Any]) -> Any:
 
 def _map_literal(value: Any, table: dict[Any, Any], schema: dict[str, Any], language: str) -> Any:
     """`_map_value` for a reference argument: Java/JavaScript arguments are source literals, so they
-    are read, mapped and written back with BFCL's converters (`cipr.bfcl_literals`)."""
+    are read, mapped and written back with BFCL's converters (`cipr.scoring.bfcl_literals`)."""
     bfcl_type = schema.get("x-bfcl-type")
     if language == "python" or not bfcl_type or not isinstance(value, str):
         return _map_value(value, table)

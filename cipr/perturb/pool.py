@@ -14,7 +14,7 @@ import re
 from collections.abc import Collection
 from typing import Any
 
-from cipr.interface import Tool
+from cipr.tools.interface import Tool
 
 
 def _tool(name: str, description: str, props: dict[str, tuple[str, str]], required: list[str]) -> Tool:

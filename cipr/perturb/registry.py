@@ -17,11 +17,11 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from cipr.interface import Example
 from cipr.perturb import cost_latency, distractors, drift, typos
 from cipr.perturb.correspondence import Correspondence
 from cipr.perturb.draft import Draft, rng_for
 from cipr.perturb.training import in_distribution
+from cipr.tools.interface import Example
 
 GROUPS = ("typos_distractors", "cost_latency_explicit", "cost_latency_implicit", "in_distribution", "drift")
 Apply = Callable[..., tuple[Example, Correspondence]]

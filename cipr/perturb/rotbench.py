@@ -35,11 +35,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cipr.canonical import canonical_arg_id, canonical_tool_id
-from cipr.errors import DataError
-from cipr.interface import Call, Example, Interface, Message, Tool
+from cipr.core.errors import DataError
 from cipr.perturb.correspondence import Correspondence
 from cipr.perturb.draft import rename_schema_args
+from cipr.tools.canonical import canonical_arg_id, canonical_tool_id
+from cipr.tools.interface import Call, Example, Interface, Message, Tool
 
 EDIT_SIMILARITY = 0.5
 

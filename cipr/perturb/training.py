@@ -1,6 +1,6 @@
 """The training perturbation of paper §3.2: twin expansion, relabeling, reordering.
 
-Applied to the canonical example (`cipr.canonical.canonicalize` first); the Correspondence it returns
+Applied to the canonical example (`cipr.tools.canonical.canonicalize` first); the Correspondence it returns
 names the canonical tools it was given. Steps, in the paper's order:
 1. Twin expansion: every tool gets a degraded twin, either a *description twin* (the description
    states it is worse: a wording drawn from `DEGRADED_WORDINGS`, put before or after the original
@@ -41,11 +41,11 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
-from cipr.canonical import canonical_tool_id, canonicalize
-from cipr.interface import Example, Tool
 from cipr.perturb.correspondence import Correspondence
 from cipr.perturb.draft import Draft, Entry, arg_ids, rename_schema_args, rng_for
 from cipr.perturb.pool import UNRELATED_ARGUMENTS
+from cipr.tools.canonical import canonical_tool_id, canonicalize
+from cipr.tools.interface import Example, Tool
 
 DEGRADED_WORDINGS: tuple[str, ...] = (
     "Deprecated: this version will be removed soon and may return outdated results.",

@@ -12,13 +12,13 @@ the released checker (`bfcl_eval/eval_checker/ast_eval/ast_checker.py`, bfcl-eva
 - types per language: Python values must have the Python type of the declared type exactly (`bool`
   is not `int`; an `int` passes for `float`; `any` means a string; array elements are checked one
   level deep); Java and JavaScript values are source literals in strings, read with BFCL's
-  converters (`cipr.bfcl_literals`); a value whose type matches the accepted values' type
+  converters (`cipr.scoring.bfcl_literals`); a value whose type matches the accepted values' type
   instead is a variable name and must equal an accepted value exactly;
 - strings compare after BFCL's normalization (spaces and `,./-_*^` removed, lower case, `'` -> `"`),
   also inside lists and inside dict values; dict arguments check every key against its own
   accepted list (one level), lists of dicts element by element.
 
-The schemas come from `example.interface` (normalized by `cipr.schema`, with the BFCL type name in
+The schemas come from `example.interface` (normalized by `cipr.tools.schema`, with the BFCL type name in
 `x-bfcl-type`; a schema without one is read by its JSON Schema type), the accepted values from
 `example.accepted` and the language from `example.meta["language"]`. So a perturbation that renames
 or reorders tools and arguments rewrites the Example and scoring still works.
@@ -56,10 +56,10 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cipr.bfcl_literals import JAVA_TYPES, JS_TYPES, NESTED_TYPES, read_java, read_js
-from cipr.errors import DataError
+from cipr.core.errors import DataError
 from cipr.formats.base import ParseResult
-from cipr.interface import Call, Example, Tool
+from cipr.scoring.bfcl_literals import JAVA_TYPES, JS_TYPES, NESTED_TYPES, read_java, read_js
+from cipr.tools.interface import Call, Example, Tool
 
 ERROR_CLASSES = ("no_call", "wrong_count", "wrong_name", "missing_argument", "extra_argument", "wrong_type",
                  "wrong_value", "parse_failure")

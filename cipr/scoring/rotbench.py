@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cipr.formats.react import extract_action
-from cipr.interface import Call, Example
+from cipr.tools.interface import Call, Example
 
 CRITERIA = ("tool_selection", "parameter_identification", "content_filling")
 

@@ -45,7 +45,7 @@ from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-from cipr.interface import Call
+from cipr.tools.interface import Call
 
 FORMAT_MAX, FORMAT_MIN = 1.0, 0.0
 CORRECT_MAX, CORRECT_MIN = 3.0, -3.0

@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from cipr.interface import Call, Message
 from cipr.serve.protocol import ApiError, completion, tool_choice_name
+from cipr.tools.interface import Call, Message
 
 
 class ChatBackend(Protocol):
@@ -115,7 +115,7 @@ def _text(content: Any) -> str:
 
 
 def to_messages(messages: Sequence[Mapping[str, Any]]) -> list[Message]:
-    """OpenAI chat messages as `cipr.interface.Message`s (a tool result gets the name of the call it answers)."""
+    """OpenAI chat messages as `cipr.tools.interface.Message`s (a tool result gets the name of the call it answers)."""
     names: dict[str, str] = {}
     out: list[Message] = []
     for m in messages:

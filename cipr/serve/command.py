@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from cipr.config import from_overrides
-from cipr.errors import ConfigError
+from cipr.core.config import from_overrides
+from cipr.core.errors import ConfigError
 
 
 @dataclass
@@ -39,7 +39,7 @@ class ServeCommand:
 
 
 def parse_args(argv: Sequence[str]) -> ServeCommand:
-    """`cipr-serve` arguments (`key=value`, as every cipr command spells them: `cipr.config.from_overrides`)."""
+    """`cipr-serve` arguments (`key=value`, as every cipr command spells them: `cipr.core.config.from_overrides`)."""
     return from_overrides(ServeCommand, [a for a in argv if a != "--debug"])
 
 
@@ -51,7 +51,7 @@ def load_hf(source: str, device: str, dtype: str) -> tuple[Any, Any, str]:
 
     torch_dtype = getattr(torch, dtype)
     if source == "embedded":
-        from cipr.embedded import load_embedded
+        from cipr.runtime.embedded import load_embedded
 
         model, tokenizer = load_embedded(dtype=torch_dtype)
         name = "embedded"

@@ -1,10 +1,10 @@
 """The adapter on OpenAI chat requests: canonical names in, executable names out.
 
-`canonical_request` renames, with `cipr.canonical`'s positional rule, the request's `tools`, and
+`canonical_request` renames, with `cipr.tools.canonical`'s positional rule, the request's `tools`, and
 every reference to their names in the conversation: the name and argument names of each earlier
 assistant `tool_calls` entry (arguments stay a JSON string, keys renamed), the `name` of each tool
 result message, a forced `tool_choice`, and tool names in free text (`rewrite_text`, as
-`cipr.canonical.rewrite_text` does for examples). Tool result contents are values the tools
+`cipr.tools.canonical.rewrite_text` does for examples). Tool result contents are values the tools
 returned, not interface names, and are left as they are. A name in an earlier call that the
 request's tools do not declare is left unchanged (the conversation is the client's, not ours).
 
@@ -21,8 +21,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from cipr.canonical import NameMap, RewriteText, canonicalize_interface, rewrite_text
-from cipr.interface import Call, Interface
+from cipr.tools.canonical import NameMap, RewriteText, canonicalize_interface, rewrite_text
+from cipr.tools.interface import Call, Interface
 
 
 def request_interface(body: Mapping[str, Any]) -> Interface:

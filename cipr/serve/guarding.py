@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cipr.guard import AuditLog, ContractSnapshot, Guard, GuardOutcome, Usage
-from cipr.interface import Call
 from cipr.serve.backends import ChatBackend, wire_call
 from cipr.serve.conversation import _arguments
+from cipr.tools.interface import Call
 
 GUARD_CHOICES = ("off", "none", "naive_retry", "tool_list", "repair")
 

@@ -27,13 +27,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cipr.canonical import RewriteText
-from cipr.errors import ConfigError, DataError
+from cipr.core.errors import ConfigError, DataError
 from cipr.guard import AuditLog
 from cipr.serve.backends import ChatBackend
 from cipr.serve.conversation import canonical_request, request_interface, translate_reply, undeclared_names
 from cipr.serve.guarding import GUARD_CHOICES, guard_info, guard_turn
 from cipr.serve.protocol import ApiError, check_request, completion, models_list
+from cipr.tools.canonical import RewriteText
 
 NAMES = ("original", "canonical")
 
@@ -46,7 +46,7 @@ class ServeConfig:
       names); a request to `/original/v1/...` or `/canonical/v1/...` chooses per request.
     - `guard`: off | none | naive_retry | tool_list | repair (see `cipr.serve.guarding`);
       `guard_budget` caps the new tokens of each guard model call; `audit` is the audit log file.
-    - `rewrite_text`: how tool names in message text are rewritten (`cipr.canonical.rewrite_text`).
+    - `rewrite_text`: how tool names in message text are rewritten (`cipr.tools.canonical.rewrite_text`).
     """
 
     names: str = "canonical"

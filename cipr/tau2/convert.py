@@ -22,7 +22,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from cipr.errors import DataError
+from cipr.core.errors import DataError
+from cipr.core.io import read_jsonl
 from cipr.eval.report import REPORT, RESULTS, RUN_META, fmt, table, write_report
 
 RECORDS = "tau2_records.jsonl"
@@ -31,23 +32,7 @@ SUCCESS = 1.0 - 1e-6
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
     """The harness's records (a torn last line, left by a killed run, is cut off the file first)."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        cut = data.rfind(b"\n") + 1
-        with path.open("r+b") as f:
-            f.truncate(cut)
-        data = data[:cut]
-    out = []
-    for i, line in enumerate(data.decode("utf-8").splitlines()):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise DataError(f"line {i + 1} is not JSON: {e}", file=str(path)) from e
-    return out
+    return read_jsonl(path, torn="cut")
 
 
 def record_key(rec: Mapping[str, Any]) -> tuple[str, str, str, int]:

@@ -19,15 +19,15 @@ runs τ²'s normal mode with both sides scripted, behind cipr-serve:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cipr.errors import DataError
-from cipr.interface import Call
+from cipr.core.errors import DataError
+from cipr.core.io import read_json
 from cipr.serve.backends import wire_call
 from cipr.serve.protocol import ApiError, completion
+from cipr.tools.interface import Call
 
 USER_OPENING = "Hi, I need help with a request about my account."
 USER_STOP = "###STOP###"
@@ -53,12 +53,12 @@ class GoldReplayBackend:
             path = self.data_dir / "tau2" / "domains" / domain / "tasks.json"
             if not path.is_file():
                 raise DataError("no tau2 tasks file", file=str(path))
-            for task in json.loads(path.read_text()):
+            for task in read_json(path):
                 crit = task.get("evaluation_criteria") or {}
                 self._actions[f"{domain}/{task['id']}"] = [a for a in crit.get("actions") or []
                                                            if a.get("requestor", "assistant") == "assistant"]
                 self._communicate[f"{domain}/{task['id']}"] = list(crit.get("communicate_info") or [])
-            self._tools[domain] = json.loads((self.tools_dir / f"tools_{domain}.json").read_text())
+            self._tools[domain] = read_json(self.tools_dir / f"tools_{domain}.json")
         return self._actions[f"{domain}/{task_id}"]
 
     def _call(self, action: Mapping[str, Any], domain: str, shown: list[dict[str, Any]]) -> Call:

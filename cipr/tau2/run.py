@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cipr.errors import ConfigError, MissingInputError
+from cipr.core.errors import ConfigError, MissingInputError
+from cipr.core.io import read_json
 from cipr.tau2.convert import RECORDS, convert, read_records, record_key
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ def user_guidelines(config: Tau2Config, root: Path, out_dir: Path) -> Path:
 def task_ids(config: Tau2Config, root: Path, domain: str) -> list[str]:
     """The task ids of a domain's split, filtered by `tasks` and cut to `limit`."""
     split_file = root / "tau2" / "domains" / domain / "split_tasks.json"
-    splits = json.loads(split_file.read_text())
+    splits = read_json(split_file)
     if config.split not in splits:
         raise ConfigError(f"split={config.split!r}: {domain} has splits {sorted(splits)}")
     ids = [str(i) for i in splits[config.split]]

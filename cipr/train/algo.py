@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from cipr.config import ConfigError
+from cipr.core.config import ConfigError
 
 AlgoName = Literal["sft", "grpo", "multi_interface", "masking", "cipr"]
 Names = Literal["original", "canonical", "masked"]

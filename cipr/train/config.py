@@ -1,5 +1,5 @@
-"""The training configs' loader: `cipr.config` (one strict loader for every command), re-exported here."""
+"""The training configs' loader: `cipr.core.config` (one strict loader for every command), re-exported here."""
 
-from cipr.config import ConfigError, from_dict, to_dict
+from cipr.core.config import ConfigError, from_dict, to_dict
 
 __all__ = ["ConfigError", "from_dict", "to_dict"]

@@ -4,7 +4,7 @@ Sources (`data.source`): `synthetic` (the procedural generator, `cipr.data.synth
 `tools_per_example` tools per interface), `toolrl`
 (a ToolRL verl parquet: the 3,920-row `train.parquet` where a user has it, by `data.path`; the
 80-row `test.parquet` here), `toolrl_sft` (ToolRL's 400-example SFT JSON). Names (`algo.names`):
-`original`; `canonical` (`cipr.canonical.canonicalize`); `masked`, function masking (Lin et al.,
+`original`; `canonical` (`cipr.tools.canonical.canonicalize`); `masked`, function masking (Lin et al.,
 2025): every tool and argument name becomes a random string (a letter then `mask_length - 1` letters
 and digits), drawn per example from (seed, example id), applied to the query and targets as
 canonicalization is; used in training only.
@@ -39,12 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from cipr.canonical import NameMap, apply_name_map, canonicalize
-from cipr.config import ConfigError
+from cipr.core.config import ConfigError
+from cipr.core.errors import DataError
 from cipr.data.synthetic import SyntheticConfig
-from cipr.errors import DataError
 from cipr.formats.base import CallFormat
-from cipr.interface import Example, Interface, Tool
+from cipr.tools.canonical import NameMap, apply_name_map, canonicalize
+from cipr.tools.interface import Example, Interface, Tool
 
 Side = Literal["canonical", "perturbed", "single"]
 

@@ -23,7 +23,6 @@ from cipr.train.reward import RolloutScorer
 def evaluate_prompts(model: Any, tokenizer: Any, records: Sequence[PromptRecord], fmt: CallFormat, *,
                      max_new_tokens: int, batch_size: int = 8) -> dict[str, float]:
     """Mean reward, format, correctness, no-call rate and response length over `records` (greedy)."""
-    from cipr.kv_cache import generation_cache
 
     if not records:
         return {}
@@ -41,8 +40,7 @@ def evaluate_prompts(model: Any, tokenizer: Any, records: Sequence[PromptRecord]
             enc = tokenizer([r.prompt for r in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
             enc = {k: v.to(device) for k, v in enc.items()}
             out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                                 past_key_values=generation_cache(model))  # appends in place
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
             completions = out[:, enc["input_ids"].shape[1]:].tolist()
             trimmed = []
             for ids in completions:

@@ -14,7 +14,7 @@
 
 Action reads. The task loss needs each completion token's log-probability; TRL computes them with a
 fused LM head that never exposes the logits. With `algo.fold_action_read`, one forward of
-`cipr.actions.read_actions(..., response_logprobs=True)` serves both: it returns the completion token
+`cipr.method.actions.read_actions(..., response_logprobs=True)` serves both: it returns the completion token
 log-probabilities and the action distributions at every decision of both interfaces. The reader
 tokenizes text, so this holds for the rows whose re-tokenized prompt and decoded completion give back
 exactly the ids the loss uses; a sampled non-canonical tokenization makes a row differ, and TRL's own
@@ -28,17 +28,17 @@ folded path (logged as missing); the action-distribution entropy is logged inste
 at the sampling temperature, so the folded read returns the token log-probabilities at that temperature
 (`ActionReaderConfig.response_temperature`) and the action distributions at temperature 1, from the same
 logits. The rescoring term always needs a second forward over the relabeled canonical rollouts (x̃, ỹ)
-(`cipr.relabel`).
+(`cipr.method.relabel`).
 
 Choices the paper leaves open:
 - Decisions in sampled text are those the call format finds (`CallFormat.decisions`); a response
   with none (cut off before any call or answer) adds no term. A pair enters the rollout term only
   when both sides have a response with a decision; the rest are counted in `consistency/pairs_skipped`.
 - Rescoring uses the canonical rollouts only (the paper's y is a response to the canonical x), with
-  fresh `function_XX` names drawn per step and row (`cipr.relabel`, seeded by seed, step and row);
+  fresh `function_XX` names drawn per step and row (`cipr.method.relabel`, seeded by seed, step and row);
   a rollout whose decisions do not survive relabeling is counted in `consistency/relabel_failures`
   and skipped.
-- Both terms follow `cipr.consistency` defaults: canonical side as reference (detached unless
+- Both terms follow `cipr.method.consistency` defaults: canonical side as reference (detached unless
   `algo.detach_reference=false`), KL(canonical || other), each response weighted once. The KLs are
   evaluated in float64 on rows renormalized to sum to 1 (`exact`): float32 rows sum to 1 only within
   ~1e-7, which makes the KL of two nearly equal distributions come out slightly negative.
@@ -58,12 +58,11 @@ from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import pad, split_tensor_dict
 
-from cipr.actions import ActionQuery, ActionReaderConfig, read_actions
-from cipr.attention import GROUPED, attention
-from cipr.consistency import rescoring_kl, rollout_kl
 from cipr.formats.base import CallFormat
-from cipr.pairing import decision_rows, rollout_index
-from cipr.relabel import RelabelConfig, relabel
+from cipr.method.actions import ActionQuery, ActionReaderConfig, read_actions
+from cipr.method.consistency import rescoring_kl, rollout_kl
+from cipr.method.pairing import decision_rows, rollout_index
+from cipr.method.relabel import RelabelConfig, relabel
 from cipr.train.algo import AlgoConfig
 from cipr.train.checkpoint import CheckpointMixin, check_finite
 from cipr.train.data import PromptSet
@@ -119,25 +118,16 @@ def shared_prefill_generate(model: Any, runs: Sequence[tuple[list[int], int]], p
     sampled distribution is that of TRL's path; on CPU the G-fold prefill of a group is most of the
     generation time. Completions are cut after their first end token, as TRL does.
 
-    The cache appends in place (`cipr.kv_cache.generation_cache`): transformers' own copies every layer's
-    keys and values at each token (`aten::cat`, the top item of a profiled SmolLM2 rollout on 2 CPU
-    cores). A model decoding with `cipr.attention.GROUPED` runs the prefill with SDPA, which does not
-    materialize the scores (over left padding transformers still copies each key/value head per query
-    head first, `repeat_kv`: a mask rules out SDPA's own grouped-query path). Both changes together,
-    `bench_step.py`'s rollout (2 prompts of 550 and 692 tokens x G=2, 64 new tokens), 4 runs each
-    alternating with the former code: 8.0 s median against 10.2 s; their shares were not measured apart.
+    The cache and attention are transformers' own (DynamicCache, the model's attention): an in-place
+    cache and a grouped-query attention of CIPR's gave 1.27x on this generation alone, short of the 1.3x
+    end to end a hand-written replacement must earn (docs/benchmarks.md).
     """
-    from cipr.attention import GROUPED, attention
-    from cipr.kv_cache import generation_cache
-
     prompts = [torch.tensor(ids) for ids, _ in runs]
     ids = pad(prompts, padding_value=pad_id, padding_side="left").to(device)
     mask = pad([torch.ones_like(t) for t in prompts], padding_value=0, padding_side="left").to(device)
     positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
-    with attention(model, "sdpa", replace=(GROUPED,)):
-        cache = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
-                      past_key_values=generation_cache(model), use_cache=True,
-                      logits_to_keep=1).past_key_values  # only the cache is used: no [R, P, vocab] logits
+    cache = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
+                  use_cache=True, logits_to_keep=1).past_key_values  # only the cache is used: no [R, P, vocab] logits
     counts = torch.tensor([n for _, n in runs], device=device)
     index = torch.repeat_interleave(torch.arange(len(runs), device=device), counts)
     cache.batch_select_indices(index)
@@ -325,9 +315,6 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
                               has_tool_images: bool = False) -> Any:
         """HF generation that runs each distinct prompt's prefill once (see `shared_prefill_generate`).
 
-        On CPU it decodes with `cipr.attention.GROUPED` where the model family allows (no key/value copies
-        per query head); TRL's own path below keeps the model's attention.
-
         vLLM, continuous batching, multimodal inputs and `rollout.share_prompt_prefill=false` use TRL's path.
         """
         with self._timed("generate"):
@@ -345,11 +332,8 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
                                           generation_kwargs=self.generation_kwargs,
                                           gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs)
               as unwrapped, torch.no_grad(), self._dist.summon_full_params(self.model_wrapped, recurse=False)):
-            on_cpu = torch.device(self.accelerator.device).type == "cpu"
-            with attention(unwrapped, GROUPED) if on_cpu else contextlib.nullcontext():
-                completions = shared_prefill_generate(unwrapped, runs, self._tokenizer.pad_token_id,
-                                                      self.eos_token_ids, self.generation_config,
-                                                      self.accelerator.device)
+            completions = shared_prefill_generate(unwrapped, runs, self._tokenizer.pad_token_id,
+                                                  self.eos_token_ids, self.generation_config, self.accelerator.device)
         return completions, None
 
     # -- losses ----------------------------------------------------------------------------------

@@ -38,6 +38,8 @@ from typing import Any, Literal
 import torch
 from transformers import TrainerCallback
 
+from cipr.core.io import read_jsonl
+
 STAGES = ("warm_start", "sft", "grpo", "distill")  # the order stages run in (distill runs alone)
 
 
@@ -122,14 +124,14 @@ class MetricsWriter:
         stages, and a line torn by a kill (metrics and samples); how many."""
         if not self.enabled:
             return 0
-        from cipr.run_folder import truncate_metrics
+        from cipr.core.run_folder import truncate_metrics
 
         return truncate_metrics([self.path, self.samples_path], stage, step, STAGES)
 
     def read(self) -> list[dict[str, Any]]:
         if not self.path.is_file():
             return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        return read_jsonl(self.path)
 
     def close(self) -> None:
         if self._wandb is not None:

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cipr.formats.base import CallFormat, Decision
-from cipr.interface import Call, Example
 from cipr.scoring.toolrl_reward import CORRECT_MAX, CORRECT_MIN, _Malformed, call_list_score, toolrl_reward
+from cipr.tools.interface import Call, Example
 from cipr.train.data import PromptRecord
 
 

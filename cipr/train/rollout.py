@@ -13,7 +13,7 @@ is set.
 
 What this module adds to TRL's vLLM path (`cipr.train.grpo` calls these):
 - `vllm_model_path`: vLLM cannot read GGUF, so the embedded model is handed to it as its
-  transformers copy (`cipr.embedded.embedded_hf_dir`); vLLM loads that once and the first weight
+  transformers copy (`cipr.runtime.embedded.embedded_hf_dir`); vLLM loads that once and the first weight
   push replaces the weights with the policy's.
 - `push_weights`: TRL 1.16's colocate push calls `model.load_weights` on vLLM's model one tensor at a
   time. That only works while vLLM keeps its parameters in checkpoint layout: vLLM's CPU build
@@ -22,7 +22,7 @@ What this module adds to TRL's vLLM path (`cipr.train.grpo` calls these):
   `reload_weights(weights_iterator=...)` restores the checkpoint layout, loads every tensor and
   re-runs the post-load processing, which works for any dtype on CPU and GPU.
 - `eager_engine`: TRL builds the colocated `LLM` without an `enforce_eager` argument, so vLLM's CPU
-  build compiled the model at every training start (~100 s on 2 cores, `cipr.vllm_compile`); around
+  build compiled the model at every training start (~100 s on 2 cores, `cipr.runtime.vllm_compile`); around
   TRL's constructor the engine gets `enforce_eager` (`RolloutConfig.enforce_eager`, null: eager on CPU).
 - `stop_token_ids`: vLLM stops at its own tokenizer's eos; TRL's HF path stops at the policy's eos
   ids (end of turn). The same ids are given to vLLM so both backends end a rollout at the same token.
@@ -56,7 +56,7 @@ class RolloutConfig:
     of G times (see `cipr.train.grpo.shared_prefill_generate`); same distribution, less CPU time.
 
     `enforce_eager` (vllm_colocate): null runs vLLM's engine eagerly on CPU and compiled on GPUs
-    (`cipr.vllm_compile`); true or false decides.
+    (`cipr.runtime.vllm_compile`); true or false decides.
     """
 
     backend: Literal["hf", "vllm_colocate", "vllm_server"] = "hf"
@@ -132,7 +132,7 @@ def vllm_model_path(name_or_path: str) -> str:
     path = Path(name_or_path).expanduser()
     if not path.is_dir() or (path / "config.json").is_file():
         return name_or_path
-    from cipr.embedded import EmbeddedModelMissing, embedded_gguf, embedded_hf_dir
+    from cipr.runtime.embedded import EmbeddedModelMissing, embedded_gguf, embedded_hf_dir
 
     try:
         embedded, _ = embedded_gguf()
@@ -175,10 +175,10 @@ def push_weights(generation: Any) -> None:
 @contextlib.contextmanager
 def eager_engine(choice: bool | None) -> Iterator[None]:
     """Within the block, the `LLM` TRL's colocate mode builds gets `enforce_eager` (resolved from `choice`
-    by `cipr.vllm_compile.enforce_eager`); TRL 1.16 passes none. Needs vLLM and TRL's vLLM module."""
+    by `cipr.runtime.vllm_compile.enforce_eager`); TRL 1.16 passes none. Needs vLLM and TRL's vLLM module."""
     from trl.generation import vllm_generation
 
-    from cipr.vllm_compile import enforce_eager
+    from cipr.runtime.vllm_compile import enforce_eager
 
     original = vllm_generation.LLM
     vllm_generation.LLM = functools.partial(original, enforce_eager=enforce_eager(choice))

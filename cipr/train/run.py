@@ -8,6 +8,10 @@
                        (or a folder shared by many runs: trainer.warm_start.shared_dir, cipr/train/warm_start.py)
       grpo/ or sft/    the algorithm's stage, same layout
 
+With `model.freeze_bottom_layers`, the weights in checkpoint-<step>/ and final/ are the trainable
+tensors only (`cipr_frozen.json` names the rest, re-read from the base model: cipr/train/checkpoint.py);
+`cipr-export` of the run folder writes the full model.
+
 Everything that can be checked without a model is checked first (`validate`): unknown keys,
 impossible combinations, the model and data paths, the call format, the rollout backend, the resume
 target. `trainer.resume=auto` continues the first unfinished stage from its latest complete
@@ -29,18 +33,19 @@ from typing import Any
 
 import torch
 
-from cipr.config import ConfigError, from_dict, to_dict
-from cipr.run_folder import prepare
+from cipr.core.config import ConfigError, from_dict, to_dict
+from cipr.core.run_folder import prepare
+from cipr.runtime.model import ModelConfig, resolve_source
 from cipr.train.algo import AlgoConfig, validate_algo
 from cipr.train.checkpoint import (
     drop_step_checkpoints,
     latest_complete,
+    load_trained,
     resolve_resume,
     stage_done,
 )
 from cipr.train.data import DataConfig, PromptSet, build_prompts, check_source, load_examples
 from cipr.train.metrics import LoggingConfig, MetricsCallback, MetricsWriter, peak_memory_gb
-from cipr.train.model import ModelConfig, load_model, resolve_source
 from cipr.train.rollout import RolloutConfig, check_backend, grpo_kwargs
 from cipr.train.schedule import (
     DistributedConfig,
@@ -177,7 +182,7 @@ def _run(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter, started: float)
     weights = None
     if "grpo" in pending and "warm_start" in stages and "warm_start" not in pending:
         weights = _stage_dir(cfg, run_dir, "warm_start") / "final"
-    model, tokenizer = load_model(cfg.model, weights=weights)
+    model, tokenizer = load_trained(cfg.model, weights)
     fmt = get_format(cfg.model.call_format)
     examples = load_examples(cfg.data)
     names = cfg.algo.names
@@ -203,7 +208,7 @@ def _run(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter, started: float)
             if shared and stage_done(final.parent):  # another run finished it while this one waited
                 del model
                 gc.collect()
-                model, tokenizer = load_model(cfg.model, weights=final)
+                model, tokenizer = load_trained(cfg.model, final)
             else:
                 results[stage] = _run_sft(cfg, stage, model, tokenizer, sft_prompts, fmt, run_dir, sft_writer)
         if shared:

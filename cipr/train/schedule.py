@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 import torch
 
-from cipr.config import ConfigError
+from cipr.core.config import ConfigError
 
 
 @dataclass

@@ -9,14 +9,14 @@ Finishing it: save `final/` and mark the stage done (main process), so a rerun s
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 from pathlib import Path
 from typing import Any
 
-from cipr.errors import Preempted
+from cipr.core.errors import Preempted
+from cipr.core.io import read_json
 from cipr.train.checkpoint import mark_stage_done, resolve_resume
 from cipr.train.metrics import MetricsWriter
 
@@ -35,7 +35,7 @@ def train_stage(trainer: Any, stage_dir: Path, resume: str, writer: MetricsWrite
     """Train `trainer` in `stage_dir`, resuming as `resume` says; the global step reached (Preempted if signalled)."""
     checkpoint = resolve_resume(resume, stage_dir)
     if checkpoint is not None:
-        step = json.loads((Path(checkpoint) / "trainer_state.json").read_text())["global_step"]
+        step = read_json(Path(checkpoint) / "trainer_state.json")["global_step"]
         log.info("resuming %s from %s (step %d)", stage, checkpoint, step)
     else:
         step = 0

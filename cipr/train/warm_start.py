@@ -29,7 +29,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from cipr.errors import ConfigError
+from cipr.core.errors import ConfigError
+from cipr.core.io import read_json
 from cipr.train.data import PromptSet, build_prompts
 
 log = logging.getLogger("cipr.train")
@@ -76,7 +77,7 @@ def validate_shared(cfg: Any) -> None:
                           "namings")
     path = Path(ws.shared_dir).expanduser() / IDENTITY
     if path.is_file():
-        old = _flat(json.loads(path.read_text()))
+        old = _flat(read_json(path))
         new = _flat(json.loads(json.dumps(identity(cfg), default=str)))
         differing = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
         if differing:

@@ -1,4 +1,4 @@
-"""Index tensors that feed the consistency losses (`cipr.consistency`) from a micro-batch's rollouts: pure.
+"""Index tensors that feed the consistency losses (`cipr.method.consistency`) from a micro-batch's rollouts: pure.
 
 A micro-batch holds B responses (rows b = 0..B-1); each belongs to a pair (`pair_ids[b]`), is on the
 canonical or the perturbed side of it (`sides[b]`), and has decisions or not (`has_decisions[b]`).

@@ -9,7 +9,7 @@ continue it when the same command is rerun. The same four rules hold for all of 
   config.yaml), and a rerun whose configuration differs in what decides the results is refused
   once the folder holds progress, rather than mixed into it (`check_config`, `changed_keys`);
 - an append-only record file loses only its last line to a kill: the torn tail is cut (or ignored
-  when reading only) before anything is appended (`complete_lines`);
+  when reading only) before anything is appended (`cipr.core.io.complete_lines`, `read_jsonl`);
 - a resumed stage drops the metric lines written after the checkpoint it resumes from, so the
   metrics read as one run (`truncate_metrics`).
 """
@@ -17,16 +17,13 @@ continue it when the same command is rerun. The same four rules hold for all of 
 from __future__ import annotations
 
 import json
-import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cipr.errors import ConfigError
-from cipr.io import write_text_atomic
-
-log = logging.getLogger(__name__)
+from cipr.core.errors import ConfigError
+from cipr.core.io import read_json, read_text, write_text_atomic
 
 CONFIG_JSON = "config.json"
 CONFIG_YAML = "config.yaml"
@@ -62,7 +59,7 @@ def check_config(run_dir: Path, config: Mapping[str, Any], sections: Sequence[st
     previous = run_dir / CONFIG_JSON
     if not previous.is_file():
         return
-    differing = list(changed_keys(json.loads(previous.read_text()), config, sections))
+    differing = list(changed_keys(read_json(previous), config, sections))
     if differing and started():
         raise ConfigError(f"{run_dir} holds a run started with a different config ({', '.join(differing[:8])}); "
                           f"resuming it would mix two runs. Choose another {option} or delete that folder.")
@@ -89,22 +86,6 @@ def prepare(run_dir: Path, config: Mapping[str, Any], sections: Sequence[str], s
     return main
 
 
-def complete_lines(path: Path, *, cut: bool) -> bytes:
-    """The bytes of `path` up to its last newline: a line torn by a kill is cut from the file (`cut`)
-    or only left out of what is returned (b"" when there is no file)."""
-    if not path.exists():
-        return b""
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        end = data.rfind(b"\n") + 1
-        if cut:
-            log.warning("%s: cutting a torn last line (%d bytes) left by an interrupted run", path, len(data) - end)
-            with path.open("r+b") as f:
-                f.truncate(end)
-        data = data[:end]
-    return data
-
-
 def truncate_metrics(paths: Sequence[Path], stage: str, step: int, stages: Sequence[str]) -> int:
     """Drop, from each JSON-lines file in `paths`, the lines of `stage` after `step`, its end line (it
     is being resumed), every line of a stage after it in `stages`, and a torn line; how many."""
@@ -114,7 +95,7 @@ def truncate_metrics(paths: Sequence[Path], stage: str, step: int, stages: Seque
         if not path.is_file():
             continue
         kept = []
-        for line in path.read_text().splitlines():
+        for line in read_text(path).splitlines():
             try:
                 rec = json.loads(line)
             except ValueError:

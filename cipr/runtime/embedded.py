@@ -58,7 +58,7 @@ def load_embedded(dtype: Any = None, attn_implementation: str = "sdpa") -> tuple
     """(model, tokenizer) of the embedded SmolLM2-135M-Instruct, model in eval mode.
 
     `dtype` defaults to float32 (the GGUF is dequantized); `attn_implementation` is "sdpa" or
-    "eager" (both accept the tree-shaped 4D masks of `cipr.actions`).
+    "eager" (both accept the tree-shaped 4D masks of `cipr.method.actions`).
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -91,7 +91,7 @@ def embedded_hf_dir(cache_dir: str | Path | None = None) -> Path:
     target = target / "embedded" / f"{Path(name).stem}-{gguf.stat().st_size}"
     if (target / HF_DIR_MARKER).is_file():
         return target
-    from cipr.io import make_temp_dir
+    from cipr.core.io import make_temp_dir
 
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = make_temp_dir(target.parent, f".{target.name}.tmp-")
@@ -116,13 +116,13 @@ def _write_hf_folder(out: Path) -> None:
     the quantizer dropped, so the de-quantized state dict goes into a fresh model built from the
     config without `quantization_config`. The tokenizer ends turns with `<|im_end|>` (the GGUF names
     `<|im_start|>` as eos) and pads with `<|endoftext|>`, as training prepares it
-    (`cipr.train.model.prepare_tokenizer`), and the generation config stops at that eos, so vLLM,
+    (`cipr.runtime.model.prepare_tokenizer`), and the generation config stops at that eos, so vLLM,
     its OpenAI server and `generate()` all stop where the chat template ends a turn.
     """
     import torch
     from transformers import AutoModelForCausalLM
 
-    from cipr.export import align_generation_config
+    from cipr.runtime.export import align_generation_config
 
     gguf_model, tokenizer = load_embedded(dtype=torch.float32)
     config = gguf_model.config

@@ -12,7 +12,7 @@ Choices:
   prefix), "random" (`fn_` + 6 random letters and digits). Seeded; every tool's new name differs
   from its old one, and no new name occurs in the texts except as a renamed tool.
 - Only tool names are rewritten; argument ids stay (the consistency KL concerns actions only).
-  Replacement is whole-word on every occurrence (`cipr.canonical.rewrite_text` mode "all"), so a
+  Replacement is whole-word on every occurrence (`cipr.tools.canonical.rewrite_text` mode "all"), so a
   plain-word name such as WebShop's `search` is renamed in the prompt's prose as well.
 - Tools keep their order, and class i is the i-th tool on both sides (`classes`).
 """
@@ -26,8 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from cipr.canonical import rewrite_text
 from cipr.formats.base import CallFormat, Decision
+from cipr.tools.canonical import rewrite_text
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Safe outputs: atomic writes, and the checks that keep a command off its own inputs.
+"""Safe outputs (atomic writes, and the checks that keep a command off its own inputs), and the one
+way every text input is read.
 
 Every output file is written under a temporary name in its own folder and renamed over the target
 (`atomic_write`), so a reader sees the old file or the complete new one, never a torn one; a failed
@@ -7,19 +8,28 @@ write leaves nothing behind. New files and folders get the permissions the user'
 `check_output_file` refuses a folder, an existing file (unless `overwrite`), and any of the
 command's inputs; `check_output_dir` refuses a source or a folder holding one, and with `overwrite`
 replaces only a folder that carries this project's marker file (what the command itself wrote).
+
+Every JSON, JSON-lines or text file the package reads goes through `read_text` (or `decode_text` for
+bytes already read), `read_json`/`parse_json` and `read_jsonl`/`iter_jsonl`: text is decoded as strict
+UTF-8, and bytes that are not UTF-8 or text that is not JSON become one DataError naming the file and
+the byte offset, or the line and column. `read_jsonl` also says what becomes of a last line torn by a
+killed writer (`complete_lines`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
-from cipr.errors import UnsafeOutputError
+from cipr.core.errors import DataError, MissingInputError, UnsafeOutputError
+
+log = logging.getLogger(__name__)
 
 
 def _umask() -> int:
@@ -159,28 +169,82 @@ def override_value(argv: Iterable[str], key: str) -> str | None:
     return value
 
 
-def read_json(path: str | Path) -> Any:
-    """The JSON value in `path`; DataError naming the file when it is not valid JSON."""
-    from cipr.errors import DataError
+# ---------------------------------------------------------------- reading inputs
 
+
+def decode_text(data: bytes, file: str | Path) -> str:
+    """`data`, the bytes of `file`, as strict UTF-8 text; DataError naming the file and the byte offset."""
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise DataError(f"not valid JSON ({e})", file=str(path)) from None
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"not a UTF-8 text file ({e.reason} at byte offset {e.start})", file=str(file)) from e
+
+
+def read_text(path: str | Path) -> str:
+    """The text of `path`, decoded as strict UTF-8 (`decode_text`); a missing file raises FileNotFoundError."""
+    return decode_text(Path(path).read_bytes(), path)
+
+
+def parse_json(text: str, file: str | Path, *, line: int = 1) -> Any:
+    """The JSON value in `text`, read from `file` starting on its line `line` (a JSON-lines row);
+    DataError naming the file, the line and the column where it is not valid JSON."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(f"not valid JSON ({e.msg}: line {line + e.lineno - 1} column {e.colno})",
+                        file=str(file)) from e
+    except RecursionError as e:
+        raise DataError(f"nests too deeply to read (from line {line})", file=str(file)) from e
+
+
+def read_json(path: str | Path) -> Any:
+    """The JSON value in `path` (`read_text`, `parse_json`)."""
+    return parse_json(read_text(path), path)
+
+
+def iter_jsonl(text: str, file: str | Path) -> Iterator[tuple[int, Any]]:
+    """(line number, value) of each non-blank line of `text`, a JSON-lines file (`parse_json` per line)."""
+    for number, line in enumerate(text.split("\n"), 1):
+        if line.strip():
+            yield number, parse_json(line, file, line=number)
+
+
+def complete_lines(path: str | Path, *, cut: bool) -> bytes:
+    """The bytes of `path` up to its last newline: a line torn by a kill is cut from the file (`cut`)
+    or only left out of what is returned (b"" when there is no file)."""
+    path = Path(path)
+    if not path.exists():
+        return b""
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        end = data.rfind(b"\n") + 1
+        if cut:
+            log.warning("%s: cutting a torn last line (%d bytes) left by an interrupted run", path, len(data) - end)
+            with path.open("r+b") as f:
+                f.truncate(end)
+        data = data[:end]
+    return data
+
+
+def read_jsonl(path: str | Path, *, torn: Literal["error", "skip", "cut"] = "error") -> list[Any]:
+    """The values of the non-blank lines of `path`, a JSON-lines file (`iter_jsonl`).
+
+    `torn` says what becomes of a last line without a newline, as a writer killed mid-line leaves:
+    "error" reads it like any other line, "skip" leaves it out, "cut" also cuts it off the file (a file
+    this run appends to). With "skip" or "cut" a missing file reads as empty; with "error" it raises
+    FileNotFoundError.
+    """
+    data = Path(path).read_bytes() if torn == "error" else complete_lines(path, cut=torn == "cut")
+    return [value for _, value in iter_jsonl(decode_text(data, path), path)]
 
 
 def read_json_list(path: str | Path, what: str, expected: str = "a JSON list of items") -> list[Any]:
     """The JSON list in `path`, a benchmark file: MissingInputError naming `what` when there is no such
     file, DataError naming the file when it is not JSON or not a list (`expected` says what it should be)."""
-    from cipr.errors import DataError, MissingInputError
-
     path = Path(path)
     if not path.is_file():
         raise MissingInputError(f"{what} not found at {path}")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise DataError(f"malformed JSON: {e}", file=str(path)) from e
+    data = read_json(path)
     if not isinstance(data, list):
         raise DataError(f"expected {expected}", file=str(path))
     return data

@@ -26,7 +26,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from cipr.errors import DataError
+from cipr.core.errors import DataError
 
 LANGUAGES = ("python", "java", "javascript")
 

@@ -1,10 +1,10 @@
 """Reference action distributions computed from the definition, with none of the one-pass reader's code.
 
-For tests and benchmarks of `cipr.actions.read_actions`: it shares with the reader the query type and
+For tests and benchmarks of `cipr.method.actions.read_actions`: it shares with the reader the query type and
 the list of continuations (part of the definition) and nothing else. Its own boundaries come from the
 character offsets of full-text tokenizations, its own vocabulary texts from decoding each token on
 its own, and it runs one plain forward per decision and declared name (one more for o in the
-empty-set fallback). The definition (paper Appendix A; see the `cipr.actions` module docstring):
+empty-set fallback). The definition (paper Appendix A; see the `cipr.method.actions` module docstring):
 
     π(a) = π(o) · π(n_a | o) / Σ_b π(n_b | o),    π(∅) = 1 − π(o),
     π(n | o) ∝ P(prefix(n) | x, y<t, o) · Σ_{v: text(v) starts with r(n)} P(v | x, y<t, o, prefix(n)),
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from cipr.actions import CONTINUATIONS, ActionQuery
+from cipr.method.actions import CONTINUATIONS, ActionQuery
 
 _TEXTS: weakref.WeakKeyDictionary[Any, list[str | None]] = weakref.WeakKeyDictionary()
 _STARTING: weakref.WeakKeyDictionary[Any, dict[str, list[int]]] = weakref.WeakKeyDictionary()

@@ -1,7 +1,7 @@
 """The tool-interface model: Tool, Interface, Call, Message, Example.
 
 Parameters are standard JSON Schema objects (BFCL's dialects are normalized at load time by
-`cipr.schema`). Objects are frozen dataclasses; collections are tuples so an Example can be shared
+`cipr.tools.schema`). Objects are frozen dataclasses; collections are tuples so an Example can be shared
 between threads and perturbations without copies. Argument dicts are plain dicts by convenience:
 treat them as read-only (helpers here always build new ones).
 
@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cipr.errors import DataError
+from cipr.core.errors import DataError
 
 
 @dataclass(frozen=True)

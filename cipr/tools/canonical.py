@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from cipr.interface import Call, Example, Interface, Message, Tool
+from cipr.tools.interface import Call, Example, Interface, Message, Tool
 
 RewriteText = Literal["identifiers", "all", "none"]
 

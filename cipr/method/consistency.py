@@ -1,6 +1,6 @@
 """CIPR's two consistency losses over action distributions (paper §3.3): pure functions over tensors.
 
-Inputs are action distributions as `cipr.actions.read_actions` returns them: rows over one shared
+Inputs are action distributions as `cipr.method.actions.read_actions` returns them: rows over one shared
 index set of equivalence classes plus ∅ (A columns in all), each row summing to 1; a class one side
 does not declare holds 0 there.
 

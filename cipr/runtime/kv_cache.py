@@ -92,16 +92,6 @@ def growing_cache(config: Any) -> DynamicCache:
     return cache
 
 
-def generation_cache(model: Any) -> DynamicCache | None:
-    """A `growing_cache` to pass to `model.generate(past_key_values=...)`, or None (generate's own cache) for
-    a model that transformers would not give a `DynamicCache` (its own cache type) or without a config."""
-    supports = getattr(model, "_supports_default_dynamic_cache", None)
-    config = getattr(model, "config", None)
-    if supports is None or not supports() or config is None:
-        return None
-    return growing_cache(config)
-
-
 class _RowLayer(DynamicLayer):
     """A prefill-only layer: row `row` of the batch's buffers for layer `layer`, holding `prefix` (the keys
     and values of the prompt's first tokens, computed before) if given; its one update writes the rest."""

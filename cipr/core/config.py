@@ -1,7 +1,7 @@
 """The one config loader: a composed (Hydra) config, as plain nested dicts, into dataclasses.
 
 Every option group is a dataclass owned by the module that uses it (`ModelConfig` in
-`cipr/train/model.py`, `BenchmarkConfig` in `cipr/eval/config.py`, ...); a command's top-level config
+`cipr/runtime/model.py`, `BenchmarkConfig` in `cipr/eval/config.py`, ...); a command's top-level config
 (`TrainConfig`, `DistillRunConfig`, `EvalConfig`) only composes them. `from_dict` builds any of
 these dataclasses and rejects, before any work starts, a key the dataclass does not declare (with
 the closest valid key as a suggestion), a value of the wrong type, and a value outside a `Literal`.
@@ -19,11 +19,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
-from cipr.errors import ConfigError
+from cipr.core.errors import ConfigError
 
 __all__ = ["CONFIG_ROOT", "EVAL_CONFIG_DIR", "TRAIN_CONFIG_DIR", "ConfigError", "from_dict", "from_overrides", "to_dict"]
 
-CONFIG_ROOT = Path(__file__).resolve().parents[1] / "configs"
+CONFIG_ROOT = Path(__file__).resolve().parents[2] / "configs"
 """The config tree: one folder per Hydra command (train/, eval/) and accelerate/ (launcher configs)."""
 TRAIN_CONFIG_DIR = CONFIG_ROOT / "train"
 EVAL_CONFIG_DIR = CONFIG_ROOT / "eval"

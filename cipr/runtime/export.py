@@ -20,6 +20,10 @@ Choices the spec leaves open, and why:
 - LoRA is merged with PEFT's `merge_and_unload` onto the base the run was trained from (loaded
   with the run's model config, so a GGUF base works too); a bare adapter folder uses its own
   `base_model_name_or_path`. The merged weights are saved in the base's dtype unless `dtype` says.
+- A run with frozen layers (`model.freeze_bottom_layers`) saves only its trainable tensors
+  (`cipr_frozen.json` names the others; `cipr.core.checkpoints`): the full model is rebuilt the
+  same way, the run's base (loaded with its model config, in the saved tensors' dtype) with those
+  tensors over it. Such a folder outside its run is refused: nothing would name the base.
 - `generation_config.json` stops at the tokenizer's end-of-turn token (eos) and names its pad
   token, so `generate()` and vLLM both stop where training stopped; sampling defaults are left to
   the caller (cipr-eval decodes greedily).
@@ -27,7 +31,7 @@ Choices the spec leaves open, and why:
   killed (or preempted) export never leaves a half-written folder that looks complete; re-exporting
   the same checkpoint into the same folder is a no-op, so a requeued export job just finishes.
 - `out_dir` is never the source, nor a folder holding it (with `overwrite` or not), and `overwrite`
-  replaces only a folder holding `cipr_manifest.json`, i.e. an earlier export (`cipr.io`).
+  replaces only a folder holding `cipr_manifest.json`, i.e. an earlier export (`cipr.core.io`).
 - Tool naming at evaluation (`eval_names_for`): a model trained under canonical names is evaluated
   through the canonicalization adapter, one trained under original names with original names, and
   a function-masking model (random names in training) with the original names, since masking
@@ -36,7 +40,6 @@ Choices the spec leaves open, and why:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -45,8 +48,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from cipr.errors import ConfigError, DataError
-from cipr.io import check_not_source, check_output_dir, make_temp_dir, write_json_atomic, write_text_atomic
+from cipr.core.errors import ConfigError, DataError
+from cipr.core.io import (
+    check_not_source,
+    check_output_dir,
+    make_temp_dir,
+    read_json,
+    write_json_atomic,
+    write_text_atomic,
+)
 
 log = logging.getLogger(__name__)
 
@@ -185,16 +195,20 @@ class ExportSource:
     def is_adapter(self) -> bool:
         return (self.checkpoint / "adapter_config.json").is_file()
 
+    @property
+    def frozen_omitted(self) -> bool:
+        """Whether the folder holds the trainable tensors only (`cipr.core.checkpoints.FROZEN`)."""
+        from cipr.core.checkpoints import frozen_omitted
+
+        return bool(frozen_omitted(self.checkpoint))
+
 
 def _is_weights_folder(path: Path) -> bool:
     return any((path / f).is_file() for f in WEIGHT_FILES)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise DataError(f"not valid JSON ({e})", file=str(path)) from e
+    data = read_json(path)
     if not isinstance(data, dict):
         raise DataError("expected a JSON object", file=str(path))
     return data
@@ -231,7 +245,7 @@ def locate(path: str | Path, stage: str | None = None) -> ExportSource:
         stage_dir = path / stage
         done = stage_dir / "stage.json"
         if not done.is_file():
-            from cipr.train.checkpoint import latest_complete
+            from cipr.core.checkpoints import latest_complete
 
             latest = latest_complete(stage_dir) if stage_dir.is_dir() else None
             hint = f"; its latest complete checkpoint is {latest}, which you may export explicitly" if latest else ""
@@ -302,19 +316,19 @@ def _load(source: ExportSource, dtype: str) -> tuple[Any, Any]:
     torch_dtype: Any = "auto" if dtype == "auto" else getattr(torch, dtype)
     model_cfg = None
     if source.train_config is not None:
-        from cipr.config import from_dict
-        from cipr.train.model import ModelConfig
+        from cipr.core.config import from_dict
+        from cipr.runtime.model import ModelConfig
 
         model_cfg = from_dict(ModelConfig, source.train_config["model"], "model")
     if source.is_adapter:
         if model_cfg is not None:
-            from cipr.train.model import load_model
+            from cipr.runtime.model import load_model
 
             model, _ = load_model(model_cfg, weights=source.checkpoint)
         else:
             from peft import AutoPeftModelForCausalLM
 
-            from cipr.hub import resolve_model
+            from cipr.runtime.hub import resolve_model
 
             adapter = source.checkpoint / "adapter_config.json"
             resolve_model(str(_read_json(adapter).get("base_model_name_or_path")),
@@ -323,12 +337,16 @@ def _load(source: ExportSource, dtype: str) -> tuple[Any, Any]:
         model = model.merge_and_unload()
         if dtype != "auto":
             model = model.to(torch_dtype)
+    elif source.frozen_omitted:
+        model = _rebuild(source, model_cfg)
+        if dtype != "auto":
+            model = model.to(torch_dtype)
     else:
         model = AutoModelForCausalLM.from_pretrained(str(source.checkpoint), dtype=torch_dtype)
     if (source.checkpoint / "tokenizer_config.json").is_file():
         tokenizer = AutoTokenizer.from_pretrained(str(source.checkpoint))
     elif model_cfg is not None:
-        from cipr.train.model import load_tokenizer
+        from cipr.runtime.model import load_tokenizer
 
         tokenizer = load_tokenizer(model_cfg)
     else:
@@ -343,6 +361,40 @@ def _load(source: ExportSource, dtype: str) -> tuple[Any, Any]:
     align_generation_config(model, tokenizer)
     model.eval()
     return model, tokenizer
+
+
+def _rebuild(source: ExportSource, model_cfg: Any) -> Any:
+    """The full model of a folder holding the trainable tensors only: the run's base, those tensors over it.
+
+    The base is loaded in the dtype the tensors were saved in, so the frozen ones are what training used.
+    """
+    import dataclasses
+
+    from safetensors import safe_open
+
+    from cipr.core.checkpoints import FROZEN, WEIGHTS, apply_trainable, read_trainable
+    from cipr.runtime.model import load_model
+
+    if model_cfg is None:
+        raise DataError(f"this folder holds the trainable tensors only ({FROZEN} names the frozen ones, left to the "
+                        f"base model) and is not part of a cipr-train run, so nothing names that base: export it "
+                        f"from inside its run folder", file=str(source.checkpoint))
+    first = source.checkpoint / WEIGHTS
+    if first.is_file():
+        with safe_open(str(first), framework="pt") as f:
+            keys = list(f.keys())
+            saved = f.get_slice(keys[0]).get_dtype() if keys else "F32"
+    else:
+        saved = {"torch.float32": "F32", "torch.bfloat16": "BF16", "torch.float16": "F16"}.get(
+            str(next(iter(read_trainable(source.checkpoint).values())).dtype), "F32")
+    name = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}.get(saved)
+    if name is None:
+        raise DataError(f"trainable tensors in {saved}, which a base model cannot be loaded in", file=str(first))
+    log.info("rebuilding the full model: base %s (%s) with the trainable tensors of %s",
+             model_cfg.name_or_path or f"{model_cfg.gguf_package}/{model_cfg.gguf_file}", name, source.checkpoint)
+    model, _ = load_model(dataclasses.replace(model_cfg, dtype=name, freeze_bottom_layers=0))
+    apply_trainable(model, source.checkpoint)
+    return model
 
 
 def align_generation_config(model: Any, tokenizer: Any) -> None:
@@ -392,7 +444,7 @@ def model_card(manifest: Manifest, train_config: dict[str, Any] | None, run_summ
         front.append(f"base_model: {base}")
     front.append("---")
     names_line = {"canonical": "canonical tool names (`function_01`, `arg_01`, ...): call it through the "
-                               "canonicalization adapter (`cipr.canonical`), as cipr-eval does by default",
+                               "canonicalization adapter (`cipr.tools.canonical`), as cipr-eval does by default",
                   "original": "the tools' original names",
                   "masked": "random-string tool names (function masking); evaluated with original names"}
     lines = [*front, "", f"# {out_name}", "",
