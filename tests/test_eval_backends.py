@@ -3,7 +3,6 @@ backoff against a local server and records what it cannot get; vLLM stays unimpo
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
+from support.tiny_models import attention_as as attention
 
 from cipr.eval.backends import (
     GenRequest,
@@ -49,17 +49,6 @@ def sharp_model(tiny_tokenizer):
 
 REQS = [GenRequest(ex(q)) for q in ["Rome?", "What is the weather like in Paris tomorrow morning, please?",
                                      "Oslo", "Tell me about Lima and its weather today"]]
-
-
-@contextlib.contextmanager
-def attention(model, name: str):
-    """The model's attention set to `name` for the block, then restored."""
-    before = model.config._attn_implementation
-    model.set_attn_implementation(name)
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(before)
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])

@@ -6,6 +6,7 @@ import contextlib
 
 import pytest
 import torch
+from support.tiny_models import attention_as as attention
 from transformers import GenerationConfig
 
 from cipr.train.grpo import consecutive_runs, shared_prefill_generate
@@ -13,16 +14,6 @@ from cipr.train.grpo import consecutive_runs, shared_prefill_generate
 
 def test_runs_of_identical_prompts():
     assert consecutive_runs([[1, 2], [1, 2], [3], [3], [3], [1, 2]]) == [([1, 2], 2), ([3], 3), ([1, 2], 1)]
-
-
-@contextlib.contextmanager
-def attention(model, name: str):
-    before = model.config._attn_implementation
-    model.set_attn_implementation(name)
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(before)
 
 
 @pytest.mark.parametrize("attn", [None, "eager"])

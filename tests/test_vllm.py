@@ -449,22 +449,30 @@ if __name__ == "__main__":
 
 
 def test_tau2_agent_served_by_vllm_through_cipr_serve(export_dir, server, tmp_path, shared_data):
-    """τ²-bench airline task 0, both arms, the agent and user simulator served by the vLLM server on the
-    exported checkpoint with cipr-serve's adapter in front: the path a GPU user takes (`cipr-tau2
-    serve=...` or `backend=URL`). The export's tool calls are read by CIPR's call format, not a vLLM tool
-    parser (SmolLM2 has no `<tool_call>` token), so cipr-serve calls the server's text completions
-    (`tokenizer=`). Two turns, 32 new tokens a turn."""
+    """τ²-bench airline task 0, both arms, the agent served by the vLLM server on the exported checkpoint with
+    cipr-serve's adapter in front: the path a GPU user takes (`cipr-tau2 backend=URL`). The export's tool
+    calls are read by CIPR's call format, not a vLLM tool parser (SmolLM2 has no `<tool_call>` token), so
+    cipr-serve calls the server's text completions (`tokenizer=`). The user simulator is the embedded model
+    behind a second, in-process cipr-serve: the export, trained a few steps at a high learning rate by the
+    colocate run, can end its turn at once, and τ² refuses an empty user message. Two turns, 32 new tokens."""
     from test_tau2 import VENV, Recording, check_end_to_end, guidelines_dir
 
+    from cipr.serve import ChatService, ServeConfig, start, stop
     from cipr.serve.command import ServeCommand, build_backend
     from cipr.tau2.run import Tau2Config, run_tau2
 
     if not (VENV / "bin" / "python").exists():
         pytest.fail(f"no τ² environment at {VENV}: run scripts/setup_tau2.sh (CI does)")
     cmd = ServeCommand(backend=f"{server}/v1", tokenizer=str(export_dir), max_new_tokens=32)
-    backend = Recording(build_backend(cmd))
-    cfg = Tau2Config(out_dir=str(tmp_path), backend=cmd.backend, tokenizer=cmd.tokenizer, tasks=["airline/0"],
-                     max_steps=2, max_new_tokens=32, judge="none", venv=str(VENV),
-                     user_guidelines=guidelines_dir(shared_data))
-    run_tau2(cfg, backend=backend)
-    check_end_to_end(tmp_path, backend, ["airline/0"], {"airline": "book_reservation"})
+    agent = Recording(build_backend(cmd))
+    user = build_backend(ServeCommand(backend="embedded", max_new_tokens=32, threads=2))
+    user_server, thread = start(ChatService(user, ServeConfig()))
+    try:
+        cfg = Tau2Config(out_dir=str(tmp_path), backend=cmd.backend, tokenizer=cmd.tokenizer, tasks=["airline/0"],
+                         max_steps=2, max_new_tokens=32, judge="none", venv=str(VENV),
+                         user_url=f"{user_server.url}/original/v1", user_model="embedded",
+                         user_guidelines=guidelines_dir(shared_data))
+        run_tau2(cfg, backend=agent)
+    finally:
+        stop(user_server, thread)
+    check_end_to_end(tmp_path, agent, ["airline/0"], {"airline": "book_reservation"})

@@ -7,7 +7,8 @@ small corpus of tool-calling text, carries Qwen's special tokens and TRL's Qwen2
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -81,3 +82,14 @@ def save_tiny(path: str | Path, seed: int = 0) -> Path:
     tiny_model(tok, seed=seed).save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+@contextlib.contextmanager
+def attention_as(model, name: str) -> Iterator[None]:
+    """The block runs with the model's attention implementation set to `name`, then the old one is restored."""
+    before = model.config._attn_implementation
+    model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(before)
