@@ -29,6 +29,20 @@ def _logits(model, tokenizer) -> torch.Tensor:
         return model(input_ids=ids).logits[0]
 
 
+def sft_config(root, tiny, **model) -> dict:
+    """A one-stage SFT run on the tiny model: two optimizer steps, saved every step; `model` adds model options."""
+    return {
+        "model": {"name_or_path": str(tiny), "gguf_package": None, "gguf_file": None, "short_name": "tiny",
+                  "dtype": "float32", "call_format": "hermes", **model},
+        "data": {"source": "synthetic", "n": 8, "seed": 0, "eval_examples": 0},
+        "algo": {"name": "sft", "names": "canonical", "perturbed": False, "rescore_weight": 0.0,
+                 "rollout_weight": 0.0},
+        "trainer": {"run_dir": str(root / "run"), "max_steps": 2, "save_steps": 1, "save_total_limit": None,
+                    "per_device_train_batch_size": 2, "learning_rate": 5e-2, "torch_threads": 1},
+        "logging": {"progress_bar": False},
+    }
+
+
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory):
     """A finished one-stage SFT run with LoRA on the tiny model (two optimizer steps, saved every step)."""
@@ -38,17 +52,7 @@ def lora_run(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("export")
     tiny = save_tiny(root / "tiny")
-    cfg = config_from_dict({
-        "model": {"name_or_path": str(tiny), "gguf_package": None, "gguf_file": None, "short_name": "tiny",
-                  "dtype": "float32", "call_format": "hermes", "lora": {"enabled": True, "r": 4, "alpha": 8,
-                                                                      "dropout": 0.0}},
-        "data": {"source": "synthetic", "n": 8, "seed": 0, "eval_examples": 0},
-        "algo": {"name": "sft", "names": "canonical", "perturbed": False, "rescore_weight": 0.0,
-                 "rollout_weight": 0.0},
-        "trainer": {"run_dir": str(root / "run"), "max_steps": 2, "save_steps": 1, "save_total_limit": None,
-                    "per_device_train_batch_size": 2, "learning_rate": 5e-2, "torch_threads": 1},
-        "logging": {"progress_bar": False},
-    })
+    cfg = config_from_dict(sft_config(root, tiny, lora={"enabled": True, "r": 4, "alpha": 8, "dropout": 0.0}))
     run(cfg)
     return root / "run", cfg
 
@@ -95,16 +99,7 @@ def frozen_run(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("frozen")
     tiny = save_tiny(root / "tiny")
-    cfg = train_run.config_from_dict({
-        "model": {"name_or_path": str(tiny), "gguf_package": None, "gguf_file": None, "short_name": "tiny",
-                  "dtype": "float32", "call_format": "hermes", "freeze_bottom_layers": 1},
-        "data": {"source": "synthetic", "n": 8, "seed": 0, "eval_examples": 0},
-        "algo": {"name": "sft", "names": "canonical", "perturbed": False, "rescore_weight": 0.0,
-                 "rollout_weight": 0.0},
-        "trainer": {"run_dir": str(root / "run"), "max_steps": 2, "save_steps": 1, "save_total_limit": None,
-                    "per_device_train_batch_size": 2, "learning_rate": 5e-2, "torch_threads": 1},
-        "logging": {"progress_bar": False},
-    })
+    cfg = train_run.config_from_dict(sft_config(root, tiny, freeze_bottom_layers=1))
     trained: dict[str, torch.Tensor] = {}
     finish = train_run._finish_stage
 

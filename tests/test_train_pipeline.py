@@ -177,11 +177,9 @@ class Kill(Exception):
     pass
 
 
-def test_resume_after_kill_reproduces_the_uninterrupted_run(warm_dir, tmp_path, replayed, monkeypatch):
-    full = run(make_config(warm_dir, tmp_path / "full", "cipr", max_steps=3, warm_start={"steps": 1},
-                           gradient_accumulation_steps=2))
-    reference = {r["step"]: comparable(r) for r in steps(full, "grpo")}
-
+def run_killed_after_step_1(cfg, monkeypatch) -> None:
+    """Run `cfg` until the GRPO stage has saved its step-1 checkpoint, then kill it there (an exception out of
+    the save, as a SIGKILL right after it would leave the folder); the save is restored afterwards."""
     from cipr.train import checkpoint
 
     original = checkpoint.CheckpointMixin._save_checkpoint
@@ -191,13 +189,21 @@ def test_resume_after_kill_reproduces_the_uninterrupted_run(warm_dir, tmp_path, 
         if isinstance(self, CIPRGRPOTrainer) and self.state.global_step == 1:
             raise Kill("killed after step 1")
 
-    monkeypatch.setattr(checkpoint.CheckpointMixin, "_save_checkpoint", save_then_die)
+    with monkeypatch.context() as patch:
+        patch.setattr(checkpoint.CheckpointMixin, "_save_checkpoint", save_then_die)
+        with pytest.raises(Kill):
+            run(cfg)
+
+
+def test_resume_after_kill_reproduces_the_uninterrupted_run(warm_dir, tmp_path, replayed, monkeypatch):
+    full = run(make_config(warm_dir, tmp_path / "full", "cipr", max_steps=3, warm_start={"steps": 1},
+                           gradient_accumulation_steps=2))
+    reference = {r["step"]: comparable(r) for r in steps(full, "grpo")}
+
     cut = tmp_path / "cut"
     cfg = make_config(warm_dir, cut, "cipr", max_steps=3, warm_start={"steps": 1}, gradient_accumulation_steps=2)
-    with pytest.raises(Kill):
-        run(cfg)
+    run_killed_after_step_1(cfg, monkeypatch)
     assert latest_complete(cut / "grpo").name == "checkpoint-1"
-    monkeypatch.setattr(checkpoint.CheckpointMixin, "_save_checkpoint", original)
     run(cfg)
     resumed = {r["step"]: comparable(r) for r in steps(cut, "grpo")}
     assert sorted(resumed) == [1, 2, 3]
@@ -230,24 +236,14 @@ def test_frozen_layers_are_left_out_of_checkpoints_and_resume_from_them_is_exact
     frozen = {n for n, p in base.named_parameters(remove_duplicate=False) if not p.requires_grad}
     assert trainable and frozen and all(n.startswith("model.layers.1.") or n == "model.norm.weight" for n in trainable)
 
-    original = checkpoint.CheckpointMixin._save_checkpoint
-
-    def save_then_die(self, model, trial):
-        original(self, model, trial)
-        if isinstance(self, CIPRGRPOTrainer) and self.state.global_step == 1:
-            raise Kill("killed after step 1")
-
-    monkeypatch.setattr(checkpoint.CheckpointMixin, "_save_checkpoint", save_then_die)
     cut = tmp_path / "cut"
-    with pytest.raises(Kill):
-        run(config(cut))
+    run_killed_after_step_1(config(cut), monkeypatch)
     step = latest_complete(cut / "grpo")
     assert step.name == "checkpoint-1"
     for folder in (step, cut / "warm_start" / "final"):  # what a resume and the GRPO stage load
         assert set(load_file(folder / "model.safetensors")) == trainable, folder
         assert set(json.loads((folder / "cipr_frozen.json").read_text())["omitted"]) == frozen, folder
     assert (step / "optimizer.pt").is_file()
-    monkeypatch.setattr(checkpoint.CheckpointMixin, "_save_checkpoint", original)
     run(config(cut))
 
     assert [r["step"] for r in steps(cut, "grpo")] == [1, 2, 3]
