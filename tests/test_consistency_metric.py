@@ -189,3 +189,64 @@ def test_the_reader_runs_on_sdpa_and_the_model_returns_to_eager(tiny_tokenizer):
     model.set_attn_implementation("sdpa")
     with reader_attention(model):  # anything but eager is left as it is
         assert model.config._attn_implementation == "sdpa"
+
+
+def test_action_accuracy_of_each_side_by_hand():
+    # pair 0: decisions target class 0 then ∅ (column 3); pair 1: one decision targeting class 1
+    p_ref = torch.tensor([[0.5, 0.3, 0.0, 0.2], [0.1, 0.1, 0.0, 0.8], [0.6, 0.3, 0.0, 0.1]])
+    p_pert = torch.tensor([[0.2, 0.3, 0.3, 0.2], [0.1, 0.1, 0.1, 0.7], [0.1, 0.8, 0.0, 0.1]])
+    segments = torch.tensor([0, 0, 1])
+    added = torch.tensor([[False, False, True, False]] * 2 + [[False] * 4])
+    targets = torch.tensor([0, 3, 1])
+    _, m = pair_consistency(p_ref, p_pert, segments, added, 2, target_ref=targets, target_pert=targets)
+    assert m["action_acc_ref"].tolist() == pytest.approx([1.0, 0.0])  # 0 = 0, ∅ = ∅; 0 ≠ 1
+    assert m["action_acc_pert"].tolist() == pytest.approx([0.5, 1.0])  # 1 ≠ 0, ∅ = ∅; 1 = 1
+    unscored = torch.tensor([0, -1, -1])  # the end-of-turn ∅ and a whole pair left out
+    _, m = pair_consistency(p_ref, p_pert, segments, added, 2, target_ref=unscored, target_pert=unscored)
+    assert m["action_acc_ref"][0].item() == 1.0 and m["action_acc_pert"][0].item() == 0.0
+    assert math.isnan(m["action_acc_ref"][1].item())
+    with pytest.raises(ValueError, match="targets must be"):
+        pair_consistency(p_ref, p_pert, segments, added, 2, target_ref=targets[:2])
+
+
+def test_relabel_types_rename_after_the_adapter_and_pair_tool_by_tool(tmp_path, tiny_model, tiny_tokenizer):
+    from cipr.formats import get_format
+
+    cfg = _synthetic(tmp_path, limit=3, perturbations=["original", "relabel_function", "relabel_random"])
+    items, examples = _items(cfg)
+    by_id = {e.id: e for e in examples}
+    for it in (i for i in items if i.perturbation.startswith("relabel_")):
+        source = by_id[it.id]
+        names = it.shown.interface.names
+        assert len(set(names)) == len(names) == len(source.interface)
+        if it.perturbation == "relabel_function":
+            assert all(n.startswith("function_") for n in names)
+        else:
+            assert all(n.startswith("fn_") and len(n) == 9 for n in names)
+        assert it.name_map is None  # scored in the names the model sees: the adapter would undo a renaming
+        expected = [t.description for t in source.interface]
+        assert [t.description for t in it.shown.interface] == expected
+        pair = make_pair(source, it, cfg.seed)
+        assert pair.pert_classes == pair.ref_classes == tuple(range(len(names))) and pair.added == ()
+        for call, ref in zip(it.shown.reference, source.reference, strict=True):  # the same tool, renamed
+            assert names.index(call.name) == source.interface.names.index(ref.name)
+    canonical = [i for i in items if i.perturbation == "relabel_function" and i.names == "canonical"]
+    recs = measure(tiny_model, tiny_tokenizer, get_format("hermes"),
+                   [make_pair(by_id[i.id], i, cfg.seed) for i in canonical], ConsistencyConfig())
+    assert all(0 <= r["action_acc_ref"] <= 1 and 0 <= r["action_acc_pert"] <= 1 and r["kl"] >= -1e-9 for r in recs)
+
+
+def test_generate_false_reads_consistency_only(tmp_path, tiny_tokenizer):
+    from support.tiny_models import tiny_model
+
+    from cipr.core.errors import ConfigError
+    from cipr.eval.evaluate import evaluate
+
+    cfg = _synthetic(tmp_path / "c", limit=2, perturbations=["relabel_function", "typos"], generate=False)
+    summary = evaluate(cfg, model=tiny_model(tiny_tokenizer, layers=1), tokenizer=tiny_tokenizer)
+    assert not (tmp_path / "c" / "results.jsonl").exists() and (tmp_path / "c" / CONSISTENCY).is_file()
+    can = summary["consistency"]["names"]["canonical"]["types"]
+    assert set(can) == {"relabel_function", "typos"} and "action_acc_ref" in can["typos"]
+    assert "Held-out consistency" in (tmp_path / "c" / "report.md").read_text()
+    with pytest.raises(ConfigError, match="consistency.enabled=true"):
+        _synthetic(tmp_path / "d", generate=False, consistency=ConsistencyConfig())

@@ -34,8 +34,8 @@ WEATHER = Interface((_tool("get_weather", "city", required=("city",)), _tool("ma
 
 # ---------------------------------------------------------------- registry
 
-def test_registry_holds_the_four_formats_by_name():
-    assert sorted(FORMATS) == ["hermes", "react", "toolrl", "webshop"]
+def test_registry_holds_the_five_formats_by_name():
+    assert sorted(FORMATS) == ["compact", "hermes", "react", "toolrl", "webshop"]
     for name, cls in FORMATS.items():
         fmt = get_format(name)
         assert isinstance(fmt, cls) and fmt.name == name
@@ -43,7 +43,7 @@ def test_registry_holds_the_four_formats_by_name():
 
 
 def test_get_format_errors_name_the_valid_formats_and_options():
-    with pytest.raises(ValueError, match="valid names: hermes, react, toolrl, webshop"):
+    with pytest.raises(ValueError, match="valid names: compact, hermes, react, toolrl, webshop"):
         get_format("json")
     with pytest.raises(ValueError, match="does not take options \\['colour'\\]"):
         get_format("hermes", colour="red")
@@ -235,9 +235,10 @@ _VALUES = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3)
 _ARGS = st.dictionaries(st.text(_CHARS, min_size=1, max_size=8) | _PLAIN, _VALUES, max_size=4)
 
 NAMES = {"toolrl": _PLAIN | _CANONICAL | _SPACED | _ANY, "hermes": _PLAIN | _CANONICAL | _SPACED | _ANY,
-         "react": _PLAIN | _CANONICAL | _SPACED, "webshop": _PLAIN | _CANONICAL | _SPACED}
+         "compact": _PLAIN | _CANONICAL | _SPACED | _ANY, "react": _PLAIN | _CANONICAL | _SPACED, "webshop": _PLAIN | _CANONICAL | _SPACED}
 _MARKERS = ("Thought:", "Action:", "Action Input:", "Final Answer:", "Observation:")
-FORBIDDEN = {"toolrl": ("</think>", "</response>"), "hermes": ("<tool_call>", "</tool_call>", "<think>", "</think>")}
+FORBIDDEN = {"toolrl": ("</think>", "</response>"), "hermes": ("<tool_call>", "</tool_call>", "<think>", "</think>"),
+             "compact": ("<tool_call>", "</tool_call>", "<think>", "</think>")}
 
 
 def _free_text(name: str) -> st.SearchStrategy[str]:
@@ -464,3 +465,23 @@ def test_rotbench_prompts_and_answers_reproduce_the_released_data(shared_data):
                         assert f.parse(again).calls == (call,)
                     _check_decisions(f, answer, [call])
     assert (items, earlier, answers, non_ascii) == (1400, 1120, 1912, 8)
+
+
+def test_compact_lists_each_tool_in_a_few_words_and_calls_like_hermes(tiny_tokenizer, chatml_tokenizer):
+    tools = Interface((Tool("get_weather", "Get the weather for a city.", {
+        "type": "object", "properties": {"city": {"type": "string", "description": "City name."},
+                                         "days": {"type": "integer", "description": "Days ahead.", "minimum": 1},
+                                         "units": {"type": "string", "description": "Units.",
+                                                   "enum": ["metric", "imperial"]}},
+        "required": ["city"]}), _tool("noop")))
+    compact, hermes = get_format("compact"), get_format("hermes")
+    messages = [Message("user", "Weather in Paris?")]
+    for tok in (tiny_tokenizer, chatml_tokenizer):  # also where the template could render tools= itself
+        prompt = compact.render_prompt(tok, messages, tools)
+        assert ("- get_weather(city, days?, units?): Get the weather for a city.\n"
+                "  city: City name. days: Days ahead (integer). units: Units; one of metric, imperial.") in prompt
+        assert "\n- noop(): Does noop.\n" in prompt and '"minimum"' not in prompt
+        assert len(tok(prompt).input_ids) < len(tok(hermes.render_prompt(chatml_tokenizer, messages, tools)).input_ids)
+    target = compact.render_target([Call("get_weather", {"city": "Paris"})])
+    assert target == hermes.render_target([Call("get_weather", {"city": "Paris"})])
+    assert compact.decisions(target) == hermes.decisions(target) and compact.parse(target) == hermes.parse(target)

@@ -35,10 +35,12 @@ def test_registry_lists_every_type_with_its_group() -> None:
     assert groups["typos_distractors"] == ["typos", "distractor_similar_name", "same_name_description",
                                            "same_name_parameters"]
     assert len(groups["cost_latency_explicit"]) == 6 and len(groups["cost_latency_implicit"]) == 6
-    assert groups["in_distribution"] == ["in_distribution"]
+    assert groups["in_distribution"] == ["in_distribution", "relabel_function"]
+    assert groups["renaming"] == ["relabel_random"]
     assert {"drift_stale_examples", "drift_renamed_parameters", "drift_distractors", "drift_type_narrowing",
             "drift_enum_replacement", "drift_refactor", "drift_mild", "drift_medium"} == set(groups["drift"])
-    assert "in_distribution" not in HELD_OUT and len(HELD_OUT) == len(rows) - 1
+    assert "in_distribution" not in HELD_OUT and "relabel_function" not in HELD_OUT
+    assert len(HELD_OUT) == len(rows) - 2
 
 
 def test_apply_perturbation_rejects_bad_requests() -> None:

@@ -185,3 +185,23 @@ def test_the_test_split_never_repeats_a_training_item():
     assert not [e.id for e in test if key(e) in trained]
     assert generate_synthetic(50, 0, split="test") == test[:50]  # prefix-stable like the training stream
     assert generate_synthetic(96, 0) == generate_synthetic(200, 0)[:96]  # the training stream is unchanged
+
+
+def test_training_and_evaluation_options_reach_the_generator():
+    from cipr.eval.benchmarks import load_examples
+    from cipr.eval.config import BenchmarkConfig, EvalConfig
+    from cipr.train.data import DataConfig
+    from cipr.train.data import load_examples as load_training
+
+    options = {"tools_per_example": (3, 3), "parallel_fraction": 0.0, "no_call_fraction": 0.0,
+               "same_domain_distractors": 0.0}
+    train = load_training(DataConfig(n=40, **options))
+    test = load_examples(EvalConfig(benchmark=BenchmarkConfig(name="synthetic", n=40, **options)))
+    for exs in (train, test):
+        assert len(exs) == 40 and {e.partition for e in exs} == {"single"}
+        assert all(len(e.interface) == 3 and len(e.reference) == 1 for e in exs)
+    from cipr.data.synthetic import _item_key
+
+    assert not {_item_key(e) for e in train} & {_item_key(e) for e in test}  # never a training item
+    with pytest.raises(ValueError, match="must lie in \\[0, 1\\]"):
+        SyntheticConfig(parallel_fraction=0.8, no_call_fraction=0.5)

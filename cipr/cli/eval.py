@@ -65,6 +65,14 @@ def _run(cfg: Any) -> dict[str, Any]:
         return dict(run_guard(ecfg).summaries)
     summary = evaluate(ecfg)
     out = Path(ecfg.out_dir)
+    if not ecfg.generate:
+        lines = [f"consistency: {out / 'consistency.jsonl'}", f"summary: {out / 'summary.json'}",
+                 f"report:  {out / 'report.md'}"]
+        for names, e in summary["consistency"]["names"].items():
+            kl = e["mean"].get("kl", {}).get("value")
+            lines.append(f"{names} names: {len(e['types'])} types, mean KL over held-out groups {kl}")
+        print("\n".join(lines))
+        return summary
     lines = [f"results: {out / 'results.jsonl'}", f"summary: {out / 'summary.json'}",
              f"report:  {out / 'report.md'}", f"plots:   {out / 'plots'}"]
     for names, e in summary["names"].items():

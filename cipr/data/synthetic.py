@@ -663,11 +663,16 @@ class SyntheticConfig:
         lo_hi = tuple(self.tools_per_example)
         if len(lo_hi) != 2 or not 1 <= lo_hi[0] <= lo_hi[1]:
             raise ValueError(f"tools_per_example must be [lo, hi] with 1 <= lo <= hi, got {list(lo_hi)}")
+        fractions = (self.parallel_fraction, self.no_call_fraction, self.same_domain_distractors)
+        if min(fractions) < 0 or self.parallel_fraction + self.no_call_fraction > 1 or self.same_domain_distractors > 1:
+            raise ValueError(f"parallel_fraction={self.parallel_fraction}, no_call_fraction={self.no_call_fraction} "
+                             f"and same_domain_distractors={self.same_domain_distractors} must lie in [0, 1], "
+                             f"with parallel_fraction + no_call_fraction <= 1")
 
-    def generate(self) -> list[Example]:
+    def generate(self, split: str = "train") -> list[Example]:
         return generate_synthetic(self.n, self.seed, tools_per_example=self.tools_per_example,
                                   parallel_fraction=self.parallel_fraction, no_call_fraction=self.no_call_fraction,
-                                  same_domain_distractors=self.same_domain_distractors)
+                                  same_domain_distractors=self.same_domain_distractors, split=split)
 
 
 def _interface(rng: random.Random, needed: Sequence[CatalogTool], size: int, excluded_domains: set[str],

@@ -83,9 +83,16 @@ def load_examples(cfg: EvalConfig) -> list[Example]:
             data_root(cfg.data_root) / "toolrl" / "rlla_4k" / "test.parquet"
         exs = load_toolrl(path)
     elif name == "synthetic":
-        from cipr.data.synthetic import generate_synthetic
+        from cipr.data.synthetic import SyntheticConfig
 
-        exs = generate_synthetic(cfg.benchmark.n, cfg.seed, split="test")  # never the training stream
+        b = cfg.benchmark
+        try:
+            options = SyntheticConfig(n=b.n, seed=cfg.seed, tools_per_example=tuple(b.tools_per_example),  # type: ignore[arg-type]
+                                      parallel_fraction=b.parallel_fraction, no_call_fraction=b.no_call_fraction,
+                                      same_domain_distractors=b.same_domain_distractors)
+        except ValueError as e:
+            raise ConfigError(f"benchmark.{e}") from None
+        exs = options.generate(split="test")  # never the training stream
     else:
         raise ValueError(f"load_examples does not load {name!r} (RoTBench is loaded per level)")
     by_part: dict[str, list[Example]] = defaultdict(list)
@@ -137,7 +144,7 @@ def build_items(examples: Sequence[Example], perts: Sequence[tuple[str, str]], n
     """Items for non-RoTBench benchmarks: the perturbation is built once under original names and shared
     by both namings; canonical items go through the adapter (`cipr.eval.items.make_item`)."""
     from cipr.perturb import apply_perturbation
-    from cipr.perturb.registry import ORDERED_TYPES
+    from cipr.perturb.registry import AFTER_ADAPTER, ORDERED_TYPES
 
     items: list[EvalItem] = []
     if "in_distribution" in dict(perts) and "original" in names_list:
@@ -155,6 +162,15 @@ def build_items(examples: Sequence[Example], perts: Sequence[tuple[str, str]], n
                         report.skip(pert, ex.id, str(e))
                         continue
                     items.append(make_shown_item(ex, shown, names="canonical", perturbation=pert, group=group))
+                continue
+            if pert in AFTER_ADAPTER:  # renamed after canonicalization: the adapter would undo it
+                for n in names_list:
+                    try:
+                        shown, _ = apply_perturbation(ex, pert, seed=seed, names=n)
+                    except (DataError, ValueError, KeyError) as e:
+                        report.skip(f"{pert}/{n}", ex.id, str(e))
+                        continue
+                    items.append(make_shown_item(ex, shown, names=n, perturbation=pert, group=group))
                 continue
             orders = ("original", "costly_first") if pert in ORDERED_TYPES else ("original",)
             for order in orders:

@@ -15,6 +15,7 @@ from typing import Any, Literal, get_args
 
 from cipr.core.config import EVAL_CONFIG_DIR, from_dict
 from cipr.core.errors import ConfigError
+from cipr.data.synthetic import SyntheticConfig
 from cipr.eval.backends import OpenAIBackendConfig, VLLMBackendConfig
 from cipr.eval.consistency_metric import ConsistencyConfig
 from cipr.guard.evaluate import GuardEvalConfig
@@ -47,6 +48,10 @@ class BenchmarkConfig:
     - `names`: the default tool names evaluated (`original`, `canonical`, or both).
     - `split` (RoTBench), `path` (ToolRL: a verl parquet or SFT JSON; default the test parquet under
       the data root), `n` (synthetic: how many examples).
+    - `tools_per_example`, `parallel_fraction`, `no_call_fraction`, `same_domain_distractors`
+      (synthetic): the generator's options (`cipr.data.synthetic.SyntheticConfig`). Give the training
+      run's `data.*` values: the test split drops items equal to a training item generated with these
+      same options, so only then is "never trained on" checked.
     - `strict_parse`: a malformed response (per the call format) is wrong even if calls were read; off
       for RoTBench, whose own extraction decides.
     """
@@ -59,6 +64,10 @@ class BenchmarkConfig:
     split: Literal["First_Turn", "Third_Turn"] = "First_Turn"
     path: str | None = None
     n: int = 200
+    tools_per_example: tuple[int, int] = SyntheticConfig.tools_per_example
+    parallel_fraction: float = SyntheticConfig.parallel_fraction
+    no_call_fraction: float = SyntheticConfig.no_call_fraction
+    same_domain_distractors: float = SyntheticConfig.same_domain_distractors
     strict_parse: bool = True
     report: BenchmarkReportConfig = field(default_factory=BenchmarkReportConfig)
 
@@ -89,6 +98,9 @@ class EvalConfig:
       threads than free cores makes each generation step several times slower.
     - `attn_implementation`: passed to `from_pretrained` (`sdpa`, `eager`, `flash_attention_2`); None or
       `auto` keeps the model's default (SDPA for most families).
+    - `generate`: false reads only the held-out consistency metric (`consistency.enabled=true`; its
+      action accuracies need no generation): no results.jsonl, and summary.json / report.md hold
+      the consistency section alone.
     """
 
     model: str = "embedded"
@@ -115,6 +127,7 @@ class EvalConfig:
     replay: Literal["reference", "familiar"] = "reference"
     guard: GuardEvalConfig = field(default_factory=GuardEvalConfig)  # the guard's drift evaluation (cipr/guard)
     progress: bool = True
+    generate: bool = True
     openai: OpenAIBackendConfig = field(default_factory=OpenAIBackendConfig)
     vllm: VLLMBackendConfig = field(default_factory=VLLMBackendConfig)
     consistency: ConsistencyConfig = field(default_factory=ConsistencyConfig)  # held-out action consistency
@@ -138,6 +151,9 @@ class EvalConfig:
             raise ConfigError(f"benchmark.n={self.benchmark.n} must be >= 1")
         if not self.out_dir:
             raise ConfigError("out_dir is empty: give the folder to write the results into")
+        if not self.generate and not self.consistency.enabled:
+            raise ConfigError("generate=false evaluates nothing without the consistency metric: add "
+                              "consistency.enabled=true (or drop generate=false)")
 
     @property
     def call_format(self) -> str:
@@ -158,7 +174,7 @@ class EvalConfig:
         return {"model": self.model, "benchmark": self.benchmark.name, "format": self.call_format,
                 "backend": self.resolved_backend, "seed": self.seed, "max_new_tokens": self.max_new_tokens,
                 "split": self.benchmark.split if self.benchmark.name == "rotbench" else None,
-                "replay": self.replay if self.resolved_backend == "replay" else None}
+                "replay": self.replay if self.resolved_backend == "replay" else None, "generate": self.generate}
 
 
 def eval_config_from_dict(data: Mapping[str, Any]) -> EvalConfig:

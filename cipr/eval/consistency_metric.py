@@ -14,6 +14,11 @@ class of its own, so mass on it counts as disagreement. Per item:
 - `argmax_agree`: share of decisions whose most likely action (∅ included) is the same on both sides.
 - `added_mass`: mean probability the perturbed side puts on added tools (None when the perturbation
   adds none), the mass that follows a costlier equivalent or a distractor.
+- `action_acc_ref` / `action_acc_pert`: share of the reference's calls whose decision has the called
+  tool's class as its most likely action (for a reference without calls: ∅ at its one decision), on the
+  unperturbed and the perturbed side.
+  This is accuracy without generation: the action the model would take at the reference decision,
+  not the correctness of a whole call (arguments included), which the runner's `correct` measures.
 
 "Unperturbed" is the interface the model is deployed with under the item's names: the original example
 under original names, its canonicalization under canonical names (the adapter). Choices:
@@ -57,11 +62,12 @@ from cipr.tools.interface import Example
 log = logging.getLogger(__name__)
 
 CONSISTENCY = "consistency.jsonl"
-METRICS = ("kl", "argmax_agree", "added_mass")
-SCALE = {"kl": 1.0, "argmax_agree": 100.0, "added_mass": 100.0}
-UNITS = {"kl": "nats", "argmax_agree": "%", "added_mass": "%"}
+METRICS = ("kl", "argmax_agree", "added_mass", "action_acc_ref", "action_acc_pert")
+SCALE = {"kl": 1.0, "argmax_agree": 100.0, "added_mass": 100.0, "action_acc_ref": 100.0, "action_acc_pert": 100.0}
+UNITS = {"kl": "nats", "argmax_agree": "%", "added_mass": "%", "action_acc_ref": "%", "action_acc_pert": "%"}
 LABELS = {"kl": "KL(unperturbed ‖ perturbed)", "argmax_agree": "argmax agreement",
-          "added_mass": "mass on added tools"}
+          "added_mass": "mass on added tools", "action_acc_ref": "action accuracy, unperturbed",
+          "action_acc_pert": "action accuracy, perturbed"}
 NOT_COMPARED = ("original",)
 
 
@@ -87,15 +93,19 @@ class ConsistencyConfig:
 
 
 def pair_consistency(p_ref: torch.Tensor, p_pert: torch.Tensor, segments: torch.Tensor, added: torch.Tensor,
-                     num_pairs: int, *, eps: float = 1e-6) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-pair KL and agreement from aligned decisions (pure; no model).
+                     num_pairs: int, *, eps: float = 1e-6, target_ref: torch.Tensor | None = None,
+                     target_pert: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-pair KL, agreement and action accuracy from aligned decisions (pure; no model).
 
     Shapes: p_ref, p_pert [D, A] (decision d of the unperturbed and of the perturbed response of one
     pair, ∅ last, one index set); segments [D] (long) the pair of each decision, in [0, num_pairs);
-    added [D, A] (bool) the classes that are added tools on the perturbed side of that decision's pair.
+    added [D, A] (bool) the classes that are added tools on the perturbed side of that decision's pair;
+    target_ref, target_pert [D] (long, optional) the reference action's column on each side, -1 for a
+    decision that accuracy does not score.
     Returns the per-pair mean KL(ref || pert) over its decisions [P], and per-pair [P] metrics
     `argmax_agree`, `added_mass` (NaN for a pair without added tools), `none_ref`, `none_pert`,
-    `decisions`. A pair without decisions gets NaN everywhere but `decisions` = 0.
+    `decisions`, and with targets `action_acc_ref` / `action_acc_pert` (share of the scored decisions whose
+    argmax is the target; NaN without one). A pair without decisions gets NaN everywhere but `decisions` = 0.
     """
     if p_ref.shape != p_pert.shape or p_ref.dim() != 2 or added.shape != p_ref.shape:
         raise ValueError(f"p_ref, p_pert and added must be one [D, A] shape, got {tuple(p_ref.shape)}, "
@@ -113,6 +123,13 @@ def pair_consistency(p_ref: torch.Tensor, p_pert: torch.Tensor, segments: torch.
         "none_ref": ref[:, -1],
         "none_pert": pert[:, -1],
     }
+    scored: dict[str, torch.Tensor] = {}
+    for key, probs, target in (("action_acc_ref", ref, target_ref), ("action_acc_pert", pert, target_pert)):
+        if target is not None:
+            if target.shape != segments.shape:
+                raise ValueError(f"{key} targets must be [D] = [{segments.shape[0]}], got {tuple(target.shape)}")
+            scored[key] = (probs.argmax(-1) == target).to(dtype)
+            scored[key + "/n"] = (target >= 0).to(dtype)
     counts = torch.zeros(num_pairs, dtype=dtype).index_add(0, segments, torch.ones_like(segments, dtype=dtype))
     has_added = torch.zeros(num_pairs, dtype=dtype).index_add(0, segments, added.any(-1).to(dtype)) > 0
 
@@ -121,6 +138,11 @@ def pair_consistency(p_ref: torch.Tensor, p_pert: torch.Tensor, segments: torch.
         return torch.where(counts > 0, sums / counts.clamp(min=1), torch.full_like(sums, float("nan")))
 
     out = {k: mean(v) for k, v in per_decision.items()}
+    for key in ("action_acc_ref", "action_acc_pert"):
+        if key in scored:  # over the scored decisions only (target -1: not scored)
+            n = torch.zeros(num_pairs, dtype=dtype).index_add(0, segments, scored[key + "/n"])
+            hits = torch.zeros(num_pairs, dtype=dtype).index_add(0, segments, scored[key] * scored[key + "/n"])
+            out[key] = torch.where(n > 0, hits / n.clamp(min=1), torch.full_like(n, float("nan")))
     out["added_mass"] = torch.where(has_added, out["added_mass"], torch.full_like(counts, float("nan")))
     out["decisions"] = counts
     value = out.pop("kl")
@@ -155,10 +177,14 @@ def _first_positions(names: Sequence[str]) -> dict[str, int]:
 def make_pair(source: Example, item: EvalItem, seed: int) -> ConsistencyPair:
     """The pair of `item` (a held-out or in-distribution item built from `source`); ValueError if none."""
     from cipr.perturb import apply_perturbation
+    from cipr.perturb.registry import AFTER_ADAPTER
 
     if item.perturbation in NOT_COMPARED:
         raise ValueError("the original interface has nothing to compare with")
-    names = "canonical" if item.perturbation == "in_distribution" else "original"
+    if item.perturbation in AFTER_ADAPTER:
+        names = item.names
+    else:
+        names = "canonical" if item.perturbation == "in_distribution" else "original"
     _, corr = apply_perturbation(source, item.perturbation, seed=seed, names=names, order=item.order)
     shown = item.shown
     if len(corr) != len(shown.interface):
@@ -217,6 +243,16 @@ def _queries(pair: ConsistencyPair, fmt: CallFormat, tokenizer: Any) -> tuple[An
     return out[0], out[1]
 
 
+def reference_targets(query: Any, width: int) -> torch.Tensor:
+    """[d] the column of each decision's reference action in a [d, width + 1] row, for accuracy: the tool of
+    each call; ∅ (= `width`) only where the reference calls nothing, else -1 (the end-of-turn ∅ after the
+    calls is not a choice among tools, and scoring it would lift every accuracy toward 1)."""
+    first = _first_positions(query.tools)
+    calls = any(d.taken is not None for d in query.decisions)
+    return torch.tensor([query.classes[first[d.taken]] if d.taken is not None else (-1 if calls else width)
+                         for d in query.decisions], dtype=torch.long)
+
+
 def _read(model: Any, tokenizer: Any, queries: Sequence[Any], num_actions: Sequence[int], batch_size: int
           ) -> list[torch.Tensor]:
     """Per query, its [d, num_actions + 1] distributions (∅ last)."""
@@ -267,7 +303,7 @@ def measure(model: Any, tokenizer: Any, fmt: CallFormat, pairs: Sequence[Consist
     probs = _read(model, tokenizer, queries, widths, config.batch_size) if queries else []
     records: list[dict[str, Any]] = []
     keep: list[int] = []
-    p_ref, p_pert, segs, added = [], [], [], []
+    p_ref, p_pert, segs, added, t_ref, t_pert = [], [], [], [], [], []
     width = max((p.num_actions for p in pairs), default=0)
     for k, (pair, (r, q)) in enumerate(zip(pairs, sides, strict=True)):
         ref, pert = probs[r], probs[q]
@@ -282,9 +318,12 @@ def measure(model: Any, tokenizer: Any, fmt: CallFormat, pairs: Sequence[Consist
         mask = torch.zeros(ref.shape[0], width + 1, dtype=torch.bool)
         mask[:, list(pair.added)] = True
         added.append(mask)
+        t_ref.append(reference_targets(queries[r], width))
+        t_pert.append(reference_targets(queries[q], width))
     if keep:
         kl, metrics = pair_consistency(torch.cat(p_ref), torch.cat(p_pert), torch.cat(segs), torch.cat(added),
-                                       len(keep), eps=config.eps)
+                                       len(keep), eps=config.eps, target_ref=torch.cat(t_ref),
+                                       target_pert=torch.cat(t_pert))
         for i, k in enumerate(keep):
             values = {"kl": float(kl[i]), **{m: float(v[i]) for m, v in metrics.items()}}
             values = {m: (None if isinstance(v, float) and math.isnan(v) else v) for m, v in values.items()}

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cipr.core.errors import ConfigError
-from cipr.core.io import read_json, write_json_atomic
+from cipr.core.io import read_json, write_json_atomic, write_text_atomic
 from cipr.core.run_folder import changed_keys
 from cipr.eval.backends import (
     Backend,
@@ -216,6 +216,8 @@ def evaluate(cfg: EvalConfig, *, model: Any = None, tokenizer: Any = None, backe
     previous_meta(out_dir, cfg)
     check_same_selection(items, out_dir)
     write_meta(out_dir, cfg, perts, build_report.to_json(), len(items))
+    if not cfg.generate:
+        return _consistency_only(cfg, items, fmt, out_dir, model, tokenizer)
     backend = backend or make_backend(cfg, fmt, model, tokenizer)
     rcfg = RunnerConfig(chunk_size=cfg.chunk_size, strict_parse=cfg.benchmark.strict_parse, progress=cfg.progress)
     stats = run_items(items, backend, fmt, scorer_for(cfg), out_dir, rcfg)
@@ -227,6 +229,35 @@ def evaluate(cfg: EvalConfig, *, model: Any = None, tokenizer: Any = None, backe
     summary = write_report(out_dir, sections=(attach,))
     summary["run_stats"] = {"total": stats.total, "evaluated": stats.evaluated, "skipped": stats.skipped,
                             "torn_lines": stats.torn_lines}
+    return summary
+
+
+def _consistency_only(cfg: EvalConfig, items: list[Any], fmt: CallFormat, out_dir: Path, model: Any,
+                      tokenizer: Any) -> dict[str, Any]:
+    """`generate=false`: the consistency metric alone, its summary.json and report.md."""
+    from cipr.eval.benchmarks import load_examples
+    from cipr.eval.consistency_metric import (
+        read_records,
+        render_consistency,
+        run_consistency,
+        summarize_consistency,
+    )
+    from cipr.eval.report import REPORT, SUMMARY, report_config_from_meta
+
+    if cfg.benchmark.name == "rotbench":
+        raise ConfigError("consistency.enabled=true reads held-out correspondences, which RoTBench's levels lack; "
+                          "use bfcl, synthetic or toolrl_test")
+    if model is None:
+        model, tokenizer = load_model(cfg)
+    with reader_attention(model):
+        run_consistency(items, load_examples(cfg), model, tokenizer, fmt, out_dir, cfg.consistency, cfg.seed,
+                        cfg.progress)
+    meta = read_json(out_dir / RUN_META)
+    summary = {**{k: v for k, v in meta.items() if k != "report"},
+               "consistency": summarize_consistency(read_records(out_dir), report_config_from_meta(meta))}
+    write_json_atomic(out_dir / SUMMARY, summary)
+    write_text_atomic(out_dir / REPORT, f"# Consistency of {cfg.model} on {cfg.benchmark.name} (no generation)\n"
+                      + render_consistency(summary["consistency"]))
     return summary
 
 

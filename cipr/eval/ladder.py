@@ -47,6 +47,7 @@ from cipr.eval.report import (
     table,
 )
 from cipr.eval.stats import mean_estimate, paired_difference
+from cipr.runtime.export import result_stage
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ def discover(sweep_dir: Path) -> list[Point]:
             continue
         config = read_json(cfg_path)
         algo = config.get("algo", {})
-        stage = "sft" if algo.get("name") == "sft" else "grpo"
+        stage = result_stage(algo)
         points.append(Point(run_dir.name, run_dir, method_label(algo), eval_names(algo),
                             (run_dir / stage / "stage.json").is_file(), config.get("trainer", {}).get("seed")))
     return points

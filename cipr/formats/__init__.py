@@ -9,12 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from cipr.formats.base import CallFormat, Decision, ParseResult, supports_native_tools
+from cipr.formats.compact import CompactFormat
 from cipr.formats.hermes import HermesFormat
 from cipr.formats.react import ReActFormat, WebShopFormat
 from cipr.formats.toolrl import ToolRLFormat
 
-FORMATS: dict[str, type[CallFormat]] = {cls.name: cls for cls in (ToolRLFormat, HermesFormat, ReActFormat,
-                                                                    WebShopFormat)}
+FORMATS: dict[str, type[CallFormat]] = {cls.name: cls for cls in (ToolRLFormat, HermesFormat, CompactFormat,
+                                                                    ReActFormat, WebShopFormat)}
 
 
 def get_format(name: str, **options: Any) -> CallFormat:
@@ -28,5 +29,5 @@ def get_format(name: str, **options: Any) -> CallFormat:
         raise ValueError(f"call format {name!r} does not take options {sorted(options)}: {e}") from e
 
 
-__all__ = ["FORMATS", "CallFormat", "Decision", "HermesFormat", "ParseResult", "ReActFormat", "ToolRLFormat",
+__all__ = ["FORMATS", "CallFormat", "CompactFormat", "Decision", "HermesFormat", "ParseResult", "ReActFormat", "ToolRLFormat",
            "WebShopFormat", "get_format", "supports_native_tools"]

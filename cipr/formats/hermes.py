@@ -167,7 +167,7 @@ class HermesFormat(CallFormat):
             out = [_native_message(m) for m in messages]
             return out, (interface.to_openai() if len(interface) else None)
         out: list[dict[str, Any]] = []
-        section = tools_section(interface)
+        section = self.tools_text(interface)
         if section and not (messages and messages[0].role == "system"):
             out.append({"role": "system", "content": self.default_system + section})
         for k, m in enumerate(messages):
@@ -184,6 +184,10 @@ class HermesFormat(CallFormat):
             else:
                 out.append({"role": m.role, "content": m.content})
         return out, None
+
+    def tools_text(self, interface: Interface) -> str:
+        """What the system prompt gets for `interface` when the template renders no `tools=`."""
+        return tools_section(interface)
 
     def render_target(self, calls: Sequence[Call], *, response: str | None = None,
                       think: str | None = None) -> str:

@@ -39,6 +39,13 @@ def _smooth(p: torch.Tensor, eps: float) -> torch.Tensor:
     return (p + eps) / (1 + eps * p.shape[-1]) if eps > 0 else p
 
 
+def renormalized(probs: torch.Tensor) -> torch.Tensor:
+    """[D, A] distributions in float64, each row renormalized to sum to 1 (differentiable): float32 rows
+    sum to 1 only within ~1e-7, which makes the KL of two nearly equal distributions slightly negative."""
+    p = probs.double()
+    return p / p.sum(-1, keepdim=True)
+
+
 def kl_rows(reference: torch.Tensor, other: torch.Tensor, *, direction: Direction = "forward",
             eps: float = 1e-6) -> torch.Tensor:
     """Per-row KL between [N, A] distributions: KL(reference || other) ("forward") or KL(other || reference)."""

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import random
 import re
-import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from cipr.formats.base import CallFormat, Decision
+from cipr.perturb.renaming import fresh_names as _fresh_names
 from cipr.tools.canonical import rewrite_text
 
 
@@ -63,26 +63,8 @@ def _words(texts: Sequence[str]) -> set[str]:
 
 
 def fresh_names(tools: Sequence[str], config: RelabelConfig, rng: random.Random, avoid: set[str]) -> list[str]:
-    """One new name per tool under `config.scheme`: distinct, never the tool's own name, none in `avoid`."""
-    n = len(tools)
-    for _ in range(100):
-        if config.scheme in ("function", "tool"):
-            prefix = "function_" if config.scheme == "function" else "tool_"
-            numbers = [k for k in range(1, config.pool + 1) if f"{prefix}{k:0{config.width}d}" not in avoid]
-            if len(numbers) < n:
-                raise ValueError(f"the {config.scheme!r} scheme has {len(numbers)} free names for {n} tools: "
-                                 f"raise RelabelConfig.pool (now {config.pool})")
-            names = [f"{prefix}{k:0{config.width}d}" for k in rng.sample(numbers, n)]
-        elif config.scheme == "random":
-            alphabet = string.ascii_lowercase + string.digits
-            names = ["fn_" + "".join(rng.choice(alphabet) for _ in range(6)) for _ in range(n)]
-            if len(set(names)) < n or set(names) & avoid:
-                continue
-        else:
-            raise ValueError(f"unknown relabeling scheme {config.scheme!r} (function, tool, random)")
-        if all(new != old for new, old in zip(names, tools, strict=True)):
-            return names
-    raise ValueError(f"could not draw {n} fresh names under scheme {config.scheme!r} that differ from the old ones")
+    """One new name per tool under `config.scheme` (`cipr.perturb.renaming.fresh_names`)."""
+    return _fresh_names(tools, config.scheme, rng, avoid, width=config.width, pool=config.pool)
 
 
 def relabel(prompt: str, response: str, tools: Sequence[str], fmt: CallFormat,

@@ -3,7 +3,7 @@
 `PERTURBATIONS[name] = (group, description, function)`, where `function(example, *, seed, names,
 order) -> (Example, Correspondence)`. Groups are those of the paper's Table 1
 (`typos_distractors`, `cost_latency_explicit`, `cost_latency_implicit`, `in_distribution`), plus
-`drift` for the repair study's types, which Table 1 does not report. RoTBench's level re-application
+`drift` for the repair study's types, which Table 1 does not report, and `renaming` (`renaming.py`). RoTBench's level re-application
 pairs two files and lives in `cipr.perturb.rotbench`.
 
 Every function draws from `random.Random` seeded with (seed, item id, type name), so a type is a
@@ -17,13 +17,14 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from cipr.perturb import cost_latency, distractors, drift, typos
+from cipr.perturb import cost_latency, distractors, drift, renaming, typos
 from cipr.perturb.correspondence import Correspondence
 from cipr.perturb.draft import Draft, rng_for
 from cipr.perturb.training import in_distribution
 from cipr.tools.interface import Example
 
-GROUPS = ("typos_distractors", "cost_latency_explicit", "cost_latency_implicit", "in_distribution", "drift")
+GROUPS = ("typos_distractors", "cost_latency_explicit", "cost_latency_implicit", "in_distribution", "drift",
+          "renaming")
 Apply = Callable[..., tuple[Example, Correspondence]]
 Builder = Callable[[Draft, random.Random, str], None]
 
@@ -108,8 +109,19 @@ _DRIFT: dict[str, tuple[str, Callable[[Draft, random.Random], None]]] = {
 for _name, (_desc, _fn) in _DRIFT.items():
     PERTURBATIONS[_name] = ("drift", _desc, _held_out(_name, _no_order(_fn)))
 
+PERTURBATIONS["relabel_function"] = (
+    "in_distribution", "every tool renamed to a fresh function_XX id, the rescoring term's relabeling (after the adapter)",
+    lambda ex, *, seed, names="canonical", order="original": renaming.rename_all(
+        ex, seed=seed, names=names, scheme="function", perturbation="relabel_function"))
+PERTURBATIONS["relabel_random"] = (
+    "renaming", "every tool renamed to fn_ + 6 random characters, a name shape never trained on (after the adapter)",
+    lambda ex, *, seed, names="original", order="original": renaming.rename_all(
+        ex, seed=seed, names=names, scheme="random", perturbation="relabel_random"))
+
 ORDERED_TYPES = tuple(n for n in PERTURBATIONS if n.startswith(("cost_", "latency_")))
-HELD_OUT = tuple(n for n in PERTURBATIONS if n != "in_distribution")
+HELD_OUT = tuple(n for n, (group, _, _) in PERTURBATIONS.items() if group != "in_distribution")
+AFTER_ADAPTER = ("relabel_function", "relabel_random")
+"""Types applied to the interface the model sees (under canonical names, after canonicalization)."""
 
 
 def list_perturbations() -> list[tuple[str, str, str]]:

@@ -66,6 +66,7 @@ TRAINING_NAMES = ("original", "canonical", "masked")
 # The stage whose `final/` is the run's result, by algorithm (cipr.train.run._stages).
 RESULT_STAGE = {"sft": "sft"}
 DEFAULT_RESULT_STAGE = "grpo"
+RL_ALGOS = ("grpo", "multi_interface", "masking", "cipr")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json", "adapter_config.json")
 
@@ -223,8 +224,15 @@ def _run_config(run_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data.get("model"), dict) and isinstance(data.get("algo"), dict) else None
 
 
+def result_stage(algo: dict[str, Any]) -> str:
+    """The stage whose weights are a run's result, from its `algo` section (supervised regime: `supervised`)."""
+    if algo.get("regime") == "supervised" and algo.get("name") in RL_ALGOS:
+        return "supervised"
+    return RESULT_STAGE.get(algo.get("name"), DEFAULT_RESULT_STAGE)
+
+
 def _result_stage(config: dict[str, Any]) -> str:
-    return RESULT_STAGE.get(config["algo"].get("name"), DEFAULT_RESULT_STAGE)
+    return result_stage(config["algo"])
 
 
 def _stage_step(stage_dir: Path) -> int | None:

@@ -8,6 +8,11 @@
 | `masking`         | masked    | no               | GRPO                       | none (function masking)|
 | `cipr`            | canonical | yes (paired)     | GRPO on both interfaces    | rescoring + rollout KL|
 
+`algo.regime=supervised` trains the same names, copies and rescoring term with SFT on the reference
+targets instead of GRPO (paper §3.4; `supervised.py`): `grpo` is then the plain SFT baseline on
+original names, and `cipr` is SFT + λ_rescore·KL_rescore (there are no rollouts, so no rollout term).
+The shared warm start, when configured, runs first as in the RL regime.
+
 `cipr` with both weights at zero computes the same loss as `multi_interface` (it still reads the
 action distributions, which only costs time); either weight alone switches one term off.
 `masking` (Lin et al., 2025) replaces tool and argument names by random strings during training only
@@ -40,10 +45,14 @@ class AlgoConfig:
       canonical policy. Set false for a symmetric gradient.
     - `fold_action_read`: read the action distributions in the same forward as the GRPO token
       log-probabilities when the re-tokenized rollouts match the generated tokens (see `grpo.py`).
+    - `regime`: `rl` (GRPO, the default) or `supervised` (SFT on the reference targets, `supervised.py`).
+    - `action_weight` (supervised regime): > 0 adds the cross-entropy of the action distribution at the
+      reference's calls to the SFT loss, for every algorithm alike (`supervised.py`).
     - `pairing_budget`: what a paired algorithm matches with `grpo` per step (`trainer.prompts_per_step`):
       `prompts` (default), the same number of training examples, each with its perturbed copy, so the
       same data in the same number of steps at twice the completions; `completions`, the same number
-      of completions, so half the examples per step. No effect on unpaired algorithms.
+      of completions, so half the examples per step. No effect on unpaired algorithms. In the supervised
+      regime the same holds for rows: `prompts` makes a paired batch `per_device_train_batch_size` pairs.
     """
 
     name: AlgoName = "cipr"
@@ -53,11 +62,18 @@ class AlgoConfig:
     rollout_weight: float = 0.1
     detach_reference: bool = True
     fold_action_read: bool = True
+    regime: Literal["rl", "supervised"] = "rl"
+    action_weight: float = 0.0
     pairing_budget: Literal["prompts", "completions"] = "prompts"
 
     @property
     def uses_grpo(self) -> bool:
-        return self.name != "sft"
+        return self.name != "sft" and self.regime == "rl"
+
+    @property
+    def supervised(self) -> bool:
+        """An SFT stage with the algorithm's rows (and terms) after the warm start."""
+        return self.name != "sft" and self.regime == "supervised"
 
     @property
     def unit_size(self) -> int:
@@ -82,5 +98,11 @@ def validate_algo(cfg: AlgoConfig) -> None:
                           f"canonical names); got algo.names={cfg.names}")
     if cfg.name == "masking" and cfg.names != "masked":
         raise ConfigError("algo=masking trains with random-string names: set algo.names=masked")
-    if cfg.rescore_weight < 0 or cfg.rollout_weight < 0:
-        raise ConfigError("algo.rescore_weight and algo.rollout_weight must be >= 0")
+    if cfg.regime == "supervised" and cfg.rollout_weight:
+        raise ConfigError(f"algo.regime=supervised has no rollouts, so no rollout term: set algo.rollout_weight=0 "
+                          f"(got {cfg.rollout_weight}); the paper's supervised CIPR (§3.4) is SFT + the rescoring KL")
+    if cfg.action_weight and cfg.regime != "supervised":
+        raise ConfigError(f"algo.action_weight={cfg.action_weight} belongs to the supervised regime: set "
+                          f"algo.regime=supervised or algo.action_weight=0")
+    if cfg.rescore_weight < 0 or cfg.rollout_weight < 0 or cfg.action_weight < 0:
+        raise ConfigError("algo.rescore_weight, algo.rollout_weight and algo.action_weight must be >= 0")

@@ -55,8 +55,9 @@ class DataConfig:
 
     `n` (how many examples; 0 = all of a file) and `seed` (held-out split, masking, perturbation)
     mean the same for every source, so they sit here and not in a source's options; the synthetic
-    source hands them with `tools_per_example` to the generator's own config
-    (`cipr.data.synthetic.SyntheticConfig`, which owns the defaults and the check of that range).
+    source hands them with `tools_per_example`, `parallel_fraction`, `no_call_fraction` and
+    `same_domain_distractors` to the generator's own config (`cipr.data.synthetic.SyntheticConfig`,
+    which owns the defaults and their checks).
     """
 
     source: Literal["synthetic", "toolrl", "toolrl_sft"] = "synthetic"
@@ -64,6 +65,9 @@ class DataConfig:
     n: int = 64
     seed: int = 0
     tools_per_example: tuple[int, ...] = SyntheticConfig.tools_per_example
+    parallel_fraction: float = SyntheticConfig.parallel_fraction
+    no_call_fraction: float = SyntheticConfig.no_call_fraction
+    same_domain_distractors: float = SyntheticConfig.same_domain_distractors
     eval_examples: int = 8
     perturbation: Literal["full", "reorder_only", "twins_only", "single_near_duplicate"] = "full"
     twin_wordings: Literal["default", "with_cost"] = "default"
@@ -145,7 +149,9 @@ def default_path(source: str, root: Path | None = None) -> Path | None:
 
 def synthetic_config(cfg: DataConfig) -> SyntheticConfig:
     """The generator's config for `data.source=synthetic` (ValueError naming a bad range)."""
-    return SyntheticConfig(n=cfg.n, seed=cfg.seed, tools_per_example=tuple(cfg.tools_per_example))  # type: ignore[arg-type]
+    return SyntheticConfig(n=cfg.n, seed=cfg.seed, tools_per_example=tuple(cfg.tools_per_example),  # type: ignore[arg-type]
+                           parallel_fraction=cfg.parallel_fraction, no_call_fraction=cfg.no_call_fraction,
+                           same_domain_distractors=cfg.same_domain_distractors)
 
 
 def check_source(cfg: DataConfig) -> Path | None:

@@ -60,6 +60,7 @@ from trl.trainer.utils import pad, split_tensor_dict
 
 from cipr.formats.base import CallFormat
 from cipr.method.actions import ActionQuery, ActionReaderConfig, read_actions
+from cipr.method.consistency import renormalized as exact
 from cipr.method.consistency import rescoring_kl, rollout_kl
 from cipr.method.pairing import decision_rows, rollout_index
 from cipr.method.relabel import RelabelConfig, relabel
@@ -160,12 +161,6 @@ def completion_logps(model: Any, input_ids: torch.Tensor, attention_mask: torch.
     logits = out.logits[:, :-1] / temperature
     logps = selective_log_softmax(logits, input_ids[:, -logits_to_keep:])
     return logps, entropy_from_logits(logits) if compute_entropy else None
-
-
-def exact(probs: torch.Tensor) -> torch.Tensor:
-    """[D, A] distributions in float64, each row renormalized to sum to 1 (differentiable)."""
-    p = probs.double()
-    return p / p.sum(-1, keepdim=True)
 
 
 def action_entropy(probs: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@
       summary.json     what ran, final metrics, held-out probes before/after the warm start and GRPO, peak memory
       warm_start/      SFT stage: checkpoint-<step>/ (HF format), latest.json, final/, stage.json
                        (or a folder shared by many runs: trainer.warm_start.shared_dir, cipr/train/warm_start.py)
-      grpo/ or sft/    the algorithm's stage, same layout
+      grpo/, sft/ or supervised/    the algorithm's stage, same layout (supervised/: algo.regime=supervised)
 
 With `model.freeze_bottom_layers`, the weights in checkpoint-<step>/ and final/ are the trainable
 tensors only (`cipr_frozen.json` names the rest, re-read from the base model: cipr/train/checkpoint.py);
@@ -94,7 +94,7 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
 def _stages(cfg: TrainConfig) -> list[str]:
     if cfg.algo.name == "sft":
         return ["sft"]
-    return (["warm_start"] if cfg.trainer.warm_start.steps > 0 else []) + ["grpo"]
+    return (["warm_start"] if cfg.trainer.warm_start.steps > 0 else []) + ["supervised" if cfg.algo.supervised else "grpo"]
 
 
 def _stage_dir(cfg: TrainConfig, run_dir: Path, stage: str) -> Path:
@@ -110,7 +110,8 @@ def validate(cfg: TrainConfig) -> None:
     """Every check that needs neither model nor data in memory; raises ConfigError with the fix."""
     validate_algo(cfg.algo)
     validate_shared(cfg)
-    unit = cfg.rollout.num_generations * cfg.algo.unit_size if cfg.algo.uses_grpo else 1
+    unit = cfg.rollout.num_generations * cfg.algo.unit_size if cfg.algo.uses_grpo else \
+        cfg.algo.unit_size if cfg.algo.supervised else 1
     validate_schedule(cfg.trainer, unit)
     if cfg.algo.uses_grpo:
         batch_geometry(cfg)
@@ -180,7 +181,8 @@ def _run(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter, started: float)
 
     log.info("loading model (%s)", cfg.model.name_or_path or f"{cfg.model.gguf_package}/{cfg.model.gguf_file}")
     weights = None
-    if "grpo" in pending and "warm_start" in stages and "warm_start" not in pending:
+    last = stages[-1]
+    if last in ("grpo", "supervised") and last in pending and "warm_start" in stages and "warm_start" not in pending:
         weights = _stage_dir(cfg, run_dir, "warm_start") / "final"
     model, tokenizer = load_trained(cfg.model, weights)
     fmt = get_format(cfg.model.call_format)
@@ -216,6 +218,8 @@ def _run(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter, started: float)
         gc.collect()
     if "grpo" in pending:
         results["grpo"] = _run_grpo(cfg, model, tokenizer, prompts, fmt, run_dir, writer)
+    if "supervised" in pending:
+        results["supervised"] = _run_sft(cfg, "supervised", model, tokenizer, prompts, fmt, run_dir, writer)
 
     if writer.enabled:
         steps = [r for r in writer.read() if r.get("kind") == "step"]
@@ -278,13 +282,16 @@ def _evaluate(cfg: TrainConfig, model: Any, tokenizer: Any, prompts: PromptSet, 
 def _run_sft(cfg: TrainConfig, stage: str, model: Any, tokenizer: Any, prompts: PromptSet, fmt: Any,
              run_dir: Path, writer: MetricsWriter) -> int:
     from cipr.train.sft import build_sft_trainer
+    from cipr.train.supervised import build_supervised_trainer
 
     ws = cfg.trainer.warm_start
     folder = _stage_dir(cfg, run_dir, stage)
-    trainer_cfg = cfg.trainer if stage == "sft" else dataclasses.replace(cfg.trainer, seed=warm_start_seed(cfg))
-    if stage == "sft":
+    trainer_cfg = cfg.trainer if stage != "warm_start" else dataclasses.replace(cfg.trainer, seed=warm_start_seed(cfg))
+    if stage != "warm_start":
         steps, lr, batch, accum = (cfg.trainer.max_steps, cfg.trainer.learning_rate,
                                    cfg.trainer.per_device_train_batch_size, cfg.trainer.gradient_accumulation_steps)
+        if stage == "supervised" and cfg.algo.pairing_budget == "prompts":
+            batch *= prompts.unit_size  # the same examples a step as an unpaired algorithm, each with its copy
         scheduler, warmup = cfg.trainer.lr_scheduler_type, cfg.trainer.warmup_steps
     else:
         steps, lr, batch, accum = ws.steps, ws.learning_rate, ws.per_device_train_batch_size, ws.gradient_accumulation_steps
@@ -295,8 +302,17 @@ def _run_sft(cfg: TrainConfig, stage: str, model: Any, tokenizer: Any, prompts: 
                        progress_bar=cfg.logging.progress_bar)
     args["include_num_input_tokens_seen"] = "non_padding"
     preemption = _preemption_callback()
-    trainer = build_sft_trainer(model, tokenizer, prompts.records, args, ws.max_length,
-                                callbacks=[MetricsCallback(writer, stage, cfg.logging.print_metrics), preemption])
+    callbacks = [MetricsCallback(writer, stage, cfg.logging.print_metrics), preemption]
+    if stage == "supervised":
+        trainer = build_supervised_trainer(model, tokenizer, prompts.records, args, ws.max_length, fmt=fmt,
+                                           unit_size=prompts.unit_size, action_weight=cfg.algo.action_weight,
+                                           rescore_weight=cfg.algo.rescore_weight if cfg.algo.reads_actions else None,
+                                           detach_reference=cfg.algo.detach_reference, callbacks=callbacks)
+    elif stage == "warm_start" and ws.action_weight > 0:
+        trainer = build_supervised_trainer(model, tokenizer, prompts.records, args, ws.max_length, fmt=fmt,
+                                           unit_size=1, action_weight=ws.action_weight, callbacks=callbacks)
+    else:
+        trainer = build_sft_trainer(model, tokenizer, prompts.records, args, ws.max_length, callbacks=callbacks)
     done = _train_stage(trainer, folder, cfg.trainer.resume, writer, stage, preemption)
     _finish_stage(trainer, folder, done)
     if stage == "warm_start" and trainer.args.should_save:  # never resumed again: the next stage loads final/

@@ -52,7 +52,8 @@ class WarmStartConfig:
 
     `shared_dir`: train it once in that folder and load it from there in every run that names it
     (`cipr.train.warm_start`); `names`: its prompts' naming (null: the algorithm's own prompts);
-    `seed`: its data order (null: `trainer.seed`).
+    `seed`: its data order (null: `trainer.seed`); `action_weight`: > 0 adds the cross-entropy of the
+    action distribution at the reference's calls to the SFT loss (`cipr.train.supervised`).
     """
 
     steps: int = 0
@@ -66,6 +67,7 @@ class WarmStartConfig:
     warmup_steps: int = 0
     max_length: int | None = 2048
     eval_examples: int = 0
+    action_weight: float = 0.0
 
 
 @dataclass

@@ -1,0 +1,255 @@
+"""The supervised regime (`algo.regime=supervised`, paper §3.4): each algorithm's data, SFT instead of GRPO.
+
+The paper's supervised instantiation of CIPR is the SFT loss plus the rescoring consistency KL; it
+needs no generation, so a step costs one forward and backward per row plus the relabeled read. Per
+algorithm (see `algo.py`):
+
+- `grpo` (the plain baseline): SFT on the original names.
+- `masking`: SFT on masked names.
+- `multi_interface`: SFT on every canonical example and its perturbed copy (twins, relabeling,
+  reordering), the two rows of a pair in the same batch (`PairedRepeatSampler` with one "generation").
+- `cipr`: the same rows, plus λ_rescore · KL_rescore on the canonical rows: the action distributions at
+  the decisions of the reference target y under the canonical prompt x, against those of (x̃, ỹ),
+  the same pair with fresh `function_XX` names (`cipr.method.relabel`, seeded by seed, step and row).
+  There are no rollouts, so there is no rollout term (`algo.rollout_weight` must be 0).
+
+Action supervision (`action_weight` > 0, `algo.action_weight` / `trainer.warm_start.action_weight`): the
+task loss becomes the SFT token loss plus `action_weight` times the cross-entropy of the action
+distribution at the reference's calls (`action_nll`). Plain SFT spreads one example's signal over
+its ~50 target tokens, of which one (the id's last digit under canonical names) chooses the tool; on
+the embedded model, 40 SFT steps under canonical names left the held-out tool choice at 40% (chance
+33%), and 12 more at a 5x learning rate at 33% (docs/results/cpu_evidence.md). The term gives the
+choice a loss of its own. Both come from one forward of the action reader
+(`read_actions(..., response_logprobs=True)`: the target's token log-probabilities and the action
+distributions), which replaces TRL's forward; the token loss is the mean over the micro-batch's target
+tokens (end-of-turn token included, as TRL appends it).
+
+Choices the paper leaves open:
+- The canonical side of the KL is read in a separate forward from the SFT loss's (TRL's forward
+  returns no action distributions) and, with `algo.detach_reference`, without gradient; with action
+  supervision it is the same forward's canonical rows.
+- The term is averaged over the canonical rows of the micro-batch (each target's decisions averaged
+  first) and divided by the gradient-accumulation steps exactly when the Trainer does not divide the
+  token loss (it sums tokens over the accumulated batch), so λ weighs it against the SFT loss per
+  optimizer step as the GRPO term is weighed against TRL's loss.
+- A target whose decisions do not survive relabeling (none in the project's formats) is counted in
+  `consistency/relabel_failures` and adds no term.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from cipr.formats.base import CallFormat
+from cipr.method.actions import ActionQuery, ActionReaderConfig, read_actions
+from cipr.method.consistency import renormalized, rescoring_kl
+from cipr.method.relabel import RelabelConfig, relabel
+from cipr.train.checkpoint import check_finite
+from cipr.train.data import PromptRecord
+from cipr.train.sampler import PairedRepeatSampler
+from cipr.train.sft import WarmStartTrainer
+
+ROW = "row_id"
+
+
+def canonical_queries(records: Sequence[PromptRecord], fmt: CallFormat, suffix: str = "") -> list[ActionQuery]:
+    """The action queries of the reference targets (+ `suffix`, e.g. the end-of-turn token) under their prompts."""
+    return [ActionQuery.from_format(fmt, r.prompt, r.target + suffix, r.tools, r.classes) for r in records]
+
+
+def reference_classes(query: ActionQuery, num_actions: int) -> list[int]:
+    """Per decision of `query`, the class the reference takes (∅ = `num_actions`) where it is a choice: every
+    call; the ∅ only of a target without calls (the end of turn after calls is not scored), else -1."""
+    calls = any(d.taken is not None for d in query.decisions)
+    index = {t: i for i, t in reversed(list(enumerate(query.tools)))}
+    return [query.classes[index[d.taken]] if d.taken is not None else (-1 if calls else num_actions)
+            for d in query.decisions]
+
+
+def action_nll(probs: torch.Tensor, targets: torch.Tensor, segments: torch.Tensor, *, eps: float = 1e-12
+               ) -> tuple[torch.Tensor, dict[str, float]]:
+    """Cross-entropy of action distributions at the reference's choices, averaged per response, then over them.
+
+    Shapes: probs [D, A] (∅ last, rows sum to 1), targets [D] (long, the reference's column, -1 = not scored),
+    segments [D] (long, the response of each decision). Returns a scalar (a zero that keeps the graph when
+    nothing is scored) and metrics `action/nll`, `action/accuracy` (argmax = target), `action/scored`.
+    """
+    if probs.dim() != 2 or targets.shape != probs.shape[:1] or segments.shape != targets.shape:
+        raise ValueError(f"expected probs [D, A], targets [D], segments [D]; got {tuple(probs.shape)}, "
+                         f"{tuple(targets.shape)}, {tuple(segments.shape)}")
+    keep = targets >= 0
+    if not bool(keep.any()):
+        return probs.sum() * 0.0, {"action/nll": 0.0, "action/accuracy": 0.0, "action/scored": 0.0}
+    p, t, seg = probs[keep], targets[keep], segments[keep]
+    nll = -torch.log(p.gather(1, t[:, None]).squeeze(1).clamp_min(eps))
+    ids, inverse = torch.unique(seg, return_inverse=True)
+    sums = torch.zeros(len(ids), dtype=nll.dtype, device=nll.device).index_add(0, inverse, nll)
+    counts = torch.zeros(len(ids), dtype=nll.dtype, device=nll.device).index_add(0, inverse, torch.ones_like(nll))
+    value = (sums / counts).mean()
+    return value, {"action/nll": float(value.detach()), "action/scored": float(keep.sum()),
+                   "action/accuracy": float((p.argmax(-1) == t).double().mean())}
+
+
+def relabeled_queries(records: Sequence[PromptRecord], fmt: CallFormat, config: RelabelConfig,
+                      seeds: Sequence[int]) -> tuple[list[ActionQuery], list[int]]:
+    """The relabeled (x̃, ỹ) query of each record, and the indices of the records it was made for."""
+    out: list[ActionQuery] = []
+    kept: list[int] = []
+    for i, (r, seed) in enumerate(zip(records, seeds, strict=True)):
+        try:
+            rel = relabel(r.prompt, r.target, r.tools, fmt, config, seed=seed)
+        except ValueError:
+            continue
+        out.append(ActionQuery(rel.prompt, rel.response, rel.relabeled_decisions, rel.tools, r.classes,
+                               tuple(fmt.name_text(t) for t in rel.tools)))
+        kept.append(i)
+    return out, kept
+
+
+def rescoring_term(model: Any, tokenizer: Any, records: Sequence[PromptRecord], fmt: CallFormat,
+                   config: RelabelConfig, seeds: Sequence[int], *, detach_reference: bool = True,
+                   p_canon: torch.Tensor | None = None) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """KL_rescore over `records` (canonical rows with reference targets): the value and its metrics.
+
+    `p_canon`: the records' canonical action distributions [D, A] when already read (else read here, [D] the
+    decisions of the records in order)."""
+    relabeled, kept = relabeled_queries(records, fmt, config, seeds)
+    metrics = {"relabel_failures": float(len(records) - len(kept))}
+    if not relabeled:
+        return None, metrics
+    num_actions = max(r.num_actions for r in records)
+    if p_canon is None:
+        with torch.no_grad() if detach_reference else torch.enable_grad():
+            p_canon = read_actions(model, tokenizer, canonical_queries(records, fmt), num_actions).probs
+    counts = [len(ActionQuery.from_format(fmt, r.prompt, r.target, r.tools, r.classes).decisions) for r in records]
+    starts = [sum(counts[:i]) for i in range(len(records))]
+    rows = [starts[i] + j for i in kept for j in range(counts[i])]
+    p_canon = p_canon[torch.tensor(rows, dtype=torch.long, device=p_canon.device)]
+    reading = read_actions(model, tokenizer, relabeled, num_actions)
+    if p_canon.shape != reading.probs.shape:
+        raise RuntimeError(f"relabeled decisions {tuple(reading.probs.shape)} do not match the canonical ones "
+                           f"{tuple(p_canon.shape)}")
+    value, kl_metrics = rescoring_kl(renormalized(p_canon), renormalized(reading.probs), reading.sequence,
+                                     detach_reference=detach_reference)
+    metrics.update(kl_metrics)
+    return value, metrics
+
+
+class SupervisedTrainer(WarmStartTrainer):
+    """SFT over an algorithm's rows: pairs kept together, action supervision, CIPR's rescoring term.
+
+    `rescore_weight`: λ of the rescoring term, None for none (an algorithm other than CIPR); CIPR at 0 still
+    reads and logs it. `action_weight`: the action cross-entropy's weight (0: TRL's SFT loss alone).
+    """
+
+    def __init__(self, *, records: Sequence[PromptRecord], fmt: CallFormat, unit_size: int,
+                 rescore_weight: float | None = None, action_weight: float = 0.0, detach_reference: bool = True,
+                 relabel_config: RelabelConfig | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.records = list(records)
+        self.fmt = fmt
+        self.unit_size = unit_size
+        self.rescore_weight = rescore_weight
+        self.action_weight = action_weight
+        self.detach_reference = detach_reference
+        self.relabel_config = relabel_config or RelabelConfig()
+
+    def _get_train_sampler(self, dataset: Any = None) -> PairedRepeatSampler:
+        dataset = dataset if dataset is not None else self.train_dataset
+        self._cipr_sampler = PairedRepeatSampler(
+            dataset, unit_size=self.unit_size, num_generations=1,
+            units_per_batch=self.args.per_device_train_batch_size // self.unit_size, seed=self.args.seed)
+        return self._cipr_sampler
+
+    def _log(self, metrics: dict[str, float], prefix: str = "") -> None:
+        for key, v in metrics.items():
+            self._metrics["train"][prefix + key].append(v)
+
+    def _accumulated(self, term: torch.Tensor, num_items_in_batch: Any) -> torch.Tensor:
+        """A per-micro-batch mean scaled as the Trainer scales its loss: it divides by the accumulation steps
+        only when the model does not take `num_items_in_batch` (else the token loss is a sum over all steps)."""
+        if self.model_accepts_loss_kwargs and num_items_in_batch is not None:
+            return term / self.current_gradient_accumulation_steps
+        return term
+
+    def _supervised_loss(self, model: Any, batch: Sequence[PromptRecord], num_items_in_batch: Any
+                         ) -> tuple[torch.Tensor, Any]:
+        """Token loss + action_weight · action CE from one reader forward; also the reading."""
+        tokenizer = self.processing_class
+        queries = canonical_queries(batch, self.fmt, tokenizer.eos_token or "")
+        num_actions = max(r.num_actions for r in batch)
+        reading = read_actions(model, tokenizer, queries, num_actions, ActionReaderConfig(response_logprobs=True))
+        mask = reading.response_mask
+        token_loss = -(reading.response_logprobs * mask).sum() / mask.sum().clamp(min=1)
+        targets = torch.tensor([c for q in queries for c in reference_classes(q, num_actions)], dtype=torch.long,
+                               device=reading.probs.device)
+        ce, metrics = action_nll(reading.probs, targets, reading.sequence)
+        self._log({"token_loss": float(token_loss.detach()), **metrics})
+        loss = token_loss + self.action_weight * ce.to(token_loss.dtype)
+        return self._accumulated(loss, num_items_in_batch), reading
+
+    def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False, num_items_in_batch: Any = None) -> Any:
+        rows = inputs.pop(ROW).tolist()
+        batch = [self.records[r] for r in rows]
+        p_canon = None
+        if self.action_weight > 0:
+            if return_outputs:
+                raise ValueError("action supervision computes its own loss and returns no model outputs")
+            out, reading = self._supervised_loss(model, batch, num_items_in_batch)
+            canonical_rows = torch.tensor([batch[b].side == "canonical" for b in reading.sequence.tolist()],
+                                          dtype=torch.bool, device=reading.probs.device)
+            p_canon = reading.probs[canonical_rows]
+        else:
+            out = super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                       num_items_in_batch=num_items_in_batch)
+        if self.rescore_weight is None or not model.training:
+            return out
+        loss = out[0] if return_outputs else out
+        canonical = [r for r in batch if r.side == "canonical"]
+        seeds = [(self.args.seed * 1_000_003 + self.state.global_step) * 100_003 + r.row for r in canonical]
+        value, metrics = rescoring_term(model, self.processing_class, canonical, self.fmt, self.relabel_config, seeds,
+                                        detach_reference=self.detach_reference,
+                                        p_canon=p_canon.detach() if p_canon is not None and self.detach_reference
+                                        else p_canon)
+        self._log(metrics, "consistency/")
+        if value is None:
+            return out
+        loss = loss + self._accumulated(self.rescore_weight * value.to(loss.dtype), num_items_in_batch)
+        check_finite(loss, self.state.global_step, metrics)
+        return (loss, out[1]) if return_outputs else loss
+
+
+def collate_with_rows(collator: Any) -> Any:
+    """TRL's collator, with each example's `row_id` carried through as a tensor."""
+
+    def collate(examples: list[dict[str, Any]]) -> dict[str, Any]:
+        batch = collator([{k: v for k, v in e.items() if k != ROW} for e in examples])
+        batch[ROW] = torch.tensor([e[ROW] for e in examples], dtype=torch.long)
+        return batch
+
+    return collate
+
+
+def build_supervised_trainer(model: Any, tokenizer: Any, records: Sequence[PromptRecord], args: dict[str, Any],
+                             max_length: int | None, *, fmt: CallFormat, unit_size: int,
+                             rescore_weight: float | None = None, action_weight: float = 0.0,
+                             detach_reference: bool = True, callbacks: Sequence[Any] = ()) -> SupervisedTrainer:
+    """A supervised trainer over `records` (TrainingArguments fields `args`, see `schedule.common_args`)."""
+    from datasets import Dataset
+    from trl import SFTConfig
+
+    if args["per_device_train_batch_size"] % unit_size:
+        raise ValueError(f"per-device batch {args['per_device_train_batch_size']} is not a whole number of "
+                         f"pairs of {unit_size} rows")
+    config = SFTConfig(**args, max_length=max_length, completion_only_loss=True, packing=False,
+                       remove_unused_columns=False)
+    dataset = Dataset.from_list([{"prompt": r.prompt, "completion": r.target, ROW: r.row} for r in records])
+    trainer = SupervisedTrainer(records=records, fmt=fmt, unit_size=unit_size, rescore_weight=rescore_weight,
+                                action_weight=action_weight, detach_reference=detach_reference, model=model,
+                                args=config, train_dataset=dataset, processing_class=tokenizer,
+                                callbacks=list(callbacks))
+    trainer.data_collator = collate_with_rows(trainer.data_collator)
+    return trainer
