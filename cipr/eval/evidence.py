@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 
 EVIDENCE = "evidence"
 DONE = "done.json"
+WARM_START_WEIGHT = 3.0  # the shared warm start's cost in the units of `Arm.weight`, for the time estimate
 
 
 @dataclass(frozen=True)
@@ -364,6 +365,7 @@ def plot(report: Mapping[str, Any], path: Path) -> None:
     ax_acc.set_xticks(range(len(types) + 1), ["original", *(t.replace("_", "\n") for t in types)], fontsize=8)
     ax_acc.set_ylabel("action accuracy")
     ax_acc.set_ylim(0, 1)
+    ax_acc.axhline(1 / 3, color="gray", linestyle=":", linewidth=1, label="chance (3 tools)")
     ax_acc.set_title("argmax action = reference tool")
     ax_acc.legend(fontsize=8)
     fig.tight_layout()
@@ -379,7 +381,8 @@ def run_evidence(config: EvidenceConfig, predictions: Mapping[str, str], command
     work = sweep / EVIDENCE
     (work / "logs").mkdir(parents=True, exist_ok=True)
     points = [Point(arm, seed) for arm in config.all_arms for seed in config.seeds]
-    clock = Clock(sum(2 * p.arm.weight for p in points))
+    warm_pending = not (sweep / "warm_start" / "stage.json").is_file()  # trained inside the first point
+    clock = Clock(sum(2 * p.arm.weight for p in points) + WARM_START_WEIGHT * warm_pending)
     timings_path = work / "timings.json"
     timings: dict[str, float] = read_json(timings_path) if timings_path.is_file() else {}
 
@@ -399,8 +402,9 @@ def run_evidence(config: EvidenceConfig, predictions: Mapping[str, str], command
             raise DataError(f"training of point {point.label} exited with status {code}; its output is in the log "
                             f"(rerun the same command to resume)", file=str(log_path))
         record(f"train/{point.label}", time.time() - t0)
+        extra = WARM_START_WEIGHT if warm_pending and k == 1 else 0.0
         print(f"[evidence] {k}/{len(points)} {point.label}: trained ({time.time() - t0:.0f} s); "
-              f"{clock.advance(point.arm.weight)}", flush=True)
+              f"{clock.advance(point.arm.weight + extra)}", flush=True)
         t0 = time.time()
         if evaluate_point(config, point, run_dir_of(config, point), work):
             record(f"eval/{point.label}", time.time() - t0)
