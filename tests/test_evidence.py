@@ -57,7 +57,7 @@ def test_cipr_evidence_runs_every_point_and_resumes(tmp_path):
                "0,1", "--limit", "2", "--generation-limit", "1", "--train", *train]
     first = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert first.stdout.count("trained (") == 6 and first.stdout.count("min left") == 12
+    assert first.stdout.count("trained (") == 6 and first.stdout.count("min elapsed") == 12
     report = json.loads((out / "cpu_evidence.json").read_text())
     assert set(report["arms"]) == {"baseline", "multi_interface", "cipr"}
     for arm in report["arms"].values():

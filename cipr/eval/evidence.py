@@ -154,7 +154,9 @@ class Clock:
     def advance(self, weight: float) -> str:
         self.done += weight
         elapsed = time.time() - self.start
-        left = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
+        if not self.done:
+            return f"{elapsed / 60:.1f} min elapsed (the time left is estimated once work has run)"
+        left = max(elapsed / self.done * (self.total - self.done), 0.0)
         return f"{elapsed / 60:.1f} min elapsed, about {left / 60:.0f} min left"
 
 
@@ -193,6 +195,20 @@ def evaluate_point(config: EvidenceConfig, point: Point, run_dir: Path, work: Pa
         write_json_atomic(out / DONE, identity)
         ran = True
     return ran
+
+
+def _trained(config: EvidenceConfig, point: Point) -> bool:
+    try:
+        run_dir = run_dir_of(config, point)
+    except DataError:
+        return False
+    from cipr.runtime.export import result_stage
+
+    return (run_dir / result_stage(read_json(run_dir / "config.json")["algo"]) / "stage.json").is_file()
+
+
+def _evaluated(work: Path, point: Point) -> bool:
+    return all((work / "evals" / point.label / job / DONE).is_file() for job in ("consistency", "generation"))
 
 
 def point_metrics(config: EvidenceConfig, work: Path, point: Point) -> dict[str, Any] | None:
@@ -263,6 +279,10 @@ def build_report(config: EvidenceConfig, metrics: Mapping[str, Mapping[int, Mapp
     if "cipr" in metrics and "multi_interface" in metrics:
         report["paired"] = paired(arms["cipr"], arms["multi_interface"], heldout)
         report["outcome"] = outcome(report["paired"], heldout)
+    if "multi_interface" in metrics:  # a λ sweep's points, judged by the same rules (not the predictions' arm)
+        report["paired_sweep"] = {a: paired(arms[a], arms["multi_interface"], heldout) for a in arms
+                                  if a.startswith("cipr_")}
+        report["outcome_sweep"] = {a: outcome(p, heldout) for a, p in report["paired_sweep"].items()}
     return report
 
 
@@ -320,9 +340,10 @@ def render_tables(report: Mapping[str, Any]) -> str:
                                                 for t in heldout) + " |")
     out = ["Means over seeds with 95% Student-t intervals; accuracy drop = original − perturbed action accuracy "
            "(points).", "", *rows, "", *drops, ""]
-    if "paired" in report:
-        p = report["paired"]
-        out += ["CIPR − multi-interface, paired by seed (per-seed values, then mean [95% t interval]):", "",
+    for name, p in [("CIPR", report.get("paired")), *report.get("paired_sweep", {}).items()]:
+        if p is None:
+            continue
+        out += [f"{name} − multi-interface, paired by seed (per-seed values, then mean [95% t interval]):", "",
                 "| quantity | per seed | mean [95% CI] |", "|---|---|---|",
                 f"| held-in KL | {', '.join(f'{v:+.4f}' for v in p['heldin_kl']['per_seed'])} | "
                 f"{_fmt(p['heldin_kl'], 1, 4)} |",
@@ -382,7 +403,9 @@ def run_evidence(config: EvidenceConfig, predictions: Mapping[str, str], command
     (work / "logs").mkdir(parents=True, exist_ok=True)
     points = [Point(arm, seed) for arm in config.all_arms for seed in config.seeds]
     warm_pending = not (sweep / "warm_start" / "stage.json").is_file()  # trained inside the first point
-    clock = Clock(sum(2 * p.arm.weight for p in points) + WARM_START_WEIGHT * warm_pending)
+    todo = {p.label: (not _trained(config, p), not _evaluated(work, p)) for p in points}  # the estimate's work
+    clock = Clock(sum(p.arm.weight * (t + e) for p in points for t, e in [todo[p.label]])
+                  + WARM_START_WEIGHT * warm_pending)
     timings_path = work / "timings.json"
     timings: dict[str, float] = read_json(timings_path) if timings_path.is_file() else {}
 
@@ -404,12 +427,12 @@ def run_evidence(config: EvidenceConfig, predictions: Mapping[str, str], command
         record(f"train/{point.label}", time.time() - t0)
         extra = WARM_START_WEIGHT if warm_pending and k == 1 else 0.0
         print(f"[evidence] {k}/{len(points)} {point.label}: trained ({time.time() - t0:.0f} s); "
-              f"{clock.advance(point.arm.weight + extra)}", flush=True)
+              f"{clock.advance(point.arm.weight * todo[point.label][0] + extra)}", flush=True)
         t0 = time.time()
         if evaluate_point(config, point, run_dir_of(config, point), work):
             record(f"eval/{point.label}", time.time() - t0)
         print(f"[evidence] {k}/{len(points)} {point.label}: evaluated ({time.time() - t0:.0f} s); "
-              f"{clock.advance(point.arm.weight)}", flush=True)
+              f"{clock.advance(point.arm.weight * todo[point.label][1])}", flush=True)
     metrics: dict[str, dict[int, Any]] = defaultdict(dict)
     for point in points:
         m = point_metrics(config, work, point)
