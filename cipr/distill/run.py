@@ -62,7 +62,6 @@ from cipr.train.checkpoint import (
 )
 from cipr.train.metrics import LoggingConfig, MetricsCallback, MetricsWriter, peak_memory_gb
 from cipr.train.schedule import (
-    DistributedConfig,
     LauncherConfig,
     TrainerConfig,
     check_numbers,
@@ -70,6 +69,7 @@ from cipr.train.schedule import (
     precision_flags,
 )
 from cipr.train.stage import finish_stage, preemption_callback, train_stage
+from cipr.train.strategy import DistributedConfig, validate_distributed
 
 log = logging.getLogger("cipr.distill")
 
@@ -119,6 +119,7 @@ def validate(cfg: DistillRunConfig) -> None:
     if cfg.trainer.max_steps < 1 or cfg.trainer.save_steps < 1 or cfg.trainer.per_device_train_batch_size < 1:
         raise ConfigError("trainer.max_steps, trainer.save_steps and trainer.per_device_train_batch_size must be >= 1")
     check_numbers(cfg.trainer)
+    validate_distributed(cfg.distributed)
     precision_flags(cfg.trainer.precision)
     resolve_source(cfg.model)
     try:
@@ -303,7 +304,7 @@ def _train(cfg: DistillRunConfig, student: Any, tokenizer: Any, items: list, fmt
     trainer = DistillTrainer(model=student, args=TrainingArguments(**args), processing_class=tokenizer, items=items,
                              fmt=fmt, algo=cfg.algo, teacher=teacher, teacher_context=context,
                              callbacks=[MetricsCallback(writer, STAGE, cfg.logging.print_metrics), preemption])
-    steps = train_stage(trainer, stage_dir, t.resume, writer, STAGE, preemption)
+    steps = train_stage(trainer, stage_dir, t.resume, writer, STAGE, preemption, cfg.distributed.strategy)
     finish_stage(trainer, stage_dir, steps)
     del trainer
     return steps

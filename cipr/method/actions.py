@@ -521,10 +521,24 @@ def _collate(rows: list[_Row], padding_side: str, pad_id: int, dtype: torch.dtyp
     return ids.to(device), pos.to(device), mask.to(device), offsets
 
 
+def _sharded(model: Any) -> bool:
+    """An FSDP2 module (`fully_shard`) or a model whose parameters DeepSpeed ZeRO-3 partitions.
+
+    Their weights are whole only inside the root module's forward (FSDP2 unshards there; calling a
+    submodule around it fails with "mixed torch.Tensor and DTensor"), so the reader goes through it."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        return True
+    first = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    return first is not None and hasattr(first, "ds_id")
+
+
 def _plain_head(model: Any) -> bool:
-    """False for a distributed wrapper (DDP, DeepSpeed): its forward must run so gradients are synchronized."""
+    """False for a distributed wrapper (DDP, DeepSpeed) or a sharded model: its root forward must run, so
+    that gradients are synchronized and sharded weights gathered."""
     config = getattr(model, "config", None)
-    return (config is not None and hasattr(model, "get_output_embeddings")
+    return (config is not None and hasattr(model, "get_output_embeddings") and not _sharded(model)
             and getattr(config, "final_logit_softcapping", None) is None and getattr(config, "logit_scale", None) is None
             and model.get_output_embeddings() is not None)
 
@@ -541,6 +555,9 @@ def _logits(model: Any, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor
 
 
 def _resolve_head(model: Any, head: str) -> str:
+    if head == "gather" and _sharded(model):
+        raise ValueError("head 'gather' calls the decoder and the output head around the root module, which a "
+                         "sharded model (FSDP2, ZeRO-3) does not support; use head 'auto' or 'model'")
     return ("gather" if _plain_head(model) else "model") if head == "auto" else head
 
 

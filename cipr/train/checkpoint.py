@@ -166,6 +166,26 @@ def check_finite(loss: torch.Tensor, step: int, parts: dict[str, float] | None =
         f"consistency weights, or check the data of this step.")
 
 
+_INDEXED_CPU = False
+
+
+def restore_indexed_cpu_locations() -> None:
+    """Let `torch.load(map_location="cpu:N")` restore tensors (once per process).
+
+    accelerate gives each CPU process of a multi-process run the device `cpu:<local rank>`, and transformers
+    loads the optimizer state of a resumed run with `map_location=args.device` there; torch's own deserializers
+    know only "cpu", so a DDP resume on CPU processes failed with "don't know how to restore data location ...
+    (tagged with cpu:0)". This registers the missing one through torch's public `register_package`."""
+    global _INDEXED_CPU
+    if _INDEXED_CPU:
+        return
+    import torch
+
+    torch.serialization.register_package(
+        30, lambda obj: None, lambda obj, location: obj if location.startswith("cpu:") else None)
+    _INDEXED_CPU = True
+
+
 class CheckpointMixin:
     """Mixed into the SFT and GRPO trainers: tracked saves, extra state, and the non-finite loss guard.
 
@@ -228,6 +248,7 @@ class CheckpointMixin:
         super()._load_from_checkpoint(resume_from_checkpoint, model)  # type: ignore[misc]
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        restore_indexed_cpu_locations()
         super()._load_optimizer_and_scheduler(checkpoint)  # type: ignore[misc]
         if checkpoint is not None and (Path(checkpoint) / EXTRA_STATE).is_file():
             import torch

@@ -10,14 +10,17 @@ For each prompt row the candidates are: the reference target (correct); the targ
 call sent to another declared tool (on the perturbed side the called tool's degraded twin when it
 has one: a twin call); a text answer without a call; and text outside the format. Each completion
 is drawn with the global torch RNG, so a run resumed from a checkpoint (whose RNG state the Trainer
-restores) draws what the uninterrupted run drew.
+restores) draws what the uninterrupted run drew. With `draw="per_prompt"` the n-th completion of a prompt
+comes instead from a generator seeded by the prompt's tokens and n, so a run split over several processes
+draws for each prompt what one process drew (the distributed tier compares the two).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
+from zlib import crc32
 
 import torch
 
@@ -53,8 +56,11 @@ class ReplayRollouts:
     """Stand-in for `GRPOTrainer._generate_single_turn` drawing completions from `candidates`."""
 
     def __init__(self, records: Sequence[PromptRecord], fmt: CallFormat, tokenizer: Any, *,
-                 max_completion_length: int, weights: Sequence[float] | None = None) -> None:
+                 max_completion_length: int, weights: Sequence[float] | None = None,
+                 draw: Literal["global", "per_prompt"] = "global") -> None:
         self.tokenizer = tokenizer
+        self.draw = draw
+        self.drawn: dict[tuple[int, ...], int] = {}
         self.max_completion_length = max_completion_length
         self.weights = weights
         prompt_ids = tokenizer(text=[r.prompt for r in records])["input_ids"]
@@ -71,11 +77,17 @@ class ReplayRollouts:
             options = self.by_prompt.get(tuple(ids))
             if options is None:
                 raise KeyError("a prompt the replay was not built for reached generation")
+            generator = None
+            if self.draw == "per_prompt":
+                key = tuple(ids)
+                n = self.drawn.get(key, 0)
+                self.drawn[key] = n + 1
+                generator = torch.Generator().manual_seed(crc32(str(key).encode()) * 1_000_003 + n)
             if self.weights is None:
-                k = int(torch.randint(len(options), ()).item())
+                k = int(torch.randint(len(options), (), generator=generator).item())
             else:
                 w = torch.tensor(list(self.weights)[:len(options)], dtype=torch.float)
-                k = int(torch.multinomial(w / w.sum(), 1).item())
+                k = int(torch.multinomial(w / w.sum(), 1, generator=generator).item())
             out.append(list(options[k]))
         return out, None
 

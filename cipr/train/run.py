@@ -48,7 +48,6 @@ from cipr.train.data import DataConfig, PromptSet, build_prompts, check_source, 
 from cipr.train.metrics import LoggingConfig, MetricsCallback, MetricsWriter, peak_memory_gb
 from cipr.train.rollout import RolloutConfig, check_backend, grpo_kwargs
 from cipr.train.schedule import (
-    DistributedConfig,
     GrpoBatch,
     LauncherConfig,
     TrainerConfig,
@@ -61,6 +60,7 @@ from cipr.train.schedule import (
 from cipr.train.stage import finish_stage as _finish_stage
 from cipr.train.stage import preemption_callback as _preemption_callback
 from cipr.train.stage import train_stage as _train_stage
+from cipr.train.strategy import DistributedConfig, validate_distributed
 from cipr.train.warm_start import claim, stage_dir, validate_shared, warm_start_prompts, warm_start_seed
 
 log = logging.getLogger("cipr.train")
@@ -109,6 +109,7 @@ def _own_stages(cfg: TrainConfig) -> list[str]:
 def validate(cfg: TrainConfig) -> None:
     """Every check that needs neither model nor data in memory; raises ConfigError with the fix."""
     validate_algo(cfg.algo)
+    validate_distributed(cfg.distributed)
     validate_shared(cfg)
     unit = cfg.rollout.num_generations * cfg.algo.unit_size if cfg.algo.uses_grpo else \
         cfg.algo.unit_size if cfg.algo.supervised else 1
@@ -313,7 +314,8 @@ def _run_sft(cfg: TrainConfig, stage: str, model: Any, tokenizer: Any, prompts: 
                                            unit_size=1, action_weight=ws.action_weight, callbacks=callbacks)
     else:
         trainer = build_sft_trainer(model, tokenizer, prompts.records, args, ws.max_length, callbacks=callbacks)
-    done = _train_stage(trainer, folder, cfg.trainer.resume, writer, stage, preemption)
+    done = _train_stage(trainer, folder, cfg.trainer.resume, writer, stage, preemption,
+                         cfg.distributed.strategy)
     _finish_stage(trainer, folder, done)
     if stage == "warm_start" and trainer.args.should_save:  # never resumed again: the next stage loads final/
         drop_step_checkpoints(folder)
@@ -381,7 +383,7 @@ def _run_grpo(cfg: TrainConfig, model: Any, tokenizer: Any, prompts: PromptSet, 
                               samples_per_step=cfg.logging.rollout_samples,
                               callbacks=[MetricsCallback(writer, "grpo", cfg.logging.print_metrics), preemption])
     _evaluate(cfg, model, tokenizer, prompts, fmt, writer, "grpo", "before", 0)
-    done = _train_stage(trainer, stage_dir, cfg.trainer.resume, writer, "grpo", preemption)
+    done = _train_stage(trainer, stage_dir, cfg.trainer.resume, writer, "grpo", preemption, cfg.distributed.strategy)
     _finish_stage(trainer, stage_dir, done)
     _evaluate(cfg, model, tokenizer, prompts, fmt, writer, "grpo", "after", done)
     del trainer

@@ -44,6 +44,7 @@ from typing import Any, Literal
 import torch
 
 from cipr.core.config import ConfigError
+from cipr.train.strategy import DistributedConfig, trainer_arguments
 
 
 @dataclass
@@ -74,7 +75,8 @@ class WarmStartConfig:
 class TrainerConfig:
     """Optimization and bookkeeping of the main stage (GRPO, or SFT for algo=sft).
 
-    `max_steps: -1` trains `num_train_epochs` instead. `prompts_per_step`, `updates_per_generation`:
+    `optim`/`optim_args`: TrainingArguments' optimizer name and its options string (e.g. `sgd` with
+    `momentum=0.9`). `max_steps: -1` trains `num_train_epochs` instead. `prompts_per_step`, `updates_per_generation`:
     the GRPO batch geometry (module docstring); with `prompts_per_step` set, the gradient accumulation
     is derived and `gradient_accumulation_steps` must stay 1. `entropy_coeff`: weight of the mean
     token-entropy bonus (verl's `entropy_coeff`, TRL's `entropy_coef`). `max_prompt_length`: GRPO
@@ -106,6 +108,7 @@ class TrainerConfig:
     adam_beta2: float = 0.999
     max_grad_norm: float = 1.0
     optim: str = "adamw_torch"
+    optim_args: str | None = None
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     gradient_checkpointing: bool = False
     save_steps: int = 5
@@ -121,14 +124,6 @@ class TrainerConfig:
     max_prompt_length: int | None = None
     torch_threads: int | None = None
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
-
-
-@dataclass
-class DistributedConfig:
-    """Sharding of several processes (`distributed=`): none/DDP, or a DeepSpeed config given inline."""
-
-    deepspeed: dict[str, Any] | None = None
-    ddp_find_unused_parameters: bool | None = None
 
 
 @dataclass
@@ -167,6 +162,7 @@ def common_args(cfg: TrainerConfig, dist: DistributedConfig, *, output_dir: str,
         "adam_beta2": cfg.adam_beta2,
         "max_grad_norm": cfg.max_grad_norm,
         "optim": cfg.optim,
+        "optim_args": cfg.optim_args,
         "gradient_checkpointing": cfg.gradient_checkpointing,
         "gradient_checkpointing_kwargs": {"use_reentrant": False} if cfg.gradient_checkpointing else None,
         "seed": cfg.seed,
@@ -187,10 +183,7 @@ def common_args(cfg: TrainerConfig, dist: DistributedConfig, *, output_dir: str,
         "ddp_broadcast_buffers": False,
         **precision_flags(cfg.precision),
     }
-    if dist.deepspeed is not None:
-        args["deepspeed"] = dist.deepspeed
-    if dist.ddp_find_unused_parameters is not None:
-        args["ddp_find_unused_parameters"] = dist.ddp_find_unused_parameters
+    args.update(trainer_arguments(dist))
     return args
 
 

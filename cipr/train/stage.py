@@ -1,7 +1,7 @@
 """One trainer stage, run the same way by every runner (cipr/train/run.py, cipr/distill/run.py).
 
 A stage lives in its own folder (`checkpoint-<step>/`, `latest.json`, `final/`, `stage.json`). Running
-it: resume from the checkpoint `trainer.resume` names (`auto`: the latest complete one), drop the
+it: check that the accelerator runs the strategy asked for, resume from the checkpoint `trainer.resume` names (`auto`: the latest complete one), drop the
 metric lines written after that step so metrics.jsonl reads as one run, train with the preemption
 callback installed, and on a preemption signal stop with `Preempted` once the step is saved.
 Finishing it: save `final/` and mark the stage done (main process), so a rerun skips it.
@@ -19,6 +19,7 @@ from cipr.core.errors import Preempted
 from cipr.core.io import read_json
 from cipr.train.checkpoint import mark_stage_done, resolve_resume
 from cipr.train.metrics import MetricsWriter
+from cipr.train.strategy import check_strategy
 
 log = logging.getLogger("cipr.train")
 
@@ -31,8 +32,13 @@ def preemption_callback() -> Any:
 
 
 def train_stage(trainer: Any, stage_dir: Path, resume: str, writer: MetricsWriter, stage: str,
-                preemption: Any) -> int:
-    """Train `trainer` in `stage_dir`, resuming as `resume` says; the global step reached (Preempted if signalled)."""
+                preemption: Any, strategy: str = "none") -> int:
+    """Train `trainer` in `stage_dir`, resuming as `resume` says; the global step reached (Preempted if signalled).
+
+    First the accelerator the Trainer built is checked against `strategy` (`distributed.strategy`) and the
+    launcher's processes (`cipr.train.strategy.check_strategy`): a silent downgrade stops here.
+    """
+    check_strategy(trainer.accelerator, strategy)
     checkpoint = resolve_resume(resume, stage_dir)
     if checkpoint is not None:
         step = read_json(Path(checkpoint) / "trainer_state.json")["global_step"]

@@ -164,6 +164,21 @@ class SupervisedTrainer(WarmStartTrainer):
             units_per_batch=self.args.per_device_train_batch_size // self.unit_size, seed=self.args.seed)
         return self._cipr_sampler
 
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Each process records its own micro-batches' metrics; they are pooled over the processes before TRL
+        averages them, so a logged consistency KL or action accuracy is the whole step's, not rank 0's share."""
+        if self.accelerator.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            mode = "train" if self.model.training else "eval"
+            pooled: dict[str, list[float]] = {}
+            for part in gather_object([dict(self._metrics[mode])]):
+                for key, values in part.items():
+                    pooled.setdefault(key, []).extend(values)
+            self._metrics[mode].clear()
+            self._metrics[mode].update(pooled)
+        super().log(logs, start_time)
+
     def _log(self, metrics: dict[str, float], prefix: str = "") -> None:
         for key, v in metrics.items():
             self._metrics["train"][prefix + key].append(v)
@@ -183,13 +198,23 @@ class SupervisedTrainer(WarmStartTrainer):
         num_actions = max(r.num_actions for r in batch)
         reading = read_actions(model, tokenizer, queries, num_actions, ActionReaderConfig(response_logprobs=True))
         mask = reading.response_mask
-        token_loss = -(reading.response_logprobs * mask).sum() / mask.sum().clamp(min=1)
+        total = -(reading.response_logprobs * mask).sum()
         targets = torch.tensor([c for q in queries for c in reference_classes(q, num_actions)], dtype=torch.long,
                                device=reading.probs.device)
         ce, metrics = action_nll(reading.probs, targets, reading.sequence)
-        self._log({"token_loss": float(token_loss.detach()), **metrics})
-        loss = token_loss + self.action_weight * ce.to(token_loss.dtype)
-        return self._accumulated(loss, num_items_in_batch), reading
+        self._log({"token_loss": float(total.detach() / mask.sum().clamp(min=1)), **metrics})
+        action = self._accumulated(self.action_weight * ce.to(total.dtype), num_items_in_batch)
+        return self._token_loss(total, mask.sum(), num_items_in_batch) + action, reading
+
+    def _token_loss(self, total: torch.Tensor, count: torch.Tensor, num_items_in_batch: Any) -> torch.Tensor:
+        """The token loss scaled as the Trainer scales a model's own: the sum over the target tokens of the whole
+        step (`num_items_in_batch`: every accumulation step and, with `average_tokens_across_devices`, every
+        process) times the processes, whose gradients DDP, FSDP and ZeRO average. Two processes then train like
+        one on the same global batch, whatever each one's token count; else the micro-batch's mean."""
+        if self.model_accepts_loss_kwargs and num_items_in_batch is not None:
+            processes = self.accelerator.num_processes if self.args.average_tokens_across_devices else 1
+            return total * processes / num_items_in_batch
+        return total / count.clamp(min=1)
 
     def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False, num_items_in_batch: Any = None) -> Any:
         rows = inputs.pop(ROW).tolist()
