@@ -93,8 +93,11 @@ def main() -> None:
         from support.cpu_sharding import install
 
         install()
+    from cipr.ops.launch import leave_process_group
+
     if "reader" in plan:
         read_under(plan["reader"])
+        leave_process_group()
         return
     from cipr.train import stage as stage_module
     from cipr.train.strategy import built_strategy
@@ -131,8 +134,11 @@ def main() -> None:
             self.accelerator.wait_for_everyone()
             os.kill(os.getpid(), signal.SIGKILL)
 
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
     for item in plan["runs"]:
         built.clear()
+        unset_hf_deepspeed_config()  # a finished run's ZeRO-3 config would make the next from_pretrained partition
         die_after = item.get("die_after_step")
         checkpoint.CheckpointMixin._save_checkpoint = save_then_die if die_after else save_checkpoint
         CIPRGRPOTrainer._generate_single_turn = replayed if item.get("replay") else generate_single_turn
@@ -144,6 +150,7 @@ def main() -> None:
             from cipr.train.run import config_from_dict, run
         run_dir = Path(run(config_from_dict(config)))
         (run_dir / f"ran_rank{rank}.json").write_text(json.dumps(built))
+    leave_process_group()
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = pytest.mark.integration  # subprocesses / end-to-end runs: the integration tier
+pytestmark = pytest.mark.distributed  # two gloo processes: the distributed tier
 
 ROOT = Path(__file__).resolve().parents[1]
 G = 2  # completions per prompt

@@ -47,9 +47,10 @@ ALGOS: dict[str, tuple[dict[str, Any], int, bool, str]] = {
                          "rollout_weight": 0.0}, 4 * G, True, "grpo"),
     "masking": ({"name": "masking", "names": "masked", "perturbed": False, "rescore_weight": 0.0,
                  "rollout_weight": 0.0}, 4 * G, True, "grpo"),
-    "cipr": ({"name": "cipr", "rescore_weight": 0.5, "rollout_weight": 0.5}, 4 * G, True, "grpo"),
+    "cipr": ({"name": "cipr", "rescore_weight": 0.5, "rollout_weight": 0.5}, 4 * G, True, "grpo"),  # + a warm start
     "cipr_supervised": ({"name": "cipr", "regime": "supervised", "rescore_weight": 1.0, "rollout_weight": 0.0,
                          "action_weight": 1.0}, 8, False, "supervised"),
+    "distill": ({"name": "distill", "eval": {"namings": ["canonical"]}}, 4, False, "distill"),
 }
 
 
@@ -62,10 +63,13 @@ def _free_port() -> int:
 def _config(tiny: Path, run_dir: Path, algo: str, strategy: str, processes: int) -> dict[str, Any]:
     algo_cfg, global_batch, _, _ = ALGOS[algo]
     distributed = yaml.safe_load((ROOT / "configs/train/distributed" / f"{strategy}.yaml").read_text())
+    data = {"source": "synthetic", "n": 24, "seed": 0, "eval_examples": 0, "tools_per_example": [2, 2]}
+    if algo == "distill":  # ToyShop trajectories from the data root, teacher = the start model
+        data = {"n": 10, "eval_examples": 2, "max_observation_chars": 60, "max_turns": 2}
     return {
         "model": {"name_or_path": str(tiny), "gguf_package": None, "gguf_file": None, "short_name": "tiny",
-                  "dtype": "float32", "call_format": "compact"},
-        "data": {"source": "synthetic", "n": 24, "seed": 0, "eval_examples": 0, "tools_per_example": [2, 2]},
+                  "dtype": "float32", "call_format": "compact" if algo != "distill" else "hermes"},
+        "data": data,
         "algo": algo_cfg,
         "rollout": {"backend": "hf", "num_generations": G, "max_completion_length": 128},
         "trainer": {"run_dir": str(run_dir), "max_steps": 2, "save_steps": 1, "optim": "sgd", "optim_args": "momentum=0.9",
@@ -81,6 +85,11 @@ def _launch(out: Path, strategy: str, processes: int, tiny: Path) -> Path:
     runs = [{"name": algo, "replay": ALGOS[algo][2],
              "config": _config(tiny, out / algo, algo, strategy if processes > 1 else "none", processes)}
             for algo in ALGOS]
+    for run in runs:  # CIPR after a warm start in the same process: two Trainers, the stage hand-over under sharding
+        if run["name"] == "cipr":
+            run["config"]["trainer"]["warm_start"] = {"steps": 2, "learning_rate": LR, "per_device_train_batch_size":
+                                                      4 // processes, "eval_examples": 2}
+            run["config"]["data"]["eval_examples"] = 2  # the held-out probes run (rank 0), skipped under sharding
     plan = out / "plan.json"
     plan.write_text(json.dumps({"shim": processes > 1, "runs": runs}))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
@@ -223,4 +232,57 @@ def test_a_killed_job_resumes_to_the_uninterrupted_weights(tmp_path, tiny, two_p
     a, b = _weights(uninterrupted / algo, "supervised"), _weights(tmp_path / algo, "supervised")
     worst = max((a[k] - b[k]).abs().max().item() for k in a)
     print(f"{strategy}: resumed vs uninterrupted max |dw| = {worst:.2e}")
+    assert worst <= WEIGHT_TOL
+
+
+def _cli(tiny: Path, run_dir: Path, *extra: str) -> list[str]:
+    return ["-m", "cipr.cli.train", "model=tiny", f"model.name_or_path={tiny}", "algo=sft", "trainer=smoke",
+            "data.n=16", "trainer.per_device_train_batch_size=2", "trainer.learning_rate=0.01",
+            f"trainer.run_dir={run_dir}", "logging.progress_bar=false", *extra]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "zero2", "zero3"])
+def test_from_the_command_line_a_strategy_runs_as_asked_or_stops(tmp_path, tiny, strategy):
+    """No shim: `cipr-train distributed=<strategy> launcher.num_processes=2` on CPU. DDP and DeepSpeed ZeRO run as
+    asked (the Trainer's accelerator builds them on CPU processes); FSDP, which accelerate 1.15 builds only for GPU
+    process types, stops before any step with one line naming what was asked and what accelerate built (not a DDP
+    run under an FSDP label)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    cmd = [sys.executable, *_cli(tiny, tmp_path / "run", f"distributed={strategy}", "launcher.num_processes=2",
+                                 f"launcher.main_process_port={_free_port()}")]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    if strategy == "fsdp":
+        assert proc.returncode != 0
+        line = "configuration error: asked for distributed=fsdp on 2 processes, but accelerate built ddp"
+        assert line in proc.stderr, proc.stderr[-4000:]
+        assert not list((tmp_path / "run").glob("*/checkpoint-*"))
+    else:
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        assert f"distributed={strategy}: accelerate built {strategy} over 2 processes" in proc.stdout + proc.stderr
+        assert (tmp_path / "run" / "sft" / "stage.json").is_file()
+
+
+def test_two_nodes_on_loopback_train_like_two_processes_on_one(tmp_path, tiny):
+    """The launch slurm/train_multinode.sbatch builds (one `accelerate launch` per node, machine_rank 0 and 1, one
+    rendezvous address), as two "nodes" of one process each on 127.0.0.1, against `cipr-train
+    launcher.num_processes=2` on one node: the same weights."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    one = subprocess.run([sys.executable, *_cli(tiny, tmp_path / "one_node", "launcher.num_processes=2",
+                                                f"launcher.main_process_port={_free_port()}")],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-4000:]
+    port = str(_free_port())
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs/accelerate/ddp.yaml"),
+         "--num_machines", "2", "--machine_rank", str(rank), "--num_processes", "2", "--main_process_ip", "127.0.0.1",
+         "--main_process_port", port, *_cli(tiny, tmp_path / "two_nodes", "trainer.resume=auto")],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    outputs = [node.communicate(timeout=600) for node in nodes]
+    for node, (_, err) in zip(nodes, outputs, strict=True):
+        assert node.returncode == 0, err[-4000:]
+    a, b = _weights(tmp_path / "one_node", "sft"), _weights(tmp_path / "two_nodes", "sft")
+    start = _weights(tiny.parent.parent, "sft")
+    assert max((a[k] - start[k]).abs().max().item() for k in a) > 1e-3
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    print(f"two nodes vs one node: max |dw| = {worst:.2e}")
     assert worst <= WEIGHT_TOL

@@ -308,3 +308,63 @@ def test_completion_scoring_matches_trls_fused_head(tiny_tokenizer, tmp_path):
     assert len(grads) == len(trl_grads) > 0
     for got, want in zip(grads, trl_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-6)
+
+
+# --- the sharding seam (cipr/train/strategy.py, cipr/method/actions.py, cipr/train/checkpoint.py, the distributed
+# tier's shim tests/support/cpu_sharding.py): accelerate, torch and DeepSpeed names it relies on
+
+
+def test_accelerate_still_drops_fsdp_and_deepspeed_on_cpu_processes():
+    """The shim and the strategy check exist because of these two conditions in AcceleratorState.__init__; when
+    accelerate changes them, re-check cipr/train/strategy.py's refusal and tests/support/cpu_sharding.py."""
+    from accelerate.state import AcceleratorState
+
+    source = inspect.getsource(AcceleratorState.__init__)
+    assert '"ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" and not cpu' in source
+    assert "DistributedType.MULTI_GPU," in source and "self.distributed_type = DistributedType.FSDP" in source
+    assert callable(AcceleratorState._reset_state)
+
+
+def test_accelerate_names_the_strategy_check_reads():
+    from accelerate.utils import (
+        DeepSpeedPlugin,
+        DistributedType,
+        FullyShardedDataParallelPlugin,
+        gather_object,
+    )
+
+    assert {"NO", "MULTI_CPU", "MULTI_GPU", "FSDP", "DEEPSPEED"} <= set(DistributedType.__members__)
+    assert "fsdp_version" in inspect.signature(FullyShardedDataParallelPlugin).parameters
+    assert hasattr(DeepSpeedPlugin, "zero_stage") or "zero_stage" in inspect.signature(DeepSpeedPlugin).parameters
+    assert list(inspect.signature(gather_object).parameters) == ["object"]
+
+
+def test_torch_names_the_reader_and_the_resume_rely_on():
+    from torch.distributed.fsdp import FSDPModule, fully_shard  # noqa: F401 - cipr/method/actions.py _sharded
+    from torch.distributed.tensor import DTensor
+
+    assert callable(DTensor.full_tensor)
+    assert list(inspect.signature(torch.serialization.register_package).parameters) == [
+        "priority", "tagger", "deserializer"]  # cipr/train/checkpoint.py restore_indexed_cpu_locations
+
+
+def test_transformers_loads_the_optimizer_of_a_multi_process_run_at_args_device():
+    """Why restore_indexed_cpu_locations exists (accelerate gives CPU processes 'cpu:N')."""
+    from transformers import Trainer, TrainingArguments
+
+    assert "map_location = self.args.device if self.args.world_size > 1" in inspect.getsource(
+        Trainer._load_optimizer_and_scheduler)
+    fields = TrainingArguments.__dataclass_fields__
+    assert {"fsdp", "fsdp_config", "deepspeed", "average_tokens_across_devices", "optim_args"} <= set(fields)
+
+
+@pytest.mark.distributed
+def test_deepspeed_names_the_reader_and_its_test_rely_on():
+    import deepspeed
+    from deepspeed.utils import safe_get_full_grad
+
+    assert deepspeed.__version__ == "0.19.8"
+    assert list(inspect.signature(safe_get_full_grad).parameters) == ["param"]
+    from deepspeed.runtime.zero.partition_parameters import Init
+
+    assert "ds_id" in inspect.getsource(Init._convert_to_deepspeed_param)  # cipr/method/actions.py _sharded

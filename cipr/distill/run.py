@@ -69,7 +69,7 @@ from cipr.train.schedule import (
     precision_flags,
 )
 from cipr.train.stage import finish_stage, preemption_callback, train_stage
-from cipr.train.strategy import DistributedConfig, validate_distributed
+from cipr.train.strategy import DistributedConfig, reset_accelerator_state, sharded, validate_distributed
 
 log = logging.getLogger("cipr.distill")
 
@@ -256,6 +256,12 @@ def _run(cfg: DistillRunConfig, out: Path, writer: MetricsWriter, started: float
     steps = 0
     if not done:
         steps = _train(cfg, student, tokenizer, train.items, fmt, stage_dir, writer)
+        if sharded(cfg.distributed.strategy) and main:  # split across the processes in place: evaluate final/
+            from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+            unset_hf_deepspeed_config()  # rank 0 loads alone: not under ZeRO-3's collective zero.Init
+            student, tokenizer = load_trained(cfg.model, stage_dir / "final")
+            _plain_float(student)
     if main and usable_eval:
         if teacher_readings is None:
             if not teacher_file.is_file():
@@ -293,6 +299,7 @@ def _train(cfg: DistillRunConfig, student: Any, tokenizer: Any, items: list, fmt
     from transformers import TrainingArguments
 
     t = cfg.trainer
+    reset_accelerator_state()
     args = common_args(t, cfg.distributed, output_dir=str(stage_dir), max_steps=t.max_steps,
                        learning_rate=t.learning_rate, batch=t.per_device_train_batch_size,
                        accumulation=t.gradient_accumulation_steps, scheduler=t.lr_scheduler_type,

@@ -140,7 +140,7 @@ class DistillTrainer(CheckpointMixin, Trainer):
         autocast = self.algo.autocast_bf16 and self.args.device.type == "cpu"
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             loss, metrics = batch_loss(model, self.teacher, tokenizer, batch, relabeled, self.fmt, self.algo.weights,
-                                       teacher_context=self.teacher_context)
+                                       teacher_context=self.teacher_context, token_positions=self._positions)
         check_finite(loss, self.state.global_step, metrics)
         for k, v in metrics.items():
             self._sums[k] += v
@@ -148,7 +148,25 @@ class DistillTrainer(CheckpointMixin, Trainer):
         self._count += 1
         return (loss, {}) if return_outputs else loss
 
+    def _positions(self, local: int) -> float | None:
+        """The token KL's divisor on several processes: every process's aligned positions over their number, so
+        that the gradients DDP, FSDP and ZeRO average are those of the mean over all positions (None: one process)."""
+        processes = self.accelerator.num_processes
+        if processes == 1:
+            return None
+        total = self.accelerator.reduce(torch.tensor(float(local), device=self.args.device), reduction="sum")
+        return max(float(total), 1.0) / processes
+
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if self.accelerator.num_processes > 1 and "loss" in logs:  # every process's micro-batches, not rank 0's
+            from accelerate.utils import gather_object
+
+            parts = gather_object([(dict(self._sums), self._count)])
+            self._sums = defaultdict(float)
+            for sums, _ in parts:
+                for k, v in sums.items():
+                    self._sums[k] += v
+            self._count = sum(count for _, count in parts)
         if self._count and "loss" in logs:
             for k, v in self._sums.items():
                 logs[k] = v if k == "distill/tokens_seen" else v / self._count

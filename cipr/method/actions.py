@@ -534,7 +534,7 @@ def _sharded(model: Any) -> bool:
     return first is not None and hasattr(first, "ds_id")
 
 
-def _plain_head(model: Any) -> bool:
+def plain_head(model: Any) -> bool:
     """False for a distributed wrapper (DDP, DeepSpeed) or a sharded model: its root forward must run, so
     that gradients are synchronized and sharded weights gathered."""
     config = getattr(model, "config", None)
@@ -558,7 +558,7 @@ def _resolve_head(model: Any, head: str) -> str:
     if head == "gather" and _sharded(model):
         raise ValueError("head 'gather' calls the decoder and the output head around the root module, which a "
                          "sharded model (FSDP2, ZeRO-3) does not support; use head 'auto' or 'model'")
-    return ("gather" if _plain_head(model) else "model") if head == "auto" else head
+    return ("gather" if plain_head(model) else "model") if head == "auto" else head
 
 
 def _forward_packed(model: Any, rows: list[_Row], config: ActionReaderConfig, pad_id: int, dtype: torch.dtype,

@@ -98,6 +98,16 @@ def check_run_dir(path: str | Path, option: str = "trainer.run_dir") -> None:
         raise ConfigError(f"{option}={str(path)!r}: {blocker} is a file; give a folder for the run")
 
 
+def leave_process_group() -> None:
+    """End this process's part of a multi-process run cleanly: a gloo process group left to interpreter exit
+    sometimes aborted a finished run ("terminate called without an active exception", exit status -6)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def run_entry(container: dict[str, Any], parse: Callable[[dict[str, Any]], Any], train: Callable[[Any], Any],
               artifacts: str, argv: Sequence[str] | None = None) -> int:
     """Parse a resolved config, re-launch it as `launcher.num_processes` processes or train it; the exit status.
@@ -131,6 +141,7 @@ def run_entry(container: dict[str, Any], parse: Callable[[dict[str, Any]], Any],
             log.info("launching %d processes: %s", launcher.num_processes, " ".join(cmd))
             return run_launcher(cmd)
         run_dir = train(config)
+        leave_process_group()
     except NonFiniteLossError as e:
         print(f"cipr-train: {e}", file=sys.stderr)
         return 3

@@ -60,7 +60,7 @@ from cipr.train.schedule import (
 from cipr.train.stage import finish_stage as _finish_stage
 from cipr.train.stage import preemption_callback as _preemption_callback
 from cipr.train.stage import train_stage as _train_stage
-from cipr.train.strategy import DistributedConfig, validate_distributed
+from cipr.train.strategy import DistributedConfig, reset_accelerator_state, sharded, validate_distributed
 from cipr.train.warm_start import claim, stage_dir, validate_shared, warm_start_prompts, warm_start_seed
 
 log = logging.getLogger("cipr.train")
@@ -214,6 +214,11 @@ def _run(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter, started: float)
                 model, tokenizer = load_trained(cfg.model, final)
             else:
                 results[stage] = _run_sft(cfg, stage, model, tokenizer, sft_prompts, fmt, run_dir, sft_writer)
+                if sharded(cfg.distributed.strategy) and ("grpo" in pending or "supervised" in pending):
+                    del model  # split across the processes in place: the next stage starts from the saved final/
+                    gc.collect()
+                    torch.distributed.barrier()  # rank 0 has written final/
+                    model, tokenizer = load_trained(cfg.model, final)
         if shared:
             sft_writer.close()
         gc.collect()
@@ -267,6 +272,10 @@ def _evaluate(cfg: TrainConfig, model: Any, tokenizer: Any, prompts: PromptSet, 
     n = cfg.trainer.warm_start.eval_examples
     if not n or not prompts.eval_records or not writer.enabled or _records(writer, stage=stage, kind="eval", tag=tag):
         return
+    if sharded(cfg.distributed.strategy):  # the probe generates on rank 0 alone, where the weights are not whole
+        log.info("%s %s: held-out probe skipped under distributed=%s (evaluate the export with cipr-eval)",
+                 stage, tag, cfg.distributed.strategy)
+        return
     examples = min(n, len(prompts.eval_records))
     # GRPO starts from the weights the warm start ended with: its probe in this folder is reused, not rerun
     same = _records(writer, stage="warm_start", kind="eval", tag="after") if (stage, tag) == ("grpo", "before") else []
@@ -298,6 +307,7 @@ def _run_sft(cfg: TrainConfig, stage: str, model: Any, tokenizer: Any, prompts: 
         steps, lr, batch, accum = ws.steps, ws.learning_rate, ws.per_device_train_batch_size, ws.gradient_accumulation_steps
         scheduler, warmup = ws.lr_scheduler_type, ws.warmup_steps
     _evaluate(cfg, model, tokenizer, prompts, fmt, writer, stage, "before", 0)
+    reset_accelerator_state()
     args = common_args(trainer_cfg, cfg.distributed, output_dir=str(folder), max_steps=steps, learning_rate=lr,
                        batch=batch, accumulation=accum, scheduler=scheduler, warmup=warmup,
                        progress_bar=cfg.logging.progress_bar)
@@ -358,6 +368,7 @@ def _run_grpo(cfg: TrainConfig, model: Any, tokenizer: Any, prompts: PromptSet, 
 
     stage_dir = run_dir / "grpo"
     batch = batch_geometry(cfg)
+    reset_accelerator_state()
     args = GRPOConfig(**grpo_args(cfg, str(stage_dir)))
     if args.generation_batch_size != batch.completions_per_step:
         raise ConfigError(f"TRL sees {args.world_size} process(es) and a generation batch of "

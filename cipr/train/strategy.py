@@ -14,19 +14,24 @@ cpu`; on one process both), which would leave a run unsharded under a sharded la
 checks, once its accelerator exists, what it runs against what was asked (`check_strategy`): the
 strategy (from `distributed=` or an accelerate config: `ACCELERATE_USE_FSDP`, `ACCELERATE_USE_DEEPSPEED`)
 and the number of processes (`WORLD_SIZE`, set by the launcher). A mismatch is one ConfigError line
-that names both. On a CPU machine FSDP and ZeRO are therefore refused from the command line; the
-`distributed` test tier runs their real code paths on two CPU processes through a test-only shim
-(tests/support/cpu_sharding.py).
+that names both. On CPU processes, measured with accelerate 1.15: the Trainer builds DeepSpeed ZeRO-2/3
+(it does not pass `cpu=True` to its Accelerator, and DeepSpeed falls back to its CPU accelerator over
+gloo), so `distributed=zero2|zero3 launcher.num_processes=2` runs as asked; FSDP stays MULTI_CPU and is
+refused here. The `distributed` test tier runs FSDP2's real code path on two CPU processes through a
+test-only shim (tests/support/cpu_sharding.py).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from cipr.core.config import ConfigError
+
+log = logging.getLogger("cipr.train")
 
 Strategy = Literal["none", "ddp", "fsdp", "zero2", "zero3"]
 SHARDED = ("fsdp", "zero2", "zero3")
@@ -134,3 +139,23 @@ def check_strategy(accelerator: Any, strategy: str, env: Mapping[str, str] | Non
     problem = strategy_mismatch(asked, asked_processes, ran, ran_processes)
     if problem is not None:
         raise ConfigError(problem)
+    log.info("distributed=%s: accelerate built %s over %d processes", strategy, ran, ran_processes)
+
+
+def sharded(strategy: str, env: Mapping[str, str] | None = None) -> bool:
+    """Whether this run's weights are split across processes (FSDP2, ZeRO-3): outside the training step a model
+    is then whole only after reloading a saved `final/` (held-out probes, the next stage, an evaluation)."""
+    asked, processes = asked_strategy(strategy, os.environ if env is None else env)
+    return asked in ("fsdp", "zero3") and processes > 1
+
+
+def reset_accelerator_state() -> None:
+    """Forget the previous stage's accelerator (its DeepSpeed or FSDP plugin) before the next Trainer is built.
+
+    accelerate keeps one AcceleratorState per process and refuses a second Accelerator with a DeepSpeed plugin
+    ("You cannot pass in a `deepspeed_plugin` when creating a second `Accelerator`"), which a warm start followed
+    by GRPO under ZeRO builds; transformers' own hyperparameter search resets it the same way. The process group
+    (PartialState) is kept."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state()

@@ -2,8 +2,9 @@
 
 Why it exists. accelerate's `AcceleratorState.__init__` (accelerate/state.py) sets `DistributedType.FSDP`
 only for the MULTI_GPU-like process types and `DistributedType.DEEPSPEED` only `and not cpu`. On a CPU
-machine it therefore keeps MULTI_CPU (plain DDP) without a word, and the package's own check
-(`cipr.train.strategy.check_strategy`) stops such a run. No GPU is lent to this project, yet both
+machine an FSDP run therefore stays MULTI_CPU (plain DDP) without a word, and the package's own check
+(`cipr.train.strategy.check_strategy`) stops it. (The Trainer passes no `cpu=True` to its Accelerator, so
+DeepSpeed is built there without the shim; an `Accelerator(cpu=True)`, as the reader test builds, needs it.) No GPU is lent to this project, yet both
 strategies run on CPU: torch's `fully_shard` and DeepSpeed's engine (with `DS_ACCELERATOR=cpu`) work
 over gloo. So the `distributed` test tier installs this shim in its worker processes, and from there on
 every line that runs is accelerate's, TRL's, transformers' and DeepSpeed's own FSDP2/ZeRO code: the
