@@ -286,3 +286,24 @@ def test_two_nodes_on_loopback_train_like_two_processes_on_one(tmp_path, tiny):
     worst = max((a[k] - b[k]).abs().max().item() for k in a)
     print(f"two nodes vs one node: max |dw| = {worst:.2e}")
     assert worst <= WEIGHT_TOL
+
+
+def test_export_of_a_sharded_run_gives_the_one_process_logits(tmp_path, two_processes, one_process):
+    """`cipr-export` of the CIPR run (warm start + GRPO) trained under each strategy: a transformers folder whose
+    logits equal those of the same run trained by one process (the checkpoints hold whole tensors: FSDP's full
+    state dict, ZeRO-3's gathered weights)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cipr.cli.export import main as export_main
+
+    strategy, out = two_processes
+    logits = {}
+    for name, run_dir in (("one", one_process / "cipr"), ("two", out / "cipr")):
+        assert export_main([str(run_dir), str(tmp_path / name)]) == 0
+        model = AutoModelForCausalLM.from_pretrained(tmp_path / name, dtype=torch.float32).eval()
+        ids = AutoTokenizer.from_pretrained(tmp_path / name)("find a flight to Oslo", return_tensors="pt").input_ids
+        with torch.no_grad():
+            logits[name] = model(ids).logits
+    worst = (logits["one"] - logits["two"]).abs().max().item()
+    print(f"{strategy}: exported logits max |2proc - 1proc| = {worst:.2e}")
+    assert worst <= 1e-4
