@@ -307,3 +307,45 @@ def test_export_of_a_sharded_run_gives_the_one_process_logits(tmp_path, two_proc
     worst = (logits["one"] - logits["two"]).abs().max().item()
     print(f"{strategy}: exported logits max |2proc - 1proc| = {worst:.2e}")
     assert worst <= 1e-4
+
+
+def test_fsdp_sharded_state_dict_checkpoints_resume_and_export(tmp_path, tiny, one_process):
+    """FSDP with `state_dict_type: SHARDED_STATE_DICT` (small step checkpoints, the large-model setting): SIGKILL
+    after the step-1 save, rerun, and the final weights equal one process's; the sharded step-1 checkpoint
+    (pytorch_model_fsdp_0/) exports, merged on CPU, to the logits of one process's step-1 checkpoint."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cipr.cli.export import main as export_main
+
+    config = _config(tiny, tmp_path / "sft", "sft", "fsdp", 2)
+    config["distributed"]["fsdp"]["state_dict_type"] = "SHARDED_STATE_DICT"
+    run = {"name": "sft", "config": config}
+    _run_plan_expecting(tmp_path, {"runs": [{**run, "die_after_step": 1}]}, killed=True)
+    assert (tmp_path / "sft" / "sft" / "checkpoint-1" / "pytorch_model_fsdp_0").is_dir()
+    _run_plan_expecting(tmp_path, {"runs": [run]}, killed=False)
+    a, b = _weights(one_process / "sft", "sft"), _weights(tmp_path / "sft", "sft")
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= WEIGHT_TOL
+    logits = {}
+    for name, folder in (("one", one_process / "sft" / "sft" / "checkpoint-1"),
+                         ("sharded", tmp_path / "sft" / "sft" / "checkpoint-1")):
+        assert export_main([str(folder), str(tmp_path / f"export_{name}")]) == 0
+        model = AutoModelForCausalLM.from_pretrained(tmp_path / f"export_{name}", dtype=torch.float32).eval()
+        ids = AutoTokenizer.from_pretrained(tmp_path / f"export_{name}")("find a flight", return_tensors="pt").input_ids
+        with torch.no_grad():
+            logits[name] = model(ids).logits
+    worst = (logits["one"] - logits["sharded"]).abs().max().item()
+    print(f"fsdp sharded checkpoint-1 export: max |logits - one process| = {worst:.2e}")
+    assert worst <= 1e-4
+
+
+def _run_plan_expecting(out: Path, plan: dict[str, Any], killed: bool) -> None:
+    (out / "plan.json").write_text(json.dumps({"shim": True, **plan}))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs/accelerate/ddp.yaml"),
+           "--num_processes", "2", "--main_process_port", str(_free_port()), str(ROOT / "tests/sharded_worker.py"),
+           str(out / "plan.json")]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    if killed:
+        assert proc.returncode != 0 and "SIGKILL" in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    else:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]

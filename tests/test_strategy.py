@@ -64,3 +64,9 @@ def test_inconsistent_settings_are_refused():
         validate_distributed(DistributedConfig(strategy="none", deepspeed={"zero_optimization": {"stage": 2}}))
     with pytest.raises(ConfigError, match="distributed=fsdp"):
         validate_distributed(DistributedConfig(strategy="fsdp"))
+
+
+def test_zero3_without_gathered_saves_is_refused():
+    cfg = DistributedConfig(strategy="zero3", deepspeed={"zero_optimization": {"stage": 3}})
+    with pytest.raises(ConfigError, match="stage3_gather_16bit_weights_on_model_save"):
+        validate_distributed(cfg)

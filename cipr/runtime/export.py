@@ -12,7 +12,9 @@ What is exported (`locate`):
   finished is refused with the path of its latest complete checkpoint, which can be exported
   explicitly: exporting an unfinished run by accident would evaluate a model nobody meant to.
 - a step folder (`run/grpo/checkpoint-40`) or a stage's `final/`: the run's config is read from
-  the run folder two levels up.
+  the run folder two levels up. A step folder saved by FSDP with a sharded state dict
+  (`pytorch_model_fsdp_0/`) is merged on CPU with accelerate's `merge_fsdp_weights` over the run's
+  model; a ZeRO-3 step folder without gathered weights is refused with the `zero_to_fp32.py` command.
 - a plain transformers folder (or PEFT adapter folder) outside any run: `call_format` and `names`
   must then be given, since nothing else records them.
 
@@ -204,8 +206,23 @@ class ExportSource:
         return bool(frozen_omitted(self.checkpoint))
 
 
+FSDP_SHARDS = "pytorch_model_fsdp_0"  # accelerate's folder of an FSDP SHARDED_STATE_DICT save (torch.distributed.checkpoint)
+
+
 def _is_weights_folder(path: Path) -> bool:
-    return any((path / f).is_file() for f in WEIGHT_FILES)
+    return any((path / f).is_file() for f in WEIGHT_FILES) or (path / FSDP_SHARDS).is_dir()
+
+
+def _merged_fsdp_state_dict(folder: Path) -> dict[str, Any]:
+    """The whole state dict of an FSDP sharded save, merged on CPU by accelerate's `merge_fsdp_weights`."""
+    import tempfile
+
+    from accelerate.utils import merge_fsdp_weights
+    from safetensors.torch import load_file
+
+    with tempfile.TemporaryDirectory(prefix="cipr-fsdp-merge-") as tmp:
+        merge_fsdp_weights(str(folder / FSDP_SHARDS), tmp, safe_serialization=True)
+        return load_file(str(Path(tmp) / "model.safetensors"))
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -347,6 +364,21 @@ def _load(source: ExportSource, dtype: str) -> tuple[Any, Any]:
             model = model.to(torch_dtype)
     elif source.frozen_omitted:
         model = _rebuild(source, model_cfg)
+        if dtype != "auto":
+            model = model.to(torch_dtype)
+    elif (source.checkpoint / FSDP_SHARDS).is_dir() and not any((source.checkpoint / f).is_file() for f in WEIGHT_FILES):
+        if model_cfg is None:
+            raise DataError("an FSDP sharded checkpoint outside a cipr-train run: nothing names its architecture; "
+                            "export it from inside its run folder", file=str(source.checkpoint))
+        from cipr.runtime.model import load_model
+
+        model, _ = load_model(model_cfg)  # the architecture, then every tensor from the merged shards
+        merged = _merged_fsdp_state_dict(source.checkpoint)
+        missing, unexpected = model.load_state_dict(merged, strict=False)
+        tied = {k for k in missing if k == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False)}
+        if set(missing) - tied or unexpected:
+            raise DataError(f"the merged FSDP shards do not match the run's model: missing {sorted(set(missing) - tied)[:5]}, "
+                            f"unexpected {sorted(unexpected)[:5]}", file=str(source.checkpoint / FSDP_SHARDS))
         if dtype != "auto":
             model = model.to(torch_dtype)
     else:

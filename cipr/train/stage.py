@@ -58,9 +58,20 @@ def train_stage(trainer: Any, stage_dir: Path, resume: str, writer: MetricsWrite
 
 
 def finish_stage(trainer: Any, stage_dir: Path, steps: int) -> Path:
-    """Save `final/` and mark the stage done (the main process writes the marker); returns `final/`."""
+    """Save `final/` and mark the stage done (the main process writes the marker); returns `final/`.
+
+    `final/` always holds whole tensors, since the next stage, cipr-export and cipr-eval read it. Under FSDP with
+    a sharded state dict (`fsdp.state_dict_type: SHARDED_STATE_DICT`, which keeps step checkpoints small)
+    transformers' `save_model` writes nothing at all, so the full state dict is gathered here instead."""
     final = stage_dir / "final"
-    trainer.save_model(str(final))
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
+    if getattr(trainer, "is_fsdp_enabled", False) and "FULL_STATE_DICT" not in str(plugin.state_dict_type):
+        state_dict = trainer.accelerator.get_state_dict(trainer.model)  # every rank takes part in the gather
+        if trainer.args.should_save:
+            trainer._save(str(final), state_dict=state_dict)
+        trainer.accelerator.wait_for_everyone()
+    else:
+        trainer.save_model(str(final))
     if trainer.args.should_save:
         mark_stage_done(stage_dir, {"steps": steps, "final": "final", "time": time.time()})
     return final

@@ -60,6 +60,11 @@ def validate_distributed(cfg: DistributedConfig) -> None:
         if stage != int(cfg.strategy[-1]):
             raise ConfigError(f"distributed.strategy={cfg.strategy} needs distributed.deepspeed.zero_optimization.stage="
                               f"{cfg.strategy[-1]} (got {stage}); use distributed={cfg.strategy}")
+        zero = (cfg.deepspeed or {}).get("zero_optimization") or {}
+        if stage == 3 and not zero.get("stage3_gather_16bit_weights_on_model_save", False):
+            raise ConfigError("distributed.deepspeed.zero_optimization.stage3_gather_16bit_weights_on_model_save must "
+                              "be true: each stage's final/ (read by the next stage, cipr-export and cipr-eval) needs "
+                              "whole weights, which ZeRO-3 gathers only with it")
     elif cfg.deepspeed is not None:
         raise ConfigError(f"distributed.deepspeed is set but distributed.strategy={cfg.strategy}: use distributed=zero2 "
                           f"or distributed=zero3")
