@@ -100,9 +100,13 @@ def check_run_dir(path: str | Path, option: str = "trainer.run_dir") -> None:
 
 def leave_process_group() -> None:
     """End this process's part of a multi-process run cleanly: a gloo process group left to interpreter exit
-    sometimes aborted a finished run ("terminate called without an active exception", exit status -6)."""
+    sometimes aborted a finished run ("terminate called without an active exception", exit status -6). A
+    colocated vLLM engine destroys its own groups, and the default one, when it shuts down at exit (destroying
+    the default group first made that shutdown fail with "Invalid process group specified"), so then it is left."""
     import torch.distributed as dist
 
+    if "vllm" in sys.modules:
+        return
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
