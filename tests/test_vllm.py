@@ -9,7 +9,8 @@ on 2 cores; the engines run eagerly, as cipr starts them on CPU: compiling would
 2. `cipr-train rollout=vllm_colocate` for algo=cipr: a one-step warm start and step 1, then a second
    process that resumes from checkpoint-1 to step 2, each with a probe around the weight push
    (`cipr.train.rollout.push_weights`): after every push, vLLM and the updated HF policy score the
-   same fixed continuation and greedily continue the same fixed prompt.
+   same fixed continuation and greedily continue the same fixed prompt. The same under
+   `distributed=zero3` on two processes (each rank gathers the shards into its own engine).
 3. `cipr-export` of that run, then `backend=vllm` and `backend=openai` (a vLLM OpenAI server
    on 127.0.0.1, started here and stopped by its PID) against `backend=hf` on the export.
 4. `rollout=vllm_server` against that server: generation through TRL's `VLLMClient`, and a training
@@ -253,7 +254,10 @@ def probe_main(argv: list[str]) -> None:
         after = greedy_and_logps(generation)
         with out.open("a") as f:
             f.write(json.dumps({"push_s": seconds, "gap_before": before["gap"], **after,
-                                "eager": generation.llm.llm_engine.model_config.enforce_eager}) + "\n")
+                                "eager": generation.llm.llm_engine.model_config.enforce_eager,
+                                "rank": int(os.environ.get("RANK", "0")),
+                                "zero3_partitioned": any(hasattr(q, "ds_id") for q in generation.model.parameters())})
+                    + "\n")
 
     rollout.push_weights = checked_push
     sys.argv = ["cipr-train", *argv]
@@ -320,6 +324,42 @@ def test_colocate_cipr_pushes_weights_every_step_and_resumes(colocate_run):
     assert [r["step"] for r in steps] == [1, 2]
     assert all("actions/folded" in r and "reward/perturbed" in r for r in steps)  # CIPR's reader, paired rollouts
     assert (colocate_run / "grpo" / "final" / "model.safetensors").is_file()
+
+
+def test_colocate_cipr_under_zero3_on_two_processes_gathers_the_shards_into_vllm(hf_dir, tmp_path):
+    """`distributed=zero3` with vLLM colocated, on two CPU processes (DeepSpeed on its CPU accelerator, gloo): a
+    one-step warm start, then CIPR GRPO step 1. Each rank holds half of every parameter; before generating,
+    each rank's push gathers the full weights (TRL's `_iter_named_params` under ZeRO-3) into its own vLLM
+    engine, and the probe then checks that engine against the gathered HF policy. Sized for 24 GiB: the top 10
+    layers train, with gradient checkpointing (every layer trained without it held 8 GB a process).
+    Launched as accelerate launches cipr-train's workers, with this file as the worker, so the probe runs
+    on both ranks."""
+    run_dir, probe = tmp_path / "run", tmp_path / "probe.jsonl"
+    env = {**os.environ, **VLLM_ENV, "CIPR_VLLM_PROBE": str(probe), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    overrides = ["rollout=vllm_colocate", "rollout.num_generations=2", "rollout.max_completion_length=24",
+                 "rollout.max_model_length=2048", "data.n=8", "data.eval_examples=0", "data.tools_per_example=[1,1]",
+                 "trainer.max_steps=1", "trainer.per_device_train_batch_size=4", "trainer.save_steps=1",
+                 "trainer.learning_rate=1e-3", "trainer.warm_start.eval_examples=0", "logging.progress_bar=false",
+                 "algo=cipr", "distributed=zero3", "launcher.num_processes=2", "trainer.gradient_checkpointing=true",
+                 "trainer.warm_start.steps=1", "trainer.warm_start.learning_rate=1e-2", f"trainer.run_dir={run_dir}"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs/accelerate/ddp.yaml"),
+           "--num_processes", "2", "--main_process_port", str(port), str(Path(__file__).resolve()), *overrides]
+    start = time.time()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+    print(f"zero3 colocate, two processes: {time.time() - start:.0f} s, exit {proc.returncode}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert "distributed=zero3: accelerate built zero3 over 2 processes" in proc.stdout + proc.stderr
+    pushes = read_probe(probe)
+    assert sorted(p["rank"] for p in pushes) == [0, 1]  # one push per rank, at step 1
+    assert all(p["zero3_partitioned"] for p in pushes), pushes  # the policy's weights are ZeRO-3 shards
+    check_pushes(pushes, "zero3")
+    assert all(p["gap_before"] > 1.0 for p in pushes), "the warm start did not move the policy: no teeth"
+    steps = grpo_steps(run_dir)
+    assert [r["step"] for r in steps] == [1] and "actions/folded" in steps[0]
+    assert (run_dir / "grpo" / "final" / "model.safetensors").is_file()
 
 
 # -- 3. export, vLLM OpenAI server, server-mode rollouts -----------------------------------------
