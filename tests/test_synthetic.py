@@ -134,6 +134,19 @@ def test_distractors_prefer_the_domain_when_asked():
     assert same_domain_share(1.0) > 0.6 > same_domain_share(0.0)
 
 
+def test_a_narrower_catalog_restricts_every_kind_and_leaves_the_whole_one_unchanged():
+    only = ("get_current_weather", "get_stock_price", "send_email", "play_song")
+    exs = generate_synthetic(300, 4, tools_per_example=(2, 3), tools=only)
+    assert {e.partition for e in exs} == {"single", "parallel", "no_call"}
+    assert {t for e in exs for t in e.interface.names} == set(only)
+    assert {c.name for e in exs for c in e.reference} == set(only)
+    assert generate_synthetic(100, 4, tools=()) == generate_synthetic(100, 4)  # empty: the whole catalog
+    with pytest.raises(ValueError, match="nope not in the synthetic catalog"):
+        generate_synthetic(10, 0, tools=("nope",))
+    with pytest.raises(ValueError, match="2 tools cannot fill interfaces of up to 3"):
+        SyntheticConfig(tools=only[:2], tools_per_example=(2, 3))
+
+
 def test_deterministic_per_seed_and_different_across_seeds(examples):
     again = generate_synthetic(1500, 7)
     assert again == examples
@@ -193,13 +206,15 @@ def test_training_and_evaluation_options_reach_the_generator():
     from cipr.train.data import DataConfig
     from cipr.train.data import load_examples as load_training
 
+    narrow = ("get_current_weather", "get_stock_price", "search_news", "translate_text")
     options = {"tools_per_example": (3, 3), "parallel_fraction": 0.0, "no_call_fraction": 0.0,
-               "same_domain_distractors": 0.0}
+               "same_domain_distractors": 0.0, "tools": narrow}
     train = load_training(DataConfig(n=40, **options))
     test = load_examples(EvalConfig(benchmark=BenchmarkConfig(name="synthetic", n=40, **options)))
     for exs in (train, test):
         assert len(exs) == 40 and {e.partition for e in exs} == {"single"}
         assert all(len(e.interface) == 3 and len(e.reference) == 1 for e in exs)
+        assert {t for e in exs for t in e.interface.names} == set(narrow)
     from cipr.data.synthetic import _item_key
 
     assert not {_item_key(e) for e in train} & {_item_key(e) for e in test}  # never a training item

@@ -3,6 +3,7 @@
 Examples (CPU; the same anywhere, no GPU involved):
     cipr-data fetch bfcl --data-root DIR         # BFCL v4 from the pinned bfcl-eval wheel
     cipr-data stats {bfcl,toolrl,rotbench,synthetic} [--data-root DIR]
+    cipr-data stats messages --path FILE_OR_DIR [--on-bad-row skip]   # your own messages + tools rows
     cipr-data export bfcl --names canonical --out bfcl.jsonl
     cipr-data export bfcl --perturb cost_tag_explicit --names canonical --order costly_first --seed 0 --out x.jsonl
     cipr-data list-perturbations
@@ -34,13 +35,14 @@ from cipr.data.paths import data_root
 from cipr.tools.canonical import canonicalize
 from cipr.tools.interface import Example
 
-SOURCES = ("bfcl", "toolrl", "rotbench", "synthetic")
+SOURCES = ("bfcl", "toolrl", "rotbench", "synthetic", "messages")
 ROOT_HELP = "data root (default: $CIPR_DATA_ROOT or ../shared/data)"
 
 
 def load_source(source: str, root: str | None = None, *, split: str = "First_Turn", level: str = "clean",
                 path: str | None = None, n: int = 200, seed: int = 0) -> list[Example]:
-    """Examples of one source. ToolRL reads `--path` (a verl parquet or the raw SFT JSON)."""
+    """Examples of one source. ToolRL reads `--path` (a verl parquet or the raw SFT JSON), messages `--path`
+    (a file or folder of messages + tools rows; required)."""
     if source == "bfcl":
         from cipr.data.bfcl import load_bfcl
 
@@ -58,11 +60,29 @@ def load_source(source: str, root: str | None = None, *, split: str = "First_Tur
         from cipr.data.synthetic import generate_synthetic
 
         return generate_synthetic(n, seed)
+    if source == "messages":
+        from cipr.data.messages import load_messages
+
+        return load_messages(_messages_path(path)).examples
     raise ConfigError(f"unknown source {source!r}; choose one of {', '.join(SOURCES)}")
 
 
-def stats(source: str, root: str | None = None) -> dict[str, Any]:
-    """Counts per partition or level, as printed by `cipr-data stats`."""
+def _messages_path(path: str | None) -> str:
+    if not path:
+        raise ConfigError("the messages source reads --path FILE_OR_DIR (a .jsonl, .json or .parquet file of "
+                          "messages + tools rows, or a folder of them or saved by datasets)")
+    return path
+
+
+def stats(source: str, root: str | None = None, *, path: str | None = None,
+          on_bad_row: str = "raise") -> dict[str, Any]:
+    """Counts per partition or level, as printed by `cipr-data stats` (messages: of the rows at `path`)."""
+    if source == "messages":
+        from cipr.data.messages import load_messages, messages_stats
+
+        return messages_stats(load_messages(_messages_path(path), on_bad_row=on_bad_row))  # type: ignore[arg-type]
+    if path is not None or on_bad_row != "raise":
+        raise ConfigError(f"--path and --on-bad-row are read by `cipr-data stats messages` only, not {source}")
     if source == "bfcl":
         from cipr.data.bfcl import bfcl_stats
 
@@ -131,6 +151,8 @@ def source_inputs(source: str, root: str | None, path: str | None) -> list[Path]
     """The files and folders `source` reads (an output may not lie inside any of them)."""
     if source == "synthetic":
         return []
+    if source == "messages":
+        return [Path(path)] if path else []
     folder = {"bfcl": "bfcl_v4", "rotbench": "rotbench", "toolrl": "toolrl"}[source]
     inputs = [data_root(root) / folder]
     return inputs + [Path(path)] if path else inputs
@@ -178,11 +200,15 @@ def _parser() -> argparse.ArgumentParser:
     s = _sub(sub, "stats", "print JSON counts per partition or level", "cipr-data stats rotbench --data-root DIR")
     s.add_argument("source", choices=SOURCES)
     _data_root_option(s, "--root")
+    s.add_argument("--path", default=None, help="messages: the .jsonl/.json/.parquet file or folder to count")
+    s.add_argument("--on-bad-row", choices=["raise", "skip"], default="raise",
+                   help="messages: stop at the first malformed row (raise) or count and skip them (skip)")
     e = _sub(sub, "export", "write items as JSONL under original or canonical names",
              "cipr-data export bfcl --perturb cost_tag_explicit --names canonical --out bfcl_cost.jsonl")
     e.add_argument("source", choices=SOURCES)
     _data_root_option(e, "--root")
-    e.add_argument("--path", default=None, help="toolrl: a verl parquet or the raw SFT JSON")
+    e.add_argument("--path", default=None, help="toolrl: a verl parquet or the raw SFT JSON; messages: the "
+                   "file or folder of messages + tools rows")
     e.add_argument("--split", default="First_Turn", help="rotbench split")
     e.add_argument("--level", default="clean", help="rotbench level")
     e.add_argument("--n", type=int, default=200, help="synthetic: number of examples")
@@ -220,7 +246,7 @@ def _run(args: argparse.Namespace) -> int:
         dest = fetch_bfcl(data_root(args.root))
         print(f"BFCL v4 written to {dest}")
     elif args.cmd == "stats":
-        print(json.dumps(stats(args.source, args.root), indent=2))
+        print(json.dumps(stats(args.source, args.root, path=args.path, on_bad_row=args.on_bad_row), indent=2))
     elif args.cmd == "list-perturbations":
         from cipr.perturb import list_perturbations
 

@@ -13,7 +13,8 @@ Every JSON, JSON-lines or text file the package reads goes through `read_text` (
 bytes already read), `read_json`/`parse_json` and `read_jsonl`/`iter_jsonl`: text is decoded as strict
 UTF-8, and bytes that are not UTF-8 or text that is not JSON become one DataError naming the file and
 the byte offset, or the line and column. `read_jsonl` also says what becomes of a last line torn by a
-killed writer (`complete_lines`).
+killed writer (`complete_lines`). A parquet file's rows are read by `read_parquet_rows`, with the same
+one DataError for a file that is not parquet.
 """
 
 from __future__ import annotations
@@ -248,3 +249,16 @@ def read_json_list(path: str | Path, what: str, expected: str = "a JSON list of 
     if not isinstance(data, list):
         raise DataError(f"expected {expected}", file=str(path))
     return data
+
+
+def read_parquet_rows(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of the parquet file `path` as dicts (pyarrow); DataError naming the file when it is not
+    readable parquet, FileNotFoundError when it does not exist."""
+    import pyarrow.parquet as pq
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(2, "No such file", str(path))
+    try:
+        return pq.read_table(path).to_pylist()
+    except Exception as e:  # pyarrow raises several types for a file that is not parquet
+        raise DataError(f"not a readable parquet file: {e}", file=str(path)) from e

@@ -658,6 +658,7 @@ class SyntheticConfig:
     parallel_fraction: float = 0.25
     no_call_fraction: float = 0.15
     same_domain_distractors: float = 0.5
+    tools: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         lo_hi = tuple(self.tools_per_example)
@@ -668,16 +669,36 @@ class SyntheticConfig:
             raise ValueError(f"parallel_fraction={self.parallel_fraction}, no_call_fraction={self.no_call_fraction} "
                              f"and same_domain_distractors={self.same_domain_distractors} must lie in [0, 1], "
                              f"with parallel_fraction + no_call_fraction <= 1")
+        restricted_catalog(self.tools, lo_hi[1])
 
     def generate(self, split: str = "train") -> list[Example]:
         return generate_synthetic(self.n, self.seed, tools_per_example=self.tools_per_example,
                                   parallel_fraction=self.parallel_fraction, no_call_fraction=self.no_call_fraction,
-                                  same_domain_distractors=self.same_domain_distractors, split=split)
+                                  same_domain_distractors=self.same_domain_distractors, tools=self.tools, split=split)
+
+
+def restricted_catalog(tools: Sequence[str], size: int = 1) -> tuple[CatalogTool, ...]:
+    """The catalog's tools named in `tools`, in catalog order (empty `tools`: the whole catalog).
+
+    A narrower task family: every example calls and lists only these tools. ValueError for an unknown
+    name or fewer tools than an interface's `size`.
+    """
+    cat = catalog()
+    if not tools:
+        return cat
+    known = {c.tool.name for c in cat}
+    unknown = sorted(set(tools) - known)
+    if unknown:
+        raise ValueError(f"tools: {', '.join(unknown)} not in the synthetic catalog; valid names: "
+                         f"{', '.join(sorted(known))}")
+    chosen = tuple(c for c in cat if c.tool.name in set(tools))
+    if len(chosen) < size:
+        raise ValueError(f"tools: {len(chosen)} tools cannot fill interfaces of up to {size} tools")
+    return chosen
 
 
 def _interface(rng: random.Random, needed: Sequence[CatalogTool], size: int, excluded_domains: set[str],
-               same_domain: float) -> Interface:
-    cat = catalog()
+               same_domain: float, cat: Sequence[CatalogTool]) -> Interface:
     chosen = list(needed)
     names = {c.tool.name for c in chosen}
     pool = [c for c in cat if c.tool.name not in names and c.domain not in excluded_domains]
@@ -692,10 +713,10 @@ def _interface(rng: random.Random, needed: Sequence[CatalogTool], size: int, exc
 
 
 def _one(i: int, seed: int, lo: int, hi: int, parallel_fraction: float, no_call_fraction: float,
-         same_domain: float, split: str = "train") -> Example:
+         same_domain: float, only: tuple[str, ...] = (), split: str = "train") -> Example:
     stream = "cipr-synthetic" if split == "train" else f"cipr-synthetic-{split}"
     rng = random.Random(f"{stream}:{seed}:{i}")
-    cat = catalog()
+    cat = restricted_catalog(only)
     r = rng.random()
     kind = "no_call" if r < no_call_fraction else "parallel" if r < no_call_fraction + parallel_fraction else "single"
     size = rng.randint(lo, hi)
@@ -705,13 +726,13 @@ def _one(i: int, seed: int, lo: int, hi: int, parallel_fraction: float, no_call_
     if kind == "no_call":
         if rng.random() < 0.5:
             query, response = rng.choice(CHITCHAT)
-            interface = _interface(rng, [], size, set(), same_domain)
+            interface = _interface(rng, [], size, set(), same_domain, cat)
             meta["reason"] = "no_tool_needed"
         else:
             asked = rng.choice(cat)
             query, _ = fill(asked, rng.choice(asked.intents), rng)
             response = f"Sorry, I can't {asked.capability} with the tools available to me."
-            interface = _interface(rng, [], size, {asked.domain}, same_domain)
+            interface = _interface(rng, [], size, {asked.domain}, same_domain, cat)
             meta.update(reason="tool_unavailable", unavailable_tool=asked.tool.name, domain=asked.domain)
     else:
         count = 1 if kind == "single" else rng.choice((2, 2, 2, 3))
@@ -729,7 +750,7 @@ def _one(i: int, seed: int, lo: int, hi: int, parallel_fraction: float, no_call_
             calls.append(call)
         query = " ".join(queries)
         needed = list({t.tool.name: t for t in tools}.values())
-        interface = _interface(rng, needed, max(size, len(needed)), set(), same_domain)
+        interface = _interface(rng, needed, max(size, len(needed)), set(), same_domain, cat)
         meta["domains"] = sorted({t.domain for t in needed})
     prefix = "synthetic" if split == "train" else f"synthetic-{split}"
     return Example(id=f"{prefix}-{seed}-{i:05d}", messages=(Message("user", query),), interface=interface,
@@ -738,7 +759,8 @@ def _one(i: int, seed: int, lo: int, hi: int, parallel_fraction: float, no_call_
 
 def generate_synthetic(n: int, seed: int = 0, *, tools_per_example: tuple[int, int] = (2, 5),
                        parallel_fraction: float = 0.25, no_call_fraction: float = 0.15,
-                       same_domain_distractors: float = 0.5, split: str = "train") -> list[Example]:
+                       same_domain_distractors: float = 0.5, tools: Sequence[str] = (),
+                       split: str = "train") -> list[Example]:
     """`n` synthetic Examples, deterministic in (n, seed, options, split).
 
     - `split`: "train" (training data, `cipr-train data=synthetic`) or "test" (the evaluation's
@@ -753,18 +775,21 @@ def generate_synthetic(n: int, seed: int = 0, *, tools_per_example: tuple[int, i
       rest are single calls.
     - `same_domain_distractors`: probability that each distractor is drawn from the needed tools'
       domains (harder negatives) rather than from the whole catalog.
+    - `tools`: catalog tool names the examples are restricted to (empty: the whole catalog), a narrower
+      task family (`restricted_catalog`).
     """
     lo, hi = tools_per_example
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     if not 1 <= lo <= hi <= len(catalog()):
         raise ValueError(f"tools_per_example must satisfy 1 <= lo <= hi <= {len(catalog())}, got {tools_per_example}")
+    restricted_catalog(tools, hi)
     fractions = (parallel_fraction, no_call_fraction, same_domain_distractors)
     if min(fractions) < 0 or parallel_fraction + no_call_fraction > 1 or same_domain_distractors > 1:
         raise ValueError("fractions must be in [0, 1] and parallel_fraction + no_call_fraction <= 1")
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    options = (lo, hi, parallel_fraction, no_call_fraction, same_domain_distractors)
+    options = (lo, hi, parallel_fraction, no_call_fraction, same_domain_distractors, tuple(tools))
     if split == "train":
         return [_one(i, seed, *options) for i in range(n)]
     trained = {_item_key(_one(i, seed, *options)) for i in range(TRAIN_GUARD)}

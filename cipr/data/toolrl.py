@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from cipr.core.errors import DataError, MissingInputError
-from cipr.core.io import read_json_list
+from cipr.core.io import read_json_list, read_parquet_rows
 from cipr.data.paths import data_root
 from cipr.tools.interface import Call, Example, Interface, Message, Tool
 
@@ -318,16 +318,11 @@ def load_toolrl_parquet(path: str | Path, *, strict: bool = False) -> list[Examp
 
     Ids are `toolrl_<split>_<extra_info.index>` (the row number when extra_info lacks them).
     """
-    import pyarrow.parquet as pq
-
     path = Path(path)
     file = str(path)
     if not path.is_file():
         raise MissingInputError(f"ToolRL parquet not found at {path}")
-    try:
-        rows = pq.read_table(path).to_pylist()
-    except Exception as e:  # pyarrow raises several types for a file that is not parquet
-        raise DataError(f"not a readable parquet file: {e}", file=file) from e
+    rows = read_parquet_rows(path)
     items: list[_Item] = []
     for r, row in enumerate(rows):
         extra = row.get("extra_info") or {}

@@ -69,7 +69,8 @@ def _round_robin(groups: Sequence[Sequence[Example]], limit: int | None) -> list
 
 
 def load_examples(cfg: EvalConfig) -> list[Example]:
-    """The benchmark's examples (BFCL, ToolRL test, synthetic), `limit` taken round-robin over partitions."""
+    """The benchmark's examples (BFCL, ToolRL test, synthetic, messages), `limit` taken round-robin over
+    partitions (messages: its files, or its splits)."""
     name = cfg.benchmark.name
     if name == "bfcl":
         from cipr.data.bfcl import load_bfcl
@@ -82,6 +83,13 @@ def load_examples(cfg: EvalConfig) -> list[Example]:
         path = Path(cfg.benchmark.path) if cfg.benchmark.path else \
             data_root(cfg.data_root) / "toolrl" / "rlla_4k" / "test.parquet"
         exs = load_toolrl(path)
+    elif name == "messages":
+        from cipr.data.messages import load_messages
+
+        if not cfg.benchmark.path:
+            raise ConfigError("benchmark=messages needs benchmark.path=FILE_OR_DIR (a .jsonl, .json or .parquet file "
+                              "of messages + tools rows, or a folder of them or saved by datasets)")
+        exs = load_messages(cfg.benchmark.path).examples
     elif name == "synthetic":
         from cipr.data.synthetic import SyntheticConfig
 
@@ -89,7 +97,7 @@ def load_examples(cfg: EvalConfig) -> list[Example]:
         try:
             options = SyntheticConfig(n=b.n, seed=cfg.seed, tools_per_example=tuple(b.tools_per_example),  # type: ignore[arg-type]
                                       parallel_fraction=b.parallel_fraction, no_call_fraction=b.no_call_fraction,
-                                      same_domain_distractors=b.same_domain_distractors)
+                                      same_domain_distractors=b.same_domain_distractors, tools=tuple(b.tools))
         except ValueError as e:
             raise ConfigError(f"benchmark.{e}") from None
         exs = options.generate(split="test")  # never the training stream

@@ -23,7 +23,7 @@ from cipr.guard.evaluate import GuardEvalConfig
 CONFIG_DIR = str(EVAL_CONFIG_DIR)
 """cipr-eval's Hydra config folder: eval.yaml and the benchmark/ group."""
 
-Benchmark = Literal["bfcl", "rotbench", "toolrl_test", "synthetic"]
+Benchmark = Literal["bfcl", "rotbench", "toolrl_test", "synthetic", "messages"]
 Backend = Literal["auto", "hf", "vllm", "openai", "replay"]
 Names = Literal["original", "canonical"]
 BENCHMARKS: tuple[str, ...] = get_args(Benchmark)
@@ -47,8 +47,9 @@ class BenchmarkConfig:
       expands to it). Tokens: a type name, a group name, `held_out` (every held-out type), `original`.
     - `names`: the default tool names evaluated (`original`, `canonical`, or both).
     - `split` (RoTBench), `path` (ToolRL: a verl parquet or SFT JSON; default the test parquet under
-      the data root), `n` (synthetic: how many examples).
-    - `tools_per_example`, `parallel_fraction`, `no_call_fraction`, `same_domain_distractors`
+      the data root; messages: the file or folder of `messages` + `tools` rows, required), `n`
+      (synthetic: how many examples).
+    - `tools_per_example`, `parallel_fraction`, `no_call_fraction`, `same_domain_distractors`, `tools`
       (synthetic): the generator's options (`cipr.data.synthetic.SyntheticConfig`). Give the training
       run's `data.*` values: the test split drops items equal to a training item generated with these
       same options, so only then is "never trained on" checked.
@@ -68,6 +69,7 @@ class BenchmarkConfig:
     parallel_fraction: float = SyntheticConfig.parallel_fraction
     no_call_fraction: float = SyntheticConfig.no_call_fraction
     same_domain_distractors: float = SyntheticConfig.same_domain_distractors
+    tools: tuple[str, ...] = SyntheticConfig.tools
     strict_parse: bool = True
     report: BenchmarkReportConfig = field(default_factory=BenchmarkReportConfig)
 

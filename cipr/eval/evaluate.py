@@ -246,7 +246,7 @@ def _consistency_only(cfg: EvalConfig, items: list[Any], fmt: CallFormat, out_di
 
     if cfg.benchmark.name == "rotbench":
         raise ConfigError("consistency.enabled=true reads held-out correspondences, which RoTBench's levels lack; "
-                          "use bfcl, synthetic or toolrl_test")
+                          "use bfcl, synthetic, toolrl_test or messages")
     if model is None:
         model, tokenizer = load_model(cfg)
     with reader_attention(model):
@@ -268,7 +268,7 @@ def _consistency(cfg: EvalConfig, items: list[Any], backend: Backend, fmt: CallF
 
     if cfg.benchmark.name == "rotbench":
         raise ConfigError("consistency.enabled=true reads held-out correspondences, which RoTBench's levels lack; "
-                          "use bfcl, synthetic or toolrl_test")
+                          "use bfcl, synthetic, toolrl_test or messages")
     if isinstance(backend, HFBackend):
         model, tokenizer = backend.model, backend.tokenizer
     elif cfg.resolved_backend == "vllm":

@@ -3,7 +3,10 @@
 Sources (`data.source`): `synthetic` (the procedural generator, `cipr.data.synthetic`, with
 `tools_per_example` tools per interface), `toolrl`
 (a ToolRL verl parquet: the 3,920-row `train.parquet` where a user has it, by `data.path`; the
-80-row `test.parquet` here), `toolrl_sft` (ToolRL's 400-example SFT JSON). Names (`algo.names`):
+80-row `test.parquet` here), `toolrl_sft` (ToolRL's 400-example SFT JSON), `messages` (your own
+`messages` + `tools` rows, TRL / OpenAI chat style, from the file or folder `data.path`:
+`cipr.data.messages`; `data.on_bad_row=skip` counts and skips malformed rows instead of stopping at
+the first). Names (`algo.names`):
 `original`; `canonical` (`cipr.tools.canonical.canonicalize`); `masked`, function masking (Lin et al.,
 2025): every tool and argument name becomes a random string (a letter then `mask_length - 1` letters
 and digits), drawn per example from (seed, example id), applied to the query and targets as
@@ -25,7 +28,9 @@ Choices:
   only with original names (`sft_think: example`).
 - An example that cannot be used is never dropped silently: examples without any declared tool (no
   action distribution exists) and those the perturbation rejects are counted by reason in
-  `PromptSet.skipped`, which the run logs and writes to `summary.json`.
+  `PromptSet.skipped`, which the run logs and writes to `summary.json`; so are the rows the loader
+  skipped (`data.on_bad_row=skip`, keys `bad row: <reason>`), which `load_source` returns for
+  `build_prompts(skipped=...)`.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import dataclasses
 import random
 import string
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -55,19 +60,22 @@ class DataConfig:
 
     `n` (how many examples; 0 = all of a file) and `seed` (held-out split, masking, perturbation)
     mean the same for every source, so they sit here and not in a source's options; the synthetic
-    source hands them with `tools_per_example`, `parallel_fraction`, `no_call_fraction` and
-    `same_domain_distractors` to the generator's own config (`cipr.data.synthetic.SyntheticConfig`,
-    which owns the defaults and their checks).
+    source hands them with `tools_per_example`, `parallel_fraction`, `no_call_fraction`,
+    `same_domain_distractors` and `tools` (a narrower catalog) to the generator's own config (`cipr.data.synthetic.SyntheticConfig`,
+    which owns the defaults and their checks). `on_bad_row` (`raise` or `skip`) is the messages
+    source's (`cipr.data.messages.load_messages`); the other sources always raise.
     """
 
-    source: Literal["synthetic", "toolrl", "toolrl_sft"] = "synthetic"
+    source: Literal["synthetic", "toolrl", "toolrl_sft", "messages"] = "synthetic"
     path: str | None = None
+    on_bad_row: Literal["raise", "skip"] = "raise"
     n: int = 64
     seed: int = 0
     tools_per_example: tuple[int, ...] = SyntheticConfig.tools_per_example
     parallel_fraction: float = SyntheticConfig.parallel_fraction
     no_call_fraction: float = SyntheticConfig.no_call_fraction
     same_domain_distractors: float = SyntheticConfig.same_domain_distractors
+    tools: tuple[str, ...] = SyntheticConfig.tools
     eval_examples: int = 8
     perturbation: Literal["full", "reorder_only", "twins_only", "single_near_duplicate"] = "full"
     twin_wordings: Literal["default", "with_cost"] = "default"
@@ -151,13 +159,15 @@ def synthetic_config(cfg: DataConfig) -> SyntheticConfig:
     """The generator's config for `data.source=synthetic` (ValueError naming a bad range)."""
     return SyntheticConfig(n=cfg.n, seed=cfg.seed, tools_per_example=tuple(cfg.tools_per_example),  # type: ignore[arg-type]
                            parallel_fraction=cfg.parallel_fraction, no_call_fraction=cfg.no_call_fraction,
-                           same_domain_distractors=cfg.same_domain_distractors)
+                           same_domain_distractors=cfg.same_domain_distractors, tools=tuple(cfg.tools))
 
 
 def check_source(cfg: DataConfig) -> Path | None:
     """The input file, checked before any work (ConfigError saying what to pass when it is missing)."""
     if cfg.n < 0 or cfg.eval_examples < 0:
         raise ConfigError("data.n and data.eval_examples must be >= 0")
+    if cfg.on_bad_row != "raise" and cfg.source != "messages":
+        raise ConfigError(f"data.on_bad_row={cfg.on_bad_row} applies to data.source=messages only; remove it")
     if cfg.source == "synthetic":
         if cfg.path is not None:
             raise ConfigError("data.path is not used by data.source=synthetic (it generates its examples); remove it")
@@ -169,8 +179,14 @@ def check_source(cfg: DataConfig) -> Path | None:
             raise ConfigError(f"data.n={cfg.n} must exceed data.eval_examples={cfg.eval_examples}")
         return None
     path = Path(cfg.path).expanduser() if cfg.path else default_path(cfg.source)
+    if cfg.source == "messages" and path is not None and path.is_dir():
+        return path
     if path is None or not path.is_file():
         hint = ""
+        if cfg.source == "messages":
+            raise ConfigError(f"data.source=messages needs data.path=FILE_OR_DIR (a .jsonl, .json or .parquet file "
+                              f"of messages + tools rows, or a folder of them or saved by datasets); "
+                              f"{'it is not set' if path is None else f'{path} does not exist'}")
         if cfg.source == "toolrl":
             hint = (" ToolRL's 3,920-row train.parquet is not in the shared data: pass data.path=<your copy>, or "
                     "data.path=<data root>/toolrl/rlla_4k/test.parquet for a smoke run.")
@@ -179,16 +195,30 @@ def check_source(cfg: DataConfig) -> Path | None:
     return path
 
 
-def load_examples(cfg: DataConfig) -> list[Example]:
-    """The source's examples in file (or generation) order, capped at `n` (0: all) for file sources."""
+def load_source(cfg: DataConfig) -> tuple[list[Example], Counter]:
+    """The source's examples in file (or generation) order, capped at `n` (0: all) for file sources, and
+    the rows the loader skipped by reason (`bad row: <reason>`; only `data.on_bad_row=skip` skips)."""
     path = check_source(cfg)
     if cfg.source == "synthetic":
-        return synthetic_config(cfg).generate()
-    from cipr.data.toolrl import load_toolrl_parquet, load_toolrl_sft
-
+        return synthetic_config(cfg).generate(), Counter()
     assert path is not None
-    examples = load_toolrl_parquet(path) if cfg.source == "toolrl" else load_toolrl_sft(path)
-    return examples[:cfg.n] if cfg.n else examples
+    skipped: Counter = Counter()
+    if cfg.source == "messages":
+        from cipr.data.messages import load_messages
+
+        data = load_messages(path, on_bad_row=cfg.on_bad_row)
+        examples = data.examples
+        skipped.update({f"bad row: {k}": n for k, n in data.skipped.items()})
+    else:
+        from cipr.data.toolrl import load_toolrl_parquet, load_toolrl_sft
+
+        examples = load_toolrl_parquet(path) if cfg.source == "toolrl" else load_toolrl_sft(path)
+    return (examples[:cfg.n] if cfg.n else examples), skipped
+
+
+def load_examples(cfg: DataConfig) -> list[Example]:
+    """The source's examples (`load_source`, without the skip counts, which its loader logs)."""
+    return load_source(cfg)[0]
 
 
 def _random_name(rng: random.Random, length: int, taken: set[str]) -> str:
@@ -240,11 +270,12 @@ def _record(row: int, pair_id: int, side: Side, example: Example, fmt: CallForma
 
 
 def build_prompts(examples: Sequence[Example], cfg: DataConfig, *, names: str, perturbed: bool, fmt: CallFormat,
-                  tokenizer: Any) -> PromptSet:
-    """Render every usable example under `names` (paired with its perturbed copy when `perturbed`)."""
+                  tokenizer: Any, skipped: Mapping[str, int] | None = None) -> PromptSet:
+    """Render every usable example under `names` (paired with its perturbed copy when `perturbed`);
+    `skipped`: what the loader skipped (`load_source`), carried into `PromptSet.skipped`."""
     if perturbed and names != "canonical":
         raise ConfigError("perturbed copies are built from canonical names: set algo.names=canonical")
-    skipped: Counter = Counter()
+    skipped = Counter(skipped or {})
     order = list(range(len(examples)))
     random.Random(f"{cfg.seed}\x1fheld-out").shuffle(order)
     held_out = set(order[:cfg.eval_examples])

@@ -44,7 +44,7 @@ from cipr.train.checkpoint import (
     resolve_resume,
     stage_done,
 )
-from cipr.train.data import DataConfig, PromptSet, build_prompts, check_source, load_examples
+from cipr.train.data import DataConfig, PromptSet, build_prompts, check_source, load_source
 from cipr.train.metrics import LoggingConfig, MetricsCallback, MetricsWriter, peak_memory_gb
 from cipr.train.rollout import RolloutConfig, check_backend, grpo_kwargs
 from cipr.train.schedule import (
@@ -187,10 +187,10 @@ def _run(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter, started: float)
         weights = _stage_dir(cfg, run_dir, "warm_start") / "final"
     model, tokenizer = load_trained(cfg.model, weights)
     fmt = get_format(cfg.model.call_format)
-    examples = load_examples(cfg.data)
+    examples, load_skipped = load_source(cfg.data)
     names = cfg.algo.names
     prompts = build_prompts(examples, cfg.data, names=names, perturbed=cfg.algo.perturbed, fmt=fmt,
-                            tokenizer=tokenizer)
+                            tokenizer=tokenizer, skipped=load_skipped)
     if cfg.algo.uses_grpo and cfg.trainer.max_prompt_length is not None:
         prompts = prompts.without_long_prompts(tokenizer, cfg.trainer.max_prompt_length)
     if prompts.skipped:
