@@ -33,8 +33,8 @@ from cipr.cli.common import begin
 from cipr.core.errors import cli_errors
 
 PREDICTIONS = {
-    "P0": "Positive control. On the held-in relabeled copies (every tool of the canonical interface of a held-out "
-          "item renamed to a fresh function_XX id, the copy CIPR's rescoring term compares with), CIPR's action KL "
+    "P0": "Positive control (CIPR at λ_rescore = 10). On the held-in relabeled copies (every tool of the "
+          "canonical interface of a held-out item renamed to a fresh function_XX id, the copy CIPR's rescoring term compares with), CIPR's action KL "
           "at the reference decision ends lower than multi-interface's: the paired difference CIPR − "
           "multi-interface over seeds has a 95% t interval below 0.",
     "P1": "On the held-out types (relabel_random: names of a shape never trained on; typos; "

@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 
 EVIDENCE = "evidence"
 DONE = "done.json"
-WARM_START_WEIGHT = 3.0  # the shared warm start's cost in the units of `Arm.weight`, for the time estimate
+WARM_START_WEIGHT = 8.0  # the shared warm start's cost in the units of `Arm.weight`, for the time estimate
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class Arm:
 
 ARMS = (Arm("baseline", ("algo=grpo",), "original", 1.0),
         Arm("multi_interface", ("algo=multi_interface",), "canonical", 2.0),
-        Arm("cipr", ("algo=cipr_sft", "algo.rescore_weight=1.0"), "canonical", 3.0))
+        Arm("cipr", ("algo=cipr_sft", "algo.rescore_weight=10.0"), "canonical", 3.0))
 
 
 @dataclass
