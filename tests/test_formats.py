@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cipr.formats import FORMATS, get_format, supports_native_tools
+from cipr.formats import FORMATS, GptOssFormat, Llama3JsonFormat, get_format, supports_native_tools
 from cipr.formats.base import Decision
 from cipr.formats.hermes import FIRST_OPENER, NEXT_OPENER, HermesFormat
 from cipr.formats.react import ReActFormat, WebShopFormat
@@ -34,8 +34,8 @@ WEATHER = Interface((_tool("get_weather", "city", required=("city",)), _tool("ma
 
 # ---------------------------------------------------------------- registry
 
-def test_registry_holds_the_five_formats_by_name():
-    assert sorted(FORMATS) == ["compact", "hermes", "react", "toolrl", "webshop"]
+def test_registry_holds_the_formats_by_name():
+    assert sorted(FORMATS) == ["compact", "gptoss", "hermes", "llama3_json", "react", "toolrl", "webshop"]
     for name, cls in FORMATS.items():
         fmt = get_format(name)
         assert isinstance(fmt, cls) and fmt.name == name
@@ -43,7 +43,8 @@ def test_registry_holds_the_five_formats_by_name():
 
 
 def test_get_format_errors_name_the_valid_formats_and_options():
-    with pytest.raises(ValueError, match="valid names: compact, hermes, react, toolrl, webshop"):
+    with pytest.raises(ValueError, match="valid names: compact, gptoss, hermes, llama3_json, react, toolrl, webshop, "
+                                         "or auto"):
         get_format("json")
     with pytest.raises(ValueError, match="does not take options \\['colour'\\]"):
         get_format("hermes", colour="red")
@@ -138,6 +139,13 @@ def test_react_and_webshop_targets_and_decisions_by_hand():
     (WebShopFormat(), [Call("search", {"a": "x", "b": "y"})], {}),
     (ToolRLFormat(), [Call("a", {})], {"think": "x </think> y"}),
     (HermesFormat(), [], {"response": "see <tool_call>"}),
+    (Llama3JsonFormat(), [], {"response": ' {"name": "x"}'}),
+    (Llama3JsonFormat(), [], {"response": "a <|eot_id|> b"}),
+    (GptOssFormat(), [Call("get weather", {})], {}),
+    (GptOssFormat(), [Call("a<|channel|>", {})], {}),
+    (GptOssFormat(), [Call("a", {})], {"think": "x<|end|>"}),
+    (GptOssFormat(), [Call("a", {})], {"think": "x", "response": "y"}),
+    (GptOssFormat(), [], {"response": "<|call|>"}),
 ])
 def test_render_target_refuses_what_could_not_be_parsed_back(fmt, calls, kwargs):
     with pytest.raises(ValueError):
@@ -235,15 +243,21 @@ _VALUES = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3)
 _ARGS = st.dictionaries(st.text(_CHARS, min_size=1, max_size=8) | _PLAIN, _VALUES, max_size=4)
 
 NAMES = {"toolrl": _PLAIN | _CANONICAL | _SPACED | _ANY, "hermes": _PLAIN | _CANONICAL | _SPACED | _ANY,
-         "compact": _PLAIN | _CANONICAL | _SPACED | _ANY, "react": _PLAIN | _CANONICAL | _SPACED, "webshop": _PLAIN | _CANONICAL | _SPACED}
+         "compact": _PLAIN | _CANONICAL | _SPACED | _ANY, "react": _PLAIN | _CANONICAL | _SPACED, "webshop": _PLAIN | _CANONICAL | _SPACED,
+         "llama3_json": _PLAIN | _CANONICAL | _SPACED | _ANY, "gptoss": _PLAIN | _CANONICAL}
+TEMPLATE_ONLY = ("llama3_json", "gptoss")  # tools only through the chat template's `tools=`
 _MARKERS = ("Thought:", "Action:", "Action Input:", "Final Answer:", "Observation:")
 FORBIDDEN = {"toolrl": ("</think>", "</response>"), "hermes": ("<tool_call>", "</tool_call>", "<think>", "</think>"),
-             "compact": ("<tool_call>", "</tool_call>", "<think>", "</think>")}
+             "compact": ("<tool_call>", "</tool_call>", "<think>", "</think>"),
+             "llama3_json": ("<|python_tag|>", "<|eot_id|>"), "gptoss": ("<|start|>", "<|end|>", "<|message|>", "<|channel|>",
+                                                                       "<|call|>", "<|return|>", "<|constrain|>")}
 
 
 def _free_text(name: str) -> st.SearchStrategy[str]:
     def fine(s: str) -> bool:
         if s != s.strip() or any(tag in s for tag in FORBIDDEN.get(name, ())):
+            return False
+        if name == "llama3_json" and s.startswith("{"):  # a text answer that would read back as a call
             return False
         return not any(line.startswith(_MARKERS) for line in s.split("\n"))
     return st.text(_CHARS, max_size=30).filter(fine)
@@ -260,10 +274,14 @@ def _case(draw, name: str):
         call = st.builds(lambda n, a: Call(n, {"argument": a}), st.sampled_from(names), one_line)
     else:
         call = st.builds(Call, st.sampled_from(names), _ARGS)
-    most = 4 if name in ("toolrl", "hermes") else 1
+    most = 4 if name in ("toolrl", "hermes", *TEMPLATE_ONLY) else 1
     calls = draw(st.lists(call, min_size=0, max_size=most))
     think = draw(st.none() | _free_text(name))
-    response = draw(_free_text(name)) if not calls or (most > 1 and draw(st.booleans())) else None
+    if name == "gptoss" and calls and not think:
+        think = None  # an empty reasoning of a call turn writes nothing, as gpt-oss's template
+    # Llama's template drops a call turn's text, gpt-oss's writes it as the reasoning: no text with calls there
+    with_text = most > 1 and name not in TEMPLATE_ONLY and draw(st.booleans())
+    response = draw(_free_text(name)) if not calls or with_text else None
     return interface, calls, think, response
 
 
@@ -296,9 +314,12 @@ def test_render_then_parse_round_trips_and_decisions_line_up(name, data):
     assert list(result.calls) == calls
     if response:
         assert result.response == response
-    if think is not None:
+    if think is not None and name != "llama3_json":  # Llama's template has no reasoning: dropped
         assert result.think == think
     _check_decisions(fmt, text, calls)
+    if name in TEMPLATE_ONLY:
+        assert fmt.chat([Message("user", "hi")], interface, native_tools=True)[1] == interface.to_openai()
+        return
     system = fmt.chat([Message("user", "hi")], interface)[0][0]["content"]
     assert all(fmt.name_text(n) in system or n in system or json.dumps(n)[1:-1] in system
                for n in interface.names)
@@ -306,7 +327,9 @@ def test_render_then_parse_round_trips_and_decisions_line_up(name, data):
 
 _FRAGMENTS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<response>", "</response>", "\n", " ",
               '{"name": "', '"', "{", "}", "[", "]", ":", ",", '"parameters": ', '"arguments": ', "{}", "a", "f.x",
-              "Thought:", "Action: ", "Action Input: ", "Final Answer:", "Observation:", "\\", "1", "null"]
+              "Thought:", "Action: ", "Action Input: ", "Final Answer:", "Observation:", "\\", "1", "null",
+              "; ", "<|python_tag|>", '"parameters": {}}', "<|start|>assistant", " to=functions.", "<|channel|>",
+              "commentary json", "analysis", "final", "<|message|>", "<|end|>", "<|call|>", "<|return|>"]
 _GARBAGE = st.text(max_size=80) | st.lists(st.sampled_from(_FRAGMENTS) | st.text(max_size=3), max_size=30).map("".join)
 
 

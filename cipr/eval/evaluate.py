@@ -38,7 +38,7 @@ from cipr.eval.benchmarks import build, scorer_for
 from cipr.eval.config import EvalConfig
 from cipr.eval.report import RESULTS, RUN_META, ReportConfig, write_report
 from cipr.eval.runner import RunnerConfig, check_same_selection, run_items
-from cipr.formats import CallFormat, get_format
+from cipr.formats import AUTO, CallFormat, resolve_format
 from cipr.runtime.export import apply_manifest
 from cipr.runtime.hub import resolve_model
 
@@ -155,6 +155,21 @@ def make_backend(cfg: EvalConfig, fmt: CallFormat, model: Any = None, tokenizer:
                                                            prefix_reuse=cfg.prefix_reuse))
 
 
+def _template_tokenizer(cfg: EvalConfig) -> Any:
+    """For `format=auto`, the tokenizer whose chat template names the format (None for a URL or a replay)."""
+    if cfg.call_format != AUTO:
+        return None
+    if cfg.model == "embedded":
+        from cipr.runtime.embedded import load_embedded_tokenizer
+
+        return load_embedded_tokenizer()
+    if cfg.resolved_backend not in ("hf", "vllm"):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_model(cfg.model))
+
+
 def report_config(cfg: EvalConfig) -> ReportConfig:
     r = cfg.benchmark.report
     return ReportConfig(original=r.original, group_mode=r.group_mode,  # type: ignore[arg-type]
@@ -207,7 +222,7 @@ def evaluate(cfg: EvalConfig, *, model: Any = None, tokenizer: Any = None, backe
     apply_manifest(cfg)  # an exported model's call format and tool naming (cipr-export's manifest)
     out_dir = Path(cfg.out_dir)
     try:
-        fmt = get_format(cfg.call_format)
+        fmt = resolve_format(cfg.call_format, tokenizer if tokenizer is not None else _template_tokenizer(cfg))
     except ValueError as e:
         raise ConfigError(f"format={cfg.call_format!r}: {e}") from None
     items, perts, build_report = build(cfg)

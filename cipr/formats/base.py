@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cipr.formats.json_calls import to_plain
 from cipr.tools.interface import Call, Interface, Message
 
 
@@ -97,6 +98,34 @@ class CallFormat(ABC):
         return name
 
 
+@dataclass(frozen=True)
+class TemplateFormat(CallFormat):
+    """A format that follows a model's own chat template: the tools go only through the template's `tools=`.
+
+    `end_decision`: whether the end of the turn after the last call is a ∅ decision. A subclass names the
+    TRL templates of its family (`templates`, for the error on a template without tools) and gives the
+    messages as that template takes them (`template_messages`).
+    """
+
+    end_decision: bool = True
+
+    uses_native_tools = True
+    templates = ""
+
+    def chat(self, messages: Sequence[Message], interface: Interface, *,
+             native_tools: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        if not native_tools:
+            raise ValueError(f"call format {self.name!r} writes the tools only through the chat template's `tools=`, "
+                             f"which is off here: the tokenizer's template takes none (use the model's own, "
+                             f"model.chat_template={self.templates}), or an OpenAI server is asked without them "
+                             f"(openai.native_tools=true); else pick another call format")
+        return self.template_messages(messages), (interface.to_openai() if len(interface) else None)
+
+    @abstractmethod
+    def template_messages(self, messages: Sequence[Message]) -> list[dict[str, Any]]:
+        """The conversation as the family's chat template takes it (OpenAI-format messages)."""
+
+
 THINK, THINK_END = "<think>", "</think>"
 
 
@@ -139,6 +168,17 @@ class ThinkScan:
         if found.error is not None:
             self.errors.append(found.error)
         return found
+
+
+def native_message(m: Message) -> dict[str, Any]:
+    """A message as a chat template's `messages` entry: calls as OpenAI `tool_calls` (arguments as objects)."""
+    d: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.calls:
+        d["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": to_plain(c.arguments)}}
+                           for c in m.calls]
+    if m.name is not None:
+        d["name"] = m.name
+    return d
 
 
 def supports_native_tools(tokenizer: Any) -> bool:

@@ -12,6 +12,11 @@ tool results as a user message of `<tool_response>` blocks; on a Qwen template b
 same prompt text (tested). Without a system message the non-native path uses `default_system`
 (Qwen's template would use its own "You are Qwen..." sentence).
 
+This is the Qwen2.5 / Qwen3 family of `format=auto` (`cipr.formats.templates`): on TRL's qwen2_5 and qwen3
+templates a target is exactly what the template writes for the assistant turn, except that Qwen3's writes
+an empty `<think>\n\n</think>\n\n` block into the turn after the last user message, which the target
+has when `think=""` (tests/test_formats_templates.py).
+
 Choices left open, made here:
 - Names are JSON-escaped (Qwen's template pastes the name raw, which breaks JSON for a name with a
   quote; identical otherwise). JSON keeps non-ASCII characters, as the template's `tojson` does.
@@ -40,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cipr.formats.base import THINK, THINK_END, CallFormat, Decision, ParseResult, ThinkScan
+from cipr.formats.base import THINK, THINK_END, CallFormat, Decision, ParseResult, ThinkScan, native_message
 from cipr.formats.json_calls import (
     CALL_NAME_OPENER,
     ReadCall,
@@ -49,7 +54,6 @@ from cipr.formats.json_calls import (
     dumps,
     read_call,
     read_value,
-    to_plain,
 )
 from cipr.formats.json_calls import name_text as json_name_text
 from cipr.tools.interface import Call, Interface, Message
@@ -164,7 +168,7 @@ class HermesFormat(CallFormat):
              native_tools: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
         """Messages for the chat template, and `tools=` (OpenAI format) when `native_tools`."""
         if native_tools:
-            out = [_native_message(m) for m in messages]
+            out = [native_message(m) for m in messages]
             return out, (interface.to_openai() if len(interface) else None)
         out: list[dict[str, Any]] = []
         section = self.tools_text(interface)
@@ -230,16 +234,6 @@ class HermesFormat(CallFormat):
 
     def name_text(self, name: str) -> str:
         return json_name_text(name)
-
-
-def _native_message(m: Message) -> dict[str, Any]:
-    d: dict[str, Any] = {"role": m.role, "content": m.content}
-    if m.calls:
-        d["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": to_plain(c.arguments)}}
-                           for c in m.calls]
-    if m.name is not None:
-        d["name"] = m.name
-    return d
 
 
 def _check_text(text: str, tags: Sequence[str], what: str) -> None:

@@ -548,10 +548,11 @@ def export(path: str | Path, out_dir: str | Path, cfg: ExportConfig | None = Non
         if not (d / "summary.json").is_file():
             raise DataError("not a cipr-eval output folder (no summary.json)", file=str(d), field="--eval")
     fmt, names, algo, base = _training_identity(source, cfg)
-    from cipr.formats import get_format
+    from cipr.formats import AUTO, get_format, resolve_format
 
     try:
-        get_format(fmt)
+        if fmt != AUTO:  # auto: resolved from the checkpoint's chat template below
+            get_format(fmt)
     except ValueError as e:
         raise ConfigError(f"{e} (--format, or model.call_format of the run)") from e
     run_summary = None
@@ -570,6 +571,10 @@ def export(path: str | Path, out_dir: str | Path, cfg: ExportConfig | None = Non
             return out_dir
         check_output_dir(out_dir, sources=sources, marker=MANIFEST, overwrite=cfg.overwrite)
     model, tokenizer = _load(source, cfg.dtype)
+    try:
+        fmt = resolve_format(fmt, tokenizer).name  # the manifest names the format itself, never auto
+    except ValueError as e:
+        raise ConfigError(f"{e} (--format, or model.call_format of the run)") from e
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     manifest = Manifest(call_format=fmt, training_names=names, eval_names=eval_names_for(names), algo=algo,
                         base_model=base, source=str(source.checkpoint),

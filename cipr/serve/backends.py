@@ -144,10 +144,10 @@ class HFChatBackend:
 
     def __init__(self, model: Any, tokenizer: Any, *, call_format: str = "hermes", model_name: str = "embedded",
                  max_new_tokens: int = 512, completions_url: str | None = None) -> None:
-        from cipr.formats import get_format
+        from cipr.formats import resolve_format
         from cipr.guard.backend import CompletionsBackend, HFBackend
 
-        self.format = get_format(call_format)
+        self.format = resolve_format(call_format, tokenizer)
         if completions_url is None:
             self.generator = HFBackend(model, tokenizer, self.format)
         else:

@@ -120,10 +120,11 @@ def validate(cfg: TrainConfig) -> None:
     precision_flags(cfg.trainer.precision)
     resolve_source(cfg.model)
     check_source(cfg.data)
-    from cipr.formats import get_format
+    from cipr.formats import AUTO, get_format
 
     try:
-        get_format(cfg.model.call_format)
+        if cfg.model.call_format != AUTO:  # auto: read from the tokenizer's chat template once it is loaded
+            get_format(cfg.model.call_format)
     except ValueError as e:
         raise ConfigError(f"model.call_format: {e}") from e
     if cfg.logging.wandb.mode != "disabled":
@@ -171,7 +172,7 @@ def run(cfg: TrainConfig) -> Path:
 
 
 def _run(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter, started: float) -> Path:
-    from cipr.formats import get_format
+    from cipr.formats import resolve_format
 
     stages = _stages(cfg)
     pending = [s for s in stages if not stage_done(_stage_dir(cfg, run_dir, s))]
@@ -186,7 +187,11 @@ def _run(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter, started: float)
     if last in ("grpo", "supervised") and last in pending and "warm_start" in stages and "warm_start" not in pending:
         weights = _stage_dir(cfg, run_dir, "warm_start") / "final"
     model, tokenizer = load_trained(cfg.model, weights)
-    fmt = get_format(cfg.model.call_format)
+    try:
+        fmt = resolve_format(cfg.model.call_format, tokenizer)
+    except ValueError as e:
+        raise ConfigError(f"model.call_format: {e}") from e
+    log.info("call format %s (model.call_format=%s)", fmt.name, cfg.model.call_format)
     examples, load_skipped = load_source(cfg.data)
     names = cfg.algo.names
     prompts = build_prompts(examples, cfg.data, names=names, perturbed=cfg.algo.perturbed, fmt=fmt,

@@ -2,13 +2,17 @@
 
 Nothing here touches a hub. The tokenizer is trained with `tokenizers` in well under a second on a
 small corpus of tool-calling text, carries Qwen's special tokens and TRL's Qwen2.5 chat template
-(which renders `tools=`), so every call format can be rendered and parsed with it.
+(which renders `tools=`), so every call format can be rendered and parsed with it. `template=` builds
+the same kind of tokenizer for another template family TRL ships (Qwen3, Llama 3.1/3.2, gpt-oss), with
+that family's control tokens and a few lines of its call text in the corpus.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.resources
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -36,27 +40,60 @@ MERGED_CLOSERS_CORPUS = [
 (`.",`, `."}`, but no `."`) and a double newline, for tests of how names are closed."""
 
 
-def tiny_tokenizer(vocab_size: int = 512, extra_corpus: Sequence[str] = ()):
-    """A byte-level BPE tokenizer (PreTrainedTokenizerFast) with Qwen specials and chat template.
+@dataclass(frozen=True)
+class TemplateFamily:
+    """A chat template family's control tokens (pad first), its eos, pad and bos, and extra corpus text."""
+
+    specials: tuple[str, ...]
+    eos: str
+    pad: str
+    bos: str | None = None
+    corpus: tuple[str, ...] = ()
+
+
+_QWEN = TemplateFamily(tuple(QWEN_SPECIALS), "<|im_end|>", "<|endoftext|>")
+_LLAMA = TemplateFamily(
+    ("<|finetune_right_pad_id|>", "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+     "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"), "<|eot_id|>", "<|finetune_right_pad_id|>", "<|begin_of_text|>",
+    ('{"name": "get_weather", "parameters": {"city": "Rome"}}; {"name": "function_1", "parameters": {}}',
+     "Given the following functions, please respond with a JSON for a function call with its proper arguments.",
+     "Environment: ipython\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024"))
+_GPTOSS = TemplateFamily(
+    ("<|endoftext|>", "<|startoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>",
+     "<|return|>", "<|call|>"), "<|return|>", "<|endoftext|>", "<|startoftext|>",
+    (' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Rome"}<|call|>',
+     "<|channel|>analysis<|message|>I need the weather.<|end|><|start|>assistant<|channel|>final<|message|>Sunny.",
+     "namespace functions {\n// Get the weather.\ntype get_weather = (_: {\ncity: string,\n}) => any;\n}"))
+TEMPLATE_FAMILIES: dict[str, TemplateFamily] = {"qwen2_5": _QWEN, "qwen3": _QWEN, "llama3_1": _LLAMA,
+                                                "llama3_2": _LLAMA, "gptoss": _GPTOSS}
+"""TRL chat templates (`trl/chat_templates/<name>.jinja`) a tiny tokenizer can be built with."""
+
+
+def trl_template(name: str) -> str:
+    """The text of TRL's chat template `name` (read from the installed package)."""
+    return (importlib.resources.files("trl") / "chat_templates" / f"{name}.jinja").read_text(encoding="utf-8")
+
+
+def tiny_tokenizer(vocab_size: int = 512, extra_corpus: Sequence[str] = (), template: str = "qwen2_5"):
+    """A byte-level BPE tokenizer (PreTrainedTokenizerFast) with a template family's specials and chat template.
 
     `extra_corpus` adds training text (e.g. `MERGED_CLOSERS_CORPUS`); the default tokenizer has none.
+    `template`: a key of `TEMPLATE_FAMILIES` (default Qwen2.5, the tokenizer every other test uses).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
+    family = TEMPLATE_FAMILIES[template]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=QWEN_SPECIALS,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(family.specials),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator((_CORPUS + list(extra_corpus)) * 20, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   bos_token=None, unk_token=None)
-    fast.add_special_tokens({"additional_special_tokens": QWEN_SPECIALS[1:]})
-    import trl
-
-    template = Path(trl.__file__).parent / "chat_templates" / "qwen2_5.jinja"
-    fast.chat_template = template.read_text()
+    tok.train_from_iterator((_CORPUS + list(family.corpus) + list(extra_corpus)) * 20, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=family.eos, pad_token=family.pad,
+                                   bos_token=family.bos, unk_token=None)
+    fast.add_special_tokens({"additional_special_tokens": [t for t in family.specials if t != family.pad]})
+    fast.chat_template = trl_template(template)
     return fast
 
 
