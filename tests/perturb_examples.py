@@ -47,6 +47,59 @@ def parallel_example() -> Example:
         source="test", partition="parallel_multiple", meta={"language": "python"})
 
 
+def booking_example() -> Example:
+    """Tools whose text names other tools: in descriptions, argument descriptions (a nested one too) and an
+    enum value (data, never renamed); `search` is a plain-word name, `get_airport_code` is not declared."""
+    flights = Tool("search_flights", "Find flights; book one with book_flight.", {
+        "type": "object", "required": ["origin"], "properties": {
+            "origin": {"type": "string", "description": "IATA code, as get_airport_code returns it."}}})
+    book = Tool("book_flight", "Book a seat on a flight found by search_flights (not by search).", {
+        "type": "object", "required": ["flight_id"], "properties": {
+            "flight_id": {"type": "string", "description": "An id from search_flights results."},
+            "via": {"type": "string", "enum": ["search_flights", "agent"], "description": "Where the id came from."},
+            "passenger": {"type": "object", "description": "Who flies.", "properties": {
+                "name": {"type": "string", "description": "As booked, not as in search_flights."}}}}})
+    search = Tool("search", "Web search, not for flights (use search_flights).", {
+        "type": "object", "properties": {"q": {"type": "string", "description": "Query."}}})
+    return Example(
+        "hand_booking", (Message("user", "Book UA512 for Dana Reyes; I found it with search_flights."),),
+        Interface((flights, book, search)), (Call("book_flight", {"flight_id": "UA512", "via": "search_flights"}),),
+        accepted=({"flight_id": ("UA512",), "via": ("search_flights",)},), source="test", partition="simple_python",
+        meta={"language": "python"})
+
+
+BOOKING_TEXT = {
+    "search_flights": ["Find flights; book one with {book}.", "IATA code, as get_airport_code returns it."],
+    "book_flight": ["Book a seat on a flight found by {flights} (not by search).", "An id from {flights} results.",
+                    "Where the id came from.", "Who flies.", "As booked, not as in {flights}."],
+    "search": ["Web search, not for flights (use {flights}).", "Query."],
+}
+"""`tool_texts` of each booking_example tool after a renaming of identifier-like names, `{flights}` and
+`{book}` standing for the new names of search_flights and book_flight."""
+
+
+def booking_texts(flights: str, book: str) -> list[list[str]]:
+    """The `tool_texts` of booking_example's tools, in order, with search_flights and book_flight renamed."""
+    return [[x.format(flights=flights, book=book) for x in BOOKING_TEXT[name]]
+            for name in ("search_flights", "book_flight", "search")]
+
+
+def tool_texts(tool: Tool) -> list[str]:
+    """A tool's description and every description in its parameter schema, depth first."""
+    out = [tool.description]
+
+    def walk(schema: Any) -> None:
+        for key, value in schema.items():
+            if key == "description" and isinstance(value, str):
+                out.append(value)
+            elif key == "properties":
+                for sub in value.values():
+                    walk(sub)
+
+    walk(tool.parameters)
+    return out
+
+
 _TYPES = ("string", "integer", "number", "boolean", "enum")
 _VALUES: dict[str, Any] = {"string": st.text("abcdefgh ", min_size=1, max_size=8).map(str.strip).filter(bool),
                            "integer": st.integers(-50, 50), "number": st.floats(-9, 9, allow_nan=False),

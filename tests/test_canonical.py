@@ -3,6 +3,7 @@
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from perturb_examples import booking_example, booking_texts, tool_texts
 
 from cipr.tools.canonical import (
     UndeclaredToolError,
@@ -10,6 +11,7 @@ from cipr.tools.canonical import (
     canonicalize,
     canonicalize_interface,
     rewrite_text,
+    rewrite_tool_text,
 )
 from cipr.tools.interface import Call, Example, Interface, Message, Tool
 
@@ -151,3 +153,53 @@ def test_schema_titles_that_spell_the_original_names_are_dropped():
         "arg_02": {"type": "object", "properties": {"note": {"type": "string", "title": "Note"}}}}}
     assert "Reservation" not in str(params) and "GetReservation" not in str(params)
     assert tool.parameters["properties"]["reservation_id"]["title"] == "Reservation Id"  # the input is not changed
+
+
+def test_tool_names_in_descriptions_are_rewritten_as_text_is():
+    ex = booking_example()
+    canon, _ = canonicalize(ex)
+    assert [tool_texts(t) for t in canon.interface] == booking_texts("function_01", "function_02")
+    book = canon.interface[1].parameters["properties"]
+    assert list(book) == ["arg_01", "arg_02", "arg_03"] and list(book["arg_03"]["properties"]) == ["name"]
+    assert book["arg_02"]["enum"] == ["search_flights", "agent"]  # a value, not a mention
+    assert canon.query == "Book UA512 for Dana Reyes; I found it with function_01."
+    # mode "all" also renames the plain word `search`; mode "none" leaves every text as it was
+    every = canonicalize(ex, "all")[0].interface
+    assert every[1].description == "Book a seat on a flight found by function_01 (not by function_03)."
+    assert every[2].description == "Web function_03, not for flights (use function_01)."
+    assert [tool_texts(t) for t in canonicalize(ex, "none")[0].interface] == [tool_texts(t) for t in ex.interface]
+    assert ex.interface[1].description.endswith("by search_flights (not by search).")  # the input is not changed
+
+
+def test_rewrite_tool_text_renames_simultaneously():
+    tool = Tool("a_tool", "Call b_tool before a_tool.", {"type": "object", "properties": {
+        "x": {"type": "array", "description": "Ids from a_tool.", "items": {"type": "string",
+                                                                             "description": "One b_tool id."}}}})
+    out = rewrite_tool_text(tool, {"a_tool": "b_tool", "b_tool": "a_tool"})
+    assert out.name == "a_tool" and out.description == "Call a_tool before b_tool."
+    assert out.parameters["properties"]["x"] == {"type": "array", "description": "Ids from b_tool.",
+                                                 "items": {"type": "string", "description": "One a_tool id."}}
+    assert rewrite_tool_text(tool, {"a_tool": "z"}, "none") is tool
+
+
+def test_every_renaming_by_name_map_rewrites_tool_text():
+    """Function masking, distillation's synonym / swap renamings and the serving adapter use the same rule."""
+    from cipr.distill.naming import rename_example
+    from cipr.serve.conversation import canonical_request
+    from cipr.train.data import mask_example
+
+    ex = booking_example()
+    masked, nmap = mask_example(ex, seed=0)
+    assert [tool_texts(t) for t in masked.interface] == booking_texts(nmap.forward["search_flights"],
+                                                                      nmap.forward["book_flight"])
+    swapped, _ = rename_example(ex, {"search_flights": "book_flight", "book_flight": "search_flights"},
+                                "identifiers")
+    assert swapped.interface.names == ("book_flight", "search_flights", "search")
+    assert swapped.interface[0].description == "Find flights; book one with search_flights."
+    assert swapped.interface[1].description == "Book a seat on a flight found by book_flight (not by search)."
+    body = {"model": "m", "tools": ex.interface.to_openai(), "messages": [{"role": "user", "content": ex.query}]}
+    request, _ = canonical_request(body)
+    fns = [t["function"] for t in request["tools"]]
+    assert fns[1]["description"] == "Book a seat on a flight found by function_01 (not by search)."
+    assert fns[1]["parameters"]["properties"]["arg_01"]["description"] == "An id from function_01 results."
+    assert body["tools"][1]["function"]["description"].endswith("found by search_flights (not by search).")

@@ -93,6 +93,9 @@ def test_canonicalization_renames_earlier_calls_and_tool_messages():
     assert [m.name for m in canon.messages if m.role == "tool"] == ["function_01", "function_02"]
     text = json.dumps([m.to_dict() for m in canon.messages])
     assert "search_flights" not in text and "book_flight" not in text
+    # book_flight's description names search_flights: the schemas are renamed like the messages
+    assert canon.interface[1].description == "Book a seat on a flight found by function_01."
+    assert "search_flights" not in json.dumps(canon.interface.to_openai())
     assert nmap.translate_back(calls[1]) == Call("book_flight", {"flight_id": "UA512", "passenger_name": "Dana Reyes"})
 
 

@@ -1,6 +1,7 @@
 """Trajectory data for self-distillation: rendering, turns and decisions, AgentLM's layout, trimming, splits."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -122,3 +123,65 @@ def test_json_tool_call_trajectories_render_and_align_under_hermes(tmp_path, tin
     assert [d.taken for d in item.teacher.decisions] == ["get_weather", None, None]
     assert [d.taken for d in item.student.decisions] == ["function_01", None, None]
     assert len(item.alignment) > 10
+
+
+MESSAGES = Path(__file__).resolve().parent / "data" / "messages_example.jsonl"
+
+
+def test_messages_rows_are_trajectories(tmp_path, tiny_tokenizer):
+    """`data.source=messages`: each row of the shipped example is one trajectory, read by the messages reader."""
+    from cipr.data.messages import load_messages
+
+    cfg = TrajectoryDataConfig(source="messages", path=str(MESSAGES), n=0, eval_examples=2,
+                               max_observation_chars=None, call_format=None)
+    train, held, counts = load_split(cfg)
+    assert counts == {"trajectories": 10, "held_out": 2, "observations_cut": 0}
+    by_id = {e.id: e for e in train + held}
+    assert set(by_id) == {e.meta["row_id"] for e in load_messages(MESSAGES).examples}
+    flights = by_id["flights-1"]  # every message through the final answer, calls and tool names resolved
+    assert [m.role for m in flights.messages] == ["system", "user", "assistant", "tool", "assistant", "tool",
+                                                  "assistant"]
+    assert [c.name for m in flights.messages for c in m.calls] == ["search_flights", "book_flight"]
+    assert [m.name for m in flights.messages if m.role == "tool"] == ["search_flights", "book_flight"]
+    assert flights.meta["kind"] == "trajectory" and flights.reference == ()
+    built = build_items(train + held, get_format("hermes"), tiny_tokenizer, rewrite="identifiers")
+    assert len(built.items) == 10 and not built.skipped
+    item = next(it for it in built.items if it.example.id == "flights-1")
+    # each turn: its call, then the end of the turn; the final answer: the end of the turn alone
+    assert [(d.taken, t) for d, t in zip(item.teacher.decisions, item.teacher.turn_of, strict=True)] == [
+        ("search_flights", 0), (None, 0), ("book_flight", 1), (None, 1), (None, 2)]
+    assert [d.taken for d in item.student.decisions] == ["function_01", None, "function_02", None, None]
+    assert "search_flights" not in item.student.text  # book_flight's description names it: renamed too
+    rows = [json.loads(x) for x in MESSAGES.read_text().splitlines()]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(json.dumps(r) for r in rows) + "\n" + json.dumps({"messages": []}) + "\n")
+    with pytest.raises(DataError, match="line 11"):
+        load_split(TrajectoryDataConfig(source="messages", path=str(bad), n=0, eval_examples=2))
+    skip = TrajectoryDataConfig(source="messages", path=str(bad), n=0, eval_examples=2, on_bad_row="skip")
+    assert load_split(skip)[2]["bad row: missing tools"] == 1
+    with pytest.raises(ConfigError, match="needs data.path"):
+        load_split(TrajectoryDataConfig(source="messages"))
+    with pytest.raises(ConfigError, match="on_bad_row"):
+        load_split(TrajectoryDataConfig(on_bad_row="skip"))
+
+
+def test_the_messages_data_group_configures_distillation():
+    from cipr.distill.data import distill_data_section
+    from cipr.distill.evaluate import EvalConfig, check_namings
+
+    group = {"source": "messages", "path": str(MESSAGES), "on_bad_row": "raise", "n": 0, "seed": 0,
+             "eval_examples": 8, "perturbation": "full", "twin_wordings": "default", "rewrite_text": "identifiers"}
+    section = distill_data_section(group)
+    assert section == {"source": "messages", "path": str(MESSAGES), "on_bad_row": "raise", "n": 0, "seed": 0,
+                       "eval_examples": 8, "rewrite_text": "identifiers", "call_format": None,
+                       "max_observation_chars": None}
+    trajectories = {"source": "trajectories", "call_format": "webshop"}
+    assert distill_data_section(trajectories) == trajectories
+    with pytest.raises(ConfigError, match="data.perturbation=twins_only .* algo=distill does not use it"):
+        distill_data_section({**group, "perturbation": "twins_only"})
+    with pytest.raises(ConfigError, match="algo=distill trains on agent trajectories"):
+        distill_data_section({"source": "synthetic"})
+    train, _, _ = load_split(TrajectoryDataConfig(**{**section, "eval_examples": 2}))
+    check_namings(train, EvalConfig(namings=("original", "canonical")))
+    with pytest.raises(ValueError, match=r"synonyms renaming has no new name .*algo.eval.namings=\[original,canonical\]"):
+        check_namings(train, EvalConfig())

@@ -8,7 +8,14 @@ import re
 
 import pytest
 from jsonschema import Draft202012Validator
-from perturb_examples import AREA, parallel_example, weather_example
+from perturb_examples import (
+    AREA,
+    booking_example,
+    booking_texts,
+    parallel_example,
+    tool_texts,
+    weather_example,
+)
 
 from cipr.perturb import HELD_OUT, apply_perturbation, list_perturbations
 from cipr.perturb.cost_latency import EXPLICIT_REQUESTS, IMPLICIT_REQUESTS, CostLatencySpec, annotate
@@ -332,3 +339,21 @@ def test_tool_declared_without_properties() -> None:
     for name in HELD_OUT:
         p, _ = apply_perturbation(ex, name, seed=0)
         assert _ok(p), name
+
+
+def test_renamings_reach_the_tool_descriptions() -> None:
+    """Tool names mentioned in descriptions and argument descriptions follow every renaming, as the query does."""
+    ex = booking_example()
+    for name, names in (("relabel_random", "original"), ("relabel_random", "canonical"),
+                        ("relabel_function", "canonical")):
+        p, corr = apply_perturbation(ex, name, seed=0, names=names)
+        flights, book, _ = p.interface.names  # renaming keeps the order
+        assert [tool_texts(t) for t in p.interface] == booking_texts(flights, book), (name, names)
+        assert p.query == f"Book UA512 for Dana Reyes; I found it with {flights}."
+    # canonical ids assigned after a construction: the familiar name (and its mentions) is the costlier tool's
+    p, corr = apply_perturbation(ex, "cost_tag_explicit", seed=0, names="canonical")
+    costly = p.interface.names[next(i for i in range(len(corr)) if corr.roles[i] == "costlier")]
+    assert p.interface[0].description == f"Find flights; book one with {costly}."
+    assert not any("search_flights" in x for t in p.interface for x in tool_texts(t))
+    q, _ = apply_perturbation(ex, "cost_tag_explicit", seed=0)  # original names: text left as it is
+    assert q.interface[0].description == "Find flights; book one with book_flight."

@@ -8,7 +8,7 @@ import re
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from perturb_examples import examples, parallel_example, weather_example
+from perturb_examples import booking_example, examples, parallel_example, tool_texts, weather_example
 
 from cipr.perturb import TrainingPerturbationConfig, in_distribution, perturb_for_training
 from cipr.perturb.cost_latency import (
@@ -164,6 +164,19 @@ def test_ids_in_the_query_are_relabeled_too() -> None:
     p, corr = perturb_for_training(ex, seed=0)
     new = corr.names[corr.written_for(called)[0]]
     assert p.query == f"Use {new} please."
+
+
+def test_ids_in_descriptions_are_relabeled_too() -> None:
+    ex = _canon(booking_example())  # book_flight's texts name function_01 (search_flights)
+    p, corr = perturb_for_training(ex, seed=0)
+    flights = corr.names[corr.written_for("function_01")[0]]
+    book = corr.written_for("function_02")[0]
+    assert p.interface[book].description == f"Book a seat on a flight found by {flights} (not by search)."
+    twins = [i for i in range(len(corr)) if corr.twin_of[i] == "function_02"]
+    for i in [book, *twins]:  # the twin copies the text and is relabeled with it
+        assert flights in p.interface[i].description, i
+        ids = {w for x in tool_texts(p.interface[i]) for w in re.findall(r"function_\d+", x)}
+        assert ids == {flights}, i
 
 
 def test_in_distribution_speaks_original_names() -> None:

@@ -73,6 +73,23 @@ def test_seeded_and_avoids_words_in_the_text(tiny_tokenizer):
         relabel(prompt, response, ["function_01", "function_01"], fmt)
 
 
+@pytest.mark.parametrize("fmt_name", ["toolrl", "hermes"])
+def test_names_in_rendered_descriptions_are_relabeled(tiny_tokenizer, fmt_name):
+    """A description naming another tool is part of the prompt text, so the rescoring view renames it too."""
+    fmt = get_format(fmt_name)
+    tools = (Tool("function_01", "Search flights.", SCHEMA),
+             Tool("function_02", "Book a flight found by function_01; arg_01 is its id.", {
+                 "type": "object", "properties": {"arg_01": {"type": "string",
+                                                             "description": "An id from function_01."}}}))
+    prompt = fmt.render_prompt(tiny_tokenizer, [Message("user", "Book UA512.")], Interface(tools))
+    response = fmt.render_target([Call("function_02", {"arg_01": "UA512"})], think="thinking")
+    r = relabel(prompt, response, ["function_01", "function_02"], fmt, seed=4)
+    flights, book = r.tools
+    assert f"Book a flight found by {flights}; arg_01 is its id." in r.prompt
+    assert f"An id from {flights}." in r.prompt and "function_01" not in _words(r.prompt) - {flights, book}
+    assert [d.taken for d in r.relabeled_decisions] == [book, None]  # the call, then the end of the turn
+
+
 def test_broken_correspondence_raises(tiny_tokenizer):
     prompt, response = _pair(tiny_tokenizer, "toolrl", [Call("function_01", {"arg_01": "x"})])
 

@@ -44,6 +44,8 @@ def test_algo_distill_is_selected_like_every_algorithm_and_brings_its_data():
     assert composed("algo=distill", "data=trajectories")["data"] == composed("algo=distill")["data"]
     with pytest.raises(ConfigError, match="algo=distill trains on agent trajectories"):
         distill_config(composed("algo=distill", "data=synthetic"))
+    own = distill_config(composed("algo=distill", "data=messages", "data.path=rows.jsonl"))  # your own rows
+    assert (own.data.source, own.data.path, own.data.call_format) == ("messages", "rows.jsonl", None)
     with pytest.raises(ConfigError, match="data=trajectories is the data of algo=distill"):
         config_from_dict(composed("algo=grpo", "data=trajectories"))
 

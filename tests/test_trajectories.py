@@ -53,7 +53,7 @@ def test_toolcall_conversations_and_errors(tmp_path):
     assert ex.messages[1].calls == (Call("f", {"a": 1}),)
     rec["messages"][1]["tool_calls"][0]["function"]["name"] = "g"
     p.write_text(json.dumps(rec) + "\n")
-    with pytest.raises(DataError, match=r"item 'c1', field 'messages\[1\]\.tool_calls\[0\]\.name'"):
+    with pytest.raises(DataError, match=r"item 'c1', field 'messages\[1\]\.tool_calls\[0\]\.function\.name'"):
         load_trajectories(p)
     p.write_text("{not json\n")
     with pytest.raises(DataError, match="line 1"):

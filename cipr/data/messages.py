@@ -40,6 +40,11 @@ What becomes an `Example` (choices):
   an Example's id is `<row id>_m<j>`, j the index of its assistant turn in `messages`. Partition: the
   file's stem (the split's name in a saved DatasetDict). `meta`: file, item (`line 3`, `row 3`),
   row_id, turn (j), content.
+- Self-distillation trains on whole conversations instead (`unit="conversation"`,
+  `row_conversation`): one Example per row, id the row id, holding every message through the last
+  assistant turn (a greeting before the first user message included), no reference: its assistant
+  turns, calls and text, are the demonstration the teacher and the student read. The same rows and
+  the same checks: a row is a trajectory exactly when it is usable as examples.
 
 Bad rows (`BadRow`, a `DataError` naming the file, the line of a JSON-lines file or the index of
 a row elsewhere, and the field, e.g. `messages[2].tool_calls[0].function.arguments: not valid
@@ -71,7 +76,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any, Literal
 
-from cipr.core.errors import DataError, MissingInputError
+from cipr.core.errors import ConfigError, DataError, MissingInputError
 from cipr.core.io import parse_json, read_json, read_parquet_rows, read_text
 from cipr.tools.interface import Call, Example, Interface, Message, Tool
 
@@ -79,6 +84,8 @@ log = logging.getLogger(__name__)
 
 OnBadRow = Literal["raise", "skip"]
 ON_BAD_ROW: tuple[str, ...] = ("raise", "skip")
+Unit = Literal["turn", "conversation"]
+UNITS: tuple[str, ...] = ("turn", "conversation")
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 SUFFIXES = (".jsonl", ".json", ".parquet")
 SOURCE = "messages"
@@ -341,8 +348,9 @@ def _row_id(row: Mapping[str, Any], raw: RawRow) -> str:
     return raw.default_id
 
 
-def row_examples(raw: RawRow) -> tuple[list[Example], int]:
-    """The Examples of one row (module docstring) and its number of tools; BadRow when it is malformed."""
+def _parse_row(raw: RawRow) -> tuple[str, Interface, list[Message], list[int]]:
+    """(row id, interface, messages, indices of the assistant turns after the first user message) of one
+    row; BadRow when it is malformed."""
     if raw.error is not None:
         raise raw.error
     row = raw.value
@@ -354,7 +362,12 @@ def row_examples(raw: RawRow) -> tuple[list[Example], int]:
     turns = [j for j, m in enumerate(messages) if m.role == "assistant" and j > first_user]
     if not turns:
         raise raw.bad("no assistant turn", "the row has no assistant turn after a user message", "messages")
-    rid = _row_id(row, raw)
+    return _row_id(row, raw), interface, messages, turns
+
+
+def row_examples(raw: RawRow) -> tuple[list[Example], int]:
+    """The Examples of one row (module docstring) and its number of tools; BadRow when it is malformed."""
+    rid, interface, messages, turns = _parse_row(raw)
     examples = [Example(id=f"{rid}_m{j}", messages=tuple(messages[:j]), interface=interface,
                         reference=messages[j].calls, response=None if messages[j].calls else messages[j].content,
                         source=SOURCE, partition=raw.partition,
@@ -364,11 +377,38 @@ def row_examples(raw: RawRow) -> tuple[list[Example], int]:
     return examples, len(interface)
 
 
+def row_conversation(raw: RawRow) -> Example:
+    """One row as a whole conversation (a trajectory, for self-distillation): every message through the
+    last assistant turn, no reference (the assistant turns are the demonstration); BadRow when malformed."""
+    rid, interface, messages, turns = _parse_row(raw)
+    return Example(id=rid, messages=tuple(messages[:turns[-1] + 1]), interface=interface, source=SOURCE,
+                   partition=raw.partition, meta={"kind": "trajectory", "style": "messages", "file": raw.file,
+                                                  "item": raw.item, "row_id": rid})
+
+
 # ---------------------------------------------------------------- loading and counting
 
 
-def load_messages(path: str | Path, *, on_bad_row: OnBadRow = "raise") -> MessagesData:
-    """Every row under `path` as Examples; a bad row raises (`on_bad_row="raise"`) or is counted and skipped."""
+def checked_path(path: str | None, what: str, option: str) -> Path:
+    """`path` (a file or a folder) as a Path; ConfigError saying what `what` (the command choosing this
+    source) needs `option` to be when it is unset or names nothing."""
+    found = Path(path).expanduser() if path else None
+    if found is None or not found.exists():
+        raise ConfigError(f"{what} needs {option}=FILE_OR_DIR (a {', '.join(SUFFIXES)} file of messages + tools "
+                          f"rows, or a folder of them or saved by datasets); "
+                          f"{'it is not set' if found is None else f'{found} does not exist'}")
+    return found
+
+
+
+def load_messages(path: str | Path, *, on_bad_row: OnBadRow = "raise", unit: Unit = "turn") -> MessagesData:
+    """Every row under `path` as Examples; a bad row raises (`on_bad_row="raise"`) or is counted and skipped.
+
+    `unit`: "turn", an Example per assistant turn (`row_examples`: training prompts, evaluation items);
+    "conversation", one per row (`row_conversation`: the trajectories self-distillation trains on).
+    """
+    if unit not in UNITS:
+        raise ValueError(f"unit={unit!r}; choose one of {', '.join(UNITS)}")
     if on_bad_row not in ON_BAD_ROW:
         raise ValueError(f"on_bad_row={on_bad_row!r}; choose one of {', '.join(ON_BAD_ROW)}")
     out = MessagesData()
@@ -376,7 +416,11 @@ def load_messages(path: str | Path, *, on_bad_row: OnBadRow = "raise") -> Messag
     for raw in read_rows(path):
         out.rows += 1
         try:
-            examples, tools = row_examples(raw)
+            if unit == "turn":
+                examples, tools = row_examples(raw)
+            else:
+                examples = [row_conversation(raw)]
+                tools = len(examples[0].interface)
             row_id = examples[0].meta["row_id"]
             if row_id in seen:
                 raise raw.bad("duplicate id", f"id {row_id!r} is used by an earlier row", "id")

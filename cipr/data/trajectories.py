@@ -11,7 +11,9 @@ Two on-disk shapes, one JSON list or JSON Lines file each:
   action or an undeclared action name raises. A gpt turn without an `Action:` line (AgentInstruct's
   opening "OK") stays a text turn. Writing back (`to_agentinstruct`) renders calls with the format.
 - JSON tool-call conversations: `{"id", "tools": [OpenAI tools], "messages": [OpenAI chat messages,
-  assistant ones with "tool_calls"]}`.
+  assistant ones with "tool_calls"]}`, read row by row by `cipr.data.messages.row_conversation` (the
+  reader of `data.source=messages`, so the same rules and errors), every message through the last
+  assistant turn.
 
 Both become `Example`s whose `messages` hold the whole conversation (assistant turns included) and
 `meta["kind"] == "trajectory"`; nothing is dropped: a malformed record raises a DataError naming the
@@ -20,7 +22,6 @@ file, the record and the field.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -28,10 +29,11 @@ from typing import Any
 
 from cipr.core.errors import DataError, MissingInputError
 from cipr.core.io import read_json, read_jsonl
+from cipr.data.messages import RawRow, row_conversation
 from cipr.envs.toyshop import ACTIONS, ToyShop
 from cipr.formats import get_format
 from cipr.formats.base import CallFormat
-from cipr.tools.interface import Call, Example, Interface, Message
+from cipr.tools.interface import Example, Interface, Message
 
 _ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 _ACTION_LINE = re.compile(r"(?m)^Action:")
@@ -79,30 +81,10 @@ def _agentinstruct(rec: Mapping[str, Any], path: Path, idx: int, interface: Inte
 
 
 def _toolcalls(rec: Mapping[str, Any], path: Path, idx: int) -> Example:
+    """A JSON tool-call conversation, read by `cipr.data.messages` (its rules and its one-line errors)."""
     rid = str(rec.get("id", idx))
-    interface = Interface.from_openai(rec.get("tools") or [], where=str(path), item=rid)
-    msgs = []
-    for j, m in enumerate(rec["messages"]):
-        if not isinstance(m, Mapping) or m.get("role") not in ("system", "user", "assistant", "tool"):
-            raise DataError("each message needs a role of system/user/assistant/tool", file=str(path), item=rid,
-                            field=f"messages[{j}]")
-        calls = []
-        for k, tc in enumerate(m.get("tool_calls") or []):
-            fn = tc.get("function", tc)
-            args = fn.get("arguments", {})
-            if isinstance(args, str):
-                try:
-                    args = json.loads(args)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"arguments are not valid JSON: {e.msg}", file=str(path), item=rid,
-                                    field=f"messages[{j}].tool_calls[{k}].arguments") from e
-            if fn.get("name") not in interface:
-                raise DataError(f"call to undeclared tool {fn.get('name')!r}", file=str(path), item=rid,
-                                field=f"messages[{j}].tool_calls[{k}].name")
-            calls.append(Call(fn["name"], args))
-        msgs.append(Message(m["role"], m.get("content") or "", tuple(calls), m.get("name")))
-    return Example(rid, tuple(msgs), interface, source="trajectories", partition=path.stem,
-                   meta={"kind": "trajectory", "style": "toolcalls"})
+    example = row_conversation(RawRow(str(path), rid, rid, path.stem, rec))
+    return example.with_(source="trajectories", meta={"kind": "trajectory", "style": "toolcalls"})
 
 
 def load_trajectories(path: str | Path, *, interface: Interface = ACTIONS, call_format: str = "webshop"

@@ -1,8 +1,15 @@
 """Trajectory data for self-distillation (`data=trajectories`): load or generate, trim, split, build items.
 
-Sources: `data.path` names a trajectory file (AgentInstruct or JSON tool-call conversations, see
-`cipr.data.trajectories.load_trajectories`); without a path, `n` ToyShop expert trajectories are
-generated with `seed` (`cipr.data.trajectories.toyshop_trajectories`), so the CPU run needs no data.
+Sources (`data.source`):
+- `trajectories`: `data.path` names a trajectory file (AgentInstruct or JSON tool-call conversations,
+  see `cipr.data.trajectories.load_trajectories`); without a path, `n` ToyShop expert trajectories are
+  generated with `seed` (`cipr.data.trajectories.toyshop_trajectories`), so the CPU run needs no data.
+- `messages` (`cipr-train algo=distill data=messages data.path=FILE_OR_DIR`): your own `messages` +
+  `tools` rows, the files and folders `data.source=messages` trains the other algorithms on, read by
+  the same reader (`cipr.data.messages.load_messages` with `unit="conversation"`): each row is one
+  trajectory, every message through its last assistant turn. `data.on_bad_row=skip` counts malformed
+  rows (`bad row: <reason>` in the run's data counts) instead of stopping at the first. The rows'
+  calls are structured, so they are rendered with the model's call format (`data.call_format` null).
 
 Choices (the paper does not say how AgentLM's trajectories were cut for distillation):
 - `max_observation_chars`: user turns (instruction page, observations) longer than this keep their
@@ -17,10 +24,11 @@ Choices (the paper does not say how AgentLM's trajectories were cut for distilla
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -41,8 +49,9 @@ TRIM_MARK = " ..."
 class TrajectoryDataConfig:
     """Where trajectories come from and how they are trimmed and split (module docstring)."""
 
-    source: Literal["trajectories"] = "trajectories"
+    source: Literal["trajectories", "messages"] = "trajectories"
     path: str | None = None
+    on_bad_row: Literal["raise", "skip"] = "raise"
     n: int = 64
     seed: int = 0
     eval_examples: int = 8
@@ -50,6 +59,37 @@ class TrajectoryDataConfig:
     max_turns: int | None = None
     rewrite_text: Literal["identifiers", "all", "none"] = "all"
     call_format: str | None = "webshop"
+
+
+def distill_data_section(section: Mapping[str, Any]) -> dict[str, Any]:
+    """The `data` section of a composed config as `TrajectoryDataConfig` reads it.
+
+    `data=trajectories` passes unchanged. `data=messages` is the group the other algorithms train with:
+    its options for prompts (`perturbation`, `twin_wordings`, ...) are dropped while they hold
+    `cipr.train.data.DataConfig`'s defaults and refused (ConfigError naming the key) when set, since
+    distillation neither perturbs nor masks; the call format defaults to the model's (null) and
+    observations are kept whole (`max_observation_chars` null), unless the section sets them.
+    """
+    source = section.get("source", "trajectories")
+    if source == "trajectories":
+        return dict(section)
+    if source != "messages":
+        raise ConfigError(f"algo=distill trains on agent trajectories, but data={source} was chosen: give "
+                          f"data=trajectories (ToyShop or a trajectory file) or data=messages data.path=FILE_OR_DIR")
+    from cipr.train.data import DataConfig
+
+    own = {f.name for f in dataclasses.fields(TrajectoryDataConfig)}
+    prompt_defaults = {f.name: f.default for f in dataclasses.fields(DataConfig)
+                       if f.name not in own and f.default is not dataclasses.MISSING}
+    out: dict[str, Any] = {"call_format": None, "max_observation_chars": None}
+    for key, value in section.items():
+        if key in prompt_defaults:
+            if value != prompt_defaults[key] and not (isinstance(value, list) and tuple(value) == prompt_defaults[key]):
+                raise ConfigError(f"data.{key}={value} is an option of the prompt-based algorithms; algo=distill "
+                                  f"does not use it: remove it")
+            continue
+        out[key] = value
+    return out
 
 
 def check_data(cfg: TrajectoryDataConfig) -> Path | None:
@@ -60,6 +100,12 @@ def check_data(cfg: TrajectoryDataConfig) -> Path | None:
         raise ConfigError("data.max_observation_chars must be >= 1 (or null to keep observations whole)")
     if cfg.max_turns is not None and cfg.max_turns < 1:
         raise ConfigError("data.max_turns must be >= 1 (or null to keep every turn)")
+    if cfg.on_bad_row != "raise" and cfg.source != "messages":
+        raise ConfigError(f"data.on_bad_row={cfg.on_bad_row} applies to data.source=messages only; remove it")
+    if cfg.source == "messages":
+        from cipr.data.messages import checked_path
+
+        return checked_path(cfg.path, "algo=distill with data.source=messages", "data.path")
     if cfg.path is None:
         if cfg.n <= cfg.eval_examples:
             raise ConfigError(f"data.n={cfg.n} must exceed data.eval_examples={cfg.eval_examples} (ToyShop "
@@ -95,7 +141,15 @@ def trim(example: Example, max_observation_chars: int | None, max_turns: int | N
 def load_split(cfg: TrajectoryDataConfig) -> tuple[list[Example], list[Example], dict[str, int]]:
     """(training trajectories, held-out trajectories, counts) after trimming, in source order."""
     path = check_data(cfg)
-    if path is None:
+    skipped: dict[str, int] = {}
+    if cfg.source == "messages":
+        from cipr.data.messages import load_messages
+
+        assert path is not None
+        data = load_messages(path, on_bad_row=cfg.on_bad_row, unit="conversation")
+        examples = data.examples[:cfg.n] if cfg.n else data.examples
+        skipped = {f"bad row: {k}": n for k, n in sorted(data.skipped.items())}
+    elif path is None:
         from cipr.data.trajectories import toyshop_trajectories
 
         examples = toyshop_trajectories(cfg.n, seed=cfg.seed)
@@ -111,7 +165,8 @@ def load_split(cfg: TrajectoryDataConfig) -> tuple[list[Example], list[Example],
     random.Random(f"{cfg.seed}\x1fheld-out").shuffle(order)
     held = set(order[:cfg.eval_examples])
     trimmed = [trim(e, cfg.max_observation_chars, cfg.max_turns) for e in examples]
-    counts = {"trajectories": len(examples), "held_out": len(held), "observations_cut": sum(c for _, c in trimmed)}
+    counts = {"trajectories": len(examples), "held_out": len(held), "observations_cut": sum(c for _, c in trimmed),
+              **skipped}
     train = [e for i, (e, _) in enumerate(trimmed) if i not in held]
     evals = [e for i, (e, _) in enumerate(trimmed) if i in held]
     return train, evals, counts

@@ -85,6 +85,18 @@ def check_eval(cfg: EvalConfig) -> None:
         raise ValueError(f"algo.eval.live_env must be toyshop or webshop, got {cfg.live_env!r}")
 
 
+def check_namings(examples: Sequence[Example], cfg: EvalConfig) -> None:
+    """Refuse, before training, a naming whose table has no new name for a held-out trajectory's tool
+    (the synonym and swap tables are WebShop's, `search` and `click`): ValueError giving both fixes."""
+    for naming in cfg.namings:
+        for e in examples:
+            try:
+                named(e, naming, renames=cfg.renames)  # type: ignore[arg-type]
+            except ValueError as err:
+                raise ValueError(f"algo.eval.namings has {naming}: {err}; or evaluate under "
+                                 f"algo.eval.namings=[original,canonical]") from None
+
+
 @dataclass(frozen=True)
 class Readings:
     """Action distributions at every decision of some trajectories: probs [D, A+1] (∅ last), segments [D]."""

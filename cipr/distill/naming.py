@@ -1,7 +1,7 @@
 """A trajectory under other action names: canonical ids, fresh relabels, synonyms, swaps.
 
 Every renaming goes through `cipr.tools.canonical.apply_name_map`, so calls, the interface and free text
-change together. Free text is rewritten with `rewrite` (default "all": every whole-word occurrence),
+(messages and descriptions) change together. Free text is rewritten with `rewrite` (default "all": every whole-word occurrence),
 because trajectory text names its actions in plain words (AgentInstruct's instruction says
 "search[keywords]"); with "identifiers" the plain-word name `search` would survive in the student's
 text and leak the original name.
@@ -45,7 +45,8 @@ def rename_example(example: Example, mapping: Mapping[str, str], rewrite: Rewrit
 def relabel_example(example: Example, config: RelabelConfig, seed: int | str) -> tuple[Example, NameMap]:
     """Fresh neutral tool names (`cipr.method.relabel.fresh_names`), drawn with `seed`, never a word of the text."""
     rng = random.Random(seed)
-    words = {w for m in example.messages for w in re.findall(r"\w+", m.content)} | set(example.interface.names)
+    texts = [m.content for m in example.messages] + [t.description for t in example.interface]
+    words = {w for text in texts for w in re.findall(r"\w+", text)} | set(example.interface.names)
     names = fresh_names(list(example.interface.names), config, rng, words - set(example.interface.names))
     return rename_example(example, dict(zip(example.interface.names, names, strict=True)), "all")
 

@@ -1,6 +1,9 @@
-"""`cipr-train algo=distill` (its data group is data=trajectories): one self-distillation run, evaluation included.
+"""`cipr-train algo=distill` (its data group is data=trajectories, or data=messages): one self-distillation run,
+evaluation included.
 
     cipr-train algo=distill                                         # one CPU: embedded SmolLM2-135M, ToyShop
+    cipr-train algo=distill data=messages data.path=tests/data/messages_example.jsonl data.eval_examples=2 \
+        algo.eval.namings=[original,canonical]                     # your own messages + tools rows
     cipr-train experiment=smollm2_distill_toyshop                   # the short CPU run
     cipr-train algo=distill model=qwen25_3b data.path=/data/webshop_agentinstruct.json \\
         algo.eval.live_env=webshop algo.eval.live_tasks=200        # one GPU, real WebShop trajectories
@@ -41,10 +44,11 @@ import torch
 from cipr.core.config import ConfigError, from_dict, to_dict
 from cipr.core.io import read_json, read_text
 from cipr.core.run_folder import prepare
-from cipr.distill.data import TrajectoryDataConfig, build_items, check_data, load_split
+from cipr.distill.data import TrajectoryDataConfig, build_items, check_data, distill_data_section, load_split
 from cipr.distill.evaluate import (
     Readings,
     check_eval,
+    check_namings,
     live_evaluate,
     offline_rows,
     read_rendered,
@@ -93,11 +97,9 @@ class DistillRunConfig:
 
 def config_from_dict(data: dict[str, Any]) -> DistillRunConfig:
     """A DistillRunConfig from a composed (Hydra) config; unknown keys and bad values raise ConfigError."""
-    source = (data.get("data") or {}).get("source", "trajectories")
-    if source != "trajectories":
-        raise ConfigError(f"algo=distill trains on agent trajectories, but data={source} was chosen: drop the data= "
-                          f"override (algo=distill selects data=trajectories) or give data=trajectories")
-    return from_dict(DistillRunConfig, {k: v for k, v in data.items() if k != "hydra"})
+    sections = {k: v for k, v in data.items() if k != "hydra"}
+    sections["data"] = distill_data_section(sections.get("data") or {})
+    return from_dict(DistillRunConfig, sections)
 
 
 def call_format_name(cfg: DistillRunConfig) -> str:
@@ -228,6 +230,10 @@ def _run(cfg: DistillRunConfig, out: Path, writer: MetricsWriter, started: float
     student, tokenizer = load_trained(cfg.model, weights)
     _plain_float(student)
     train_examples, eval_examples, counts = load_split(cfg.data)
+    try:
+        check_namings(eval_examples, cfg.algo.eval)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     train = build_items(train_examples, fmt, tokenizer, rewrite=cfg.data.rewrite_text)
     held = build_items(eval_examples, fmt, tokenizer, rewrite=cfg.data.rewrite_text)
     skipped = dict(train.skipped + held.skipped)

@@ -84,12 +84,9 @@ def load_examples(cfg: EvalConfig) -> list[Example]:
             data_root(cfg.data_root) / "toolrl" / "rlla_4k" / "test.parquet"
         exs = load_toolrl(path)
     elif name == "messages":
-        from cipr.data.messages import load_messages
+        from cipr.data.messages import checked_path, load_messages
 
-        if not cfg.benchmark.path:
-            raise ConfigError("benchmark=messages needs benchmark.path=FILE_OR_DIR (a .jsonl, .json or .parquet file "
-                              "of messages + tools rows, or a folder of them or saved by datasets)")
-        exs = load_messages(cfg.benchmark.path).examples
+        exs = load_messages(checked_path(cfg.benchmark.path, "benchmark=messages", "benchmark.path")).examples
     elif name == "synthetic":
         from cipr.data.synthetic import SyntheticConfig
 

@@ -9,9 +9,10 @@ Choices:
 - Canonical names are applied AFTER the interface is constructed (paper, Appendix C): ids follow the
   final tool order, argument ids the final property order. A reference call keeps pointing at the
   declaration it was built for, even when a duplicate of the same name comes first.
-- With canonical names, free text gets the written names replaced as `cipr.tools.canonical.canonicalize`
-  does (first declaration of a name wins). With original names, held-out perturbations leave the
-  text alone: the paper keeps the query, so a familiar name in it keeps pointing where it now points.
+- With canonical names, free text (messages, and the descriptions of the tools and their arguments)
+  gets the written names replaced as `cipr.tools.canonical.canonicalize` does (first declaration of a
+  name wins). With original names, held-out perturbations leave the text alone: the paper keeps the
+  query, so a familiar name in it keeps pointing where it now points.
 - Calls in earlier turns name source tools; they are rewritten to the source tool's equivalent.
 """
 
@@ -25,7 +26,7 @@ from typing import Any, Literal
 
 from cipr.core.errors import DataError
 from cipr.perturb.correspondence import Correspondence
-from cipr.tools.canonical import canonical_arg_id, canonical_tool_id, rewrite_text
+from cipr.tools.canonical import canonical_arg_id, canonical_tool_id, rewrite_text, rewrite_tool_text
 from cipr.tools.interface import Call, Example, Interface, Message, Tool
 
 Names = Literal["original", "canonical"]
@@ -55,13 +56,6 @@ class RefCall:
     entry: int
     arguments: dict[str, Any]
     accepted: dict[str, Any] | None = None
-
-
-def rewrite_names(text: str, mapping: Mapping[str, str]) -> str:
-    """`cipr.tools.canonical.rewrite_text`, skipped when no name occurs in the text at all (most queries
-    name no tool, and compiling the pattern dominates the cost of a perturbation)."""
-    present = {k: v for k, v in mapping.items() if k in text}
-    return rewrite_text(text, present) if present else text
 
 
 @functools.lru_cache(maxsize=256)
@@ -215,10 +209,12 @@ class Draft:
                 return
         raise DataError("the example has no user message to perturb", item=self.example.id, field="messages")
 
-    def rewrite_messages(self, mapping: Mapping[str, str]) -> None:
-        """Replace whole-identifier tool names in free text (used by relabeling, which renames
-        everywhere)."""
-        self.messages = [Message(m.role, rewrite_names(m.content, mapping), m.calls, m.name) for m in self.messages]
+    def rename_in_text(self, mapping: Mapping[str, str]) -> None:
+        """Replace whole-identifier tool names in free text: the messages and the descriptions of every
+        tool and argument (used by relabeling, which renames everywhere)."""
+        self.messages = [Message(m.role, rewrite_text(m.content, mapping), m.calls, m.name) for m in self.messages]
+        for e in self.entries:
+            e.tool = rewrite_tool_text(e.tool, mapping)
 
     # ------------------------------------------------------------------ output
     def finish(self, *, names: Names = "original", perturbation: str = "",
@@ -268,9 +264,10 @@ class Draft:
         if names == "canonical":
             for e, w in zip(self.entries, written, strict=True):
                 text_map.setdefault(e.tool.name, w)
+            tools = [rewrite_tool_text(t, text_map) for t in tools]
         messages = []
         for m in self.messages:
-            content = rewrite_names(m.content, text_map) if text_map else m.content
+            content = rewrite_text(m.content, text_map)
             calls = tuple(turn_call(c) for c in m.calls)
             name = m.name
             if name is not None and name in by_source:

@@ -9,8 +9,8 @@
 Unlike the other held-out types these apply to the interface as the model sees it: under canonical
 names the example is canonicalized first and the fresh names replace the canonical ids, bypassing
 the adapter (which would map any renaming back to the same ids, making the type a no-op). Tool names
-are replaced as whole identifiers in the messages too; argument names, descriptions, the query and
-the tool order stay. The Correspondence maps each new name to the original tool it renames, and its
+are replaced as whole identifiers in the messages and in the tools' and arguments' descriptions too;
+argument names, the rest of the text and the tool order stay. The Correspondence maps each new name to the original tool it renames, and its
 arguments to the original argument names, as every other type's does (under canonical names through
 the canonicalization's map: canonical tool i is original tool i).
 """
@@ -78,7 +78,7 @@ def rename_all(example: Example, *, seed: int, names: str, scheme: Scheme, pertu
     new = fresh_names(old, scheme, rng_for(seed, example.id, perturbation), _words(base) - set(old))
     for entry, name in zip(draft.entries, new, strict=True):
         entry.tool = entry.tool.with_(name=name)
-    draft.rewrite_messages(dict(zip(old, new, strict=True)))
+    draft.rename_in_text(dict(zip(old, new, strict=True)))
     renamed, corr = draft.finish(names="original", perturbation=perturbation, meta={"seed": seed, "names": names})
     if nmap is None:
         return renamed, corr

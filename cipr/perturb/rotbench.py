@@ -20,6 +20,9 @@ description and each parameter schema at its position and corrupt only names):
 - gold answers, earlier-turn calls, tool-message names and `meta["finish_tool"]`/`["ask_tool"]` are
   rewritten position by position from the shipped names to the new ones, so the values the shipped
   gold expects stay where they are; the user turns are left as shipped (identical queries).
+- tool names that descriptions mention ("the value returned in get_sites") become the clean tool's
+  canonical id, as canonicalizing the clean record writes them: the shipped levels keep the clean
+  name in descriptions and corrupt only the names themselves.
 
 Re-applying a level to the clean record itself gives plain canonicalization, and no level introduces
 a duplicated id. When a shipped record does not line up with its clean record (tool count or
@@ -38,7 +41,7 @@ from typing import Any
 from cipr.core.errors import DataError
 from cipr.perturb.correspondence import Correspondence
 from cipr.perturb.draft import rename_schema_args
-from cipr.tools.canonical import canonical_arg_id, canonical_tool_id
+from cipr.tools.canonical import canonical_arg_id, canonical_tool_id, rewrite_tool_text
 from cipr.tools.interface import Call, Example, Interface, Message, Tool
 
 EDIT_SIMILARITY = 0.5
@@ -180,6 +183,9 @@ def reapply_level(clean: Example, shipped: Example, *, seed: int = 0) -> tuple[E
     ids = [canonical_tool_id(i, n) for i in range(n)]
     level = str(shipped.meta.get("level", "union"))
     names, tool_kinds = _corrupt_names([t.name for t in ct], [t.name for t in st], ids, rng, set(), level)
+    canonical_names: dict[str, str] = {}  # clean name -> canonical id, for the names descriptions mention
+    for t, cid in zip(ct, ids, strict=True):
+        canonical_names.setdefault(t.name, cid)
     tools: list[Tool] = []
     arg_maps: list[dict[str, str]] = []   # shipped arg -> new arg, per position
     corr_args: list[dict[str, str]] = []  # new arg -> clean arg, per position
@@ -194,7 +200,8 @@ def reapply_level(clean: Example, shipped: Example, *, seed: int = 0) -> tuple[E
         amap.update({a: a for a in added})
         arg_maps.append(amap)
         corr_args.append({new: cp[k] for k, new in enumerate(new_args)})
-        tools.append(Tool(names[i], s.description, rename_schema_args(s.parameters, amap)))
+        tools.append(rewrite_tool_text(Tool(names[i], s.description, rename_schema_args(s.parameters, amap)),
+                                       canonical_names))
         changed = sorted(set(kinds) - {"same"})
         if added or dropped or changed:
             notes.append(f"tool {i} parameters: {changed}" + (" + added" if added else "")

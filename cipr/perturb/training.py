@@ -8,7 +8,8 @@ names the canonical tools it was given. Steps, in the paper's order:
    `UNRELATED_ARGUMENTS`: the argument a reference call passes, for a called tool; a required
    argument, else any, for the others). A tool without arguments always gets a description twin.
    The originals, their descriptions and the query are unchanged.
-2. Relabeling: every tool of the expanded list gets a fresh neutral id. `relabel="random"` (default)
+2. Relabeling: every tool of the expanded list gets a fresh neutral id (a canonical id mentioned in
+   the messages or in a description becomes its equivalent tool's new id). `relabel="random"` (default)
    draws distinct numbers from 1..`id_space` (so an id says nothing about position or about the
    canonical id the tool had); `"positional"` numbers them by their new position.
 3. Reordering: tools are shuffled, and so are the arguments of each tool; argument ids are then
@@ -185,7 +186,7 @@ def _relabel_and_reorder(draft: Draft, rng: random.Random, config: TrainingPertu
             c.arguments = {amap.get(k, k): v for k, v in c.arguments.items()}
             if c.accepted is not None:
                 c.accepted = {amap.get(k, k): v for k, v in c.accepted.items()}
-    draft.rewrite_messages(text_map)
+    draft.rename_in_text(text_map)
 
 
 def perturb_for_training(example: Example, config: TrainingPerturbationConfig | None = None, *,

@@ -3,10 +3,11 @@
 `canonical_request` renames, with `cipr.tools.canonical`'s positional rule, the request's `tools`, and
 every reference to their names in the conversation: the name and argument names of each earlier
 assistant `tool_calls` entry (arguments stay a JSON string, keys renamed), the `name` of each tool
-result message, a forced `tool_choice`, and tool names in free text (`rewrite_text`, as
-`cipr.tools.canonical.rewrite_text` does for examples). Tool result contents are values the tools
-returned, not interface names, and are left as they are. A name in an earlier call that the
-request's tools do not declare is left unchanged (the conversation is the client's, not ours).
+result message, a forced `tool_choice`, and tool names in free text: message contents and the tools'
+and their arguments' descriptions (`rewrite_text`, as `cipr.tools.canonical.apply_name_map` does for
+examples). Tool result contents are values the tools returned, not interface names, and are left as
+they are. A name in an earlier call that the request's tools do not declare is left unchanged (the
+conversation is the client's, not ours).
 
 `translate_reply` maps the backend's assistant message back: each tool call's name and argument
 names, and canonical ids in its text. A call naming an id the canonical interface does not declare
@@ -21,7 +22,13 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from cipr.tools.canonical import NameMap, RewriteText, canonicalize_interface, rewrite_text
+from cipr.tools.canonical import (
+    NameMap,
+    RewriteText,
+    canonicalize_interface,
+    rewrite_interface_text,
+    rewrite_text,
+)
 from cipr.tools.interface import Call, Interface
 
 
@@ -70,7 +77,7 @@ def canonical_request(body: Mapping[str, Any], rewrite: RewriteText = "identifie
     fwd = nmap.forward
     out = copy.deepcopy(dict(body))
     if body.get("tools") is not None:
-        out["tools"] = interface.to_openai()
+        out["tools"] = rewrite_interface_text(interface, fwd, rewrite).to_openai()
     messages = []
     for m in body["messages"]:
         m = copy.deepcopy(dict(m))

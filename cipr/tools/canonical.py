@@ -1,15 +1,17 @@
 """Canonicalization adapter: neutral tool and argument ids, applied everywhere, and translation back.
 
 Every tool name becomes `function_01`, `function_02`, ... by position; every argument name becomes
-`arg_01`, ... numbered within its tool by the order of its `properties`. Descriptions, types,
-required flags, enums and argument values stay. The same mapping is applied to every reference to
-those names: reference calls, BFCL accepted-values lists, alternatives, and calls in earlier turns.
+`arg_01`, ... numbered within its tool by the order of its `properties`. Descriptions (but for the
+tool names they mention), types, required flags, enums and argument values stay. The same mapping is applied to every reference to
+those names: reference calls, BFCL accepted-values lists, alternatives, calls in earlier turns, tool
+messages' names, and mentions in text (below).
 
 Choices the paper leaves open (documented here, configurable where it matters):
 - Only top-level argument names are renamed; nested object properties keep their names, since they
   are part of values the tool receives rather than the interface's surface.
-- Free text (the query, earlier turns) has *tool* names replaced where they appear as whole
-  identifiers. By default (`rewrite_text="identifiers"`) only identifier-like names are replaced
+- Free text (the query, earlier turns, and the descriptions of the tools and of their arguments at
+  any depth of the schema, which may name another tool) has *tool* names replaced where they appear
+  as whole identifiers. By default (`rewrite_text="identifiers"`) only identifier-like names are replaced
   (containing `_`, `.`, a digit, or an inner capital: `get_weather`, `math.factorial`), so a tool
   called `search` does not rewrite the English word "search". `"all"` replaces every whole-word
   occurrence, `"none"` leaves text unchanged. Argument names are never rewritten in free text:
@@ -145,15 +147,56 @@ def canonicalize_interface(interface: Interface) -> tuple[Interface, NameMap]:
 
 
 def rewrite_text(text: str, mapping: Mapping[str, str], mode: RewriteText = "identifiers") -> str:
-    """Replace whole-identifier occurrences of mapping's keys in free text."""
+    """Replace whole-identifier occurrences of mapping's keys in free text (all at once, so a swap of two
+    names is a swap). Keys that do not occur in the text are left out of the pattern, and a text naming
+    none is returned without compiling one (most texts name no tool)."""
     if mode == "none" or not text:
         return text
-    keys = [k for k in mapping if mode == "all" or _identifier_like(k)]
+    keys = [k for k in mapping if k in text and (mode == "all" or _identifier_like(k))]
     if not keys:
         return text
     pattern = re.compile(r"(?<![\w.])(" + "|".join(re.escape(k) for k in sorted(keys, key=len, reverse=True))
                          + r")(?![\w])")
     return pattern.sub(lambda m: mapping[m.group(1)], text)
+
+
+_VALUE_KEYWORDS = frozenset({"enum", "const", "default", "examples", "example"})
+"""Schema keywords whose contents are argument values, never rewritten (names in them are data)."""
+
+
+def _rewrite_schema(schema: Any, mapping: Mapping[str, str], mode: RewriteText) -> Any:
+    """A JSON schema with `rewrite_text` applied to every `description` string, at any depth (argument
+    descriptions, nested properties, array items); property names and values are kept."""
+    if isinstance(schema, list):
+        return [_rewrite_schema(v, mapping, mode) for v in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "description" and isinstance(value, str):
+            out[key] = rewrite_text(value, mapping, mode)
+        elif key == "properties" and isinstance(value, Mapping):  # keys are argument names, values schemas
+            out[key] = {name: _rewrite_schema(sub, mapping, mode) for name, sub in value.items()}
+        elif key in _VALUE_KEYWORDS:
+            out[key] = value
+        else:
+            out[key] = _rewrite_schema(value, mapping, mode)
+    return out
+
+
+def rewrite_tool_text(tool: Tool, mapping: Mapping[str, str], mode: RewriteText = "identifiers") -> Tool:
+    """`tool` with `rewrite_text` applied to its description and to every description in its parameter
+    schema: a tool's text may name another tool ("a flight found by search_flights")."""
+    if mode == "none":
+        return tool
+    return tool.with_(description=rewrite_text(tool.description, mapping, mode),
+                      parameters=_rewrite_schema(tool.parameters, mapping, mode))
+
+
+def rewrite_interface_text(interface: Interface, mapping: Mapping[str, str],
+                           mode: RewriteText = "identifiers") -> Interface:
+    """`rewrite_tool_text` on every tool of `interface` (names, order and schemas' structure kept)."""
+    return Interface(tuple(rewrite_tool_text(t, mapping, mode) for t in interface))
 
 
 def _rename_accepted(accepted: Mapping[str, Any], name: str, nmap: NameMap) -> dict[str, Any]:
@@ -165,7 +208,11 @@ def _rename_accepted(accepted: Mapping[str, Any], name: str, nmap: NameMap) -> d
 
 def apply_name_map(example: Example, interface: Interface, nmap: NameMap,
                    rewrite: RewriteText = "identifiers") -> Example:
-    """Rewrite an example onto `interface` whose names `nmap` maps (original -> new names everywhere)."""
+    """Rewrite an example onto `interface` whose names `nmap` maps (original -> new names everywhere).
+
+    `interface` holds the new names with the text of the original tools (each caller copies the
+    descriptions over): tool names in those descriptions are rewritten here, as in the messages.
+    """
     fwd = nmap.forward
 
     def msg(m: Message) -> Message:
@@ -178,7 +225,7 @@ def apply_name_map(example: Example, interface: Interface, nmap: NameMap,
                                                                            strict=True))
     return example.with_(
         messages=tuple(msg(m) for m in example.messages),
-        interface=interface,
+        interface=rewrite_interface_text(interface, fwd, rewrite),
         reference=tuple(nmap.rename(c) for c in example.reference),
         accepted=accepted,
         alternatives=tuple(tuple(nmap.rename(c) for c in alt) for alt in example.alternatives),

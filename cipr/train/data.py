@@ -178,15 +178,13 @@ def check_source(cfg: DataConfig) -> Path | None:
         if cfg.n <= cfg.eval_examples:
             raise ConfigError(f"data.n={cfg.n} must exceed data.eval_examples={cfg.eval_examples}")
         return None
+    if cfg.source == "messages":
+        from cipr.data.messages import checked_path
+
+        return checked_path(cfg.path, "data.source=messages", "data.path")
     path = Path(cfg.path).expanduser() if cfg.path else default_path(cfg.source)
-    if cfg.source == "messages" and path is not None and path.is_dir():
-        return path
     if path is None or not path.is_file():
         hint = ""
-        if cfg.source == "messages":
-            raise ConfigError(f"data.source=messages needs data.path=FILE_OR_DIR (a .jsonl, .json or .parquet file "
-                              f"of messages + tools rows, or a folder of them or saved by datasets); "
-                              f"{'it is not set' if path is None else f'{path} does not exist'}")
         if cfg.source == "toolrl":
             hint = (" ToolRL's 3,920-row train.parquet is not in the shared data: pass data.path=<your copy>, or "
                     "data.path=<data root>/toolrl/rlla_4k/test.parquet for a smoke run.")
