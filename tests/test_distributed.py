@@ -7,25 +7,18 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 import torch
+from support.launch import accelerate_launch
 
 pytestmark = pytest.mark.distributed  # two gloo processes: the distributed tier
 
 ROOT = Path(__file__).resolve().parents[1]
 G = 2  # completions per prompt
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +41,7 @@ def two_process_run(tmp_path_factory):
         "logging": {"progress_bar": False},
     }
     (out / "config.json").write_text(json.dumps(config))
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs/accelerate/ddp.yaml"),
-           "--num_processes", "2", "--main_process_port", str(_free_port()),
-           str(ROOT / "tests/distributed_worker.py"), str(out / "config.json"), str(out)]
+    cmd = accelerate_launch(str(ROOT / "tests/distributed_worker.py"), str(out / "config.json"), str(out))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]

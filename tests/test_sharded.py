@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
+from support.launch import accelerate_launch, free_port
 
 pytestmark = pytest.mark.distributed
 
@@ -52,12 +52,6 @@ ALGOS: dict[str, tuple[dict[str, Any], int, bool, str]] = {
                          "action_weight": 1.0}, 8, False, "supervised"),
     "distill": ({"name": "distill", "eval": {"namings": ["canonical"]}}, 4, False, "distill"),
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _config(tiny: Path, run_dir: Path, algo: str, strategy: str, processes: int) -> dict[str, Any]:
@@ -97,9 +91,7 @@ def _launch(out: Path, strategy: str, processes: int, tiny: Path) -> Path:
     if processes == 1:
         cmd = [sys.executable, *worker]
     else:
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-               str(ROOT / "configs/accelerate/ddp.yaml"), "--num_processes", str(processes),
-               "--main_process_port", str(_free_port()), *worker]
+        cmd = accelerate_launch(*worker, processes=processes)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return out
@@ -183,9 +175,7 @@ def _run_plan(out: Path, plan: dict[str, Any], processes: int) -> None:
     (out / "plan.json").write_text(json.dumps({"shim": processes > 1, **plan}))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
     worker = [str(ROOT / "tests/sharded_worker.py"), str(out / "plan.json")]
-    cmd = [sys.executable, *worker] if processes == 1 else [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs/accelerate/ddp.yaml"),
-        "--num_processes", str(processes), "--main_process_port", str(_free_port()), *worker]
+    cmd = [sys.executable, *worker] if processes == 1 else accelerate_launch(*worker, processes=processes)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
@@ -216,16 +206,14 @@ def test_a_killed_job_resumes_to_the_uninterrupted_weights(tmp_path, tiny, two_p
     run = {"name": algo, "config": _config(tiny, tmp_path / algo, algo, strategy, 2)}
     plan = tmp_path / "plan.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs/accelerate/ddp.yaml"),
-           "--num_processes", "2", "--main_process_port", str(_free_port()), str(ROOT / "tests/sharded_worker.py"),
-           str(plan)]
+    cmd = accelerate_launch(str(ROOT / "tests/sharded_worker.py"), str(plan))
     plan.write_text(json.dumps({"shim": True, "runs": [{**run, "die_after_step": 1}]}))
     killed = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert killed.returncode != 0 and "SIGKILL" in killed.stdout + killed.stderr, killed.stderr[-3000:]
     stage_dir = tmp_path / algo / ALGOS[algo][3]
     assert json.loads((stage_dir / "latest.json").read_text())["step"] == 1 and not (stage_dir / "final").exists()
     plan.write_text(json.dumps({"shim": True, "runs": [run]}))
-    cmd[cmd.index("--main_process_port") + 1] = str(_free_port())
+    cmd[cmd.index("--main_process_port") + 1] = str(free_port())
     resumed = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-6000:]
     assert "resuming supervised from" in resumed.stdout + resumed.stderr
@@ -249,7 +237,7 @@ def test_from_the_command_line_a_strategy_runs_as_asked_or_stops(tmp_path, tiny,
     run under an FSDP label)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
     cmd = [sys.executable, *_cli(tiny, tmp_path / "run", f"distributed={strategy}", "launcher.num_processes=2",
-                                 f"launcher.main_process_port={_free_port()}")]
+                                 f"launcher.main_process_port={free_port()}")]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     if strategy == "fsdp":
         assert proc.returncode != 0
@@ -268,14 +256,13 @@ def test_two_nodes_on_loopback_train_like_two_processes_on_one(tmp_path, tiny):
     launcher.num_processes=2` on one node: the same weights."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
     one = subprocess.run([sys.executable, *_cli(tiny, tmp_path / "one_node", "launcher.num_processes=2",
-                                                f"launcher.main_process_port={_free_port()}")],
+                                                f"launcher.main_process_port={free_port()}")],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert one.returncode == 0, one.stderr[-4000:]
-    port = str(_free_port())
+    port = free_port()
     nodes = [subprocess.Popen(
-        [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs/accelerate/ddp.yaml"),
-         "--num_machines", "2", "--machine_rank", str(rank), "--num_processes", "2", "--main_process_ip", "127.0.0.1",
-         "--main_process_port", port, *_cli(tiny, tmp_path / "two_nodes", "trainer.resume=auto")],
+        accelerate_launch(*_cli(tiny, tmp_path / "two_nodes", "trainer.resume=auto"), port=port,
+                          extra=("--num_machines", "2", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1")),
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
     outputs = [node.communicate(timeout=600) for node in nodes]
     for node, (_, err) in zip(nodes, outputs, strict=True):
@@ -341,9 +328,7 @@ def test_fsdp_sharded_state_dict_checkpoints_resume_and_export(tmp_path, tiny, o
 def _run_plan_expecting(out: Path, plan: dict[str, Any], killed: bool) -> None:
     (out / "plan.json").write_text(json.dumps({"shim": True, **plan}))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs/accelerate/ddp.yaml"),
-           "--num_processes", "2", "--main_process_port", str(_free_port()), str(ROOT / "tests/sharded_worker.py"),
-           str(out / "plan.json")]
+    cmd = accelerate_launch(str(ROOT / "tests/sharded_worker.py"), str(out / "plan.json"))
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     if killed:
         assert proc.returncode != 0 and "SIGKILL" in proc.stdout + proc.stderr, proc.stderr[-3000:]

@@ -31,7 +31,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.launch import accelerate_launch, free_port
 
 # Each test may wait on an engine start, a training process or the server (bounded on their own). Without vLLM
 # each test skips with the reason (a per-test mark, so that another tier's `-m` deselects them silently).
@@ -159,12 +159,6 @@ def eval_cfg(out: Path, benchmark: str, backend: str, model: str = "embedded", *
     return EvalConfig(model=model, benchmark=BenchmarkConfig(name=benchmark), backend=backend, out_dir=str(out),
                       limit=limit, perturbations=["original", "typos"], names=["original", "canonical"],
                       max_new_tokens=MAX_NEW, progress=False, **extra, **kw)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- 1. evaluation: vLLM against HF on the embedded model ------------------------------------------
@@ -342,11 +336,7 @@ def test_colocate_cipr_under_zero3_on_two_processes_gathers_the_shards_into_vllm
                  "trainer.learning_rate=1e-3", "trainer.warm_start.eval_examples=0", "logging.progress_bar=false",
                  "algo=cipr", "distributed=zero3", "launcher.num_processes=2", "trainer.gradient_checkpointing=true",
                  "trainer.warm_start.steps=1", "trainer.warm_start.learning_rate=1e-2", f"trainer.run_dir={run_dir}"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs/accelerate/ddp.yaml"),
-           "--num_processes", "2", "--main_process_port", str(port), str(Path(__file__).resolve()), *overrides]
+    cmd = accelerate_launch(str(Path(__file__).resolve()), *overrides)
     start = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     print(f"zero3 colocate, two processes: {time.time() - start:.0f} s, exit {proc.returncode}")
