@@ -9,6 +9,8 @@ Before and after, both read the held-in quantity on held-out evaluation items: K
 the reference decisions (`cipr-eval`'s consistency metric, type `relabel_function`), and the action accuracy.
 
     .venv/bin/python scripts/positive_control.py runs/cpu_evidence/smollm2-135m/evidence/exports/multi_interface_s0
+    # the first run's setting (top 10 of 30 layers, 1e-4); the second run's arms: --freeze-bottom 0 --lr 5e-5
+    .venv/bin/python scripts/positive_control.py DIR --freeze-bottom 20 --lr 1e-4
 
 Prints one line per measurement and the B − A difference of the held-out KL after training, per item paired.
 """
@@ -32,6 +34,8 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--items", type=int, default=16)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--freeze-bottom", type=int, default=0,
+                   help="layers frozen from the bottom (0: every layer trains, the second run's setting; 20: the first's)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -62,9 +66,10 @@ def main() -> None:
 
     def load() -> torch.nn.Module:
         m = AutoModelForCausalLM.from_pretrained(args.model_dir, attn_implementation="sdpa")
-        for name, param in m.named_parameters():  # the experiment's trainable part: the top 10 of 30 layers
-            layer = name.split("layers.")[1].split(".")[0] if "layers." in name else None
-            param.requires_grad_(layer is not None and int(layer) >= 20)
+        if args.freeze_bottom:  # as `model.freeze_bottom_layers`: embeddings and the bottom k layers frozen
+            for name, param in m.named_parameters():
+                layer = name.split("layers.")[1].split(".")[0] if "layers." in name else None
+                param.requires_grad_(layer is not None and int(layer) >= args.freeze_bottom)
         return m
 
     def held_out(model: torch.nn.Module) -> tuple[list[float], float]:
