@@ -8,15 +8,12 @@ BFCL simple_python items (ToolRL format, the embedded SmolLM2, float32, greedy, 
 batch size 8 and 1 under:
 - `cipr`: `cipr-eval`'s HF backend (`cipr.eval.backends.HFBackend`: its greedy loop with each prompt
   prefilled alone into a left-padded key/value cache that appends in place, prefix reuse, finished rows
-  dropped) on the attention `cipr-eval` picks on CPU, `sdpa_gqa` (`cipr.runtime.attention`: torch's SDPA
-  with grouped key/value heads under the padding mask, no per-group copy);
-- `cipr_sdpa`: the same loop on transformers' own `sdpa` (the A/B of `sdpa_gqa` alone);
+  dropped), on the model's own attention (SDPA);
 - `lib_dynamic`: `model.generate` with SDPA attention and transformers' DynamicCache;
 - `lib_static`: `model.generate` with SDPA and `cache_implementation="static"`.
-The settings alternate within each repetition (rotated each repetition) on one loaded model (float32,
-2 threads; each setting sets its attention implementation first); items/s is printed per setting and
-batch size, then cipr / the best library setting, cipr / cipr_sdpa, and whether the texts are identical
-(greedy: they must be).
+The settings alternate within each repetition (rotated each repetition) on one loaded model (SDPA
+attention, float32, 2 threads); items/s is printed per setting and batch size, then cipr / the best
+library setting, and whether the texts are identical (greedy: they must be).
 """
 
 from __future__ import annotations
@@ -32,7 +29,6 @@ from cipr.eval.backends import GenRequest, HFBackend, HFBackendConfig, _end_ids
 from cipr.eval.config import EvalConfig
 from cipr.eval.evaluate import load_model
 from cipr.formats import get_format
-from cipr.runtime.attention import NAME as SDPA_GQA
 
 
 def lib_generate(model, tokenizer, prompts: list[str], bs: int, max_new: int, cache: str | None) -> list[str]:
@@ -78,12 +74,11 @@ def main() -> None:
 
     def run(name: str, bs: int) -> list[str]:
         ps = prompts if bs > 1 else prompts[:args.single]
-        model.set_attn_implementation(SDPA_GQA if name == "cipr" else "sdpa")
-        if name.startswith("cipr"):
+        if name == "cipr":
             return [g.text for g in backends[bs].generate(reqs if bs > 1 else reqs[:args.single])]
         return lib_generate(model, tokenizer, ps, bs, args.max_new_tokens, None if name == "lib_dynamic" else "static")
 
-    names = ["cipr", "cipr_sdpa", "lib_dynamic", "lib_static"]
+    names = ["cipr", "lib_dynamic", "lib_static"]
     rates: dict[tuple[str, int], list[float]] = {}
     texts: dict[tuple[str, int], list[str]] = {}
     for rep in range(args.repeats):
@@ -102,10 +97,8 @@ def main() -> None:
     for bs in (8, 1):
         same = sum(a == b for a, b in zip(texts["cipr", bs], texts["lib_dynamic", bs], strict=True))
         best = max(("lib_dynamic", "lib_static"), key=lambda k: med[k, bs])
-        same_attn = sum(a == b for a, b in zip(texts["cipr", bs], texts["cipr_sdpa", bs], strict=True))
         print(f"batch {bs}: cipr / {best} = {med['cipr', bs] / med[best, bs]:.2f} "
-              f"(identical texts cipr vs lib_dynamic: {same}/{len(texts['cipr', bs])}); "
-              f"cipr / cipr_sdpa = {med['cipr', bs] / med['cipr_sdpa', bs]:.2f} (identical {same_attn})")
+              f"(identical texts cipr vs lib_dynamic: {same}/{len(texts['cipr', bs])})")
     for name in names:
         print(f"{name}: batch 8 / batch 1 = {med[name, 8] / med[name, 1]:.2f} (different items: not bench_eval's speedup)")
     print(f"wall time {time.perf_counter() - t_start:.0f} s")

@@ -9,7 +9,7 @@ Model: the embedded default (SmolLM2-135M-Instruct, `cipr.runtime.embedded`), or
 `from_pretrained` loads). Items: the first `--n` BFCL items of `--partition` (default simple_python),
 original interface, ToolRL call format, exactly as `cipr-eval` renders them, through `cipr-eval`'s own
 backend (`cipr.eval.backends.HFBackend`: greedy, longest prompts first, each prompt prefilled alone on
-CPU, finished rows dropped from the batch) on the attention it picks (`sdpa_gqa` on CPU). One backend per batch size lives through the run and first
+CPU, finished rows dropped from the batch). One backend per batch size lives through the run and first
 generates an item as a warm-up (not timed). Each repetition generates the items at batch size 1 (on
 every `--single-every`-th item: batch size 1 costs the same per item whatever the count) and at the
 batch size (the order alternates between repetitions, so drift in machine load hits both), and rates

@@ -12,7 +12,6 @@ from support.actions_reference import read_actions_bruteforce
 
 from cipr.formats.base import Decision
 from cipr.method.actions import ActionQuery, ActionReaderConfig, _vocabulary, plan_decision, read_actions
-from cipr.runtime.attention import register as register_sdpa_gqa
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread beats two contended ones
 
@@ -163,7 +162,7 @@ def test_eager_attention_and_llama_arch(tiny_tokenizer):
     llama = LlamaForCausalLM(config).to(torch.float64).eval()
     queries = _queries(tiny_tokenizer)[:2]
     ref = read_actions_bruteforce(llama, tiny_tokenizer, queries, 7)
-    for impl in ("sdpa", "eager", register_sdpa_gqa()):
+    for impl in ("sdpa", "eager"):
         llama.set_attn_implementation(impl)
         for side, mode in (("left", "packed"), ("right", "packed"), ("left", "prefix_cache"), ("right", "prefix_cache")):
             cfg = ActionReaderConfig(padding_side=side, mode=mode)

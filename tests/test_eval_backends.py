@@ -21,7 +21,6 @@ from cipr.eval.backends import (
     OpenAIBackendConfig,
 )
 from cipr.formats.toolrl import ToolRLFormat
-from cipr.runtime.attention import register as register_sdpa_gqa
 from cipr.tools.interface import Call, Example, Interface, Message, Tool
 
 FMT = ToolRLFormat()
@@ -52,11 +51,10 @@ REQS = [GenRequest(ex(q)) for q in ["Rome?", "What is the weather like in Paris 
                                      "Oslo", "Tell me about Lima and its weather today"]]
 
 
-@pytest.mark.parametrize("attn", ["eager", "sdpa", "sdpa_gqa"])
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_hf_batched_matches_one_by_one(sharp_model, tiny_tokenizer, attn):
     """Batch size 1 and 4, prefilled per item or as a padded batch, and `model.generate`: the same greedy
     texts."""
-    register_sdpa_gqa()
 
     def run(bs, drop, prefill="auto"):
         cfg = HFBackendConfig(batch_size=bs, max_new_tokens=12, drop_finished=drop, prefill=prefill)

@@ -98,10 +98,8 @@ class EvalConfig:
     - `device` / `dtype`: `auto` = CUDA with bfloat16 when available, else CPU float32.
     - `threads`: torch CPU threads (None: torch's default). On a CPU shared with other jobs, more
       threads than free cores makes each generation step several times slower.
-    - `attn_implementation`: passed to `from_pretrained` (`sdpa`, `sdpa_gqa`, `eager`, `flash_attention_2`);
-      None or `auto` keeps the model's default (SDPA for most families), except that on CPU a model on
-      `sdpa` gets `sdpa_gqa` (`cipr.runtime.attention`: the same values without copying grouped key/value
-      heads under a padding mask; the batch-8 decoding step it shortens is in docs/benchmarks.md).
+    - `attn_implementation`: passed to `from_pretrained` (`sdpa`, `eager`, `flash_attention_2`); None or
+      `auto` keeps the model's default (SDPA for most families).
     - `generate`: false reads only the held-out consistency metric (`consistency.enabled=true`; its
       action accuracies need no generation): no results.jsonl, and summary.json / report.md hold
       the consistency section alone.

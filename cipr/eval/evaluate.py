@@ -39,8 +39,6 @@ from cipr.eval.config import EvalConfig
 from cipr.eval.report import RESULTS, RUN_META, ReportConfig, write_report
 from cipr.eval.runner import RunnerConfig, check_same_selection, run_items
 from cipr.formats import AUTO, CallFormat, resolve_format
-from cipr.runtime.attention import NAME as SDPA_GQA
-from cipr.runtime.attention import register as register_sdpa_gqa
 from cipr.runtime.export import apply_manifest
 from cipr.runtime.hub import resolve_model
 
@@ -80,8 +78,6 @@ def load_model(cfg: EvalConfig) -> tuple[Any, Any]:
         torch.set_num_threads(cfg.threads)
     device, dtype = _device_dtype(cfg)
     impl = None if cfg.attn_implementation == "auto" else cfg.attn_implementation
-    if impl == SDPA_GQA:
-        register_sdpa_gqa()
     attn = {"attn_implementation": impl} if impl else {}
     if cfg.model == "embedded":
         from cipr.runtime.embedded import load_embedded
@@ -89,8 +85,6 @@ def load_model(cfg: EvalConfig) -> tuple[Any, Any]:
         model, tokenizer = load_embedded(dtype=dtype, **attn)
     else:
         model, tokenizer = _from_pretrained(resolve_model(cfg.model), dtype, attn)
-    if impl is None and device == "cpu" and model.config._attn_implementation == "sdpa":
-        model.set_attn_implementation(register_sdpa_gqa())  # same values, no key/value copy per head group
     model.to(device)
     model.eval()
     return model, prepare_tokenizer(tokenizer)

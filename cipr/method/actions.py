@@ -655,9 +655,8 @@ def _checkpointing(model: Any) -> bool:
 
 def _check_attention(model: Any) -> None:
     impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if impl not in ("sdpa", "sdpa_gqa", "eager"):
-        raise ValueError(f"the action reader needs attn_implementation 'sdpa', 'sdpa_gqa' or 'eager' (a tree-shaped "
-                         f"4D mask); "
+    if impl not in ("sdpa", "eager"):
+        raise ValueError(f"the action reader needs attn_implementation 'sdpa' or 'eager' (a tree-shaped 4D mask); "
                          f"the model uses {impl!r}")
 
 

@@ -33,8 +33,6 @@ import torch
 from cipr.core.config import ConfigError
 from cipr.core.io import read_text
 from cipr.runtime import hub
-from cipr.runtime.attention import NAME as SDPA_GQA
-from cipr.runtime.attention import register as register_sdpa_gqa
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +54,6 @@ class LoraOptions:
 @dataclass
 class ModelConfig:
     """Which model to train and how to load it (see the module docstring for the three sources).
-
-    `attn_implementation`: passed to `from_pretrained`; `sdpa_gqa` (`cipr.runtime.attention`, registered
-    here when named) is SDPA without transformers' per-group key/value copy under a mask on CPU. Training
-    keeps `sdpa` by default: only evaluation decoding was measured with it.
 
     `freeze_bottom_layers`: freeze the token embeddings (and so a tied output head) and the first k
     decoder layers. A CPU knob: backward then stops k layers early, which cuts the time and the
@@ -238,8 +232,6 @@ def load_model(cfg: ModelConfig, *, weights: str | Path | None = None) -> tuple[
     tokenizer = load_tokenizer(cfg, source)
     kwargs: dict[str, Any] = {"dtype": resolve_dtype(cfg.dtype), "trust_remote_code": cfg.trust_remote_code}
     if cfg.attn_implementation:
-        if cfg.attn_implementation == SDPA_GQA:
-            register_sdpa_gqa()
         kwargs["attn_implementation"] = cfg.attn_implementation
     adapter = weights is not None and (Path(weights) / "adapter_config.json").is_file()
     if weights is not None and not adapter:
