@@ -34,6 +34,8 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--items", type=int, default=16)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--trace", action="store_true",
+                   help="print each step's rescoring KL on its own pairs before and after the update")
     p.add_argument("--freeze-bottom", type=int, default=0,
                    help="layers frozen from the bottom (0: every layer trains, the second run's setting; 20: the first's)")
     args = p.parse_args()
@@ -92,14 +94,20 @@ def main() -> None:
             targets = torch.tensor([c for q in queries for c in reference_classes(q, 3)])
             ce, _ = action_nll(reading.probs, targets, reading.sequence)
             loss = token + ce
+            seeds = [1000 + step * 10 + i for i in range(len(batch))]
             if lam:
-                value, _ = rescoring_term(model, tokenizer, batch, fmt, RelabelConfig(), [1000 + step * 10 + i for i in
-                                          range(len(batch))], p_canon=reading.probs.detach())
+                value, _ = rescoring_term(model, tokenizer, batch, fmt, RelabelConfig(), seeds,
+                                          p_canon=reading.probs.detach())
                 loss = loss + lam * value
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
+            if args.trace and lam:  # the term on this step's own pairs, before and after its update
+                with torch.no_grad():
+                    after, _ = rescoring_term(model, tokenizer, batch, fmt, RelabelConfig(), seeds)
+                print(f"  step {step + 1}: KL_rescore on its pairs {float(value.detach()):.4f} -> {float(after):.4f} "
+                      f"(after the update)", flush=True)
 
     start = time.time()
     results = {}
