@@ -36,6 +36,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--trace", action="store_true",
                    help="print each step's rescoring KL on its own pairs before and after the update")
+    p.add_argument("--freeze-embeddings", action="store_true",
+                   help="freeze the token embeddings (and so a tied output head) while every layer trains")
     p.add_argument("--freeze-bottom", type=int, default=0,
                    help="layers frozen from the bottom (0: every layer trains, the second run's setting; 20: the first's)")
     args = p.parse_args()
@@ -72,6 +74,8 @@ def main() -> None:
             for name, param in m.named_parameters():
                 layer = name.split("layers.")[1].split(".")[0] if "layers." in name else None
                 param.requires_grad_(layer is not None and int(layer) >= args.freeze_bottom)
+        if args.freeze_embeddings:
+            m.get_input_embeddings().weight.requires_grad_(False)
         return m
 
     def held_out(model: torch.nn.Module) -> tuple[list[float], float]:
