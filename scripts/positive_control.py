@@ -8,8 +8,9 @@ trained on the same canonical training pairs, batch by batch:
 Before and after, both read the held-in quantity on held-out evaluation items: KL(canonical ‖ relabeled) at
 the reference decisions (`cipr-eval`'s consistency metric, type `relabel_function`), and the action accuracy.
 
-    .venv/bin/python scripts/positive_control.py runs/cpu_evidence/smollm2-135m/evidence/exports/multi_interface_s0
-    # the first run's setting (top 10 of 30 layers, 1e-4); the second run's arms: --freeze-bottom 0 --lr 5e-5
+    # the second run's arms' setting (every layer, 5e-5):
+    .venv/bin/python scripts/positive_control.py runs/cpu_evidence/smollm2-135m/evidence/exports/multi_interface_s0 --lr 5e-5
+    # the first run's setting (top 10 of 30 layers, 1e-4):
     .venv/bin/python scripts/positive_control.py DIR --freeze-bottom 20 --lr 1e-4
 
 Prints one line per measurement and the B − A difference of the held-out KL after training, per item paired.
@@ -70,7 +71,8 @@ def main() -> None:
 
     def load() -> torch.nn.Module:
         m = AutoModelForCausalLM.from_pretrained(args.model_dir, attn_implementation="sdpa")
-        if args.freeze_bottom:  # as `model.freeze_bottom_layers`: embeddings and the bottom k layers frozen
+        if args.freeze_bottom:  # only layers k.. train: unlike `model.freeze_bottom_layers`, the final norm is frozen
+            # too (the first run's control was measured this way; kept so its figures reproduce)
             for name, param in m.named_parameters():
                 layer = name.split("layers.")[1].split(".")[0] if "layers." in name else None
                 param.requires_grad_(layer is not None and int(layer) >= args.freeze_bottom)
