@@ -14,7 +14,7 @@ TYPES = ("relabel_function", "relabel_random", "typos")
 
 
 def _metrics(heldin: float, acc: float) -> dict:
-    return {"original_accuracy": acc, "kl": {t: heldin + i for i, t in enumerate(TYPES)},
+    return {"original_accuracy": acc, "kl": {t: heldin + i for i, t in enumerate(TYPES)}, "heldin_kl_unseen": 2 * heldin,
             "accuracy": {t: acc - 0.1 * i for i, t in enumerate(TYPES)}, "items": 4, "full_call_accuracy": 0.5}
 
 
@@ -32,6 +32,8 @@ def test_report_pairs_cipr_with_multi_interface_by_seed_by_hand():
     assert p["heldin_kl"]["mean"] == pytest.approx(mean)
     assert p["heldin_kl"]["high"] == pytest.approx(mean + half)
     assert report["outcome"]["P0"] is True and report["outcome"]["P2"] is True
+    assert p["heldin_kl_unseen"]["per_seed"] == pytest.approx([2 * d for d in diffs])
+    assert report["outcome"]["P0_unseen_items"] is True
     assert report["arms"]["cipr"]["heldout_kl"].keys() == {"relabel_random", "typos"}
     assert p["heldout_accuracy_drop"]["typos"]["per_seed"] == pytest.approx([0.0, 0.0, 0.0], abs=1e-12)
     metrics["multi_interface"] = {0: metrics["multi_interface"][0]}
@@ -64,7 +66,7 @@ def test_cipr_evidence_runs_every_point_and_resumes(tmp_path):
         assert arm["seeds"] == [0, 1] and len(arm["heldin_kl"]) == 2 and arm["items"] == [2, 2]
         assert set(arm["heldout_kl"]) == {"relabel_random", "typos", "distractor_similar_name"}
         assert all(0 <= a <= 1 for a in arm["original_accuracy"])
-    assert report["paired"]["seeds"] == [0, 1] and set(report["outcome"]) == {"P0", "P1", "P2"}
+    assert report["paired"]["seeds"] == [0, 1] and set(report["outcome"]) == {"P0", "P0_unseen_items", "P1", "P2"}
     assert report["wall_s"] > 0 and (out / "cpu_evidence.png").stat().st_size > 0
     assert "CIPR − multi-interface" in (out / "cpu_evidence_tables.md").read_text()
     again = subprocess.run(command, capture_output=True, text=True, timeout=900)

@@ -33,7 +33,7 @@ from cipr.cli.common import begin
 from cipr.core.errors import cli_errors
 
 PREDICTIONS = {
-    "P0": "Positive control (CIPR at λ_rescore = 10). On the held-in relabeled copies (every tool of the "
+    "P0": "Positive control (CIPR at λ_rescore = 1). On the held-in relabeled copies (every tool of the "
           "canonical interface of a held-out item renamed to a fresh function_XX id, the copy CIPR's rescoring term compares with), CIPR's action KL "
           "at the reference decision ends lower than multi-interface's: the paired difference CIPR − "
           "multi-interface over seeds has a 95% t interval below 0.",
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="report folder (default docs/results)")
     p.add_argument("--sweep-dir", default=None, help="the sweep config's points folder")
     p.add_argument("--seeds", default=None, help="comma-separated training seeds (default 0,1,2)")
-    p.add_argument("--limit", type=int, default=None, help="evaluation items (default 16)")
+    p.add_argument("--limit", type=int, default=None, help="evaluation items (default 48)")
     p.add_argument("--generation-limit", type=int, default=None, help="items generated for full-call accuracy")
     p.add_argument("--lambdas", default=None, help="comma-separated extra λ_rescore values for CIPR points")
     p.add_argument("--threads", type=int, default=None, help="torch threads of the evaluations")

@@ -22,7 +22,8 @@ items equal to a training item generated with the same options):
   names the arm is deployed with (baseline: original names; multi-interface and CIPR: canonical).
 - `heldin_kl`: KL(unperturbed ‖ relabeled) at the reference decisions, where the relabeled copy gives
   every tool a fresh `function_XX` id after the adapter (`relabel_function`): the copy CIPR's
-  rescoring term compares with, on new items. The positive control.
+  rescoring term compares with, on new items. The positive control. `heldin_kl_unseen`: the same on the
+  items after the first `looked_at` (those the isolated controls that chose λ were scored on).
 - `heldout_kl` / `heldout_accuracy` per held-out type: KL and the perturbed side's action accuracy.
 - `full_call_accuracy`: the runner's accuracy of generated calls (name and arguments) on the original
   interface, on the first `generation_limit` items.
@@ -67,7 +68,7 @@ class Arm:
 
 ARMS = (Arm("baseline", ("algo=grpo",), "original", 1.0),
         Arm("multi_interface", ("algo=multi_interface",), "canonical", 2.0),
-        Arm("cipr", ("algo=cipr_sft", "algo.rescore_weight=10.0"), "canonical", 3.0))
+        Arm("cipr", ("algo=cipr_sft", "algo.rescore_weight=1.0"), "canonical", 3.0))
 
 
 @dataclass
@@ -79,6 +80,8 @@ class EvidenceConfig:
     - `arms`, `seeds`: the points; `extra_arms`: more, e.g. a λ sweep (`Arm("cipr_lambda0.1", ...)`).
     - `types`: the perturbation types of the consistency evaluation (`relabel_function` is the held-in one).
     - `limit`: evaluation items; `generation_limit`, `max_new_tokens`: the full-call accuracy's generation.
+    - `looked_at`: the first evaluation items, which `scripts/positive_control.py` scored when λ was chosen;
+      the held-in KL is also reported on the rest (`heldin_kl_unseen`), which no choice has seen.
     - `benchmark`: cipr-eval's benchmark options (the training data's generator options, so that
       "never trained on" is checked).
     - `threads`: torch threads of the evaluations.
@@ -92,7 +95,8 @@ class EvidenceConfig:
     seeds: tuple[int, ...] = (0, 1, 2)
     types: tuple[str, ...] = ("relabel_function", "relabel_random", "typos", "distractor_similar_name")
     heldin: str = "relabel_function"
-    limit: int = 16
+    limit: int = 48
+    looked_at: int = 16
     generation_limit: int = 8
     max_new_tokens: int = 64
     benchmark: tuple[str, ...] = ("benchmark=synthetic", "benchmark.format=compact", "benchmark.tools_per_example=[3,3]",
@@ -226,8 +230,8 @@ def point_metrics(config: EvidenceConfig, work: Path, point: Point) -> dict[str,
         if r.get("action_acc_ref") is not None:
             original[r["id"]].append(float(r["action_acc_ref"]))
 
-    def mean_over_items(values: Mapping[str, list[float]]) -> float:
-        items = [math.fsum(v) / len(v) for v in values.values()]
+    def mean_over_items(values: Mapping[str, list[float]], skip: int = 0) -> float:
+        items = [math.fsum(v) / len(v) for v in list(values.values())[skip:]]
         return math.fsum(items) / len(items) if items else float("nan")
 
     from cipr.eval.report import RESULTS, read_results
@@ -238,6 +242,7 @@ def point_metrics(config: EvidenceConfig, work: Path, point: Point) -> dict[str,
     return {
         "original_accuracy": mean_over_items(original),
         "kl": {t: mean_over_items(per_type[t]["kl"]) for t in config.types},
+        "heldin_kl_unseen": mean_over_items(per_type[config.heldin]["kl"], skip=config.looked_at),
         "accuracy": {t: mean_over_items(per_type[t]["action_acc_pert"]) for t in config.types},
         "items": len(original),
         "full_call_accuracy": full,
@@ -261,6 +266,7 @@ def build_report(config: EvidenceConfig, metrics: Mapping[str, Mapping[int, Mapp
             "seeds": seeds,
             "original_accuracy": [x["original_accuracy"] for x in m],
             "heldin_kl": [x["kl"][config.heldin] for x in m],
+            "heldin_kl_unseen": [x["heldin_kl_unseen"] for x in m],
             "heldout_kl": {t: [x["kl"][t] for x in m] for t in heldout},
             "heldout_accuracy": {t: [x["accuracy"][t] for x in m] for t in heldout},
             "heldin_accuracy": [x["accuracy"][config.heldin] for x in m],
@@ -300,6 +306,7 @@ def paired(cipr: Mapping[str, Any], mi: Mapping[str, Any], heldout: Sequence[str
 
     return {"seeds": common,
             "heldin_kl": diff(cipr["heldin_kl"], mi["heldin_kl"]),
+            "heldin_kl_unseen": diff(cipr["heldin_kl_unseen"], mi["heldin_kl_unseen"]),
             "original_accuracy": diff(cipr["original_accuracy"], mi["original_accuracy"]),
             "heldout_kl": {t: diff(cipr["heldout_kl"][t], mi["heldout_kl"][t]) for t in heldout},
             "heldout_accuracy_drop": {t: diff(drop(cipr, t), drop(mi, t)) for t in heldout}}
@@ -309,6 +316,7 @@ def outcome(p: Mapping[str, Any], heldout: Sequence[str]) -> dict[str, Any]:
     """The predictions' verdicts, by the rules the report states before the run."""
     below = {t: p["heldout_kl"][t]["high"] < 0 for t in heldout}
     return {"P0": bool(p["heldin_kl"]["high"] < 0),
+            "P0_unseen_items": bool(p["heldin_kl_unseen"]["high"] < 0),  # a check beside P0, not its verdict
             "P1": {"kl_lower": below,
                    "accuracy_drop_smaller": {t: p["heldout_accuracy_drop"][t]["high"] < 0 for t in heldout}},
             "P2": bool(p["original_accuracy"]["low"] > -0.05)}
@@ -347,6 +355,9 @@ def render_tables(report: Mapping[str, Any]) -> str:
                 "| quantity | per seed | mean [95% CI] |", "|---|---|---|",
                 f"| held-in KL | {', '.join(f'{v:+.4f}' for v in p['heldin_kl']['per_seed'])} | "
                 f"{_fmt(p['heldin_kl'], 1, 4)} |",
+                f"| held-in KL, items no choice saw | "
+                f"{', '.join(f'{v:+.4f}' for v in p['heldin_kl_unseen']['per_seed'])} | "
+                f"{_fmt(p['heldin_kl_unseen'], 1, 4)} |",
                 f"| original action acc. | {', '.join(f'{100 * v:+.1f}' for v in p['original_accuracy']['per_seed'])} | "
                 f"{_fmt(p['original_accuracy'], 100, 1)} |"]
         for t in heldout:
