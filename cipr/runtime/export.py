@@ -59,6 +59,7 @@ from cipr.core.io import (
     write_json_atomic,
     write_text_atomic,
 )
+from cipr.runtime.special_tokens import align_generation_config
 
 log = logging.getLogger(__name__)
 
@@ -435,21 +436,6 @@ def _rebuild(source: ExportSource, model_cfg: Any) -> Any:
     model, _ = load_model(dataclasses.replace(model_cfg, dtype=name, freeze_bottom_layers=0))
     apply_trainable(model, source.checkpoint)
     return model
-
-
-def align_generation_config(model: Any, tokenizer: Any) -> None:
-    """Make the model's generation config stop at the tokenizer's eos (end of turn) and pad with its pad."""
-    gen = model.generation_config
-    eos = gen.eos_token_id
-    eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
-        eos_ids = [tokenizer.eos_token_id, *eos_ids]
-    gen.eos_token_id = eos_ids[0] if len(eos_ids) == 1 else (eos_ids or None)
-    if tokenizer.pad_token_id is not None:
-        gen.pad_token_id = tokenizer.pad_token_id
-        model.config.pad_token_id = tokenizer.pad_token_id
-    if tokenizer.bos_token_id is not None:
-        gen.bos_token_id = tokenizer.bos_token_id
 
 
 def _eval_rows(eval_dir: Path) -> list[str]:

