@@ -117,7 +117,11 @@ def gguf_hf_dir(folder: str | Path, name: str, cache_dir: str | Path | None = No
             return target
         if target.exists():
             shutil.rmtree(target)
-        tmp.rename(target)
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not (target / HF_DIR_MARKER).is_file():  # else a concurrent writer finished first: use its folder
+                raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
