@@ -192,6 +192,20 @@ def read_trainable(folder: str | Path) -> dict:
     return tensors
 
 
+def _whole_parameters(model: Any) -> Any:
+    """A context in which a model loaded under DeepSpeed ZeRO-3 (`zero.Init`: each rank holds a shard, the
+    parameters look empty) shows its whole parameters, and in which rank 0's changes are kept; a no-op for
+    any other model. The whole model is gathered at once (on each rank, for the length of the load)."""
+    import contextlib
+
+    params = list(model.parameters())
+    if not any(hasattr(p, "ds_id") for p in params):
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=0)
+
+
 def apply_trainable(model: Any, folder: str | Path) -> None:
     """Load the trainable tensors of `folder` (one with `cipr_frozen.json`) over `model`, which holds the base.
 
@@ -203,7 +217,8 @@ def apply_trainable(model: Any, folder: str | Path) -> None:
         raise DataError(f"holds full weights (no {FROZEN}): load it as a model folder", file=str(folder))
     tensors = read_trainable(folder)
     try:
-        result = model.load_state_dict(tensors, strict=False)
+        with _whole_parameters(model):
+            result = model.load_state_dict(tensors, strict=False)
     except RuntimeError as e:  # a tensor of another shape
         raise DataError(f"its trainable tensors do not fit the base model loaded under them ({e}): load it with "
                         f"the model config of the run that wrote it", file=str(folder)) from e
