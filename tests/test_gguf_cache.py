@@ -66,3 +66,18 @@ def test_a_concurrent_writer_that_finished_first_is_used(gguf, tmp_path, monkeyp
 def test_a_missing_file_is_named(tmp_path):
     with pytest.raises(embedded.EmbeddedModelMissing, match="missing.gguf"):
         embedded.gguf_hf_dir(tmp_path, "missing.gguf", tmp_path / "cache")
+
+
+def test_vllm_refuses_a_policy_folder_it_cannot_load(tmp_path):
+    """A policy's folder without config.json (a GGUF one) stops before TRL builds a vLLM engine; a converted one passes."""
+    from types import SimpleNamespace
+
+    from cipr.core.config import ConfigError
+    from cipr.train.rollout import check_vllm_loadable
+
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    with pytest.raises(ConfigError, match="no config.json"):
+        check_vllm_loadable(SimpleNamespace(name_or_path=str(tmp_path)))
+    (tmp_path / "config.json").write_text("{}")
+    check_vllm_loadable(SimpleNamespace(name_or_path=str(tmp_path)))
+    check_vllm_loadable(SimpleNamespace(name_or_path="HuggingFaceTB/SmolLM2-135M-Instruct"))  # a hub id

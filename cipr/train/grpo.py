@@ -69,8 +69,8 @@ from cipr.train.checkpoint import CheckpointMixin, check_finite
 from cipr.train.data import PromptSet
 from cipr.train.reward import Rollout, RolloutScorer
 from cipr.train.rollout import (
+    check_vllm_loadable,
     eager_engine,
-    point_vllm_at,
     server_sync_error,
     stop_token_ids,
     use_reload_weights,
@@ -202,7 +202,7 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
     def _init_trl(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """TRL's constructor, with the vLLM adjustments of `cipr.train.rollout` around it.
 
-        Before: vLLM is pointed at a folder it can load (the embedded GGUF's transformers copy).
+        Before: the policy's folder is checked to be one vLLM can load (the embedded model's is its converted copy).
         During: a colocated engine is built with `enforce_eager` (`vllm_enforce_eager`; null: eager on CPU).
         After: the colocated engine receives weights through `reload_weights` (any dtype), and vLLM
         stops at the policy's eos ids. A vllm_server run on a machine without CUDA stops at TRL's
@@ -211,7 +211,7 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         train_args = kwargs.get("args", args[1] if len(args) > 1 else None)
         use_vllm = bool(getattr(train_args, "use_vllm", False))
         if use_vllm:
-            point_vllm_at(kwargs.get("model", args[0] if args else None))
+            check_vllm_loadable(kwargs.get("model", args[0] if args else None))
         colocate = use_vllm and train_args.vllm_mode == "colocate"
         try:
             with eager_engine(self._vllm_enforce_eager) if colocate else contextlib.nullcontext():

@@ -12,9 +12,10 @@ fails before any work with the command that fixes it. TRL imports vLLM itself, o
 is set.
 
 What this module adds to TRL's vLLM path (`cipr.train.grpo` calls these):
-- `vllm_model_path`: vLLM cannot read GGUF, so the embedded model is handed to it as its
-  transformers copy (`cipr.runtime.embedded.embedded_hf_dir`); vLLM loads that once and the first weight
-  push replaces the weights with the policy's.
+- `check_vllm_loadable`: vLLM cannot read GGUF; a policy loaded from one (the embedded model) already comes
+  from its converted transformers folder (`cipr.runtime.embedded.gguf_hf_dir`), which vLLM loads once
+  before the first weight push replaces the weights with the policy's. A folder without `config.json`
+  is refused.
 - `push_weights`: TRL 1.16's colocate push calls `model.load_weights` on vLLM's model one tensor at a
   time. That only works while vLLM keeps its parameters in checkpoint layout: vLLM's CPU build
   pre-packs float32 linear weights for oneDNN after loading (`'Parameter' object has no attribute
@@ -123,35 +124,16 @@ def grpo_kwargs(cfg: RolloutConfig) -> dict[str, Any]:
     return kwargs
 
 
-def vllm_model_path(name_or_path: str) -> str:
-    """What vLLM should load for a policy loaded from `name_or_path`: a transformers folder or hub id.
-
-    The embedded GGUF's package folder becomes its cached transformers copy; any other folder
-    without a `config.json` (another GGUF package) cannot be read by vLLM and is refused.
-    """
-    path = Path(name_or_path).expanduser()
-    if not path.is_dir() or (path / "config.json").is_file():
-        return name_or_path
-    from cipr.runtime.embedded import EmbeddedModelMissing, embedded_gguf, embedded_hf_dir
-
-    try:
-        embedded, _ = embedded_gguf()
-    except EmbeddedModelMissing:
-        embedded = None
-    if embedded is not None and path.resolve() == embedded.resolve():
-        return str(embedded_hf_dir())
-    raise ConfigError(f"vLLM cannot load the policy from {name_or_path} (no config.json; vLLM does not read GGUF): "
-                      f"save the model as a transformers folder and set model.name_or_path to it, or use rollout=hf")
-
-
-def point_vllm_at(model: Any) -> None:
-    """Set the policy's `name_or_path` (what TRL hands to vLLM) to a folder vLLM can load."""
+def check_vllm_loadable(model: Any) -> None:
+    """ConfigError, before TRL builds an engine, when the policy's `name_or_path` (what TRL hands to vLLM) is a
+    folder without `config.json` (a GGUF one: vLLM does not read GGUF)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    current = getattr(base, "name_or_path", "") or ""
-    target = vllm_model_path(current)
-    if target != current:
-        base.name_or_path = target
-        base.config.name_or_path = target
+    name = getattr(base, "name_or_path", "") or ""
+    path = Path(name).expanduser()
+    if name and path.is_dir() and not (path / "config.json").is_file():
+        raise ConfigError(f"vLLM cannot load the policy from {name} (no config.json; vLLM does not read GGUF): "
+                          f"save the model as a transformers folder and set model.name_or_path to it, or use "
+                          f"rollout=hf")
 
 
 def push_weights(generation: Any) -> None:
