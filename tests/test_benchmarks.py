@@ -52,3 +52,15 @@ def test_bench_actions_prints_its_table():
     text = output("bench_actions.py", "--models", "tiny", "--tools", "4", "--repeats", "1", "--brute-repeats", "1")
     for mode in ("packed", "prefix_cache"):
         assert re.search(rf"^tiny\s+{mode}\s+4\s.*\[\S+\]", text, re.M), text
+
+
+def test_ab_grouped_attention_prints_each_variant(tiny_dir):
+    """The tiny model groups 4 query heads over 2 key/value heads, so every variant takes its own path; `gqa`
+    is the same SDPA call without the copy (bit-identical values), so its greedy texts equal `sdpa`'s."""
+    text = output("ab_grouped_attention.py", "--model", str(tiny_dir), "--n", "2", "--max-new-tokens", "4",
+                  "--repeats", "1")
+    for name in ("sdpa", "gqa", "fold"):
+        assert re.search(rf"^{name}: batch 8 \S+ \[\S+\] items/s, batch 1 \S+ \[\S+\]; speedup \(batch 8 / batch 1\) "
+                         rf"\S+ \[\S+\]; batch 8 vs sdpa \S+ \[\S+\]; texts equal to sdpa's \d/3$", text, re.M), text
+    assert re.search(r"^gqa: .*texts equal to sdpa's 3/3$", text, re.M), text
+    assert re.search(r"^sdpa: .*batch 8 vs sdpa 1\.00 \[1\.00-1\.00\]", text, re.M), text

@@ -192,18 +192,24 @@ def read_trainable(folder: str | Path) -> dict:
     return tensors
 
 
+def zero3_partitioned(model: Any) -> bool:
+    """Whether DeepSpeed ZeRO-3 partitions `model`'s parameters (loaded under `zero.Init`: each rank holds a
+    shard and the parameters look empty). DeepSpeed marks each such parameter with a `ds_id`."""
+    first = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    return first is not None and hasattr(first, "ds_id")
+
+
 def _whole_parameters(model: Any) -> Any:
-    """A context in which a model loaded under DeepSpeed ZeRO-3 (`zero.Init`: each rank holds a shard, the
-    parameters look empty) shows its whole parameters, and in which rank 0's changes are kept; a no-op for
-    any other model. The whole model is gathered at once (on each rank, for the length of the load)."""
+    """A context in which a ZeRO-3 partitioned model (`zero3_partitioned`) shows its whole parameters, and in
+    which rank 0's changes are kept; a no-op for any other model. The whole model is gathered at once (on
+    each rank, for the length of the load)."""
     import contextlib
 
-    params = list(model.parameters())
-    if not any(hasattr(p, "ds_id") for p in params):
+    if not zero3_partitioned(model):
         return contextlib.nullcontext()
     import deepspeed
 
-    return deepspeed.zero.GatheredParameters(params, modifier_rank=0)
+    return deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=0)
 
 
 def apply_trainable(model: Any, folder: str | Path) -> None:

@@ -87,6 +87,7 @@ from typing import Any, Literal
 
 import torch
 
+from cipr.core.checkpoints import zero3_partitioned
 from cipr.formats.base import CallFormat, Decision
 
 CONTINUATIONS: tuple[str, ...] = ("", ",", "}", ":", "]", ")", " ", "\n", ".", '"', "a", "0")
@@ -528,10 +529,7 @@ def _sharded(model: Any) -> bool:
     submodule around it fails with "mixed torch.Tensor and DTensor"), so the reader goes through it."""
     from torch.distributed.fsdp import FSDPModule
 
-    if isinstance(model, FSDPModule):
-        return True
-    first = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
-    return first is not None and hasattr(first, "ds_id")
+    return isinstance(model, FSDPModule) or zero3_partitioned(model)
 
 
 def plain_head(model: Any) -> bool:
