@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -22,6 +23,26 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+SLOWEST = 1.6
+"""The slowest 2-core machine seen ran tests up to 1.6x as long as the one where the `extended` seconds were
+measured (28.8 against 17.6 s and 16.1 against 9.7 s for two default-tier tests)."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """`extended(seconds=S)` marks a long end-to-end test that a time budget may leave out: where
+    CIPR_TEST_DEADLINE (Unix time) is set and less than SLOWEST x S seconds remain before it, the test is skipped
+    with the numbers. CI sets the deadline from its own budget; without it every test runs."""
+    mark = item.get_closest_marker("extended")
+    deadline = os.environ.get("CIPR_TEST_DEADLINE")
+    if mark is None or not deadline:
+        return
+    left, took = float(deadline) - time.time(), float(mark.kwargs["seconds"])
+    if left < SLOWEST * took:
+        pytest.skip(f"time budget: {left:.0f} s left before CIPR_TEST_DEADLINE; this test took {took:.0f} s on a "
+                    f"2-core AMD EPYC (AVX2) and may take {SLOWEST:g}x that on a slower one. Run it without the deadline")
 
 
 @pytest.fixture(scope="session")

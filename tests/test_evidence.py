@@ -1,5 +1,6 @@
 """The evidence experiment's command end to end on the tiny offline model (every point trained in a subprocess,
-exported, evaluated twice, reported), its resume, and the report's arithmetic by hand."""
+exported, evaluated twice, reported), its resume, and the report's arithmetic by hand. The end-to-end run uses one
+seed (three points): pairing across seeds is the report's arithmetic, checked by hand below."""
 
 from __future__ import annotations
 
@@ -56,17 +57,17 @@ def test_cipr_evidence_runs_every_point_and_resumes(tmp_path):
              "trainer.max_steps=1", "trainer.save_steps=1", "trainer.warm_start.steps=2",
              "trainer.warm_start.per_device_train_batch_size=2", "logging.progress_bar=false"]
     command = [sys.executable, "-m", "cipr.cli.evidence", "--out", str(out), "--sweep-dir", str(sweep), "--seeds",
-               "0,1", "--limit", "2", "--generation-limit", "1", "--train", *train]
+               "0", "--limit", "2", "--generation-limit", "1", "--train", *train]
     first = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert first.stdout.count("trained (") == 6 and first.stdout.count("min elapsed") == 12
+    assert first.stdout.count("trained (") == 3 and first.stdout.count("min elapsed") == 6
     report = json.loads((out / "cpu_evidence.json").read_text())
     assert set(report["arms"]) == {"baseline", "multi_interface", "cipr"}
     for arm in report["arms"].values():
-        assert arm["seeds"] == [0, 1] and len(arm["heldin_kl"]) == 2 and arm["items"] == [2, 2]
+        assert arm["seeds"] == [0] and len(arm["heldin_kl"]) == 1 and arm["items"] == [2]
         assert set(arm["heldout_kl"]) == {"relabel_random", "typos", "distractor_similar_name"}
         assert all(0 <= a <= 1 for a in arm["original_accuracy"])
-    assert report["paired"]["seeds"] == [0, 1] and set(report["outcome"]) == {"P0", "P0_unseen_items", "P1", "P2"}
+    assert report["paired"]["seeds"] == [0] and set(report["outcome"]) == {"P0", "P0_unseen_items", "P1", "P2"}
     assert report["wall_s"] > 0 and (out / "cpu_evidence.png").stat().st_size > 0
     assert "CIPR − multi-interface" in (out / "cpu_evidence_tables.md").read_text()
     again = subprocess.run(command, capture_output=True, text=True, timeout=900)
