@@ -12,6 +12,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from support.budget import budget_verdict  # noqa: E402
 
 from cipr.data.paths import data_root  # noqa: E402
 
@@ -25,24 +26,25 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-SLOWEST = 1.6
-"""The slowest 2-core machine seen ran tests up to 1.6x as long as the one where the `extended` seconds were
-measured (28.8 against 17.6 s and 16.1 against 9.7 s for two default-tier tests)."""
+LEFT_OUT: set[str] = set()
+"""The `extended(name=...)` tests this session's time budget skipped (support/budget.py)."""
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    """`extended(seconds=S)` marks a long end-to-end test that a time budget may leave out: where
-    CIPR_TEST_DEADLINE (Unix time) is set and less than SLOWEST x S seconds remain before it, the test is skipped
-    with the numbers. CI sets the deadline from its own budget; without it every test runs."""
+    """`extended(seconds=S, name=N, after=A)`: where CIPR_TEST_DEADLINE (Unix time) is set, a test that may not
+    finish before it is skipped with the numbers (support/budget.py). CI sets the deadline from its own budget;
+    without it every test runs."""
     mark = item.get_closest_marker("extended")
     deadline = os.environ.get("CIPR_TEST_DEADLINE")
     if mark is None or not deadline:
         return
-    left, took = float(deadline) - time.time(), float(mark.kwargs["seconds"])
-    if left < SLOWEST * took:
-        pytest.skip(f"time budget: {left:.0f} s left before CIPR_TEST_DEADLINE; this test took {took:.0f} s on a "
-                    f"2-core AMD EPYC (AVX2) and may take {SLOWEST:g}x that on a slower one. Run it without the deadline")
+    reason = budget_verdict(float(deadline) - time.time(), float(mark.kwargs["seconds"]), mark.kwargs.get("after"),
+                            LEFT_OUT)
+    if reason is not None:
+        if mark.kwargs.get("name"):
+            LEFT_OUT.add(mark.kwargs["name"])
+        pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")

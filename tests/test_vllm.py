@@ -17,8 +17,12 @@ on 2 cores; the engines run eagerly, as cipr starts them on CPU: compiling would
    run that stops at TRL's NCCL weight-sync set-up with a one-line error naming the reason.
 5. τ²-bench airline task 0 with the agent on that server through cipr-serve.
 
-The two longest (5, and the ZeRO-3 module) are marked `extended`: CI runs them last, within what is left of its
-time budget (tests/conftest.py).
+Every test is marked `extended(seconds=...)` with its wall time on a 2-core Zen 1 EPYC at 3cc6805 (1: 445 s
+less the synthetic slice's 184 it no longer runs; 2: the colocate run's two processes; 3: the call and the
+server's start, plus the tier's unattributed 73 s for the export and its HF evaluation; 4: estimates, 15 and
+45 s; 5: 247 s; the ZeRO-3 module: 544 s): CI skips, with the numbers,
+those that may not finish within what is left of its time budget, in this order, and the tests that need a
+fixture a skipped one would have built (tests/conftest.py, tests/support/budget.py).
 
 How answers are compared. vLLM's CPU kernels do not reproduce HF's float32 logits bit for bit: on
 the same sequence the per-token log-probabilities differ by ~0.03 nats on average and up to ~0.15
@@ -166,6 +170,7 @@ def eval_cfg(out: Path, benchmark: str, backend: str, model: str = "embedded", *
 
 
 # -- 1. evaluation: vLLM against HF on the embedded model ------------------------------------------
+@pytest.mark.extended(seconds=261)
 def test_eval_backend_vllm_matches_hf_on_the_embedded_model(hf_dir, tmp_path, shared_data):
     from cipr.eval.evaluate import evaluate, load_model, make_backend
     from cipr.formats import get_format
@@ -312,6 +317,7 @@ def colocate_run(hf_dir, tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.extended(seconds=550, name="the colocate run")
 def test_colocate_cipr_pushes_weights_every_step_and_resumes(colocate_run):
     pushes = read_probe(colocate_run.parent / "probe.jsonl")
     assert len(pushes) == 2  # one per process: step 1, then step 2 after resuming from checkpoint-1
@@ -387,6 +393,7 @@ def export_hf(export_dir, tmp_path_factory):
     return out, model, tokenizer, item_prompts(cfg, tokenizer)
 
 
+@pytest.mark.extended(seconds=190, name="the vLLM server", after="the colocate run")
 def test_export_backend_openai_on_a_vllm_server_matches_hf(export_dir, export_hf, server, tmp_path):
     from cipr.eval.evaluate import evaluate
 
@@ -397,6 +404,7 @@ def test_export_backend_openai_on_a_vllm_server_matches_hf(export_dir, export_hf
     compare_runs(hf_out, tmp_path / "openai", model, tokenizer, prompts, "export openai")
 
 
+@pytest.mark.extended(seconds=15, after="the vLLM server")
 def test_server_generation_through_trl_client(export_hf, server):
     import torch
     from trl.generation.vllm_client import VLLMClient
@@ -421,6 +429,7 @@ def test_server_generation_through_trl_client(export_hf, server):
         assert margin < NEAR_TIE
 
 
+@pytest.mark.extended(seconds=45, after="the vLLM server")
 def test_server_rollouts_stop_at_weight_sync_on_cpu(server, tmp_path):
     import torch
 
@@ -442,7 +451,7 @@ if __name__ == "__main__":
     probe_main(sys.argv[1:])
 
 
-@pytest.mark.extended(seconds=247)
+@pytest.mark.extended(seconds=247, after="the vLLM server")
 def test_tau2_agent_served_by_vllm_through_cipr_serve(export_dir, server, tmp_path, shared_data):
     """τ²-bench airline task 0, both arms, the agent served by the vLLM server on the exported checkpoint with
     cipr-serve's adapter in front: the path a GPU user takes (`cipr-tau2 backend=URL`). The export's tool
