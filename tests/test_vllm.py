@@ -267,16 +267,21 @@ def probe_main(argv: list[str]) -> None:
     train_cli.main()
 
 
+COLOCATE = ["rollout=vllm_colocate", "rollout.num_generations=2", "rollout.max_completion_length=24",
+            "rollout.max_model_length=2048", "data.n=8", "data.eval_examples=0", "data.tools_per_example=[1,1]",
+            "trainer.max_steps=2", "trainer.per_device_train_batch_size=4", "trainer.save_steps=1",
+            "trainer.learning_rate=1e-3", "trainer.warm_start.eval_examples=0", "trainer.gradient_checkpointing=false",
+            "logging.progress_bar=false"]
+"""cipr-train overrides of every colocate run here (later overrides of the same key win)."""
+WARM = ("algo=cipr", "trainer.warm_start.steps=1", "trainer.warm_start.learning_rate=1e-2")
+"""A one-step warm start at a high learning rate, so that the first push must carry new weights."""
+
+
 def run_train(run_dir: Path, probe: Path, *overrides: str, timeout: int = 900) -> subprocess.CompletedProcess:
     env = {**os.environ, **VLLM_ENV, "CIPR_VLLM_PROBE": str(probe)}
-    base = ["rollout=vllm_colocate", "rollout.num_generations=2", "rollout.max_completion_length=24",
-            "rollout.max_model_length=2048", "data.n=8", "data.eval_examples=0", "data.tools_per_example=[1,1]", "trainer.max_steps=2",
-            "trainer.per_device_train_batch_size=4", "trainer.save_steps=1", "trainer.learning_rate=1e-3",
-            "trainer.warm_start.eval_examples=0", "trainer.gradient_checkpointing=false",
-            "logging.progress_bar=false", f"trainer.run_dir={run_dir}"]
     start = time.time()
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *base, *overrides], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    cmd = [sys.executable, str(Path(__file__).resolve()), *COLOCATE, f"trainer.run_dir={run_dir}", *overrides]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     print(f"cipr-train {' '.join(overrides)}: {time.time() - start:.0f} s, exit {proc.returncode}")
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
@@ -309,11 +314,10 @@ def colocate_run(hf_dir, tmp_path_factory) -> Path:
     with unpaired prompts."""
     tmp = tmp_path_factory.mktemp("cipr_vllm")
     run_dir, probe = tmp / "run", tmp / "probe.jsonl"
-    warm = ("algo=cipr", "trainer.warm_start.steps=1", "trainer.warm_start.learning_rate=1e-2")
-    run_train(run_dir, probe, *warm, "trainer.max_steps=1")
+    run_train(run_dir, probe, *WARM, "trainer.max_steps=1")
     (run_dir / "grpo" / "stage.json").unlink()  # the stage is not marked finished
     shutil.rmtree(run_dir / "grpo" / "final")
-    run_train(run_dir, probe, *warm, "trainer.max_steps=2")
+    run_train(run_dir, probe, *WARM, "trainer.max_steps=2")
     return run_dir
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import test_vllm
 from support.launch import accelerate_launch
-from test_vllm import ROOT, VLLM_ENV, check_pushes, grpo_steps, read_probe
+from test_vllm import COLOCATE, ROOT, VLLM_ENV, WARM, check_pushes, grpo_steps, read_probe
 
 pytestmark = test_vllm.pytestmark
 
@@ -31,12 +31,8 @@ def test_colocate_cipr_under_zero3_on_two_processes_gathers_the_shards_into_vllm
     embedded_hf_dir()  # converted once here, not by both ranks at once
     run_dir, probe = tmp_path / "run", tmp_path / "probe.jsonl"
     env = {**os.environ, **VLLM_ENV, "CIPR_VLLM_PROBE": str(probe), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-    overrides = ["rollout=vllm_colocate", "rollout.num_generations=2", "rollout.max_completion_length=24",
-                 "rollout.max_model_length=2048", "data.n=8", "data.eval_examples=0", "data.tools_per_example=[1,1]",
-                 "trainer.max_steps=1", "trainer.per_device_train_batch_size=4", "trainer.save_steps=1",
-                 "trainer.learning_rate=1e-3", "trainer.warm_start.eval_examples=0", "logging.progress_bar=false",
-                 "algo=cipr", "distributed=zero3", "launcher.num_processes=2", "trainer.gradient_checkpointing=true",
-                 "trainer.warm_start.steps=1", "trainer.warm_start.learning_rate=1e-2", f"trainer.run_dir={run_dir}"]
+    overrides = [*COLOCATE, *WARM, "trainer.max_steps=1", "distributed=zero3", "launcher.num_processes=2",
+                 "trainer.gradient_checkpointing=true", f"trainer.run_dir={run_dir}"]
     cmd = accelerate_launch(str(Path(test_vllm.__file__).resolve()), *overrides)
     start = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
