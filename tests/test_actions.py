@@ -11,7 +11,8 @@ import torch
 from support.actions_reference import read_actions_bruteforce
 
 from cipr.formats.base import Decision
-from cipr.method.actions import ActionQuery, ActionReaderConfig, _vocabulary, plan_decision, read_actions
+from cipr.method.action_plan import _vocabulary
+from cipr.method.actions import ActionQuery, ActionReaderConfig, plan_decision, read_actions
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread beats two contended ones
 
@@ -27,8 +28,8 @@ def json_decisions(text: str) -> list[Decision]:
         taken = re.match(r'[^"]*', text[m.end():]).group(0)
         out.append(Decision(m.start(), opener, '"', taken))
     end = text.find("</tool_call>")
-    out.append(Decision(end if end >= 0 else 0 if not out else len(text), JSON_NEXT if out else JSON_OPEN, '"',
-                        None))
+    out.append(Decision(end if end >= 0 else 0 if not out else len(text), JSON_NEXT if out else JSON_OPEN,
+                        '"', None))
     return out
 
 
@@ -44,14 +45,15 @@ def webshop_decisions(text: str) -> list[Decision]:
 
 
 def _prompt(tok, tools) -> str:
-    return tok.apply_chat_template([{"role": "user", "content": "Weather in Paris? Tools: " + ", ".join(tools)}],
-                                   tokenize=False, add_generation_prompt=True)
+    message = {"role": "user", "content": "Weather in Paris? Tools: " + ", ".join(tools)}
+    return tok.apply_chat_template([message], tokenize=False, add_generation_prompt=True)
 
 
 def _queries(tok) -> list[ActionQuery]:
     """JSON (parallel calls, shared-prefix names, ∅), a text answer (only ∅), ReAct and WebShop."""
     prompt = _prompt(tok, TOOLS)
-    json_resp = ('<think>I need two tools.</think>\n<tool_call>\n{"name": "function_10", "arguments": {"arg_01": 1}}\n'
+    json_resp = ('<think>I need two tools.</think>\n<tool_call>\n'
+                 '{"name": "function_10", "arguments": {"arg_01": 1}}\n'
                  '{"name": "function_1", "arguments": {}}\n</tool_call>')
     text_resp = "<response>The answer is 42.</response>"
     react_resp = "Thought: search first.\nAction: function_11\nAction Input: {}"
@@ -62,8 +64,8 @@ def _queries(tok) -> list[ActionQuery]:
         ActionQuery(prompt, text_resp, json_decisions(text_resp), TOOLS[:3], (0, 1, 6)),
         ActionQuery(prompt, react_resp, react_decisions(react_resp + "\n")[:1] + react_decisions("x"), TOOLS,
                     (5, 4, 3, 2, 1, 0)),
-        ActionQuery(_prompt(tok, ["search", "click"]), shop_resp, webshop_decisions(shop_resp), ("search", "click"),
-                    (0, 1)),
+        ActionQuery(_prompt(tok, ["search", "click"]), shop_resp, webshop_decisions(shop_resp),
+                    ("search", "click"), (0, 1)),
     ]
 
 
@@ -155,16 +157,18 @@ def test_reuse_and_head_options_do_not_change_result(tiny_tokenizer, model64):
 def test_eager_attention_and_llama_arch(tiny_tokenizer):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=len(tiny_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                         tie_word_embeddings=True, pad_token_id=tiny_tokenizer.pad_token_id)
+    config = LlamaConfig(vocab_size=len(tiny_tokenizer), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=2048, tie_word_embeddings=True,
+                         pad_token_id=tiny_tokenizer.pad_token_id)
     torch.manual_seed(1)
     llama = LlamaForCausalLM(config).to(torch.float64).eval()
     queries = _queries(tiny_tokenizer)[:2]
     ref = read_actions_bruteforce(llama, tiny_tokenizer, queries, 7)
     for impl in ("sdpa", "eager"):
         llama.set_attn_implementation(impl)
-        for side, mode in (("left", "packed"), ("right", "packed"), ("left", "prefix_cache"), ("right", "prefix_cache")):
+        for side, mode in (("left", "packed"), ("right", "packed"), ("left", "prefix_cache"),
+                           ("right", "prefix_cache")):
             cfg = ActionReaderConfig(padding_side=side, mode=mode)
             _assert_same(read_actions(llama, tiny_tokenizer, queries, 7, cfg).probs, ref)
 
@@ -196,7 +200,8 @@ def test_response_logprobs_match_plain_forward(tiny_tokenizer, model64, temperat
 def test_duplicate_name_splits_its_mass(tiny_tokenizer, model64):
     prompt = _prompt(tiny_tokenizer, TOOLS)
     resp = "<response>ok</response>"
-    dup = ActionQuery(prompt, resp, json_decisions(resp), ("function_1", "function_2", "function_1"), (0, 1, 2))
+    dup = ActionQuery(prompt, resp, json_decisions(resp), ("function_1", "function_2", "function_1"),
+                      (0, 1, 2))
     probs = read_actions(model64, tiny_tokenizer, [dup], 3).probs[0]
     assert torch.allclose(probs[0].log(), probs[2].log(), atol=1e-12)
 
@@ -217,7 +222,8 @@ CASES = [  # (context, opener, suffix, names): JSON, ReAct `Action: `, WebShop `
 
 
 def _check_plans(tok) -> list:
-    """Plans of CASES, checked to spell the text: context, o's tokens + o's rest, and o + name tokens + rest."""
+    """Plans of CASES, checked to spell the text: context, o's tokens + o's rest, and o + name tokens +
+    rest."""
     plans = []
     for ctx, opener, suffix, names in CASES:
         resp = ctx + "<response>x</response>"
@@ -228,7 +234,8 @@ def _check_plans(tok) -> list:
         assert (context + _decode(tok, plan.opener)).encode() + plan.opener_rest == (ctx + opener).encode()
         for name, ids, rest in zip(names, plan.names, plan.name_rests, strict=True):
             assert rest.endswith(suffix.encode())  # the rest always holds the whole suffix
-            assert (context + _decode(tok, plan.opener + ids)).encode() + rest == (ctx + opener + name + suffix).encode()
+            written = (context + _decode(tok, plan.opener + ids)).encode() + rest
+            assert written == (ctx + opener + name + suffix).encode()
             assert _vocabulary(tok).starting_with(rest)
         plans.append(plan)
     return plans
@@ -282,7 +289,7 @@ def test_vocabulary_bytes_and_specials(tiny_tokenizer, smollm2_tokenizer):
 
 
 def test_window_plans_equal_full_text_plans(tiny_tokenizer, smollm2_tokenizer):
-    from cipr.method.actions import _plan, _window
+    from cipr.method.action_plan import _plan, _window
 
     windows = 0
     for tok in (tiny_tokenizer, smollm2_tokenizer):
@@ -302,7 +309,8 @@ def test_bad_queries_raise(tiny_tokenizer, model64):
     with pytest.raises(ValueError, match="no declared tools"):
         read_actions(model64, tiny_tokenizer, [ActionQuery(q.prompt, q.response, q.decisions, (), ())], 7)
     with pytest.raises(ValueError, match="classes"):
-        read_actions(model64, tiny_tokenizer, [ActionQuery(q.prompt, q.response, q.decisions, q.tools, (0,))], 7)
+        read_actions(model64, tiny_tokenizer,
+                     [ActionQuery(q.prompt, q.response, q.decisions, q.tools, (0,))], 7)
     model64.config._attn_implementation_internal = "flash_attention_2"
     try:
         with pytest.raises(ValueError, match="sdpa"):
@@ -311,7 +319,8 @@ def test_bad_queries_raise(tiny_tokenizer, model64):
         model64.config._attn_implementation_internal = "sdpa"
 
 
-def _format_queries(tok, fmt_name: str, names=("function_1", "function_10", "function_11", "function_2", 'say"hi'),
+def _format_queries(tok, fmt_name: str,
+                    names=("function_1", "function_10", "function_11", "function_2", 'say"hi'),
                     chars: int = 120) -> list[ActionQuery]:
     """Targets rendered by a real call format: the parallel calls it allows, a single call, no call."""
     from cipr.formats import get_format
@@ -329,7 +338,8 @@ def _format_queries(tok, fmt_name: str, names=("function_1", "function_10", "fun
                                  if parallel else [Call(names[2], {"arg_01": "x"})], think="ok"),
                fmt.render_target([Call(names[0], {"arg_01": "z"})], think="go"),
                fmt.render_target([], response="It is sunny.", think="no tool")]
-    queries = [ActionQuery.from_format(fmt, prompt, t, names, tuple(range(len(names)))[::-1]) for t in targets]
+    classes = tuple(range(len(names)))[::-1]
+    queries = [ActionQuery.from_format(fmt, prompt, t, names, classes) for t in targets]
     assert [len(q.decisions) for q in queries] == ([3, 2, 1] if parallel else [1, 1, 1])
     assert queries[2].decisions[0].taken is None
     return queries
@@ -353,7 +363,8 @@ CLOSER_TOOLS = ("function_1", "function_10", "foo.", "v2.", "get_weather")
 
 @pytest.fixture(scope="module")
 def closers():
-    """The tiny tokenizer trained with merged closers (`.",`, `."}`, no `."`; a double newline), and its model."""
+    """The tiny tokenizer trained with merged closers (`.",`, `."}`, no `."`; a double newline), and its
+    model."""
     from support.tiny_models import MERGED_CLOSERS_CORPUS, tiny_model, tiny_tokenizer
 
     tok = tiny_tokenizer(extra_corpus=MERGED_CLOSERS_CORPUS)
@@ -373,8 +384,8 @@ def _closer_queries(tok) -> list[ActionQuery]:
         ActionQuery(prompt, json_resp, json_decisions(json_resp), CLOSER_TOOLS, cls),
         ActionQuery(prompt, text_resp, json_decisions(text_resp), CLOSER_TOOLS[:3], (4, 2, 0)),
         ActionQuery(prompt, react_resp, react_decisions(react_resp), CLOSER_TOOLS, cls[::-1]),
-        ActionQuery(_prompt(tok, ["search", "click"]), shop_resp, webshop_decisions(shop_resp), ("search", "click"),
-                    (0, 1)),
+        ActionQuery(_prompt(tok, ["search", "click"]), shop_resp, webshop_decisions(shop_resp),
+                    ("search", "click"), (0, 1)),
     ]
 
 
@@ -410,10 +421,11 @@ def test_merged_closers_one_pass_equals_bruteforce(closers, mode):
 
 
 def test_empty_closing_set_falls_back_to_whole_tokens(tiny_tokenizer, model64, monkeypatch):
-    """A rest no token starts with moves whole tokens into the path until one does: finite, as the reference."""
+    """A rest no token starts with moves whole tokens into the path until one does: finite, as the
+    reference."""
     import support.actions_reference as reference
 
-    from cipr.method.actions import _Vocabulary
+    from cipr.method.action_plan import _Vocabulary
 
     tok, vocab = tiny_tokenizer, _vocabulary(tiny_tokenizer)
     assert not vocab.starting_with(b'"~~')
@@ -425,7 +437,8 @@ def test_empty_closing_set_falls_back_to_whole_tokens(tiny_tokenizer, model64, m
     plan = plan_decision(tok, resp, rids, odd, tools)
     for ids, rest in zip(plan.names, plan.name_rests, strict=True):
         assert rest and vocab.starting_with(rest) and b'"~~'.endswith(rest) and rest != b'"~~'
-        assert (_decode(tok, ids).encode() + rest).endswith(b'"~~') and _decode(tok, ids).startswith("function_1")
+        assert (_decode(tok, ids).encode() + rest).endswith(b'"~~')
+        assert _decode(tok, ids).startswith("function_1")
     # o's rest: pretend no token starts with a space, so ReAct's ` ` (which names write as ` function`)
     # falls back to o's own token `Ġ` in π(o) only; names still branch after `Action:`
     no_space = _Vocabulary.starting_with
@@ -450,9 +463,10 @@ def smollm2_sized_model(smollm2_tokenizer):
     """A random 2-layer Llama over SmolLM2's vocabulary: the real tokenizer at a tiny model's cost."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=len(smollm2_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                         tie_word_embeddings=True, pad_token_id=smollm2_tokenizer.pad_token_id)
+    config = LlamaConfig(vocab_size=len(smollm2_tokenizer), hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=2048, tie_word_embeddings=True,
+                         pad_token_id=smollm2_tokenizer.pad_token_id)
     torch.manual_seed(2)
     return LlamaForCausalLM(config).to(torch.float64).eval()
 
@@ -461,7 +475,8 @@ def test_smollm2_tokenizer_one_pass_equals_bruteforce(smollm2_tokenizer, smollm2
     """SmolLM2's byte-level BPE (49 closers starting with `"`, ` ` merged into ReAct names): every format,
     both modes and paddings, values and gradients."""
     tok, model = smollm2_tokenizer, smollm2_sized_model
-    queries = [q for fmt in ("toolrl", "hermes", "react", "webshop") for q in _format_queries(tok, fmt, SMOLLM2_NAMES, 80)]
+    queries = [q for fmt in ("toolrl", "hermes", "react", "webshop")
+               for q in _format_queries(tok, fmt, SMOLLM2_NAMES, 80)]
     n = sum(len(q.decisions) for q in queries)
     weights = torch.randn(n, 5, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     ref = read_actions_bruteforce(model, tok, queries, 4)
@@ -475,7 +490,8 @@ def test_smollm2_tokenizer_one_pass_equals_bruteforce(smollm2_tokenizer, smollm2
 
 @pytest.mark.integration  # loads the embedded GGUF (about 25 s of CPU): `pytest -m integration`
 def test_embedded_model_one_pass_equals_bruteforce():
-    """The embedded SmolLM2-135M itself (float32), one query per suffix kind: JSON `"`, ReAct newline, WebShop `[`."""
+    """The embedded SmolLM2-135M itself (float32), one query per suffix kind: JSON `"`, ReAct newline,
+    WebShop `[`."""
     from cipr.runtime.embedded import load_embedded
 
     model, tok = load_embedded()
@@ -484,7 +500,8 @@ def test_embedded_model_one_pass_equals_bruteforce():
     with torch.no_grad():
         ref = read_actions_bruteforce(model, tok, queries, 4)
         for mode in ("packed", "prefix_cache"):
-            got = read_actions(model, tok, queries, 4, ActionReaderConfig(mode=mode, padding_side="left")).probs
+            cfg = ActionReaderConfig(mode=mode, padding_side="left")
+            got = read_actions(model, tok, queries, 4, cfg).probs
             assert torch.equal(got == 0, ref == 0)
             assert torch.allclose(got, ref, atol=2e-5, rtol=0)
             nz = ref > 1e-6
@@ -510,7 +527,8 @@ class _Bigram(torch.nn.Module):
     def get_decoder(self):
         from types import SimpleNamespace
 
-        return lambda input_ids, **_: SimpleNamespace(last_hidden_state=self.embed(input_ids), past_key_values=None)
+        return lambda input_ids, **_: SimpleNamespace(last_hidden_state=self.embed(input_ids),
+                                                      past_key_values=None)
 
     def get_output_embeddings(self):
         return self.head
@@ -532,7 +550,8 @@ def test_formula_hand_computed_on_a_bigram_model(tiny_tokenizer):
 
     def closing(prev: str, rest: str) -> float:
         """Σ p(v | prev) over the ordinary tokens v whose text starts with `rest`."""
-        return sum(math.exp(table[ids(prev), v]) for v in range(size) if v not in specials and texts[v].startswith(rest))
+        return sum(math.exp(table[ids(prev), v]) for v in range(size)
+                   if v not in specials and texts[v].startswith(rest))
 
     def path(prev: str, tokens: list[str]) -> float:
         total = 1.0
@@ -540,13 +559,15 @@ def test_formula_hand_computed_on_a_bigram_model(tiny_tokenizer):
             total, prev = total * math.exp(table[ids(prev), ids(t)]), t
         return total
 
-    assert {'"', '",', '"}', '":'} <= {t for v, t in enumerate(texts) if t.startswith('"') and v not in specials}
+    quoted = {t for v, t in enumerate(texts) if t.startswith('"') and v not in specials}
+    assert {'"', '",', '"}', '":'} <= quoted
     assert closing("1", '"') > math.exp(table[ids("1"), ids('"')])  # a lone `"` is not all the closing mass
     names = ["function_1", "function_10", "get_weather"]
     paths = [["function", "_", "1"], ["function", "_", "10"], ["get", "_", "weather"]]
     ctx = "<think>ok</think>\n"
     resp = ctx + "<response>x</response>"
-    json = ActionQuery("<|im_start|>assistant\n", resp, [Decision(len(ctx), JSON_OPEN, '"', None)], names, (2, 0, 1))
+    json = ActionQuery("<|im_start|>assistant\n", resp, [Decision(len(ctx), JSON_OPEN, '"', None)], names,
+                       (2, 0, 1))
     p_open = path("Ċ", ["<tool_call>", "Ċ", '{"', "name", '":', 'Ġ"'])
     scores = [path('Ġ"', p) * closing(p[-1], '"') for p in paths]
     expected = [[0.0] * 4 for _ in range(2)]
@@ -557,12 +578,14 @@ def test_formula_hand_computed_on_a_bigram_model(tiny_tokenizer):
     # over tokens starting with a space, names from `:` on, closed by tokens starting with a newline
     ctx = "Thought: go.\n"
     resp = ctx + "Final Answer: x"
-    react = ActionQuery("<|im_start|>assistant\n", resp, [Decision(len(ctx), "Action: ", "\n", None)], names, (0, 1, 2))
+    react = ActionQuery("<|im_start|>assistant\n", resp, [Decision(len(ctx), "Action: ", "\n", None)],
+                        names, (0, 1, 2))
     p_open = path("Ċ", ["Action", ":"]) * closing(":", " ")
     paths = [["Ġfunction", "_", "1"], ["Ġfunction", "_", "10"], ["Ġ", "get", "_", "weather"]]
     rid = tok(resp, add_special_tokens=False)["input_ids"]
     plan = plan_decision(tok, resp, rid, react.decisions[0], names)
-    assert [tok.convert_ids_to_tokens(list(n)) for n in plan.names] == paths, "the hand-written paths are the plan's"
+    tokens = [tok.convert_ids_to_tokens(list(n)) for n in plan.names]
+    assert tokens == paths, "the hand-written paths are the plan's"
     scores = [path(":", p) * closing(p[-1], "\n") for p in paths]
     for cls, score in zip(react.classes, scores, strict=True):
         expected[1][cls] = p_open * score / sum(scores)

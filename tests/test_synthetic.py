@@ -23,7 +23,8 @@ TOOLS = {c.tool.name: c for c in catalog()}
 
 
 def _validator(schema):
-    return jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    validator = jsonschema.Draft202012Validator
+    return validator(schema, format_checker=validator.FORMAT_CHECKER)
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +112,9 @@ def test_fractions_are_respected():
     exs = generate_synthetic(1000, 3, parallel_fraction=0.3, no_call_fraction=0.2)
     kinds = Counter(e.partition for e in exs)
     assert abs(kinds["parallel"] / 1000 - 0.3) < 0.05 and abs(kinds["no_call"] / 1000 - 0.2) < 0.05
-    assert {e.partition for e in generate_synthetic(50, 3, parallel_fraction=1.0, no_call_fraction=0.0)} == {"parallel"}
-    assert {e.partition for e in generate_synthetic(50, 3, parallel_fraction=0.0, no_call_fraction=0.0)} == {"single"}
+    for parallel, kind in ((1.0, "parallel"), (0.0, "single")):
+        exs = generate_synthetic(50, 3, parallel_fraction=parallel, no_call_fraction=0.0)
+        assert {e.partition for e in exs} == {kind}
 
 
 def test_interface_size_range():
@@ -122,7 +124,8 @@ def test_interface_size_range():
 
 def test_distractors_prefer_the_domain_when_asked():
     def same_domain_share(p):
-        exs = generate_synthetic(300, 11, parallel_fraction=0.0, no_call_fraction=0.0, same_domain_distractors=p)
+        exs = generate_synthetic(300, 11, parallel_fraction=0.0, no_call_fraction=0.0,
+                                 same_domain_distractors=p)
         n = same = 0
         for e in exs:
             dom = TOOLS[e.reference[0].name].domain
@@ -173,7 +176,8 @@ def test_stats():
     exs = generate_synthetic(300, 2)
     assert st["examples"] == 300 and st["kinds"] == dict(sorted(Counter(e.partition for e in exs).items()))
     assert st["calls"] == sum(len(e.reference) for e in exs)
-    assert 2 <= st["tools_per_example"]["min"] <= st["tools_per_example"]["mean"] <= st["tools_per_example"]["max"]
+    sizes = st["tools_per_example"]
+    assert 2 <= sizes["min"] <= sizes["mean"] <= sizes["max"]
 
 
 def test_canonical_round_trip(examples):
@@ -220,3 +224,30 @@ def test_training_and_evaluation_options_reach_the_generator():
     assert not {_item_key(e) for e in train} & {_item_key(e) for e in test}  # never a training item
     with pytest.raises(ValueError, match="must lie in \\[0, 1\\]"):
         SyntheticConfig(parallel_fraction=0.8, no_call_fraction=0.5)
+
+
+@pytest.mark.parametrize("old, new, expected", [
+    ("lists:", "lists: [", "not valid YAML"),
+    ("    capability: check air quality", "    capabilty: check air quality",
+     "item 'domains.weather.2': Additional properties are not allowed ('capabilty' was unexpected)"),
+    ("enum: *units}", "enum: celsius}", "item 'domains.weather.0.parameters.properties.units.enum'"),
+    ("- Check the AQI in {city}.", "- Check the AQI in {town}.",
+     "item \"tool 'get_air_quality'\", field 'intents.1': fills undeclared arguments ['town']"),
+    ("- name: get_air_quality", "- name: get_current_weather", "declared twice: get_current_weather"),
+    ("  word: [", "  wrd: [", "item 'pools.wrd': 'wrd' is not an argument of any tool"),
+])
+def test_a_malformed_catalog_names_its_file_entry_and_field(tmp_path, old, new, expected):
+    from importlib import resources
+
+    from cipr.core.errors import DataError
+    from cipr.data.synthetic import CATALOG_FILE, _read
+
+    text = resources.files("cipr.data").joinpath(CATALOG_FILE).read_text(encoding="utf-8")
+    assert text.count(old) >= 1
+    path = tmp_path / "catalog.yaml"
+    path.write_text(text.replace(old, new, 1), encoding="utf-8")
+    with pytest.raises(DataError, match="^file '" + str(path)) as err:
+        _read(path)
+    assert expected in str(err.value)
+    path.write_text(text, encoding="utf-8")
+    assert _read(path).tools == catalog()
