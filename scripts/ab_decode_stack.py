@@ -6,7 +6,7 @@ Issue 34's rule: a hand-written replacement of a library component stays only if
 benchmark at least 1.3x faster than the library's best setting. This script generates the first `--n`
 BFCL simple_python items (ToolRL format, the embedded SmolLM2, float32, greedy, `--max-new-tokens`) at
 batch size 8 and 1 under:
-- `cipr`: `cipr-eval`'s HF backend (`cipr.eval.backends.HFBackend`: its greedy loop with each prompt
+- `cipr`: `cipr-eval`'s HF backend (`cipr.runtime.backends.HFBackend`: its greedy loop with each prompt
   prefilled alone into a left-padded key/value cache that appends in place, prefix reuse, finished rows
   dropped), on the model's own attention (SDPA);
 - `lib_dynamic`: `model.generate` with SDPA attention and transformers' DynamicCache;
@@ -25,14 +25,15 @@ import time
 import torch
 
 from cipr.data.bfcl import load_bfcl
-from cipr.eval.backends import GenRequest, HFBackend, HFBackendConfig, _end_ids
 from cipr.eval.config import EvalConfig
 from cipr.eval.evaluate import load_model
 from cipr.formats import get_format
+from cipr.runtime.backends import GenRequest, HFBackend
+from cipr.runtime.generation import GreedyConfig, end_token_ids
 
 
 def lib_generate(model, tokenizer, prompts: list[str], bs: int, max_new: int, cache: str | None) -> list[str]:
-    ends = sorted(_end_ids(tokenizer, model))
+    ends = sorted(end_token_ids(tokenizer, model))
     out_texts = []
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
     texts: dict[int, str] = {}
@@ -65,7 +66,7 @@ def main() -> None:
     examples = load_bfcl(None, ["simple_python"])[: args.n + 1]
     reqs = [GenRequest(e) for e in examples[1:]]
     prompts = [fmt.render_prompt(tokenizer, r.example.messages, r.example.interface) for r in reqs]
-    backends = {bs: HFBackend(model, tokenizer, fmt, HFBackendConfig(batch_size=bs, max_new_tokens=args.max_new_tokens))
+    backends = {bs: HFBackend(model, tokenizer, fmt, GreedyConfig(batch_size=bs, max_new_tokens=args.max_new_tokens))
                 for bs in (1, 8)}
     for b in backends.values():  # warm-up
         b.generate([GenRequest(examples[0])] * 2)

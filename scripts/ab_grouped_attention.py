@@ -9,7 +9,7 @@ transformers' `sdpa_attention_forward` copies each key/value head once per query
 its `use_gqa_in_sdpa` hands grouped heads to torch only without a mask, because CUDA's kernels fall back
 to the math kernel with one. At batch size 1 there is no mask, so only batch 8 pays for the copy. This
 script measures, in one run, what removing that copy buys on the evaluation's own loop
-(`cipr.eval.backends.HFBackend`, exactly as `bench_eval.py` drives it):
+(`cipr.runtime.backends.HFBackend`, exactly as `bench_eval.py` drives it):
 - `sdpa`: transformers' own SDPA (the library's best setting on CPU, what the package uses);
 - `gqa`: the same call with `enable_gqa=True` under the mask (torch's CPU kernel takes both);
 - `fold`: for one query position, the query heads of a group folded into the query-length axis,
@@ -38,10 +38,11 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from cipr.data.bfcl import load_bfcl
-from cipr.eval.backends import GenRequest, HFBackend, HFBackendConfig
 from cipr.eval.config import EvalConfig
 from cipr.eval.evaluate import load_model
 from cipr.formats import get_format
+from cipr.runtime.backends import GenRequest, HFBackend
+from cipr.runtime.generation import GreedyConfig
 
 
 def _grouped(fold: bool):
@@ -86,7 +87,7 @@ def main() -> None:
     examples = load_bfcl(None, ["simple_python"])[: args.n + 1]
     warm, reqs = [GenRequest(examples[0])], [GenRequest(e) for e in examples[1:]]
     single = reqs[::args.single_every]
-    backends = {bs: HFBackend(model, tokenizer, fmt, HFBackendConfig(batch_size=bs, max_new_tokens=args.max_new_tokens))
+    backends = {bs: HFBackend(model, tokenizer, fmt, GreedyConfig(batch_size=bs, max_new_tokens=args.max_new_tokens))
                 for bs in (1, 8)}
     names = list(VARIANTS)
     rates: dict[tuple[str, int], list[float]] = {(n, bs): [] for n in names for bs in (1, 8)}

@@ -8,7 +8,7 @@
 Model: the embedded default (SmolLM2-135M-Instruct, `cipr.runtime.embedded`), or `--model DIR` (any folder
 `from_pretrained` loads). Items: the first `--n` BFCL items of `--partition` (default simple_python),
 original interface, ToolRL call format, exactly as `cipr-eval` renders them, through `cipr-eval`'s own
-backend (`cipr.eval.backends.HFBackend`: greedy, longest prompts first, each prompt prefilled alone on
+backend (`cipr.runtime.backends.HFBackend`: greedy, longest prompts first, each prompt prefilled alone on
 CPU, finished rows dropped from the batch). One backend per batch size lives through the run and first
 generates an item as a warm-up (not timed). Each repetition generates the items at batch size 1 (on
 every `--single-every`-th item: batch size 1 costs the same per item whatever the count) and at the
@@ -17,7 +17,7 @@ are compared per item. An untrained model rarely stops early, so most items run 
 `--max-new-tokens`: the comparison is of equal work.
 
 Per batch size it prints prefill seconds per item and milliseconds per decoding step (from
-`HFBackend.timing`). With P s of prefill per item, N new tokens and steps of d1 and d8 seconds the
+`HFBackend.greedy.timing`). With P s of prefill per item, N new tokens and steps of d1 and d8 seconds the
 speedup is (P + N d1) / (P + N d8 / 8): it grows with N towards 8 d1 / d8.
 
 Where vLLM is installed (its CPU build: see the README), the same items are also generated with
@@ -37,10 +37,11 @@ import statistics
 import time
 from typing import Any
 
-from cipr.eval.backends import GenRequest, HFBackend, HFBackendConfig
 from cipr.eval.config import EvalConfig
 from cipr.eval.evaluate import load_model, make_backend
 from cipr.formats import get_format
+from cipr.runtime.backends import GenRequest, HFBackend
+from cipr.runtime.generation import GreedyConfig
 
 
 def spread(values: list[float]) -> str:
@@ -49,7 +50,7 @@ def spread(values: list[float]) -> str:
 
 def run_hf(backend: HFBackend, reqs: list[GenRequest]) -> tuple[float, dict[str, float], list[str]]:
     """(items/s, prefill s per item and ms per decoding step, texts) of one pass of `backend` over `reqs`."""
-    before = dict(backend.timing)
+    before = dict(backend.greedy.timing)
     t = time.perf_counter()
     gens = backend.generate(reqs)
     dt = time.perf_counter() - t
@@ -57,7 +58,7 @@ def run_hf(backend: HFBackend, reqs: list[GenRequest]) -> tuple[float, dict[str,
     if errors:
         raise SystemExit(f"batch size {backend.config.batch_size}: {len(errors)} generation errors, "
                          f"first: {errors[0]}")
-    tm = {k: v - before[k] for k, v in backend.timing.items()}
+    tm = {k: v - before[k] for k, v in backend.greedy.timing.items()}
     return len(reqs) / dt, {"prefill_s_per_item": tm["prefill_seconds"] / len(reqs),
                             "step_ms": 1e3 * tm["decode_seconds"] / max(tm["decode_steps"], 1)}, \
         [g.text for g in gens]
@@ -105,7 +106,7 @@ def main() -> None:
     print(f"{len(reqs)} items from {args.partition}; prompt tokens min {min(lengths)} mean "
           f"{sum(lengths) / len(lengths):.0f} max {max(lengths)} (batch size 1 on {len(single)} of them); "
           f"max_new_tokens {args.max_new_tokens}")
-    backends: dict[int, Any] = {bs: HFBackend(model, tokenizer, fmt, HFBackendConfig(
+    backends: dict[int, Any] = {bs: HFBackend(model, tokenizer, fmt, GreedyConfig(
         batch_size=bs, max_new_tokens=args.max_new_tokens)) for bs in (1, args.batch_size)}
     for backend in backends.values():  # warm-up, not timed
         run_hf(backend, warm)

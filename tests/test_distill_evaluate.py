@@ -1,4 +1,5 @@
-"""Evaluation of self-distillation: agreement/KL by hand, the table, renamings by equivalence, live episodes."""
+"""Evaluation of self-distillation: agreement/KL by hand, the table, renamings by equivalence, live
+episodes."""
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from cipr.distill.evaluate import (
     Readings,
     check_eval,
     compare,
+    greedy_policy,
     live_episode,
     live_evaluate,
     markdown_table,
@@ -28,10 +30,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def test_compare_hand_computed():
     ref = Readings(torch.tensor([[0.5, 0.5, 0.0], [0.9, 0.1, 0.0], [0.2, 0.7, 0.1]]), torch.tensor([0, 0, 1]))
-    other = Readings(torch.tensor([[0.25, 0.75, 0.0], [0.9, 0.1, 0.0], [0.1, 0.2, 0.7]]), torch.tensor([0, 0, 1]))
+    other = Readings(torch.tensor([[0.25, 0.75, 0.0], [0.9, 0.1, 0.0], [0.1, 0.2, 0.7]]),
+                     torch.tensor([0, 0, 1]))
     got = compare(ref, other, eps=0.0)
     k0 = 0.5 * torch.log(torch.tensor(2.0)) + 0.5 * torch.log(torch.tensor(0.5 / 0.75))
-    k2 = 0.2 * torch.log(torch.tensor(2.0)) + 0.7 * torch.log(torch.tensor(3.5)) + 0.1 * torch.log(torch.tensor(1 / 7))
+    k2 = (0.2 * torch.log(torch.tensor(2.0)) + 0.7 * torch.log(torch.tensor(3.5))
+          + 0.1 * torch.log(torch.tensor(1 / 7)))
     assert got["kl"] == pytest.approx(float((k0 / 2 + k2) / 2), abs=1e-5)
     assert got["agreement"] == pytest.approx(1 / 3) and got["no_call"] == pytest.approx(1 / 3)
     assert got["decisions"] == 3.0
@@ -46,8 +50,8 @@ def test_table_lists_models_and_namings():
     assert rows["teacher"]["swapped"]["agreement"] == 0.5 and rows["student"]["canonical"]["agreement"] == 1.0
     table = markdown_table(rows, {"student": {"canonical": {"reward": 0.75}}})
     lines = table.splitlines()
-    assert lines[0] == ("| model | canonical agree | swapped agree | canonical KL | swapped KL | canonical reward | "
-                        "swapped reward |")
+    assert lines[0] == ("| model | canonical agree | swapped agree | canonical KL | swapped KL | "
+                        "canonical reward | swapped reward |")
     # swapped KL: trajectory 0 has 0.8 ln 9 = 1.7578, trajectory 1 has 0; their mean is 0.8789
     assert lines[2] == "| teacher | 1.000 | 0.500 | 0.0000 | 0.8789 |  |  |"
     assert lines[3] == "| student | 1.000 |  | 0.0000 |  | 0.750 |  |"
@@ -63,7 +67,8 @@ def test_renamings_keep_actions_by_position(tiny_tokenizer):
     assert taken["swapped"] == [{"search": "click", "click": "search"}[t] for t in taken["original"]]
     assert taken["canonical"] == [f"function_0{pos[t] + 1}" for t in taken["original"]]
     swapped = named(ex, "swapped")[0]
-    assert swapped.interface[0].description == ex.interface[0].description and swapped.interface[0].name == "click"
+    assert swapped.interface[0].description == ex.interface[0].description
+    assert swapped.interface[0].name == "click"
     with pytest.raises(ValueError, match="no new name"):
         named(ex, "synonyms", renames={"synonyms": {"search": "find"}})
 
@@ -77,40 +82,37 @@ def test_check_eval_rejects_unknown_namings():
 class _Scripted:
     """A stand-in policy for live episodes: writes the expert's next action under the names it is shown."""
 
-    def __init__(self, tokenizer, shop, task_id, rename, bad_name=None):
-        self.tok, self.rename, self.bad_name = tokenizer, rename, bad_name
+    def __init__(self, shop, task_id, rename, bad_name=None):
+        self.rename, self.bad_name = rename, bad_name
         self.actions = [m.calls[0] for m in shop.expert(task_id)[0] if m.role == "assistant"]
         self.step = 0
 
-    def parameters(self):
-        yield torch.zeros(1)
-
-    def generate(self, input_ids, **kwargs):
+    def __call__(self, prompt: str, max_new_tokens: int) -> str:
         call = self.actions[self.step]
         self.step += 1
         name = self.bad_name or self.rename.get(call.name, call.name)
-        text = f"Thought: go.\nAction: {name}[{call.arguments['argument']}]"
-        new = torch.tensor([self.tok(text, add_special_tokens=False)["input_ids"]])
-        return torch.cat([input_ids, new], dim=1)
+        return f"Thought: go.\nAction: {name}[{call.arguments['argument']}]"
 
 
 def test_live_episode_translates_renamed_actions_back_and_refuses_undeclared(tiny_tokenizer):
     shop = ToyShop(seed=0)
-    policy = _Scripted(tiny_tokenizer, ToyShop(seed=0), 3, {"search": "find", "click": "press"})
+    policy = _Scripted(ToyShop(seed=0), 3, {"search": "find", "click": "press"})
     out = live_episode(policy, tiny_tokenizer, shop, 3, FMT, "synonyms")
     assert out == {"reward": 1.0, "steps": len(policy.actions), "end": "done"}
-    policy = _Scripted(tiny_tokenizer, ToyShop(seed=0), 3, {}, bad_name="search")
+    policy = _Scripted(ToyShop(seed=0), 3, {}, bad_name="search")
     out = live_episode(policy, tiny_tokenizer, ToyShop(seed=0), 3, FMT, "synonyms")
     assert out["end"] == "undeclared" and out["reward"] == 0.0
-    canon = _Scripted(tiny_tokenizer, ToyShop(seed=0), 5, {"search": "function_01", "click": "function_02"})
+    canon = _Scripted(ToyShop(seed=0), 5, {"search": "function_01", "click": "function_02"})
     summary = live_evaluate(canon, tiny_tokenizer, lambda: ToyShop(seed=0), [5], FMT, "canonical")
     assert summary["reward"] == 1.0 and summary["end/done"] == 1.0
 
 
 def test_live_episode_with_a_real_tiny_model_ends_and_reports(tiny_tokenizer, tiny_model):
-    out = live_episode(tiny_model, tiny_tokenizer, ToyShop(seed=0), 0, FMT, "canonical", max_steps=2,
+    out = live_episode(greedy_policy(tiny_model, tiny_tokenizer), tiny_tokenizer, ToyShop(seed=0), 0, FMT,
+                       "canonical", max_steps=2,
                        max_new_tokens=6)
-    assert out["end"] in ("unparsed", "undeclared", "max_steps", "done") and out["reward"] in (0.0, 1.0, 0.25, 0.5, 0.75)
+    assert out["end"] in ("unparsed", "undeclared", "max_steps", "done")
+    assert out["reward"] in (0.0, 1.0, 0.25, 0.5, 0.75)
 
 
 def test_webshop_adapter_says_how_to_install_it():

@@ -7,13 +7,14 @@ import json
 
 import pytest
 
-from cipr.eval.backends import Generation, ReplayBackend
 from cipr.eval.compare import write_comparison
 from cipr.eval.items import make_item
+from cipr.eval.replay import ReplayBackend
 from cipr.eval.report import ReportConfig, read_results, summarize, write_report
 from cipr.eval.runner import RunnerConfig, Verdict, evaluate_one, run_items
 from cipr.eval.scorers import bfcl_scorer
 from cipr.formats.toolrl import ToolRLFormat
+from cipr.runtime.backends import Generation
 from cipr.tools.interface import Call, Example, Interface, Message, Tool
 
 FMT = ToolRLFormat()

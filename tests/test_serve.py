@@ -19,8 +19,8 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from cipr.guard import read_audit  # noqa: E402
+from cipr.runtime.backends import GenRequest, chat_example  # noqa: E402
 from cipr.serve import ChatService, HFChatBackend, OpenAIChatBackend, ServeConfig, start, stop  # noqa: E402
-from cipr.serve.backends import to_messages  # noqa: E402
 from cipr.serve.conversation import canonical_request, translate_reply  # noqa: E402
 
 TOOLS = [
@@ -321,7 +321,7 @@ def test_tiny_hf_model_in_process(tiny_model, tiny_tokenizer, one_thread):
         except openai.APIStatusError as e:  # a random model may invent a name; that must be the documented error
             assert e.status_code == 502 and e.body["code"] == "undeclared_tool"
         shown, _ = canonical_request({"model": "x", "messages": CONVERSATION[:2], "tools": TOOLS})
-        prompt = backend.generator.render(to_messages(shown["messages"]), shown["tools"])
+        prompt, _ = backend.generator.prompt(GenRequest(chat_example(shown["messages"], shown["tools"])))
         assert "function_01" in prompt and "get_weather" not in prompt
     finally:
         stop(server, thread)

@@ -55,7 +55,7 @@ METHODS: list[tuple[str, str, list[str], str]] = [
     ("SFTTrainer", "_load_optimizer_and_scheduler", ["self", "checkpoint"], f"{_CKPT} CheckpointMixin override"),
 ]
 
-# the same CheckpointMixin hooks on transformers' Trainer (cipr/distill/trainer.py DistillTrainer)
+# the same CheckpointMixin hooks on transformers' Trainer (cipr/train/distill.py DistillTrainer)
 TRAINER_METHODS: list[tuple[str, list[str]]] = [
     ("_save_checkpoint", ["self", "model", "trial"]),
     ("_load_optimizer_and_scheduler", ["self", "checkpoint"]),
@@ -92,7 +92,7 @@ def _functions() -> list[tuple[str, Callable[..., Any], list[str], str]]:
          ["model", "accelerator", "gather_deepspeed3_params", "generation_kwargs", "gradient_checkpointing_kwargs"],
          f"{_GRPO} CIPRGRPOTrainer._generate_single_turn"),
         ("trl.trainer.utils.pad", pad, ["tensors", "padding_value", "padding_side", "pad_to_multiple_of"],
-         f"{_GRPO} shared_prefill_generate"),
+         "cipr/runtime/generation.py sample_shared_prefill"),
         ("trl.trainer.utils.split_tensor_dict", split_tensor_dict, ["tensor_dict", "num_chunks"],
          f"{_GRPO} CIPRGRPOTrainer._prepare_inputs"),
     ]
@@ -233,31 +233,38 @@ def test_vllm_generation_surface():
 
 
 def test_colocated_engine_is_built_through_the_module_level_llm(monkeypatch):
-    """`eager_engine` passes `enforce_eager` by replacing `trl.generation.vllm_generation.LLM` around TRL's
-    constructor: TRL must build the engine through that module-level name and pass no `enforce_eager` of its
-    own. Checked on TRL's source, then the patch on a stand-in (no vLLM needed)."""
+    """`eager_engine` passes `enforce_eager` and the engine's memory options by replacing
+    `trl.generation.vllm_generation.LLM` around TRL's constructor: TRL must build the engine through that
+    module-level name with the keywords the memory sizing reads, and pass no `enforce_eager` of its own.
+    Checked on TRL's source, then the patch on a stand-in (no vLLM needed)."""
     from trl.generation import vllm_generation
 
+    import cipr.runtime.vllm_engine as engine
     from cipr.train.rollout import eager_engine
 
     init = inspect.getsource(vllm_generation.VLLMGeneration)
     assert "self.llm = LLM(" in init and "enforce_eager" not in init, _moved(
         "VLLMGeneration's engine construction", f"{_ROLLOUT} eager_engine",
         "it no longer calls the module-level LLM(...), or passes enforce_eager itself")
+    for keyword in ("model=", "max_model_len=", "max_num_seqs=", "gpu_memory_utilization="):
+        assert keyword in init, _moved("VLLMGeneration's LLM(...) keywords", f"{_ROLLOUT} eager_engine",
+                                       f"it no longer passes {keyword}")
     calls: list[dict[str, Any]] = []
 
     def fake_llm(**kwargs: Any) -> None:
         calls.append(kwargs)
 
     monkeypatch.setattr(vllm_generation, "LLM", fake_llm, raising=False)
+    monkeypatch.setattr(engine, "engine_memory", lambda model, length, seqs, share: {"kv_cache_memory_bytes": seqs})
     for choice in (True, False):
         with eager_engine(choice):
-            vllm_generation.LLM(model="m")
+            vllm_generation.LLM(model="m", max_num_seqs=3)
         assert vllm_generation.LLM is fake_llm  # restored
     with pytest.raises(RuntimeError), eager_engine(True):
         raise RuntimeError("TRL's constructor failed")
     assert vllm_generation.LLM is fake_llm
-    assert calls == [{"model": "m", "enforce_eager": True}, {"model": "m", "enforce_eager": False}]
+    assert calls == [{"model": "m", "max_num_seqs": 3, "kv_cache_memory_bytes": 3, "enforce_eager": choice}
+                     for choice in (True, False)]
 
 
 def test_trainer_syncs_vllm_weights_through_the_instance_method():
@@ -340,7 +347,7 @@ def test_accelerate_names_the_strategy_check_reads():
 
 
 def test_torch_names_the_reader_and_the_resume_rely_on():
-    from torch.distributed.fsdp import FSDPModule, fully_shard  # noqa: F401 - cipr/method/actions.py _sharded
+    from torch.distributed.fsdp import FSDPModule, fully_shard  # noqa: F401 - cipr/method/action_forward.py _sharded
     from torch.distributed.tensor import DTensor
 
     assert callable(DTensor.full_tensor)
@@ -367,4 +374,4 @@ def test_deepspeed_names_the_reader_and_its_test_rely_on():
     assert list(inspect.signature(safe_get_full_grad).parameters) == ["param"]
     from deepspeed.runtime.zero.partition_parameters import Init
 
-    assert "ds_id" in inspect.getsource(Init._convert_to_deepspeed_param)  # cipr/method/actions.py _sharded
+    assert "ds_id" in inspect.getsource(Init._convert_to_deepspeed_param)  # cipr/method/action_forward.py _sharded

@@ -95,9 +95,9 @@ def explain_mismatches(model: Any, tokenizer: Any, prompts: dict[Any, str], hf: 
     Where one answer is a prefix of the other, one side ended its turn where the other went on: the
     margin is then between the longer side's next token and the best end-of-turn token.
     """
-    from cipr.eval.backends import _end_ids
+    from cipr.runtime.generation import end_token_ids
 
-    ends = sorted(_end_ids(tokenizer))
+    ends = sorted(end_token_ids(tokenizer))
     out = []
     for key, text in hf.items():
         if other[key] == text:
@@ -340,7 +340,7 @@ def export_dir(colocate_run, tmp_path_factory) -> Path:
     from cipr.cli.export import main as export_main
 
     out = tmp_path_factory.mktemp("export") / "model"
-    assert export_main([str(colocate_run), str(out)]) == 0
+    assert export_main([f"run_dir={colocate_run}", f"out_dir={out}"]) == 0
     return out
 
 
@@ -357,7 +357,7 @@ def server(export_dir, tmp_path_factory):
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(export_dir),
            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "8192",
            "--weight-transfer-config", '{"backend": "nccl"}', "--logprobs-mode", "processed_logprobs",
-           "--max-logprobs", "-1", "--enforce-eager"]  # CPU: compiling would add ~100 s (cipr/runtime/vllm_compile.py)
+           "--max-logprobs", "-1", "--enforce-eager"]  # CPU: compiling would add ~100 s (cipr/runtime/vllm_engine.py)
     start = time.time()
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 import torch
 
+from cipr.core.errors import ConfigError
 from cipr.distill.batch import action_query
 from cipr.distill.conversation import Rendered, render_conversation
 from cipr.distill.naming import SWAPPED, SYNONYMS, Naming, named
@@ -40,6 +41,7 @@ from cipr.envs.base import Environment
 from cipr.formats.base import CallFormat
 from cipr.method.actions import read_actions
 from cipr.method.consistency import kl_rows
+from cipr.runtime.generation import greedy_texts
 from cipr.tools.canonical import RewriteText, UndeclaredToolError
 from cipr.tools.interface import Example, Message
 
@@ -73,28 +75,26 @@ class EvalConfig:
 
 
 def check_eval(cfg: EvalConfig) -> None:
-    """Reject unknown namings and sizes that cannot work (ValueError naming the option)."""
+    """Reject unknown namings and sizes that cannot work (ConfigError naming the option)."""
     bad = [n for n in cfg.namings if n not in NAMINGS]
     if bad or not cfg.namings:
-        raise ValueError(f"algo.eval.namings: unknown {bad or 'empty list'}; choose from {', '.join(NAMINGS)}")
+        raise ConfigError(f"algo.eval.namings: unknown {bad or 'empty list'}; choose from "
+                          f"{', '.join(NAMINGS)}")
     if cfg.batch_size < 1 or cfg.live_tasks < 0 or cfg.live_max_steps < 1 or cfg.live_max_new_tokens < 1:
-        raise ValueError("algo.eval: batch_size, live_max_steps and live_max_new_tokens must be >= 1, live_tasks >= 0")
-    if cfg.dtype not in ("model", "bfloat16"):
-        raise ValueError(f"algo.eval.dtype must be model or bfloat16, got {cfg.dtype!r}")
-    if cfg.live_env not in ("toyshop", "webshop"):
-        raise ValueError(f"algo.eval.live_env must be toyshop or webshop, got {cfg.live_env!r}")
+        raise ConfigError("algo.eval: batch_size, live_max_steps and live_max_new_tokens must be >= 1, "
+                          "live_tasks >= 0")
 
 
 def check_namings(examples: Sequence[Example], cfg: EvalConfig) -> None:
     """Refuse, before training, a naming whose table has no new name for a held-out trajectory's tool
-    (the synonym and swap tables are WebShop's, `search` and `click`): ValueError giving both fixes."""
+    (the synonym and swap tables are WebShop's, `search` and `click`): ConfigError giving both fixes."""
     for naming in cfg.namings:
         for e in examples:
             try:
                 named(e, naming, renames=cfg.renames)  # type: ignore[arg-type]
             except ValueError as err:
-                raise ValueError(f"algo.eval.namings has {naming}: {err}; or evaluate under "
-                                 f"algo.eval.namings=[original,canonical]") from None
+                raise ConfigError(f"algo.eval.namings has {naming}: {err}; or evaluate under "
+                                  f"algo.eval.namings=[original,canonical]") from None
 
 
 @dataclass(frozen=True)
@@ -109,20 +109,21 @@ class Readings:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Readings:
-        return cls(torch.tensor(data["probs"], dtype=torch.float32), torch.tensor(data["segments"], dtype=torch.long))
+        return cls(torch.tensor(data["probs"], dtype=torch.float32),
+                   torch.tensor(data["segments"], dtype=torch.long))
 
 
 def render_named(examples: Sequence[Example], fmt: CallFormat, tokenizer: Any, naming: str, *,
                  rewrite: RewriteText = "all", renames: Mapping[str, Mapping[str, str]] | None = None
                  ) -> list[Rendered]:
     """Each trajectory (original names) rendered under `naming`."""
-    return [render_conversation(named(e, naming, rewrite=rewrite, renames=renames)[0], fmt, tokenizer)  # type: ignore[arg-type]
+    return [render_conversation(named(e, naming, rewrite=rewrite, renames=renames)[0], fmt, tokenizer)
             for e in examples]
 
 
 @torch.no_grad()
-def read_rendered(model: Any, tokenizer: Any, rendered: Sequence[Rendered], fmt: CallFormat, *, batch_size: int = 4,
-                  context: Callable[[], Any] = contextlib.nullcontext) -> Readings:
+def read_rendered(model: Any, tokenizer: Any, rendered: Sequence[Rendered], fmt: CallFormat, *,
+                  batch_size: int = 4, context: Callable[[], Any] = contextlib.nullcontext) -> Readings:
     """Action distributions at every decision of `rendered`, `batch_size` trajectories per forward."""
     num_actions = max(len(r.tools) for r in rendered)
     probs: list[torch.Tensor] = []
@@ -130,14 +131,15 @@ def read_rendered(model: Any, tokenizer: Any, rendered: Sequence[Rendered], fmt:
     with context():
         for lo in range(0, len(rendered), batch_size):
             chunk = rendered[lo:lo + batch_size]
-            probs.append(read_actions(model, tokenizer, [action_query(r, fmt) for r in chunk], num_actions).probs.float()
-                         .cpu())
+            reading = read_actions(model, tokenizer, [action_query(r, fmt) for r in chunk], num_actions)
+            probs.append(reading.probs.float().cpu())
             segments += [lo + b for b, r in enumerate(chunk) for _ in r.decisions]
     return Readings(torch.cat(probs), torch.tensor(segments, dtype=torch.long))
 
 
 def compare(reference: Readings, other: Readings, *, eps: float = 1e-6) -> dict[str, float]:
-    """Agreement of argmax actions and KL(reference || other) (mean per trajectory, then over trajectories)."""
+    """Agreement of argmax actions and KL(reference || other) (mean per trajectory, then over
+    trajectories)."""
     if reference.probs.shape != other.probs.shape or not torch.equal(reference.segments, other.segments):
         raise ValueError(f"the two readings cover different decisions: {tuple(reference.probs.shape)} vs "
                          f"{tuple(other.probs.shape)}")
@@ -155,8 +157,10 @@ def compare(reference: Readings, other: Readings, *, eps: float = 1e-6) -> dict[
 
 def offline_rows(readings: Mapping[str, Mapping[str, Readings]], reference: Readings
                  ) -> dict[str, dict[str, dict[str, float]]]:
-    """{model: {naming: compare(reference, readings[model][naming])}} (reference: the teacher, original names)."""
-    return {model: {naming: compare(reference, r) for naming, r in per.items()} for model, per in readings.items()}
+    """{model: {naming: compare(reference, readings[model][naming])}} (reference: the teacher, original
+    names)."""
+    return {model: {naming: compare(reference, r) for naming, r in per.items()}
+            for model, per in readings.items()}
 
 
 def markdown_table(rows: Mapping[str, Mapping[str, Mapping[str, float]]],
@@ -176,9 +180,9 @@ def markdown_table(rows: Mapping[str, Mapping[str, Mapping[str, float]]],
         lines.append("| " + " | ".join(cells) + " |")
     decisions = next((int(v["decisions"]) for per in rows.values() for v in per.values()), 0)
     lines.append("")
-    lines.append(f"Agreement: share of the {decisions} held-out decisions where the model's most probable action "
-                 f"(∅ included) is the teacher's under the original names; KL(teacher original || model), mean per "
-                 f"trajectory then over trajectories.")
+    lines.append(f"Agreement: share of the {decisions} held-out decisions where the model's most probable "
+                 f"action (∅ included) is the teacher's under the original names; KL(teacher original || "
+                 f"model), mean per trajectory then over trajectories.")
     return "\n".join(lines) + "\n"
 
 
@@ -194,21 +198,19 @@ def write_report(out_dir: str | Path, rows: Mapping[str, Any], live: Mapping[str
     return out / "eval.json", out / "table.md"
 
 
-def _generate(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int) -> str:
-
-    device = next(model.parameters()).device
-    ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"].to(device)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                         do_sample=False, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad)
-    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+Policy = Callable[[str, int], str]
+"""A policy for live episodes: (prompt text, max new tokens) -> the reply text."""
 
 
-@torch.no_grad()
-def live_episode(model: Any, tokenizer: Any, env: Environment, task_id: int, fmt: CallFormat, naming: Naming, *,
-                 rewrite: RewriteText = "all", renames: Mapping[str, Mapping[str, str]] | None = None,
-                 max_steps: int = 8, max_new_tokens: int = 64, max_observation_chars: int | None = None
-                 ) -> dict[str, Any]:
+def greedy_policy(model: Any, tokenizer: Any) -> Policy:
+    """`model` decoding greedily (`cipr.runtime.generation.greedy_texts`)."""
+    return lambda prompt, n: greedy_texts(model, tokenizer, [prompt], max_new_tokens=n)[0][1]
+
+
+def live_episode(policy: Policy, tokenizer: Any, env: Environment, task_id: int, fmt: CallFormat,
+                 naming: Naming, *, rewrite: RewriteText = "all",
+                 renames: Mapping[str, Mapping[str, str]] | None = None, max_steps: int = 8,
+                 max_new_tokens: int = 64, max_observation_chars: int | None = None) -> dict[str, Any]:
     """One greedy episode under `naming`: reward, steps, and why it ended."""
     def clip(text: str) -> str:
         if max_observation_chars is None or len(text) <= max_observation_chars:
@@ -217,10 +219,9 @@ def live_episode(model: Any, tokenizer: Any, env: Environment, task_id: int, fmt
 
     messages = [Message("user", clip(env.reset(task_id)))]
     for step in range(max_steps):
-        example, nmap = named(Example(f"live_{task_id}", tuple(messages), env.interface), naming, rewrite=rewrite,
-                              renames=renames)
-        text = _generate(model, tokenizer, fmt.render_prompt(tokenizer, example.messages, example.interface),
-                         max_new_tokens)
+        example, nmap = named(Example(f"live_{task_id}", tuple(messages), env.interface), naming,
+                              rewrite=rewrite, renames=renames)
+        text = policy(fmt.render_prompt(tokenizer, example.messages, example.interface), max_new_tokens)
         parsed = fmt.parse(text)
         if not parsed.calls:
             return {"reward": 0.0, "steps": step + 1, "end": "unparsed", "last": text[:200]}
@@ -236,10 +237,10 @@ def live_episode(model: Any, tokenizer: Any, env: Environment, task_id: int, fmt
     return {"reward": 0.0, "steps": max_steps, "end": "max_steps"}
 
 
-def live_evaluate(model: Any, tokenizer: Any, env_factory: Callable[[], Environment], tasks: Sequence[int],
+def live_evaluate(policy: Policy, tokenizer: Any, env_factory: Callable[[], Environment], tasks: Sequence[int],
                   fmt: CallFormat, naming: Naming, **kwargs: Any) -> dict[str, float]:
     """Mean reward, success rate (reward 1) and the share of episodes ended by each cause over `tasks`."""
-    episodes = [live_episode(model, tokenizer, env_factory(), t, fmt, naming, **kwargs) for t in tasks]
+    episodes = [live_episode(policy, tokenizer, env_factory(), t, fmt, naming, **kwargs) for t in tasks]
     n = max(len(episodes), 1)
     out = {"reward": sum(e["reward"] for e in episodes) / n,
            "success": sum(e["reward"] >= 1.0 for e in episodes) / n, "episodes": float(len(episodes))}

@@ -2,10 +2,8 @@
 
 `evaluate(cfg)` is what `cipr-eval` calls; tests and benchmarks call it with a preloaded model.
 
-Model loading (`load_model`): `embedded` is SmolLM2-135M-Instruct from its GGUF (`cipr.runtime.embedded`); a folder with `adapter_config.json` is a PEFT adapter loaded onto its base model; anything else goes to
-`from_pretrained` (a checkpoint folder, or a hub id from the local cache). The tokenizer gets a pad
-token (the end-of-text token when there is one, else eos) and left padding; end-of-turn tokens stop
-generation (`cipr.eval.backends`).
+Model loading: `cipr.runtime.model.load_inference_model` (embedded, a folder, a PEFT adapter merged onto
+its base, or a cached hub id).
 
 run.json in the run directory records the configuration; a rerun into the same directory must agree
 on model, benchmark, format, backend, seed, max_new_tokens, split and replay mode (else it raises
@@ -26,101 +24,25 @@ from typing import Any
 from cipr.core.errors import ConfigError
 from cipr.core.io import read_json, write_json_atomic, write_text_atomic
 from cipr.core.run_folder import changed_keys
-from cipr.eval.backends import (
-    Backend,
-    HFBackend,
-    HFBackendConfig,
-    OpenAIBackend,
-    ReplayBackend,
-    VLLMBackend,
-)
 from cipr.eval.benchmarks import build, scorer_for
 from cipr.eval.config import EvalConfig
+from cipr.eval.replay import ReplayBackend
 from cipr.eval.report import RESULTS, RUN_META, ReportConfig, write_report
 from cipr.eval.runner import RunnerConfig, check_same_selection, run_items
 from cipr.formats import AUTO, CallFormat, resolve_format
+from cipr.runtime.backends import Backend, HFBackend, OpenAIBackend, VLLMBackend
 from cipr.runtime.export import apply_manifest
+from cipr.runtime.generation import GreedyConfig
 from cipr.runtime.hub import resolve_model
+from cipr.runtime.model import check_whole_model, load_inference_model, prepare_inference_tokenizer
 
 log = logging.getLogger(__name__)
 
 
-def _device_dtype(cfg: EvalConfig) -> tuple[str, Any]:
-    import torch
-
-    device = cfg.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    elif device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device={device}: no CUDA device is available here; use device=cpu or auto")
-    dtype = cfg.dtype
-    if dtype == "auto":
-        dtype = "bfloat16" if device.startswith("cuda") and torch.cuda.is_bf16_supported() else "float32"
-    return device, getattr(torch, dtype)
-
-
-def prepare_tokenizer(tokenizer: Any) -> Any:
-    """Pad token (end-of-text if the vocabulary has one and it is not eos, else eos) and left padding."""
-    vocab = tokenizer.get_vocab()
-    if tokenizer.pad_token is None or tokenizer.pad_token == tokenizer.eos_token:
-        pad = "<|endoftext|>" if "<|endoftext|>" in vocab else tokenizer.eos_token
-        if pad is not None:
-            tokenizer.pad_token = pad
-    tokenizer.padding_side = "left"
-    return tokenizer
-
-
 def load_model(cfg: EvalConfig) -> tuple[Any, Any]:
-    """(model, tokenizer) for the HF backend, in eval mode on the configured device."""
-    if cfg.threads:
-        import torch
-
-        torch.set_num_threads(cfg.threads)
-    device, dtype = _device_dtype(cfg)
-    impl = None if cfg.attn_implementation == "auto" else cfg.attn_implementation
-    attn = {"attn_implementation": impl} if impl else {}
-    if cfg.model == "embedded":
-        from cipr.runtime.embedded import load_embedded
-
-        model, tokenizer = load_embedded(dtype=dtype, **attn)
-    else:
-        model, tokenizer = _from_pretrained(resolve_model(cfg.model), dtype, attn)
-    model.to(device)
-    model.eval()
-    return model, prepare_tokenizer(tokenizer)
-
-
-def check_whole_model(name: str) -> None:
-    """Refuse a cipr-train weights folder that holds the trainable tensors only (`cipr_frozen.json`: the
-    frozen ones live in the run's base model): loaded as it is, its frozen layers would be random."""
-    from cipr.core.checkpoints import FROZEN
-    from cipr.core.errors import DataError
-
-    if (Path(name) / FROZEN).is_file():
-        raise DataError(f"this checkpoint holds the trainable tensors only ({FROZEN}); make a whole model with "
-                        f"`cipr-export RUN_DIR OUT_DIR` (it rebuilds the frozen layers from the run's base model) "
-                        f"and evaluate OUT_DIR", file=name)
-
-
-def _from_pretrained(name: str, dtype: Any, attn: dict[str, Any]) -> tuple[Any, Any]:
-    """A checkpoint folder (a PEFT adapter merged onto its base) or cached hub id; DataError if it holds no model."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from cipr.core.errors import DataError
-
-    check_whole_model(name)
-    try:
-        if (Path(name) / "adapter_config.json").is_file():
-            from peft import AutoPeftModelForCausalLM
-
-            model = AutoPeftModelForCausalLM.from_pretrained(name, dtype=dtype, **attn).merge_and_unload()
-        else:
-            model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **attn)
-        tokenizer = AutoTokenizer.from_pretrained(name)
-    except (OSError, ValueError, KeyError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DataError(f"cannot load a model from this folder: {first}", file=name) from e
-    return model, tokenizer
+    """(model, tokenizer) for the HF backend, loaded as `cfg` says (`cipr.runtime.model.load_inference_model`)."""
+    return load_inference_model(cfg.model, device=cfg.device, dtype=cfg.dtype, threads=cfg.threads,
+                                attn_implementation=cfg.attn_implementation)
 
 
 def make_backend(cfg: EvalConfig, fmt: CallFormat, model: Any = None, tokenizer: Any = None) -> Backend:
@@ -140,19 +62,19 @@ def make_backend(cfg: EvalConfig, fmt: CallFormat, model: Any = None, tokenizer:
             from cipr.runtime.embedded import embedded_hf_dir, load_embedded_tokenizer
 
             # vLLM reads the GGUF's transformers copy; the GGUF tokenizer keeps the HF backend's stop tokens
-            tok = tokenizer or prepare_tokenizer(load_embedded_tokenizer())
+            tok = tokenizer or prepare_inference_tokenizer(load_embedded_tokenizer())
             return VLLMBackend(str(embedded_hf_dir()), tok, fmt, cfg.vllm)
         from transformers import AutoTokenizer
 
-        tok = tokenizer or prepare_tokenizer(AutoTokenizer.from_pretrained(cfg.model))
+        tok = tokenizer or prepare_inference_tokenizer(AutoTokenizer.from_pretrained(cfg.model))
         return VLLMBackend(cfg.model, tok, fmt, cfg.vllm)
     if model is None or tokenizer is None:
         model, tokenizer = load_model(cfg)
     else:
-        prepare_tokenizer(tokenizer)
-    return HFBackend(model, tokenizer, fmt, HFBackendConfig(batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
-                                                           drop_finished=cfg.drop_finished, prefill=cfg.prefill,
-                                                           prefix_reuse=cfg.prefix_reuse))
+        prepare_inference_tokenizer(tokenizer)
+    return HFBackend(model, tokenizer, fmt, GreedyConfig(
+        batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens, drop_finished=cfg.drop_finished,
+        prefill=cfg.prefill, prefix_reuse=cfg.prefix_reuse))
 
 
 def _template_tokenizer(cfg: EvalConfig) -> Any:

@@ -30,10 +30,10 @@ from tqdm import tqdm
 
 from cipr.core.errors import ConfigError, DataError
 from cipr.core.io import complete_lines, decode_text, parse_json
-from cipr.eval.backends import Backend, Generation, GenRequest
 from cipr.eval.report import RESULTS
 from cipr.eval.taxonomy import TaxonomyConfig, classify
 from cipr.formats.base import CallFormat, ParseResult
+from cipr.runtime.backends import Backend, Generation, GenRequest
 from cipr.tools.canonical import NameMap, UndeclaredToolError
 from cipr.tools.interface import Call, Example
 
@@ -238,7 +238,7 @@ def run_items(items: Sequence[EvalItem], backend: Backend, fmt: CallFormat, scor
     with path.open("a", encoding="utf-8") as f, tqdm(total=len(pending), desc=f"eval {out.name}", unit="item",
                                                      disable=not config.progress) as bar:
         for n_chunk, chunk in enumerate(_chunks(pending, config.chunk_size)):
-            gens = backend.generate([GenRequest(it.shown, it.familiar) for it in chunk])
+            gens = backend.generate([GenRequest(it.shown, familiar=it.familiar) for it in chunk])
             if len(gens) != len(chunk):
                 raise RuntimeError(f"backend {backend.name} returned {len(gens)} outputs for {len(chunk)} items")
             for it, gen in zip(chunk, gens, strict=True):

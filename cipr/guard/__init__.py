@@ -3,7 +3,7 @@ repair with candidate-set retry, the naive-retry and tool-list baselines, an aud
 metrics and evaluation, and a release-gate interface diff (reference/000 and 001, SchemaShield-Lite)."""
 
 from cipr.guard.audit import AuditLog, AuditRecord, read_audit
-from cipr.guard.backend import Backend, FunctionBackend, HFBackend, ScriptedBackend, Usage
+from cipr.guard.backend import FunctionBackend, ScriptedBackend
 from cipr.guard.cards import ToolCard, tool_card
 from cipr.guard.contract import ContractSnapshot
 from cipr.guard.diff import DiffConfig, DiffReport, diff_interfaces, load_tool_list
@@ -15,6 +15,7 @@ from cipr.guard.validator import (
     ValidatorConfig,
     validate_call,
 )
+from cipr.runtime.backends import Backend, HFBackend, Usage
 
 __all__ = [
     "AuditLog", "AuditRecord", "Backend", "CallValidator", "ContractSnapshot", "DiffConfig", "DiffReport",

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cipr.core.io import read_jsonl
-from cipr.guard.backend import Usage
+from cipr.runtime.backends import Usage
 
 
 @dataclass

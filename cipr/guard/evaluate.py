@@ -7,8 +7,8 @@ authorized contract: what it serves is what it authorized) and its final calls a
 (`guard`). Undrifted and drifted generations are made once and shared by all policies, so the
 policies differ only by what the guard does. Metrics: `cipr.guard.metrics.summarize`.
 
-    cipr-guard eval --model DIR --format toolrl --setting mild --policies none,naive_retry,tool_list,repair \\
-        --sample study200 --out runs/guard_mild
+    cipr-eval model=DIR format=toolrl guard.enabled=true guard.setting=mild \\
+        guard.policies=[none,naive_retry,tool_list,repair] guard.sample=study200 out_dir=runs/guard_mild
 
 Choices the spec leaves open:
 - `none` is no guard at all: its "after" is the drifted result itself (a validate-only gate is
@@ -49,12 +49,12 @@ from typing import Any, Literal
 from cipr.core.errors import ConfigError, DataError, UnsafeOutputError
 from cipr.core.io import complete_lines, decode_text, iter_jsonl, read_json
 from cipr.guard.audit import AuditLog
-from cipr.guard.backend import Backend, Usage
 from cipr.guard.contract import ContractSnapshot
 from cipr.guard.guard import POLICIES, Guard, GuardConfig
 from cipr.guard.metrics import ItemOutcome, summarize
 from cipr.guard.parse import parse_reply
 from cipr.guard.validator import ValidatorConfig
+from cipr.runtime.backends import Backend, GenRequest, Usage
 from cipr.tools.interface import Call, Example
 
 STUDY_PARTITIONS = ("simple_python", "multiple", "live_simple", "live_multiple")
@@ -88,7 +88,7 @@ def study_sample(examples: Sequence[Example], *, per_partition: int = 50,
 
 @dataclass(frozen=True)
 class GuardEvalConfig:
-    """The drift evaluation's options: `cipr-eval guard.enabled=true guard.setting=...`, `cipr-guard eval`.
+    """The drift evaluation's options: `cipr-eval guard.enabled=true guard.setting=...`.
 
     - `setting`: mild | medium drift (`drift_mild` / `drift_medium` of `cipr.perturb`).
     - `policies`: the guard policies compared; `none` (no guard) always runs too, since recovered failures
@@ -170,11 +170,8 @@ class GuardEvalResult:
 
 
 def _generate(backend: Backend, examples: Sequence[Example], max_tokens: int) -> list[tuple[str, Usage]]:
-    requests = [(list(e.messages), e.interface.to_openai()) for e in examples]
-    batch = getattr(backend, "generate_batch", None)
-    if callable(batch):
-        return list(batch(requests, max_tokens=max_tokens))
-    return [backend.generate(m, tools=t, max_tokens=max_tokens) for m, t in requests]
+    """(text, tokens) of one task turn per example, in one batch (a failed item is empty text, scored wrong)."""
+    return [(g.text, g.usage) for g in backend.generate([GenRequest(e, max_new_tokens=max_tokens) for e in examples])]
 
 
 def _strict_calls(text: str, call_format: Any) -> tuple[Call, ...] | None:

@@ -30,13 +30,13 @@ from typing import Any, Literal
 
 from cipr.core.errors import ConfigError
 from cipr.guard.audit import AuditLog, AuditRecord
-from cipr.guard.backend import Backend, Usage
 from cipr.guard.baselines import retry_turn
 from cipr.guard.contract import ContractSnapshot
 from cipr.guard.parse import parse_reply
 from cipr.guard.repair import REPAIRED, RESOLVED, UNRESOLVED, VALID, repair_protocol
 from cipr.guard.session import GuardSession
 from cipr.guard.validator import CallValidator, ValidatorConfig, call_to_json
+from cipr.runtime.backends import Backend, Usage
 from cipr.tools.interface import Call, Interface, Message, Tool
 
 Policy = Literal["none", "naive_retry", "tool_list", "repair"]

