@@ -8,7 +8,7 @@ PLAN_JSON: {"shim": bool, "runs": [{"name": ..., "config": {cipr-train config}, 
 with `replay` draws its GRPO rollouts from `ReplayRollouts(draw="per_prompt")` (a random tiny model writes
 no call; per prompt, so that one process and two draw the same completions). A run with `die_after_step: N`
 is killed (SIGKILL, every rank) right after its step-N checkpoint is saved. Each run is
-`cipr.train.run.run` (or `cipr.distill.run.run` for algo=distill) in this process group, one after
+`cipr.train.run.run` (algo=distill included) in this process group, one after
 another, so one launch pays the interpreter and process-group start-up once for every algorithm. Each
 process records what it ran as `<run_dir>/ran_rank<R>.json` (the accelerator's strategy and group size
 as the stages built them).
@@ -136,19 +136,15 @@ def main() -> None:
 
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
+    from cipr.train.run import config_from_dict, run
+
     for item in plan["runs"]:
         built.clear()
         unset_hf_deepspeed_config()  # a finished run's ZeRO-3 config would make the next from_pretrained partition
         die_after = item.get("die_after_step")
         checkpoint.CheckpointMixin._save_checkpoint = save_then_die if die_after else save_checkpoint
         CIPRGRPOTrainer._generate_single_turn = replayed if item.get("replay") else generate_single_turn
-        config = item["config"]
-        if config["algo"]["name"] == "distill":
-            from cipr.distill.run import config_from_dict
-            from cipr.distill.run import run_distill as run
-        else:
-            from cipr.train.run import config_from_dict, run
-        run_dir = Path(run(config_from_dict(config)))
+        run_dir = Path(run(config_from_dict(item["config"])))
         (run_dir / f"ran_rank{rank}.json").write_text(json.dumps(built))
     leave_process_group()
 

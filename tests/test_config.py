@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 import pytest
 
 from cipr.core.config import ConfigError, from_dict, from_overrides
-from cipr.distill.run import config_from_dict as distill_config
 from cipr.eval.config import eval_config_from_dict
 from cipr.train.run import config_from_dict as train_config
 
@@ -21,8 +20,10 @@ from cipr.train.run import config_from_dict as train_config
     (eval_config_from_dict, {"batch_size": "8"}, "'batch_size' must be an integer"),
     (train_config, {"trainer": {"learning_rat": 1e-5}}, "'trainer.learning_rat'. Did you mean 'learning_rate'?"),
     (train_config, {"algo": {"name": "ppo"}}, "'algo.name' must be one of"),
-    (distill_config, {"algo": {"eval": {"live_env": "shop"}}}, "'algo.eval.live_env' must be one of"),
-    (distill_config, {"trainer": {"max_steps": True}}, "'trainer.max_steps' must be an integer"),
+    (train_config, {"algo": {"name": "distill", "eval": {"live_env": "shop"}}},
+     "'algo.eval.live_env' must be one of"),
+    (train_config, {"algo": {"name": "distill"}, "trainer": {"max_steps": True}},
+     "'trainer.max_steps' must be an integer"),
 ])
 def test_every_command_refuses_bad_keys_and_values_the_same_way(load, data, message):
     with pytest.raises(ConfigError) as e:

@@ -23,7 +23,8 @@ def test_a_name_left_unrenamed_in_prose_is_shared_text():
     segs = segment_texts(a, b, [("search", "function_01"), ("argument", "arg_01")])
     assert [(s.kind, a[s.a_start:s.a_end], b[s.b_start:s.b_end]) for s in segs] == [
         ("shared", "- ", "- "), ("name", "search", "function_01"), ("shared", "[<", "[<"),
-        ("name", "argument", "arg_01"), ("shared", ">]: its argument in brackets", ">]: its argument in brackets")]
+        ("name", "argument", "arg_01"),
+        ("shared", ">]: its argument in brackets", ">]: its argument in brackets")]
 
 
 def test_swapped_names_and_word_boundaries():
@@ -99,8 +100,8 @@ def test_real_rendering_pairs_identical_tokens_and_leaves_name_tokens_out(tiny_t
     for j, (lo, hi) in enumerate(st_.offsets):
         inside = any(a <= lo and hi <= b for a, b in s.turns)
         touches_name = "function_0" in s.text[max(lo - 10, 0):hi + 10] and any(
-            lo < d.start + s.prompt_end + len("Action: ") + len(d.taken) and hi > d.start + s.prompt_end + len("Action: ")
-            for d in s.decisions)
+            lo < d.start + s.prompt_end + len("Action: ") + len(d.taken)
+            and hi > d.start + s.prompt_end + len("Action: ") for d in s.decisions)
         if inside and touches_name:
             assert j not in paired
     # every student token of the assistant turns is paired or counted unpaired

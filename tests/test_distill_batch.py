@@ -1,4 +1,5 @@
-"""Self-distillation on a tiny teacher and student: the loss falls, the rescoring term is zero when it must be."""
+"""Self-distillation on a tiny teacher and student: the loss falls, the rescoring term is zero when it
+must be."""
 
 import copy
 
@@ -60,7 +61,8 @@ def _train_teacher(tokenizer, items, *, target=TEACHER_LOSS, max_steps=TEACHER_M
         loss.backward()
         opt.step()
     else:
-        raise AssertionError(f"the teacher did not fit the expert's turns in {max_steps} steps (loss {loss.item():.3f})")
+        raise AssertionError(f"the teacher did not fit the expert's turns in {max_steps} steps "
+                             f"(loss {loss.item():.3f})")
     model.eval()
     return model
 
@@ -83,7 +85,8 @@ def _distill(tok, items, teacher, steps, *, sign=1.0):
 
 
 def _fell(values, factor):
-    """Whether the mean of the last three values is below `factor` times the first (one noisy step does not decide)."""
+    """Whether the mean of the last three values is below `factor` times the first (one noisy step does
+    not decide)."""
     return sum(values[-3:]) / 3 < factor * values[0]
 
 
@@ -141,7 +144,8 @@ def test_task_terms_fall_while_relabels_are_redrawn_every_step(setup):
     student.train()
     opt = torch.optim.Adam(student.parameters(), lr=1e-3)
     parts = []
-    for step in range(DISTILL_STEPS):  # redrawn relabels make single steps noisy: 8 steps were too few on 2 threads
+    # redrawn relabels make single steps noisy: 8 steps were too few on 2 threads
+    for step in range(DISTILL_STEPS):
         relabeled = [relabeled_view(it, FMT, tok, RelabelConfig(), f"{it.example.id}-{step}") for it in items]
         loss, m = batch_loss(student, teacher, tok, items, relabeled, FMT, LossWeights())
         opt.zero_grad()
@@ -173,9 +177,8 @@ def test_rescoring_is_zero_for_a_relabel_the_model_cannot_see_and_positive_other
     one, two = tok.convert_tokens_to_ids("01"), tok.convert_tokens_to_ids("02")
     with torch.no_grad():  # tied embeddings: the model can tell "01" and "02" apart neither in nor out
         blind.get_input_embeddings().weight[two] = blind.get_input_embeddings().weight[one]
-    swapped = [render_conversation(rename_example(it.student_example, {"function_01": "function_02",
-                                                                       "function_02": "function_01"})[0], FMT, tok)
-               for it in items]
+    swap = {"function_01": "function_02", "function_02": "function_01"}
+    swapped = [render_conversation(rename_example(it.student_example, swap)[0], FMT, tok) for it in items]
     _, m = batch_loss(blind, teacher, tok, items, swapped, FMT, LossWeights())
     assert m["rescore/kl"] == pytest.approx(0.0, abs=1e-6)
     assert m["rescore/argmax_agree"] == 1.0
@@ -193,7 +196,8 @@ def test_one_forward_gives_the_same_logits_as_a_plain_forward(setup, monkeypatch
         raise AssertionError("the hooked hidden states should have been used")
 
     monkeypatch.setattr(batch_module, "logits_at", refuse)
-    _, hooked = read_with_logits(teacher, tok, [action_query(it.student, FMT) for it in items[:2]], 2, seqs, rows, cols)
+    queries = [action_query(it.student, FMT) for it in items[:2]]
+    _, hooked = read_with_logits(teacher, tok, queries, 2, seqs, rows, cols)
     assert torch.allclose(plain, hooked, atol=1e-5)
 
 

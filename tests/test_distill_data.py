@@ -1,4 +1,5 @@
-"""Trajectory data for self-distillation: rendering, turns and decisions, AgentLM's layout, trimming, splits."""
+"""Trajectory data for self-distillation: rendering, turns and decisions, AgentLM's layout, trimming,
+splits."""
 
 import json
 from pathlib import Path
@@ -26,7 +27,8 @@ def test_turns_and_decisions_are_located_exactly(tiny_tokenizer):
     assert r.prompt.endswith("<|im_start|>assistant\n") and r.turns[0][0] == r.prompt_end
     for (lo, hi), m, d in zip(r.turns, assistant, r.decisions, strict=True):
         call = m.calls[0]
-        assert r.text[lo:hi] == f"Thought: {m.content}\nAction: {call.name}[{call.arguments['argument']}]<|im_end|>"
+        argument = call.arguments["argument"]
+        assert r.text[lo:hi] == f"Thought: {m.content}\nAction: {call.name}[{argument}]<|im_end|>"
         assert r.response[d.start:].startswith(f"Action: {call.name}[") and d.taken == call.name
     assert r.text.endswith("<|im_end|>")
 
@@ -52,7 +54,8 @@ def test_agentlm_layout_is_parsed_into_calls_and_errors_name_the_turn(tmp_path):
         {"from": "human", "value": "You can use search[keywords] and click[value]."},
         {"from": "gpt", "value": "OK"},
         {"from": "human", "value": "WebShop [SEP] Instruction: [SEP] red shoes [SEP] Search"},
-        {"from": "gpt", "value": "Thought:\nI think I should search for red shoes.\n\nAction:\nsearch[red shoes]"}]}
+        {"from": "gpt",
+         "value": "Thought:\nI think I should search for red shoes.\n\nAction:\nsearch[red shoes]"}]}
     p = tmp_path / "ws.json"
     p.write_text(json.dumps([rec]))
     ex = load_trajectories(p)[0]
@@ -95,7 +98,7 @@ def test_split_is_seeded_disjoint_and_counted(tmp_path):
 
 def test_cipr_data_trajectories_writes_a_loadable_file(tmp_path):
     out = tmp_path / "t.json"
-    assert data_main(["trajectories", "--n", "3", "--seed", "5", "--out", str(out)]) == 0
+    assert data_main(["trajectories", "n=3", "seed=5", f"out={out}"]) == 0
     back = load_trajectories(out)
     ref = toyshop_trajectories(3, seed=5)
     assert [m for e in back for m in e.messages] == [m for e in ref for m in e.messages]
@@ -110,7 +113,8 @@ def test_json_tool_call_trajectories_render_and_align_under_hermes(tmp_path, tin
     rec = {"id": "tc1",
            "tools": [{"type": "function", "function": {
                "name": "get_weather", "description": "Weather of a city.",
-               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                              "required": ["city"]}}}],
            "messages": [{"role": "user", "content": "Weather in Paris? Use get_weather."},
                         {"role": "assistant", "content": "", "tool_calls": [
                             {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
@@ -129,7 +133,8 @@ MESSAGES = Path(__file__).resolve().parent / "data" / "messages_example.jsonl"
 
 
 def test_messages_rows_are_trajectories(tmp_path, tiny_tokenizer):
-    """`data.source=messages`: each row of the shipped example is one trajectory, read by the messages reader."""
+    """`data.source=messages`: each row of the shipped example is one trajectory, read by the messages
+    reader."""
     from cipr.data.messages import load_messages
 
     cfg = TrajectoryDataConfig(source="messages", path=str(MESSAGES), n=0, eval_examples=2,
@@ -166,22 +171,19 @@ def test_messages_rows_are_trajectories(tmp_path, tiny_tokenizer):
 
 
 def test_the_messages_data_group_configures_distillation():
-    from cipr.distill.data import distill_data_section
+    from cipr.distill.data import trajectory_section
     from cipr.distill.evaluate import EvalConfig, check_namings
 
-    group = {"source": "messages", "path": str(MESSAGES), "on_bad_row": "raise", "n": 0, "seed": 0,
-             "eval_examples": 8, "perturbation": "full", "twin_wordings": "default", "rewrite_text": "identifiers"}
-    section = distill_data_section(group)
-    assert section == {"source": "messages", "path": str(MESSAGES), "on_bad_row": "raise", "n": 0, "seed": 0,
-                       "eval_examples": 8, "rewrite_text": "identifiers", "call_format": None,
-                       "max_observation_chars": None}
+    group = {"source": "messages", "path": str(MESSAGES), "n": 0, "rewrite_text": "identifiers"}
+    section = trajectory_section(group)
+    # the model's call format, whole observations
+    assert section == {**group, "call_format": None, "max_observation_chars": None}
+    assert trajectory_section({"source": "messages", "call_format": "hermes"})["call_format"] == "hermes"
     trajectories = {"source": "trajectories", "call_format": "webshop"}
-    assert distill_data_section(trajectories) == trajectories
-    with pytest.raises(ConfigError, match="data.perturbation=twins_only .* algo=distill does not use it"):
-        distill_data_section({**group, "perturbation": "twins_only"})
+    assert trajectory_section(trajectories) == trajectories
     with pytest.raises(ConfigError, match="algo=distill trains on agent trajectories"):
-        distill_data_section({"source": "synthetic"})
+        trajectory_section({"source": "synthetic"})
     train, _, _ = load_split(TrajectoryDataConfig(**{**section, "eval_examples": 2}))
     check_namings(train, EvalConfig(namings=("original", "canonical")))
-    with pytest.raises(ValueError, match=r"synonyms renaming has no new name .*algo.eval.namings=\[original,canonical\]"):
+    with pytest.raises(ConfigError, match=r"synonyms renaming has no new name .*namings=\[original,"):
         check_namings(train, EvalConfig())

@@ -1,4 +1,5 @@
-"""`algo=distill` end to end on the tiny model: run folder, metrics, checkpoints, evaluation table, resume, errors."""
+"""`algo=distill` end to end on train's engine with the tiny model: run folder, metrics, checkpoints,
+evaluation table, resume, errors."""
 
 import json
 
@@ -6,7 +7,7 @@ import pytest
 from support.tiny_models import save_tiny
 
 from cipr.core.config import ConfigError
-from cipr.distill.run import config_from_dict, distill_main, run_distill
+from cipr.train.run import config_from_dict, run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -16,13 +17,18 @@ def tiny_dir(tmp_path_factory):
 
 
 def _cfg(model_dir, run_dir, **algo):
-    return {"model": {"name_or_path": str(model_dir), "gguf_package": None, "gguf_file": None, "call_format": "hermes"},
+    return {"model": {"name_or_path": str(model_dir), "gguf_package": None, "gguf_file": None,
+                      "call_format": "hermes"},
             "data": {"n": 6, "eval_examples": 2, "max_observation_chars": 60, "max_turns": 2},
-            "algo": {"eval": {"namings": ["canonical", "synonyms", "swapped"]}, **algo},
+            "algo": {"name": "distill", "eval": {"namings": ["canonical", "synonyms", "swapped"]}, **algo},
             "trainer": {"run_dir": str(run_dir), "max_steps": 2, "per_device_train_batch_size": 2,
-                        "learning_rate": 1e-3, "save_steps": 1, "save_total_limit": 1},
+                        "learning_rate": 1e-3, "save_steps": 1, "save_total_limit": 2},
             "logging": {"progress_bar": False},
-            "rollout": {"backend": "hf", "num_generations": 4}}
+            "rollout": {"backend": "hf", "num_generations": 4}}  # rollout=hf's values: not set, so accepted
+
+
+def run_distill(cfg):
+    return run(config_from_dict(cfg))
 
 
 def test_run_trains_checkpoints_evaluates_and_resumes(tiny_dir, tmp_path):
@@ -42,6 +48,8 @@ def test_run_trains_checkpoints_evaluates_and_resumes(tiny_dir, tmp_path):
     assert report["offline"]["teacher"]["canonical"]["decisions"] == 4.0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["train_trajectories"] == 4 and summary["held_out_trajectories"] == 2
+    assert summary["stages"]["distill"]["steps"] == 2 and summary["final"]["distill"]["step"] == 2
+    assert summary["eval"]["offline"]["student"]["canonical"]["decisions"] == 4.0
     before = (out / "metrics.jsonl").read_text()
     run_distill(_cfg(tiny_dir, tmp_path / "run"))  # complete: nothing to redo
     assert (out / "metrics.jsonl").read_text() == before
@@ -56,7 +64,10 @@ def test_a_changed_config_is_refused_for_an_existing_run(tiny_dir, tmp_path):
 def test_config_errors_name_the_key(tiny_dir, tmp_path):
     with pytest.raises(ConfigError, match="algo.rescore_wieght"):
         config_from_dict(_cfg(tiny_dir, tmp_path, rescore_wieght=1.0))
-    assert distill_main(_cfg(tiny_dir, tmp_path, token_weight=0.0, action_weight=0.0)) == 2
+    with pytest.raises(ConfigError, match="both 0"):
+        run_distill(_cfg(tiny_dir, tmp_path, token_weight=0.0, action_weight=0.0))
+    with pytest.raises(ConfigError, match="rollout.num_generations=2: algo=distill samples no rollouts"):
+        config_from_dict({**_cfg(tiny_dir, tmp_path), "rollout": {"num_generations": 2}})
     bad = _cfg(tiny_dir, tmp_path)
     bad["data"]["path"] = str(tmp_path / "missing.json")
     with pytest.raises(ConfigError, match="cipr-data trajectories"):
@@ -69,7 +80,8 @@ def test_cipr_train_dispatches_algo_distill(tiny_dir, tmp_path):
     from cipr.cli.train import CONFIG_DIR, _main
 
     overrides = ["algo=distill", "data=trajectories", "model=tiny", f"model.name_or_path={tiny_dir}",
-                 "trainer=smoke", f"trainer.run_dir={tmp_path / 'cli'}", "trainer.per_device_train_batch_size=2",
+                 "trainer=smoke", f"trainer.run_dir={tmp_path / 'cli'}",
+                 "trainer.per_device_train_batch_size=2",
                  "data.n=5", "data.eval_examples=1", "data.max_observation_chars=60", "data.max_turns=1",
                  "logging.progress_bar=false", "algo.eval.namings=[canonical,synonyms]"]
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):

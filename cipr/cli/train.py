@@ -1,4 +1,5 @@
-"""`cipr-train`: train a tool-calling policy with SFT, GRPO (ToolRL), multi-interface, masking or CIPR.
+"""`cipr-train`: train a tool-calling policy with SFT, GRPO (ToolRL), multi-interface, masking, CIPR or
+self-distillation (algo=distill), all on one engine (`cipr.train.run`).
 
 Hydra composes `configs/train/train.yaml` with the groups model/, data/, algo/, rollout/,
 trainer/, logging/, distributed/, launcher/ and experiment/ (each Hydra command has its own folder
@@ -41,23 +42,21 @@ from cipr.core.errors import ConfigError
 CONFIG_DIR = TRAIN_CONFIG_DIR
 
 
-def relaunch_command(num_processes: int, port: int, accelerate_config: str | None, argv: list[str]) -> list[str]:
-    """The `accelerate launch` command that runs this CLI once per process on this node (`cipr.ops.launch`)."""
+def relaunch_command(num_processes: int, port: int, accelerate_config: str | None,
+                     argv: list[str]) -> list[str]:
+    """The `accelerate launch` command that runs this CLI once per process on this node
+    (`cipr.ops.launch`)."""
     from cipr.ops.launch import accelerate_command
 
     return accelerate_command(num_processes, port, accelerate_config, argv)
 
 
 def _main(cfg: DictConfig) -> int:
-    container = OmegaConf.to_container(cfg, resolve=True)
-    if cfg.algo.get("name") == "distill":  # self-distillation (paper §4.3): no rollouts, its own runner and data group
-        from cipr.distill.run import distill_main
-
-        return distill_main(container)
     from cipr.ops.launch import run_entry
     from cipr.train.run import config_from_dict, run
 
-    return run_entry(container, config_from_dict, run, "metrics.jsonl, summary.json, checkpoints")
+    return run_entry(OmegaConf.to_container(cfg, resolve=True), config_from_dict, run,
+                     "metrics.jsonl, summary.json, checkpoints (algo=distill: eval/table.md)")
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")

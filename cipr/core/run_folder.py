@@ -1,7 +1,7 @@
 """The run folder every runner shares: who writes it, what it records, and resuming without mixing runs.
 
-A training run (`cipr/train/run.py`), a self-distillation run (`cipr/distill/run.py`) and an
-evaluation run (`cipr/eval/evaluate.py`, `cipr/eval/runner.py`) each write into one folder and
+A training run (`cipr/train/run.py`, self-distillation included) and an evaluation run
+(`cipr/eval/evaluate.py`, `cipr/eval/runner.py`) each write into one folder and
 continue it when the same command is rerun. The same four rules hold for all of them:
 
 - only the main process of a distributed launch writes the folder (`is_main_process`);

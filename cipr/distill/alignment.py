@@ -96,15 +96,16 @@ def segment_texts(a: str, b: str, renames: Iterable[tuple[str, str]]) -> list[Se
                 shared_from = (i, j)
             i, j = i + 1, j + 1
             continue
-        raise AlignmentError(f"the texts differ other than by the renames at char {i} of a ({a[i:i + 40]!r}) and "
-                             f"char {j} of b ({b[j:j + 40]!r})")
+        raise AlignmentError(f"the texts differ other than by the renames at char {i} of a "
+                             f"({a[i:i + 40]!r}) and char {j} of b ({b[j:j + 40]!r})")
     close()
     return out
 
 
 @dataclass(frozen=True)
 class TokenAlignment:
-    """Paired token indices (`a_index[k]` of a with `b_index[k]` of b) and the unpaired counts in the regions."""
+    """Paired token indices (`a_index[k]` of a with `b_index[k]` of b) and the unpaired counts in the
+    regions."""
 
     a_index: tuple[int, ...]
     b_index: tuple[int, ...]
@@ -159,4 +160,5 @@ def align_tokens(segments: Sequence[Segment], a_ids: Sequence[int], a_offsets: S
             taken[span] = n + 1
             pairs_a.append(candidates[n])
             pairs_b.append(k)
-    return TokenAlignment(tuple(pairs_a), tuple(pairs_b), a_considered - len(pairs_a), b_considered - len(pairs_b))
+    return TokenAlignment(tuple(pairs_a), tuple(pairs_b), a_considered - len(pairs_a),
+                          b_considered - len(pairs_b))

@@ -59,19 +59,22 @@ class DistillItem:
 
 
 def check_same_decisions(a: Rendered, b: Rendered, what: str) -> None:
-    """Raise UnusableTrajectory unless a and b have the same decisions taking the same actions (by position)."""
+    """Raise UnusableTrajectory unless a and b have the same decisions taking the same actions (by
+    position)."""
     def classes(r: Rendered) -> list[int | None]:
         pos = {t: i for i, t in enumerate(r.tools)}
         return [None if d.taken is None else pos.get(d.taken, -1) for d in r.decisions]
 
     if classes(a) != classes(b) or a.turn_of != b.turn_of:
         raise UnusableTrajectory("decisions change under renaming",
-                                 f"{what}: {classes(a)} vs {classes(b)}; renaming must not change which actions a "
-                                 f"trajectory takes")
+                                 f"{what}: {classes(a)} vs {classes(b)}; renaming must not change which "
+                                 f"actions a trajectory takes")
 
 
-def build_item(example: Example, fmt: CallFormat, tokenizer: Any, *, rewrite: RewriteText = "all") -> DistillItem:
-    """The fixed views of one trajectory (raises UnusableTrajectory, AlignmentError or a format's ValueError)."""
+def build_item(example: Example, fmt: CallFormat, tokenizer: Any, *,
+               rewrite: RewriteText = "all") -> DistillItem:
+    """The fixed views of one trajectory (raises UnusableTrajectory, AlignmentError or a format's
+    ValueError)."""
     student_example, nmap = named(example, "canonical", rewrite=rewrite)
     teacher = render_conversation(example, fmt, tokenizer)
     student = render_conversation(student_example, fmt, tokenizer)
@@ -85,7 +88,8 @@ def build_item(example: Example, fmt: CallFormat, tokenizer: Any, *, rewrite: Re
 
 def relabeled_view(item: DistillItem, fmt: CallFormat, tokenizer: Any, config: RelabelConfig, seed: int | str
                    ) -> Rendered:
-    """The student's trajectory under fresh neutral names (x̃, ỹ), decisions checked against the canonical view."""
+    """The student's trajectory under fresh neutral names (x̃, ỹ), decisions checked against the canonical
+    view."""
     example, _ = relabel_example(item.student_example, config, seed)
     rendered = render_conversation(example, fmt, tokenizer)
     check_same_decisions(item.student, rendered, f"trajectory {item.example.id} relabeled")
@@ -116,7 +120,8 @@ def logits_at(model: Any, sequences: Sequence[Sequence[int]], rows: Sequence[int
 def read_with_logits(model: Any, tokenizer: Any, queries: Sequence[ActionQuery], num_actions: int,
                      sequences: Sequence[Sequence[int]], rows: Sequence[int], cols: Sequence[int],
                      reader: ActionReaderConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Action distributions of `queries` [D, A+1] and next-token logits [P, V] at (rows, cols), in one forward.
+    """Action distributions of `queries` [D, A+1] and next-token logits [P, V] at (rows, cols), in one
+    forward.
 
     The action reader's forward already runs the decoder over every query's prompt + response (its
     packed name tries come after them), so a forward hook on the decoder keeps its last hidden
@@ -135,7 +140,7 @@ def read_with_logits(model: Any, tokenizer: Any, queries: Sequence[ActionQuery],
             captured["hidden"] = getattr(output, "last_hidden_state", None)
             captured["ids"] = kwargs.get("input_ids", args[0] if args else None)
 
-    plain = plain_head(model)  # a wrapper (DDP, DeepSpeed) or a sharded model: no decoder to hook around its root
+    plain = plain_head(model)  # a wrapper (DDP, DeepSpeed) or a sharded model: no decoder to hook around
     handle = model.get_decoder().register_forward_hook(hook, with_kwargs=True) if plain else None
     try:
         probs = read_actions(model, tokenizer, queries, num_actions, config).probs
@@ -168,7 +173,8 @@ def batch_loss(student: Any, teacher: Any, tokenizer: Any, items: Sequence[Disti
                relabeled: Sequence[Rendered] | None, fmt: CallFormat, weights: LossWeights, *,
                teacher_context: Callable[[], Any] = contextlib.nullcontext,
                reader: ActionReaderConfig | None = None,
-               token_positions: Callable[[int], float] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+               token_positions: Callable[[int], float] | None = None
+               ) -> tuple[torch.Tensor, dict[str, float]]:
     """The distillation loss of a batch: token KL + action KL (teacher → student) + λ · rescoring KL.
 
     `token_positions` maps this batch's number of aligned positions to the token KL's divisor (a trainer
@@ -186,8 +192,9 @@ def batch_loss(student: Any, teacher: Any, tokenizer: Any, items: Sequence[Disti
     cols_s = [k - 1 for it in items for k in it.alignment.b_index]
     seg = torch.tensor([b for b, it in enumerate(items) for _ in it.teacher.decisions], dtype=torch.long)
     with torch.no_grad(), teacher_context():
-        t_probs, t_logits = read_with_logits(teacher, tokenizer, [action_query(it.teacher, fmt) for it in items],
-                                             num_actions, [it.teacher_tokens.ids for it in items], rows, cols_t, reader)
+        t_probs, t_logits = read_with_logits(teacher, tokenizer,
+                                             [action_query(it.teacher, fmt) for it in items], num_actions,
+                                             [it.teacher_tokens.ids for it in items], rows, cols_t, reader)
     queries = [action_query(it.student, fmt) for it in items]
     use_rescore = weights.rescore > 0 and relabeled is not None
     if use_rescore:
@@ -199,10 +206,11 @@ def batch_loss(student: Any, teacher: Any, tokenizer: Any, items: Sequence[Disti
     n = len(seg)
     seg = seg.to(s_probs.device)
     positions = token_positions(len(rows)) if token_positions is not None else None
-    terms = {"token": token_kl(t_logits, s_logits, positions), "action": action_kl(t_probs, s_probs[:n], seg, eps=weights.eps)}
+    terms = {"token": token_kl(t_logits, s_logits, positions),
+             "action": action_kl(t_probs, s_probs[:n], seg, eps=weights.eps)}
     if use_rescore:
-        terms["rescore"] = rescoring_kl(s_probs[:n], s_probs[n:], seg, detach_reference=weights.detach_reference,
-                                        eps=weights.eps)
+        terms["rescore"] = rescoring_kl(s_probs[:n], s_probs[n:], seg,
+                                        detach_reference=weights.detach_reference, eps=weights.eps)
     loss, metrics = combine(terms, {"token": weights.token, "action": weights.action,
                                     **({"rescore": weights.rescore} if use_rescore else {})})
     metrics["distill/unpaired_student_tokens"] = float(sum(it.alignment.b_unpaired for it in items))

@@ -101,7 +101,8 @@ def render_conversation(example: Example, fmt: CallFormat, tokenizer: Any) -> Re
             end = text.index(eos, start)
         turn = text[start:end]
         if not turn.strip():
-            raise UnusableTrajectory("empty assistant turn", f"trajectory {example.id}: turn {t} renders as no text")
+            raise UnusableTrajectory("empty assistant turn",
+                                     f"trajectory {example.id}: turn {t} renders as no text")
         if prompt_end is None:
             prompt_end = start
         closed = bool(eos) and text.startswith(eos, end)  # the end-of-turn token is trained on too
@@ -131,8 +132,10 @@ class Tokenized:
 def tokenize_rendered(tokenizer: Any, rendered: Rendered) -> Tokenized:
     """Ids and char spans of `rendered` (needs a fast tokenizer for the offsets)."""
     if not getattr(tokenizer, "is_fast", False):
-        raise TypeError("self-distillation aligns tokens by their character offsets, which needs a fast tokenizer")
-    enc = tokenizer([rendered.prompt, rendered.response], add_special_tokens=False, return_offsets_mapping=True)
+        raise TypeError("self-distillation aligns tokens by their character offsets, which needs a fast "
+                        "tokenizer")
+    enc = tokenizer([rendered.prompt, rendered.response], add_special_tokens=False,
+                    return_offsets_mapping=True)
     p_ids, r_ids = enc["input_ids"]
     p_off, r_off = enc["offset_mapping"]
     shift = rendered.prompt_end

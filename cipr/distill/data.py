@@ -24,7 +24,6 @@ Choices (the paper does not say how AgentLM's trajectories were cut for distilla
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 from collections import Counter
@@ -61,35 +60,23 @@ class TrajectoryDataConfig:
     call_format: str | None = "webshop"
 
 
-def distill_data_section(section: Mapping[str, Any]) -> dict[str, Any]:
-    """The `data` section of a composed config as `TrajectoryDataConfig` reads it.
+def trajectory_section(section: Mapping[str, Any]) -> dict[str, Any]:
+    """The `data` section of a composed config as `TrajectoryDataConfig` reads it (ConfigError for a source
+    other than trajectories or messages).
 
     `data=trajectories` passes unchanged. `data=messages` is the group the other algorithms train with:
-    its options for prompts (`perturbation`, `twin_wordings`, ...) are dropped while they hold
-    `cipr.train.data.DataConfig`'s defaults and refused (ConfigError naming the key) when set, since
-    distillation neither perturbs nor masks; the call format defaults to the model's (null) and
-    observations are kept whole (`max_observation_chars` null), unless the section sets them.
+    the call format defaults to the model's (null) and observations are kept whole
+    (`max_observation_chars` null), unless the section sets them. (Its prompt options, `perturbation`,
+    `twin_wordings`, ..., are the run config's to drop or refuse: `cipr.train.config`.)
     """
     source = section.get("source", "trajectories")
-    if source == "trajectories":
-        return dict(section)
-    if source != "messages":
+    if source not in ("trajectories", "messages"):
         raise ConfigError(f"algo=distill trains on agent trajectories, but data={source} was chosen: give "
-                          f"data=trajectories (ToyShop or a trajectory file) or data=messages data.path=FILE_OR_DIR")
-    from cipr.train.data import DataConfig
-
-    own = {f.name for f in dataclasses.fields(TrajectoryDataConfig)}
-    prompt_defaults = {f.name: f.default for f in dataclasses.fields(DataConfig)
-                       if f.name not in own and f.default is not dataclasses.MISSING}
-    out: dict[str, Any] = {"call_format": None, "max_observation_chars": None}
-    for key, value in section.items():
-        if key in prompt_defaults:
-            if value != prompt_defaults[key] and not (isinstance(value, list) and tuple(value) == prompt_defaults[key]):
-                raise ConfigError(f"data.{key}={value} is an option of the prompt-based algorithms; algo=distill "
-                                  f"does not use it: remove it")
-            continue
-        out[key] = value
-    return out
+                          f"data=trajectories (ToyShop or a trajectory file) or data=messages "
+                          f"data.path=FILE_OR_DIR")
+    if source == "messages":
+        return {"call_format": None, "max_observation_chars": None, **section}
+    return dict(section)
 
 
 def check_data(cfg: TrajectoryDataConfig) -> Path | None:
@@ -109,12 +96,13 @@ def check_data(cfg: TrajectoryDataConfig) -> Path | None:
     if cfg.path is None:
         if cfg.n <= cfg.eval_examples:
             raise ConfigError(f"data.n={cfg.n} must exceed data.eval_examples={cfg.eval_examples} (ToyShop "
-                                  f"trajectories are generated: n in all, eval_examples of them held out)")
+                              f"trajectories are generated: n in all, eval_examples of them held out)")
         return None
     path = Path(cfg.path).expanduser()
     if not path.is_file():
-        raise ConfigError(f"data.path={cfg.path} does not exist; write a toy set with `cipr-data trajectories "
-                              f"--n 64 --out {cfg.path}` or leave data.path null to generate ToyShop trajectories")
+        raise ConfigError(f"data.path={cfg.path} does not exist; write a toy set with `cipr-data "
+                          f"trajectories n=64 out={cfg.path}` or leave data.path null to generate ToyShop "
+                          f"trajectories")
     return path
 
 
@@ -160,13 +148,13 @@ def load_split(cfg: TrajectoryDataConfig) -> tuple[list[Example], list[Example],
         examples = examples[:cfg.n] if cfg.n else examples
     if len(examples) <= cfg.eval_examples:
         raise ConfigError(f"{len(examples)} trajectories but data.eval_examples={cfg.eval_examples}: nothing "
-                              f"left to train on")
+                          f"left to train on")
     order = list(range(len(examples)))
     random.Random(f"{cfg.seed}\x1fheld-out").shuffle(order)
     held = set(order[:cfg.eval_examples])
     trimmed = [trim(e, cfg.max_observation_chars, cfg.max_turns) for e in examples]
-    counts = {"trajectories": len(examples), "held_out": len(held), "observations_cut": sum(c for _, c in trimmed),
-              **skipped}
+    counts = {"trajectories": len(examples), "held_out": len(held),
+              "observations_cut": sum(c for _, c in trimmed), **skipped}
     train = [e for i, (e, _) in enumerate(trimmed) if i not in held]
     evals = [e for i, (e, _) in enumerate(trimmed) if i in held]
     return train, evals, counts
@@ -180,7 +168,8 @@ class ItemSet:
     skipped: Counter = field(default_factory=Counter)
 
 
-def build_items(examples: Sequence[Example], fmt: CallFormat, tokenizer: Any, *, rewrite: str = "all") -> ItemSet:
+def build_items(examples: Sequence[Example], fmt: CallFormat, tokenizer: Any, *,
+                rewrite: str = "all") -> ItemSet:
     """A `DistillItem` per usable trajectory; the others are counted in `skipped` (and logged)."""
     out = ItemSet([])
     for e in examples:

@@ -1,4 +1,5 @@
-"""The self-distillation loss (paper §4.3, Appendix A): pure functions over tensors, each returning (value, metrics).
+"""The self-distillation loss (paper §4.3, Appendix A): pure functions over tensors, each returning
+(value, metrics).
 
 The task loss is the KL from the teacher (the released model under the original names) to the
 student (under canonical names). The two sides write the action names with different tokens, so it
@@ -69,7 +70,8 @@ def _per_sequence_mean(values: torch.Tensor, segments: torch.Tensor) -> torch.Te
 
 def action_kl(p_teacher: torch.Tensor, p_student: torch.Tensor, segments: torch.Tensor, *, eps: float = 1e-6
               ) -> tuple[torch.Tensor, dict[str, float]]:
-    """KL(teacher || student) of action distributions: per decision, mean per trajectory, mean over trajectories.
+    """KL(teacher || student) of action distributions: per decision, mean per trajectory, mean over
+    trajectories.
 
     Shapes: p_teacher, p_student [D, A] (∅ last, rows sum to 1, one class index set); segments [D]
     (long) the trajectory of each decision. Returns a scalar (a zero that keeps the graph when D = 0)
@@ -88,7 +90,8 @@ def action_kl(p_teacher: torch.Tensor, p_student: torch.Tensor, segments: torch.
     return value, {"distill/action_kl": float(value.detach()),
                    "distill/action_agree": float((t.argmax(-1) == s.argmax(-1)).float().mean()),
                    "distill/decisions": float(p_teacher.shape[0]),
-                   "distill/none_teacher": float(t[:, -1].mean()), "distill/none_student": float(s[:, -1].mean())}
+                   "distill/none_teacher": float(t[:, -1].mean()),
+                   "distill/none_student": float(s[:, -1].mean())}
 
 
 def combine(terms: Mapping[str, tuple[torch.Tensor, Mapping[str, float]]], weights: Mapping[str, float]

@@ -1,10 +1,10 @@
 """A trajectory under other action names: canonical ids, fresh relabels, synonyms, swaps.
 
 Every renaming goes through `cipr.tools.canonical.apply_name_map`, so calls, the interface and free text
-(messages and descriptions) change together. Free text is rewritten with `rewrite` (default "all": every whole-word occurrence),
-because trajectory text names its actions in plain words (AgentInstruct's instruction says
-"search[keywords]"); with "identifiers" the plain-word name `search` would survive in the student's
-text and leak the original name.
+(messages and descriptions) change together. Free text is rewritten with `rewrite` (default "all":
+every whole-word occurrence), because trajectory text names its actions in plain words
+(AgentInstruct's instruction says "search[keywords]"); with "identifiers" the plain-word name
+`search` would survive in the student's text and leak the original name.
 
 Tool i keeps its position under every renaming, so the equivalence class of an action is its tool's
 position (`classes = range(n)` on every side), whatever name it carries: under swapped names the
@@ -28,7 +28,8 @@ SYNONYMS: dict[str, str] = {"search": "find", "click": "press"}
 SWAPPED: dict[str, str] = {"search": "click", "click": "search"}
 
 
-def rename_example(example: Example, mapping: Mapping[str, str], rewrite: RewriteText = "all") -> tuple[Example, NameMap]:
+def rename_example(example: Example, mapping: Mapping[str, str],
+                   rewrite: RewriteText = "all") -> tuple[Example, NameMap]:
     """`example` with tool `old` renamed `mapping[old]` everywhere (argument names kept).
 
     Tools absent from `mapping` keep their names. Raises ValueError when the new names collide.
@@ -43,7 +44,8 @@ def rename_example(example: Example, mapping: Mapping[str, str], rewrite: Rewrit
 
 
 def relabel_example(example: Example, config: RelabelConfig, seed: int | str) -> tuple[Example, NameMap]:
-    """Fresh neutral tool names (`cipr.method.relabel.fresh_names`), drawn with `seed`, never a word of the text."""
+    """Fresh neutral tool names (`cipr.method.relabel.fresh_names`), drawn with `seed`, never a word of the
+    text."""
     rng = random.Random(seed)
     texts = [m.content for m in example.messages] + [t.description for t in example.interface]
     words = {w for text in texts for w in re.findall(r"\w+", text)} | set(example.interface.names)
@@ -61,8 +63,8 @@ def named(example: Example, naming: Naming, *, rewrite: RewriteText = "all",
     table = dict((renames or {}).get(naming) or (SYNONYMS if naming == "synonyms" else SWAPPED))
     missing = [t for t in example.interface.names if t not in table]
     if missing:
-        raise ValueError(f"the {naming} renaming has no new name for {missing} (example {example.id}); give one "
-                         f"in the renames table")
+        raise ValueError(f"the {naming} renaming has no new name for {missing} (example {example.id}); give "
+                         f"one in the renames table")
     return rename_example(example, table, rewrite)
 
 

@@ -1,4 +1,4 @@
-"""The five training algorithms, selected by `algo=`; every one runs from the same code by config.
+"""The training algorithms, selected by `algo=`; every one runs from the same code by config.
 
 | algo              | names     | perturbed copies | task loss                  | consistency terms     |
 |-------------------|-----------|------------------|----------------------------|-----------------------|
@@ -7,6 +7,10 @@
 | `multi_interface` | canonical | yes (paired)     | GRPO on both interfaces    | none                  |
 | `masking`         | masked    | no               | GRPO                       | none (function masking)|
 | `cipr`            | canonical | yes (paired)     | GRPO on both interfaces    | rescoring + rollout KL|
+| `distill`         | canonical (teacher: original) | no | KL to the frozen teacher | rescoring KL  |
+
+The first five train on prompts (`AlgoConfig`); `distill` (paper §4.3, `DistillConfig`) trains on agent
+trajectories with the released model as its teacher (`cipr.train.distill`), and has no rollouts.
 
 `algo.regime=supervised` trains the same names, copies and rescoring term with SFT on the reference
 targets instead of GRPO (paper §3.4; `supervised.py`): `grpo` is then the plain SFT baseline on
@@ -22,10 +26,13 @@ not combined with original or masked names.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from cipr.core.config import ConfigError
+from cipr.distill.batch import LossWeights
+from cipr.distill.evaluate import EvalConfig, check_eval
+from cipr.method.relabel import RelabelConfig
 
 AlgoName = Literal["sft", "grpo", "multi_interface", "masking", "cipr"]
 Names = Literal["original", "canonical", "masked"]
@@ -88,21 +95,77 @@ class AlgoConfig:
 def validate_algo(cfg: AlgoConfig) -> None:
     """Reject combinations that cannot mean what they say, naming the override that fixes them."""
     if (cfg.rescore_weight or cfg.rollout_weight) and cfg.name != "cipr":
-        raise ConfigError(f"algo.name={cfg.name} with consistency weights (rescore_weight={cfg.rescore_weight}, "
-                          f"rollout_weight={cfg.rollout_weight}): the consistency terms belong to algo=cipr; set "
-                          f"them to 0 or use algo=cipr")
+        raise ConfigError(f"algo.name={cfg.name} with consistency weights (rescore_weight="
+                          f"{cfg.rescore_weight}, rollout_weight={cfg.rollout_weight}): the consistency "
+                          f"terms belong to algo=cipr; set them to 0 or use algo=cipr")
     if cfg.name in ("cipr", "multi_interface") and not cfg.perturbed:
-        raise ConfigError(f"algo={cfg.name} trains on paired canonical/perturbed prompts: set algo.perturbed=true")
+        raise ConfigError(f"algo={cfg.name} trains on paired canonical/perturbed prompts: set "
+                          f"algo.perturbed=true")
     if cfg.perturbed and cfg.names != "canonical":
-        raise ConfigError(f"algo.perturbed=true needs algo.names=canonical (the training perturbation is defined on "
-                          f"canonical names); got algo.names={cfg.names}")
+        raise ConfigError(f"algo.perturbed=true needs algo.names=canonical (the training perturbation is "
+                          f"defined on canonical names); got algo.names={cfg.names}")
     if cfg.name == "masking" and cfg.names != "masked":
         raise ConfigError("algo=masking trains with random-string names: set algo.names=masked")
     if cfg.regime == "supervised" and cfg.rollout_weight:
-        raise ConfigError(f"algo.regime=supervised has no rollouts, so no rollout term: set algo.rollout_weight=0 "
-                          f"(got {cfg.rollout_weight}); the paper's supervised CIPR (§3.4) is SFT + the rescoring KL")
+        raise ConfigError(f"algo.regime=supervised has no rollouts, so no rollout term: set "
+                          f"algo.rollout_weight=0 (got {cfg.rollout_weight}); the paper's supervised CIPR "
+                          f"(§3.4) is SFT + the rescoring KL")
     if cfg.action_weight and cfg.regime != "supervised":
         raise ConfigError(f"algo.action_weight={cfg.action_weight} belongs to the supervised regime: set "
                           f"algo.regime=supervised or algo.action_weight=0")
     if cfg.rescore_weight < 0 or cfg.rollout_weight < 0 or cfg.action_weight < 0:
         raise ConfigError("algo.rescore_weight, algo.rollout_weight and algo.action_weight must be >= 0")
+
+
+@dataclass
+class DistillConfig:
+    """`algo=distill`: the weights of the loss terms, the relabeling, and the evaluation.
+
+    - `token_weight`, `action_weight`: the task loss, KL(teacher original || student canonical) on
+      aligned tokens and on action distributions at decisions (`cipr.distill.loss`).
+    - `rescore_weight`: λ of the rescoring consistency KL (student canonical vs relabeled); 0 turns it off.
+    - `detach_reference`: the canonical side of the rescoring KL is a fixed target
+      (`cipr.method.consistency`).
+    - `relabel`: the fresh-name scheme (`cipr.method.relabel.RelabelConfig`).
+    - `teacher_dtype`: "bfloat16" runs the frozen teacher in bfloat16 (its forward is inference only;
+      faster on CPUs with AVX512-BF16); "model" keeps the loaded dtype. Without LoRA only.
+    - `autocast_bf16`: on CPU, run the student's forward and backward under bfloat16 autocast (weights
+      and optimizer stay float32); on a GPU use `trainer.precision=bf16` instead.
+    - `eval`: what the evaluation reads and plays (`cipr.distill.evaluate.EvalConfig`).
+    """
+
+    name: Literal["distill"] = "distill"
+    names: Literal["canonical"] = "canonical"
+    token_weight: float = 1.0
+    action_weight: float = 1.0
+    rescore_weight: float = 1.0
+    detach_reference: bool = True
+    eps: float = 1e-6
+    teacher_dtype: Literal["model", "bfloat16"] = "model"
+    autocast_bf16: bool = False
+    relabel: RelabelConfig = field(default_factory=RelabelConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    @property
+    def weights(self) -> LossWeights:
+        return LossWeights(self.token_weight, self.action_weight, self.rescore_weight, self.detach_reference,
+                           self.eps)
+
+    @property
+    def reads_actions(self) -> bool:
+        return True
+
+
+def validate_distill(cfg: DistillConfig, lora: bool) -> None:
+    """Reject weights and evaluation settings that cannot mean what they say, naming the option."""
+    if cfg.teacher_dtype != "model" and lora:
+        raise ConfigError("algo.teacher_dtype must be 'model' with model.lora.enabled (the teacher is the "
+                          "base)")
+    if min(cfg.token_weight, cfg.action_weight, cfg.rescore_weight) < 0:
+        raise ConfigError("algo.token_weight, algo.action_weight and algo.rescore_weight must be >= 0")
+    if not (cfg.token_weight or cfg.action_weight):
+        raise ConfigError("algo.token_weight and algo.action_weight are both 0: the student would not learn "
+                          "from the teacher (the rescoring term alone only makes it consistent with itself)")
+    if cfg.eps < 0:
+        raise ConfigError("algo.eps must be >= 0")
+    check_eval(cfg.eval)

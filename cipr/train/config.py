@@ -1,5 +1,115 @@
-"""The training configs' loader: `cipr.core.config` (one strict loader for every command), re-exported here."""
+"""The run config of `cipr-train`: one section per option group, the algorithm's own sections chosen by it.
 
-from cipr.core.config import ConfigError, from_dict, to_dict
+`TrainConfig` composes the sections, each owned by the module that uses it. `algo` and `data` are
+per algorithm, picked by `algo.name`, and `rollout` belongs to the algorithms that sample:
 
-__all__ = ["ConfigError", "from_dict", "to_dict"]
+| algo.name                                 | algo            | data                    | rollout |
+|-------------------------------------------|-----------------|-------------------------|---------|
+| sft, grpo, multi_interface, masking, cipr | `AlgoConfig`    | `DataConfig`: prompts   | used    |
+| distill                                   | `DistillConfig` | `TrajectoryDataConfig`  | unused  |
+
+The other sections serve every algorithm. `trainer` is the recipe a comparison holds equal across
+algorithms (the presets trainer=cpu|gpu|smoke); each algorithm uses the part it needs (sft and distill
+have no GRPO objective and no warm start), so none of it is refused.
+
+An option the chosen algorithm ignores is refused, with a ConfigError naming it and why, when it is
+*set*, and dropped when it is not: an option of the other family's `algo` or `data` section, and with
+algo=distill every `rollout` option. *Set* means that its value differs from the one it has when
+nobody sets it: for `rollout`, the group train.yaml composes by default (`rollout=hf`, over
+`RolloutConfig`'s defaults), which every algorithm composes; for `algo` and `data`, the default of the
+dataclass that declares the option (a group file of one family holds no option of the other, but for
+`data=messages`, whose prompt options hold `DataConfig`'s defaults). A nested option is compared key
+by key, and a key the input leaves out is never set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cipr.core.config import TRAIN_CONFIG_DIR, ConfigError, from_dict, to_dict
+from cipr.distill.data import TrajectoryDataConfig, trajectory_section
+from cipr.runtime.model import ModelConfig
+from cipr.train.algo import AlgoConfig, DistillConfig
+from cipr.train.data import DataConfig
+from cipr.train.metrics import LoggingConfig
+from cipr.train.rollout import RolloutConfig
+from cipr.train.schedule import LauncherConfig, TrainerConfig
+from cipr.train.strategy import DistributedConfig
+
+PROMPT_ALGOS = "the prompt-based algorithms (sft, grpo, multi_interface, masking, cipr)"
+SECTIONS = {False: (AlgoConfig, DataConfig), True: (DistillConfig, TrajectoryDataConfig)}  # by algo=distill
+
+
+@dataclass
+class TrainConfig:
+    """The whole run: one section per option group; `algo` and `data` per algorithm (module docstring)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig | TrajectoryDataConfig = field(default_factory=DataConfig)
+    algo: AlgoConfig | DistillConfig = field(default_factory=AlgoConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+
+
+def config_from_dict(data: Mapping[str, Any]) -> TrainConfig:
+    """A TrainConfig from a composed (Hydra) config; unknown keys, bad values and set options that the
+    algorithm ignores (module docstring) raise ConfigError."""
+    data = {k: v for k, v in data.items() if k != "hydra"}
+    algo, section = dict(data.pop("algo", None) or {}), dict(data.pop("data", None) or {})
+    name = algo.get("name", AlgoConfig.name)
+    distill = name == "distill"
+    if distill:
+        section = trajectory_section(section)
+        _refuse("rollout", data.get("rollout") or {}, _default_rollout(),
+                "algo=distill samples no rollouts (its student learns from the teacher on trajectories)")
+    elif section.get("source") == "trajectories":
+        raise ConfigError(f"data=trajectories is the data of algo=distill, not of algo={name}: choose "
+                          f"algo=distill, or another data= (synthetic, toolrl, toolrl_sft, messages)")
+    why = f"algo={name} does not use it (an option of {PROMPT_ALGOS if distill else 'algo=distill'})"
+    (algo_cls, data_cls), (other_algo, other_data) = SECTIONS[distill], SECTIONS[not distill]
+    algo = _without_foreign("algo", algo, algo_cls, other_algo, why)
+    section = _without_foreign("data", section, data_cls, other_data, why)
+    return dataclasses.replace(from_dict(TrainConfig, data), algo=from_dict(algo_cls, algo, "algo"),
+                               data=from_dict(data_cls, section, "data"))
+
+
+def call_format_name(cfg: TrainConfig) -> str:
+    """The call format the run renders with: the trajectories' own (`data.call_format`), else the model's."""
+    return getattr(cfg.data, "call_format", None) or cfg.model.call_format
+
+
+def _without_foreign(where: str, given: dict[str, Any], own: type, other: type, why: str) -> dict[str, Any]:
+    """`given` less the options only `other` declares: each dropped at `other`'s default, refused when set."""
+    mine = {f.name for f in dataclasses.fields(own)}
+    foreign = {k: v for k, v in to_dict(other()).items() if k not in mine}
+    _refuse(where, {k: v for k, v in given.items() if k in foreign}, foreign, why)
+    return {k: v for k, v in given.items() if k not in foreign}
+
+
+def _refuse(where: str, given: Mapping[str, Any], defaults: Mapping[str, Any], why: str) -> None:
+    for key, value in given.items():
+        if key in defaults and _changed(value, defaults[key]):
+            raise ConfigError(f"{where}.{key}={value}: {why}; remove it")
+
+
+def _changed(value: Any, default: Any) -> bool:
+    if isinstance(value, Mapping) and isinstance(default, Mapping):
+        return any(k not in default or _changed(v, default[k]) for k, v in value.items())
+    return to_dict(value) != default
+
+
+def _default_rollout() -> dict[str, Any]:
+    """The rollout options `cipr-train` composes when nobody sets them: train.yaml's group over the
+    dataclass's defaults."""
+    import yaml
+
+    defaults = yaml.safe_load((TRAIN_CONFIG_DIR / "train.yaml").read_text())["defaults"]
+    group = next(d["rollout"] for d in defaults if isinstance(d, dict) and "rollout" in d)
+    chosen = yaml.safe_load((TRAIN_CONFIG_DIR / "rollout" / f"{group}.yaml").read_text())
+    return {**to_dict(RolloutConfig()), **chosen}

@@ -1,12 +1,14 @@
-"""One training run: validate, then warm start (SFT) and the algorithm's stage, in one run folder.
+"""One training run of any algorithm: validate, then its stages (an SFT warm start first where configured).
 
     run_dir/
-      config.yaml      the resolved configuration
+      config.json, config.yaml   the resolved configuration
       metrics.jsonl    one line per optimizer step of every stage, plus eval and stage-end lines
-      summary.json     what ran, final metrics, held-out probes before/after the warm start and GRPO, peak memory
-      warm_start/      SFT stage: checkpoint-<step>/ (HF format), latest.json, final/, stage.json
-                       (or a folder shared by many runs: trainer.warm_start.shared_dir, cipr/train/warm_start.py)
-      grpo/, sft/ or supervised/    the algorithm's stage, same layout (supervised/: algo.regime=supervised)
+      summary.json     what ran, final metrics per stage, held-out probes (before/after the warm start and
+                       GRPO) or algo=distill's evaluation, peak memory
+      warm_start/      SFT stage: checkpoint-<step>/ (HF format), latest.json, final/, stage.json (or a
+                       folder shared by many runs: trainer.warm_start.shared_dir, cipr/train/warm_start.py)
+      grpo/, sft/, supervised/ or distill/   the algorithm's stage, same layout (supervised/:
+                       algo.regime=supervised; distill/ and its eval/ folder: cipr/train/distill.py)
 
 With `model.freeze_bottom_layers`, the weights in checkpoint-<step>/ and final/ are the trainable
 tensors only (`cipr_frozen.json` names the rest, re-read from the base model: cipr/train/checkpoint.py);
@@ -16,27 +18,26 @@ Everything that can be checked without a model is checked first (`validate`): un
 impossible combinations, the model and data paths, the call format, the rollout backend, the resume
 target. `trainer.resume=auto` continues the first unfinished stage from its latest complete
 checkpoint and skips finished stages; a run folder started with a different model, data, algorithm
-or rollout config is refused rather than mixed.
+or rollout config (algo=distill: model, data or algorithm) is refused rather than mixed.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import json
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from cipr.core.config import ConfigError, from_dict, to_dict
+from cipr.core.config import ConfigError, to_dict
 from cipr.core.run_folder import prepare
-from cipr.runtime.model import ModelConfig, resolve_source
-from cipr.train.algo import AlgoConfig, validate_algo
+from cipr.distill.data import check_data
+from cipr.runtime.model import resolve_source
+from cipr.train.algo import DistillConfig, validate_algo, validate_distill
 from cipr.train.checkpoint import (
     drop_step_checkpoints,
     latest_complete,
@@ -44,57 +45,34 @@ from cipr.train.checkpoint import (
     resolve_resume,
     stage_done,
 )
-from cipr.train.data import DataConfig, PromptSet, build_prompts, check_source, load_source
-from cipr.train.metrics import LoggingConfig, MetricsCallback, MetricsWriter, peak_memory_gb
-from cipr.train.rollout import RolloutConfig, check_backend, grpo_kwargs
+from cipr.train.config import TrainConfig, call_format_name, config_from_dict
+from cipr.train.data import PromptSet, build_prompts, check_source, load_source
+from cipr.train.metrics import MetricsWriter, peak_memory_gb
+from cipr.train.rollout import check_backend, grpo_kwargs
 from cipr.train.schedule import (
     GrpoBatch,
-    LauncherConfig,
-    TrainerConfig,
     common_args,
     grpo_batch,
     precision_flags,
     validate_schedule,
     world_size,
 )
-from cipr.train.stage import finish_stage as _finish_stage
-from cipr.train.stage import preemption_callback as _preemption_callback
-from cipr.train.stage import train_stage as _train_stage
-from cipr.train.strategy import DistributedConfig, reset_accelerator_state, sharded, validate_distributed
-from cipr.train.warm_start import claim, stage_dir, validate_shared, warm_start_prompts, warm_start_seed
+from cipr.train.stage import run_stage
+from cipr.train.strategy import sharded, validate_distributed
+from cipr.train.warm_start import claim, stage_dir, validate_shared, warm_start_prompts
+
+__all__ = ["TrainConfig", "batch_geometry", "config_from_dict", "grpo_args", "run", "validate"]
 
 log = logging.getLogger("cipr.train")
 
-COMPARED_SECTIONS = ("model", "data", "algo", "rollout")
-
-
-@dataclass
-class TrainConfig:
-    """The whole run: one section per option group (each owned by its module)."""
-
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    algo: AlgoConfig = field(default_factory=AlgoConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-    distributed: DistributedConfig = field(default_factory=DistributedConfig)
-    launcher: LauncherConfig = field(default_factory=LauncherConfig)
-
-
-def config_from_dict(data: dict[str, Any]) -> TrainConfig:
-    """A TrainConfig from a composed (Hydra) config; unknown keys and bad values raise ConfigError."""
-    data = {k: v for k, v in data.items() if k != "hydra"}
-    if (data.get("data") or {}).get("source") == "trajectories":
-        raise ConfigError(f"data=trajectories is the data of algo=distill, not of algo={(data.get('algo') or {}).get('name')}: "
-                          f"choose algo=distill, or another data= (synthetic, toolrl, toolrl_sft)")
-    return from_dict(TrainConfig, data)
+COMPARED_SECTIONS = ("model", "data", "algo", "rollout")  # algo=distill: the first three (it has no rollouts)
 
 
 def _stages(cfg: TrainConfig) -> list[str]:
-    if cfg.algo.name == "sft":
-        return ["sft"]
-    return (["warm_start"] if cfg.trainer.warm_start.steps > 0 else []) + ["supervised" if cfg.algo.supervised else "grpo"]
+    if cfg.algo.name in ("sft", "distill"):
+        return [cfg.algo.name]
+    main = "supervised" if cfg.algo.supervised else "grpo"
+    return (["warm_start"] if cfg.trainer.warm_start.steps > 0 else []) + [main]
 
 
 def _stage_dir(cfg: TrainConfig, run_dir: Path, stage: str) -> Path:
@@ -108,36 +86,41 @@ def _own_stages(cfg: TrainConfig) -> list[str]:
 
 def validate(cfg: TrainConfig) -> None:
     """Every check that needs neither model nor data in memory; raises ConfigError with the fix."""
-    validate_algo(cfg.algo)
+    if isinstance(cfg.algo, DistillConfig):
+        validate_distill(cfg.algo, cfg.model.lora.enabled)
+        check_data(cfg.data)
+        validate_schedule(cfg.trainer, 1)
+    else:
+        validate_algo(cfg.algo)
+        check_source(cfg.data)
+        generations = cfg.rollout.num_generations if cfg.algo.uses_grpo else 1
+        validate_schedule(cfg.trainer, 1 if cfg.algo.name == "sft" else cfg.algo.unit_size * generations)
+        if cfg.algo.uses_grpo:
+            batch_geometry(cfg)
+            check_backend(cfg.rollout)
     validate_distributed(cfg.distributed)
     validate_shared(cfg)
-    unit = cfg.rollout.num_generations * cfg.algo.unit_size if cfg.algo.uses_grpo else \
-        cfg.algo.unit_size if cfg.algo.supervised else 1
-    validate_schedule(cfg.trainer, unit)
-    if cfg.algo.uses_grpo:
-        batch_geometry(cfg)
-        check_backend(cfg.rollout)
     precision_flags(cfg.trainer.precision)
     resolve_source(cfg.model)
-    check_source(cfg.data)
     from cipr.formats import AUTO, get_format
 
     try:
-        if cfg.model.call_format != AUTO:  # auto: read from the tokenizer's chat template once it is loaded
-            get_format(cfg.model.call_format)
+        if call_format_name(cfg) != AUTO:  # auto: read from the tokenizer's chat template once it is loaded
+            get_format(call_format_name(cfg))
     except ValueError as e:
-        raise ConfigError(f"model.call_format: {e}") from e
+        raise ConfigError(f"{_format_key(cfg)}: {e}") from e
     if cfg.logging.wandb.mode != "disabled":
         import importlib.util
 
         if importlib.util.find_spec("wandb") is None:
-            raise ConfigError("logging.wandb.mode is not disabled but wandb is not installed: pip install wandb, "
-                              "or set logging.wandb.mode=disabled")
+            raise ConfigError("logging.wandb.mode is not disabled but wandb is not installed: pip install "
+                              "wandb, or set logging.wandb.mode=disabled")
     if cfg.trainer.resume not in ("auto", "never"):
         resolve_resume(cfg.trainer.resume, Path(cfg.trainer.run_dir))
     if cfg.algo.reads_actions and cfg.model.attn_implementation not in ("sdpa", "eager"):
-        raise ConfigError(f"algo=cipr reads action distributions with a tree-shaped attention mask, which needs "
-                          f"model.attn_implementation=sdpa or eager (got {cfg.model.attn_implementation})")
+        raise ConfigError(f"algo={cfg.algo.name} reads action distributions with a tree-shaped attention "
+                          f"mask, which needs model.attn_implementation=sdpa or eager (got "
+                          f"{cfg.model.attn_implementation})")
     if cfg.trainer.resume == "never":
         for stage in _own_stages(cfg):
             resolve_resume("never", Path(cfg.trainer.run_dir) / stage)
@@ -145,6 +128,22 @@ def validate(cfg: TrainConfig) -> None:
         for stage in _stages(cfg):
             if not stage_done(_stage_dir(cfg, Path(cfg.trainer.run_dir), stage)):
                 latest_complete(_stage_dir(cfg, Path(cfg.trainer.run_dir), stage))
+
+
+def _format_key(cfg: TrainConfig) -> str:
+    return "data.call_format" if getattr(cfg.data, "call_format", None) else "model.call_format"
+
+
+def _call_format(cfg: TrainConfig, tokenizer: Any) -> Any:
+    """The run's call format, `auto` read from the tokenizer's chat template."""
+    from cipr.formats import resolve_format
+
+    try:
+        fmt = resolve_format(call_format_name(cfg), tokenizer)
+    except ValueError as e:
+        raise ConfigError(f"{_format_key(cfg)}: {e}") from e
+    log.info("call format %s (%s=%s)", fmt.name, _format_key(cfg), call_format_name(cfg))
+    return fmt
 
 
 def _started(cfg: TrainConfig, run_dir: Path) -> bool:
@@ -163,35 +162,51 @@ def run(cfg: TrainConfig) -> Path:
     if cfg.trainer.torch_threads:
         torch.set_num_threads(cfg.trainer.torch_threads)
     run_dir = Path(cfg.trainer.run_dir).expanduser()
-    main = prepare(run_dir, to_dict(cfg), COMPARED_SECTIONS, lambda: _started(cfg, run_dir))
+    compared = COMPARED_SECTIONS[:3] if cfg.algo.name == "distill" else COMPARED_SECTIONS
+    main = prepare(run_dir, to_dict(cfg), compared, lambda: _started(cfg, run_dir))
     writer = MetricsWriter(run_dir, cfg.logging.wandb, to_dict(cfg), enabled=main)
     try:
-        return _run(cfg, run_dir, writer, started)
+        if cfg.algo.name == "distill":
+            from cipr.train.distill import run_distill
+
+            entries = run_distill(cfg, run_dir, writer, lambda tokenizer: _call_format(cfg, tokenizer))
+        else:
+            entries = _run_prompts(cfg, run_dir, writer)
+        if entries is not None and writer.enabled:
+            _write_summary(cfg, run_dir, writer, started, entries)
+        return run_dir
     finally:
         writer.close()
 
 
-def _run(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter, started: float) -> Path:
-    from cipr.formats import resolve_format
+def _write_summary(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter, started: float,
+                   entries: dict[str, Any]) -> None:
+    """summary.json: what ran, each stage's last step line, the algorithm's `entries`, memory and time."""
+    stages = _stages(cfg)
+    steps = [r for r in writer.read() if r.get("kind") == "step"]
+    summary = {"run_dir": str(run_dir), "algo": cfg.algo.name,
+               "stages": {s: stage_done(_stage_dir(cfg, run_dir, s)) for s in stages},
+               "final": {s: next((r for r in reversed(steps) if r["stage"] == s), None) for s in stages},
+               **entries, "peak_memory_gb": peak_memory_gb(),
+               "wall_seconds_this_invocation": time.time() - started}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
 
+
+def _run_prompts(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter) -> dict[str, Any] | None:
+    """The stages of a prompt-based algorithm; the summary's entries of the run (None: it was complete)."""
     stages = _stages(cfg)
     pending = [s for s in stages if not stage_done(_stage_dir(cfg, run_dir, s))]
-    summary_path = run_dir / "summary.json"
     if not pending:
         log.info("every stage of %s is already complete; nothing to do", run_dir)
-        return run_dir
+        return None
 
-    log.info("loading model (%s)", cfg.model.name_or_path or f"{cfg.model.gguf_package}/{cfg.model.gguf_file}")
+    source = cfg.model.name_or_path or f"{cfg.model.gguf_package}/{cfg.model.gguf_file}"
+    log.info("loading model (%s)", source)
     weights = None
-    last = stages[-1]
-    if last in ("grpo", "supervised") and last in pending and "warm_start" in stages and "warm_start" not in pending:
+    if stages[0] == "warm_start" and "warm_start" not in pending:  # the main stage starts from its final/
         weights = _stage_dir(cfg, run_dir, "warm_start") / "final"
     model, tokenizer = load_trained(cfg.model, weights)
-    try:
-        fmt = resolve_format(cfg.model.call_format, tokenizer)
-    except ValueError as e:
-        raise ConfigError(f"model.call_format: {e}") from e
-    log.info("call format %s (model.call_format=%s)", fmt.name, cfg.model.call_format)
+    fmt = _call_format(cfg, tokenizer)
     examples, load_skipped = load_source(cfg.data)
     names = cfg.algo.names
     prompts = build_prompts(examples, cfg.data, names=names, perturbed=cfg.algo.perturbed, fmt=fmt,
@@ -203,11 +218,11 @@ def _run(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter, started: float)
                     dict(prompts.skipped))
     log.info("%d training prompts (%d units of %d), %d held out", len(prompts.records),
              len(prompts.records) // prompts.unit_size, prompts.unit_size, len(prompts.eval_records))
-    results: dict[str, Any] = {}
 
     if "warm_start" in pending or "sft" in pending:
         stage = "sft" if cfg.algo.name == "sft" else "warm_start"
-        sft_prompts = prompts if stage == "sft" else warm_start_prompts(cfg, examples, fmt, tokenizer, prompts)
+        sft_prompts = warm_start_prompts(cfg, examples, fmt, tokenizer, prompts) if stage == "warm_start" \
+            else prompts
         shared = stage == "warm_start" and cfg.trainer.warm_start.shared_dir
         sft_writer = MetricsWriter(stage_dir(cfg, run_dir), None, to_dict(cfg), enabled=writer.enabled) \
             if shared else writer
@@ -218,9 +233,9 @@ def _run(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter, started: float)
                 gc.collect()
                 model, tokenizer = load_trained(cfg.model, final)
             else:
-                results[stage] = _run_sft(cfg, stage, model, tokenizer, sft_prompts, fmt, run_dir, sft_writer)
+                _run_sft(cfg, stage, model, tokenizer, sft_prompts, fmt, run_dir, sft_writer)
                 if sharded(cfg.distributed.strategy) and ("grpo" in pending or "supervised" in pending):
-                    del model  # split across the processes in place: the next stage starts from the saved final/
+                    del model  # split across the processes in place: the next stage starts from final/
                     gc.collect()
                     torch.distributed.barrier()  # rank 0 has written final/
                     model, tokenizer = load_trained(cfg.model, final)
@@ -228,32 +243,19 @@ def _run(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter, started: float)
             sft_writer.close()
         gc.collect()
     if "grpo" in pending:
-        results["grpo"] = _run_grpo(cfg, model, tokenizer, prompts, fmt, run_dir, writer)
+        _run_grpo(cfg, model, tokenizer, prompts, fmt, run_dir, writer)
     if "supervised" in pending:
-        results["supervised"] = _run_sft(cfg, "supervised", model, tokenizer, prompts, fmt, run_dir, writer)
+        _run_sft(cfg, "supervised", model, tokenizer, prompts, fmt, run_dir, writer)
 
-    if writer.enabled:
-        steps = [r for r in writer.read() if r.get("kind") == "step"]
-        evals = {f"{r['stage']}/{r['tag']}": {k: v for k, v in r.items() if k not in ("stage", "kind", "tag", "time")}
-                 for r in writer.read() if r.get("kind") == "eval"}
-        summary = {
-            "run_dir": str(run_dir),
-            "algo": cfg.algo.name,
-            "stages": {s: stage_done(_stage_dir(cfg, run_dir, s)) for s in stages},
-            "warm_start_dir": str(stage_dir(cfg, run_dir)) if "warm_start" in stages else None,
-            "final": {s: next((r for r in reversed(steps) if r["stage"] == s), None) for s in stages},
-            "eval": evals,
+    meta = ("stage", "kind", "tag", "time")
+    evals = {f"{r['stage']}/{r['tag']}": {k: v for k, v in r.items() if k not in meta}
+             for r in writer.read() if r.get("kind") == "eval"}
+    _log_probes(evals)
+    return {"warm_start_dir": str(stage_dir(cfg, run_dir)) if "warm_start" in stages else None, "eval": evals,
             "train_prompts": len(prompts.records),
             "twin_wordings": cfg.data.twin_wordings if cfg.algo.perturbed else None,
             "grpo_batch": batch_geometry(cfg).to_dict() if cfg.algo.uses_grpo else None,
-            "held_out_prompts": len(prompts.eval_records),
-            "skipped_examples": dict(prompts.skipped),
-            "peak_memory_gb": peak_memory_gb(),
-            "wall_seconds_this_invocation": time.time() - started,
-        }
-        summary_path.write_text(json.dumps(summary, indent=2, default=str))
-        _log_probes(evals)
-    return run_dir
+            "held_out_prompts": len(prompts.eval_records), "skipped_examples": dict(prompts.skipped)}
 
 
 PROBE_KEYS = ("format", "correctness", "reward", "no_call_rate", "completion_tokens")
@@ -266,24 +268,27 @@ def _log_probes(evals: dict[str, dict[str, Any]]) -> None:
     lines = [f"held-out probes (greedy, {next(iter(evals.values())).get('examples')} prompts):",
              f"  {'':<18}" + "".join(f"{k:>18}" for k in PROBE_KEYS)]
     for name, record in evals.items():
-        lines.append(f"  {name:<18}" + "".join(f"{record.get(f'eval/{k}', float('nan')):>18.3f}" for k in PROBE_KEYS))
+        values = (record.get(f"eval/{k}", float("nan")) for k in PROBE_KEYS)
+        lines.append(f"  {name:<18}" + "".join(f"{v:>18.3f}" for v in values))
     log.info("\n".join(lines))
 
 
-def _evaluate(cfg: TrainConfig, model: Any, tokenizer: Any, prompts: PromptSet, fmt: Any, writer: MetricsWriter,
-              stage: str, tag: str, step: int) -> None:
+def _evaluate(cfg: TrainConfig, model: Any, tokenizer: Any, prompts: PromptSet, fmt: Any,
+              writer: MetricsWriter, stage: str, tag: str, step: int) -> None:
     from cipr.train.evaluate import evaluate_prompts
 
     n = cfg.trainer.warm_start.eval_examples
-    if not n or not prompts.eval_records or not writer.enabled or _records(writer, stage=stage, kind="eval", tag=tag):
+    if not n or not prompts.eval_records or not writer.enabled or _records(writer, stage=stage, kind="eval",
+                                                                           tag=tag):
         return
-    if sharded(cfg.distributed.strategy):  # the probe generates on rank 0 alone, where the weights are not whole
+    if sharded(cfg.distributed.strategy):  # the probe generates on rank 0 alone, where weights are not whole
         log.info("%s %s: held-out probe skipped under distributed=%s (evaluate the export with cipr-eval)",
                  stage, tag, cfg.distributed.strategy)
         return
     examples = min(n, len(prompts.eval_records))
     # GRPO starts from the weights the warm start ended with: its probe in this folder is reused, not rerun
-    same = _records(writer, stage="warm_start", kind="eval", tag="after") if (stage, tag) == ("grpo", "before") else []
+    reused = (stage, tag) == ("grpo", "before")
+    same = _records(writer, stage="warm_start", kind="eval", tag="after") if reused else []
     if same and same[-1]["examples"] == examples:
         result = {k.removeprefix("eval/"): v for k, v in same[-1].items() if k.startswith("eval/")}
     else:
@@ -301,37 +306,27 @@ def _run_sft(cfg: TrainConfig, stage: str, model: Any, tokenizer: Any, prompts: 
 
     ws = cfg.trainer.warm_start
     folder = _stage_dir(cfg, run_dir, stage)
-    trainer_cfg = cfg.trainer if stage != "warm_start" else dataclasses.replace(cfg.trainer, seed=warm_start_seed(cfg))
-    if stage != "warm_start":
-        steps, lr, batch, accum = (cfg.trainer.max_steps, cfg.trainer.learning_rate,
-                                   cfg.trainer.per_device_train_batch_size, cfg.trainer.gradient_accumulation_steps)
+
+    def build(callbacks: list[Any]) -> Any:
+        args = common_args(cfg.trainer, cfg.distributed, output_dir=str(folder),
+                           progress_bar=cfg.logging.progress_bar, warm_start=stage == "warm_start")
+        args["include_num_input_tokens_seen"] = "non_padding"
         if stage == "supervised" and cfg.algo.pairing_budget == "prompts":
-            batch *= prompts.unit_size  # the same examples a step as an unpaired algorithm, each with its copy
-        scheduler, warmup = cfg.trainer.lr_scheduler_type, cfg.trainer.warmup_steps
-    else:
-        steps, lr, batch, accum = ws.steps, ws.learning_rate, ws.per_device_train_batch_size, ws.gradient_accumulation_steps
-        scheduler, warmup = ws.lr_scheduler_type, ws.warmup_steps
+            # the same examples a step as an unpaired algorithm, each with its copy
+            args["per_device_train_batch_size"] *= prompts.unit_size
+        if stage == "supervised":
+            return build_supervised_trainer(
+                model, tokenizer, prompts.records, args, ws.max_length, fmt=fmt, unit_size=prompts.unit_size,
+                action_weight=cfg.algo.action_weight, detach_reference=cfg.algo.detach_reference,
+                rescore_weight=cfg.algo.rescore_weight if cfg.algo.reads_actions else None,
+                callbacks=callbacks)
+        if stage == "warm_start" and ws.action_weight > 0:
+            return build_supervised_trainer(model, tokenizer, prompts.records, args, ws.max_length, fmt=fmt,
+                                            unit_size=1, action_weight=ws.action_weight, callbacks=callbacks)
+        return build_sft_trainer(model, tokenizer, prompts.records, args, ws.max_length, callbacks=callbacks)
+
     _evaluate(cfg, model, tokenizer, prompts, fmt, writer, stage, "before", 0)
-    reset_accelerator_state()
-    args = common_args(trainer_cfg, cfg.distributed, output_dir=str(folder), max_steps=steps, learning_rate=lr,
-                       batch=batch, accumulation=accum, scheduler=scheduler, warmup=warmup,
-                       progress_bar=cfg.logging.progress_bar)
-    args["include_num_input_tokens_seen"] = "non_padding"
-    preemption = _preemption_callback()
-    callbacks = [MetricsCallback(writer, stage, cfg.logging.print_metrics), preemption]
-    if stage == "supervised":
-        trainer = build_supervised_trainer(model, tokenizer, prompts.records, args, ws.max_length, fmt=fmt,
-                                           unit_size=prompts.unit_size, action_weight=cfg.algo.action_weight,
-                                           rescore_weight=cfg.algo.rescore_weight if cfg.algo.reads_actions else None,
-                                           detach_reference=cfg.algo.detach_reference, callbacks=callbacks)
-    elif stage == "warm_start" and ws.action_weight > 0:
-        trainer = build_supervised_trainer(model, tokenizer, prompts.records, args, ws.max_length, fmt=fmt,
-                                           unit_size=1, action_weight=ws.action_weight, callbacks=callbacks)
-    else:
-        trainer = build_sft_trainer(model, tokenizer, prompts.records, args, ws.max_length, callbacks=callbacks)
-    done = _train_stage(trainer, folder, cfg.trainer.resume, writer, stage, preemption,
-                         cfg.distributed.strategy)
-    _finish_stage(trainer, folder, done)
+    done, trainer = run_stage(cfg, stage, folder, writer, build)
     if stage == "warm_start" and trainer.args.should_save:  # never resumed again: the next stage loads final/
         drop_step_checkpoints(folder)
     _evaluate(cfg, model, tokenizer, prompts, fmt, writer, stage, "after", done)
@@ -350,13 +345,12 @@ def grpo_args(cfg: TrainConfig, output_dir: str, world: int | None = None) -> di
     """GRPOConfig fields for the GRPO stage (accumulation and steps_per_generation from `batch_geometry`)."""
     t = cfg.trainer
     batch = batch_geometry(cfg, world)
-    args = common_args(t, cfg.distributed, output_dir=output_dir, max_steps=t.max_steps, learning_rate=t.learning_rate,
-                       batch=t.per_device_train_batch_size, accumulation=batch.gradient_accumulation_steps,
-                       scheduler=t.lr_scheduler_type, warmup=t.warmup_steps, progress_bar=cfg.logging.progress_bar)
-    args["include_num_input_tokens_seen"] = "no"
+    args = common_args(t, cfg.distributed, output_dir=output_dir, progress_bar=cfg.logging.progress_bar)
     args.update(grpo_kwargs(cfg.rollout))
-    args.update({"beta": t.beta, "num_iterations": t.num_iterations, "epsilon": t.epsilon,
-                 "epsilon_high": t.epsilon_high, "loss_type": t.loss_type, "scale_rewards": t.scale_rewards,
+    args.update({"gradient_accumulation_steps": batch.gradient_accumulation_steps,
+                 "include_num_input_tokens_seen": "no", "beta": t.beta, "num_iterations": t.num_iterations,
+                 "epsilon": t.epsilon, "epsilon_high": t.epsilon_high, "loss_type": t.loss_type,
+                 "scale_rewards": t.scale_rewards,
                  "mask_truncated_completions": t.mask_truncated_completions, "shuffle_dataset": True,
                  "steps_per_generation": batch.steps_per_generation, "entropy_coef": t.entropy_coeff,
                  "remove_unused_columns": False, "log_completions": cfg.logging.log_completions})
@@ -373,35 +367,37 @@ def _run_grpo(cfg: TrainConfig, model: Any, tokenizer: Any, prompts: PromptSet, 
 
     stage_dir = run_dir / "grpo"
     batch = batch_geometry(cfg)
-    reset_accelerator_state()
-    args = GRPOConfig(**grpo_args(cfg, str(stage_dir)))
-    if args.generation_batch_size != batch.completions_per_step:
-        raise ConfigError(f"TRL sees {args.world_size} process(es) and a generation batch of "
-                          f"{args.generation_batch_size} completions, but the schedule was computed for "
-                          f"{batch.world_size} ({batch.completions_per_step}); launch with launcher.num_processes="
-                          f"{args.world_size} or set WORLD_SIZE")
-    unit_rows = prompts.unit_size * cfg.rollout.num_generations
-    units_per_batch = args.generation_batch_size // unit_rows
-    units = len(prompts.records) // prompts.unit_size
-    if units < units_per_batch:
-        raise ConfigError(f"one generation batch needs {units_per_batch} training prompts"
-                          f"{' pairs' if prompts.unit_size == 2 else ''}, but the data has only {units}: raise "
-                          f"data.n or lower trainer.per_device_train_batch_size")
-    stop_ids = [i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None]
-    scorer = RolloutScorer(prompts.records, fmt, tokenizer, stop_ids)
-    preemption = _preemption_callback()
-    trainer = CIPRGRPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(prompts.rows()),
-                              processing_class=tokenizer, prompts=prompts, scorer=scorer, algo=cfg.algo, fmt=fmt,
-                              fold_allowed=not (cfg.rollout.uses_vllm and cfg.rollout.importance_sampling_correction),
-                              share_prefill=cfg.rollout.share_prompt_prefill,
-                              vllm_enforce_eager=cfg.rollout.enforce_eager,
-                              sample_log=lambda step, samples: writer.write_samples("grpo", step, samples),
-                              samples_per_step=cfg.logging.rollout_samples,
-                              callbacks=[MetricsCallback(writer, "grpo", cfg.logging.print_metrics), preemption])
-    _evaluate(cfg, model, tokenizer, prompts, fmt, writer, "grpo", "before", 0)
-    done = _train_stage(trainer, stage_dir, cfg.trainer.resume, writer, "grpo", preemption, cfg.distributed.strategy)
-    _finish_stage(trainer, stage_dir, done)
+
+    def build(callbacks: list[Any]) -> Any:
+        args = GRPOConfig(**grpo_args(cfg, str(stage_dir)))
+        if args.generation_batch_size != batch.completions_per_step:
+            raise ConfigError(f"TRL sees {args.world_size} process(es) and a generation batch of "
+                              f"{args.generation_batch_size} completions, but the schedule was computed for "
+                              f"{batch.world_size} ({batch.completions_per_step}); launch with "
+                              f"launcher.num_processes={args.world_size} or set WORLD_SIZE")
+        unit_rows = prompts.unit_size * cfg.rollout.num_generations
+        units_per_batch = args.generation_batch_size // unit_rows
+        units = len(prompts.records) // prompts.unit_size
+        if units < units_per_batch:
+            raise ConfigError(f"one generation batch needs {units_per_batch} training prompts"
+                              f"{' pairs' if prompts.unit_size == 2 else ''}, but the data has only {units}: "
+                              f"raise data.n or lower trainer.per_device_train_batch_size")
+        stop_ids = [i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None]
+        rollout = cfg.rollout
+        trainer = CIPRGRPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(prompts.rows()),
+                                  processing_class=tokenizer, prompts=prompts, algo=cfg.algo, fmt=fmt,
+                                  scorer=RolloutScorer(prompts.records, fmt, tokenizer, stop_ids),
+                                  fold_allowed=not (rollout.uses_vllm
+                                                    and rollout.importance_sampling_correction),
+                                  share_prefill=rollout.share_prompt_prefill,
+                                  vllm_enforce_eager=rollout.enforce_eager,
+                                  sample_log=lambda step, rows: writer.write_samples("grpo", step, rows),
+                                  samples_per_step=cfg.logging.rollout_samples, callbacks=callbacks)
+        # after the Trainer is built, which moves the model to its device
+        _evaluate(cfg, model, tokenizer, prompts, fmt, writer, "grpo", "before", 0)
+        return trainer
+
+    done, trainer = run_stage(cfg, "grpo", stage_dir, writer, build)
     _evaluate(cfg, model, tokenizer, prompts, fmt, writer, "grpo", "after", done)
     del trainer
     return done
-

@@ -76,12 +76,12 @@ class TrainerConfig:
     """Optimization and bookkeeping of the main stage (GRPO, or SFT for algo=sft).
 
     `optim`/`optim_args`: TrainingArguments' optimizer name and its options string (e.g. `sgd` with
-    `momentum=0.9`). `max_steps: -1` trains `num_train_epochs` instead. `prompts_per_step`, `updates_per_generation`:
-    the GRPO batch geometry (module docstring); with `prompts_per_step` set, the gradient accumulation
-    is derived and `gradient_accumulation_steps` must stay 1. `entropy_coeff`: weight of the mean
-    token-entropy bonus (verl's `entropy_coeff`, TRL's `entropy_coef`). `max_prompt_length`: GRPO
-    training units with a longer prompt (in tokens) are left out and counted, as verl's
-    `filter_overlong_prompts`.
+    `momentum=0.9`). `max_steps: -1` trains `num_train_epochs` instead. `prompts_per_step`,
+    `updates_per_generation`: the GRPO batch geometry (module docstring); with `prompts_per_step` set,
+    the gradient accumulation is derived and `gradient_accumulation_steps` must stay 1.
+    `entropy_coeff`: weight of the mean token-entropy bonus (verl's `entropy_coeff`, TRL's
+    `entropy_coef`). `max_prompt_length`: GRPO training units with a longer prompt (in tokens) are left
+    out and counted, as verl's `filter_overlong_prompts`.
 
     GRPO's own objective settings (`epsilon`/`epsilon_high` clipping, `beta` KL to the reference,
     `loss_type`, `num_iterations`, `scale_rewards`, `entropy_coeff`) live here and not in `algo`: they
@@ -140,23 +140,28 @@ def precision_flags(precision: str) -> dict[str, bool]:
     if precision == "auto":
         precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
     if precision in ("bf16", "fp16") and not torch.cuda.is_available():
-        raise ConfigError(f"trainer.precision={precision} needs a CUDA device; use trainer.precision=fp32 on CPU")
+        raise ConfigError(f"trainer.precision={precision} needs a CUDA device; use trainer.precision=fp32 on "
+                          f"CPU")
     return {"bf16": precision == "bf16", "fp16": precision == "fp16"}
 
 
-def common_args(cfg: TrainerConfig, dist: DistributedConfig, *, output_dir: str, max_steps: int,
-                learning_rate: float, batch: int, accumulation: int, scheduler: str, warmup: int,
-                progress_bar: bool) -> dict[str, Any]:
-    """TrainingArguments fields shared by the SFT and GRPO stages."""
-    args: dict[str, Any] = {
+def common_args(cfg: TrainerConfig, dist: DistributedConfig, *, output_dir: str, progress_bar: bool,
+                warm_start: bool = False) -> dict[str, Any]:
+    """TrainingArguments fields shared by every stage: the main stage's schedule, or the warm start's."""
+    ws = cfg.warm_start
+    if warm_start:
+        schedule = (ws.steps, ws.learning_rate, ws.per_device_train_batch_size,
+                    ws.gradient_accumulation_steps, ws.lr_scheduler_type, ws.warmup_steps,
+                    cfg.seed if ws.seed is None else ws.seed)
+    else:
+        schedule = (cfg.max_steps, cfg.learning_rate, cfg.per_device_train_batch_size,
+                    cfg.gradient_accumulation_steps, cfg.lr_scheduler_type, cfg.warmup_steps, cfg.seed)
+    keys = ("max_steps", "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps",
+            "lr_scheduler_type", "warmup_steps", "seed")
+    args: dict[str, Any] = dict(zip(keys, schedule, strict=True))
+    args.update({
         "output_dir": output_dir,
-        "max_steps": max_steps,
         "num_train_epochs": cfg.num_train_epochs,
-        "learning_rate": learning_rate,
-        "per_device_train_batch_size": batch,
-        "gradient_accumulation_steps": accumulation,
-        "lr_scheduler_type": scheduler,
-        "warmup_steps": warmup,
         "weight_decay": cfg.weight_decay,
         "adam_beta1": cfg.adam_beta1,
         "adam_beta2": cfg.adam_beta2,
@@ -165,8 +170,7 @@ def common_args(cfg: TrainerConfig, dist: DistributedConfig, *, output_dir: str,
         "optim_args": cfg.optim_args,
         "gradient_checkpointing": cfg.gradient_checkpointing,
         "gradient_checkpointing_kwargs": {"use_reentrant": False} if cfg.gradient_checkpointing else None,
-        "seed": cfg.seed,
-        "data_seed": cfg.seed,
+        "data_seed": args["seed"],
         "logging_steps": 1,
         "logging_first_step": True,
         "save_strategy": "steps",
@@ -182,7 +186,7 @@ def common_args(cfg: TrainerConfig, dist: DistributedConfig, *, output_dir: str,
         # models keep no running statistics (their buffers, e.g. rotary frequencies, are constants).
         "ddp_broadcast_buffers": False,
         **precision_flags(cfg.precision),
-    }
+    })
     args.update(trainer_arguments(dist))
     return args
 
@@ -197,8 +201,10 @@ def check_numbers(cfg: TrainerConfig) -> None:
     ws = cfg.warm_start
     for key, value, ok, expected in [
         ("learning_rate", cfg.learning_rate, cfg.learning_rate > 0, "> 0"),
-        ("per_device_train_batch_size", cfg.per_device_train_batch_size, cfg.per_device_train_batch_size >= 1, ">= 1"),
-        ("gradient_accumulation_steps", cfg.gradient_accumulation_steps, cfg.gradient_accumulation_steps >= 1, ">= 1"),
+        ("per_device_train_batch_size", cfg.per_device_train_batch_size,
+         cfg.per_device_train_batch_size >= 1, ">= 1"),
+        ("gradient_accumulation_steps", cfg.gradient_accumulation_steps,
+         cfg.gradient_accumulation_steps >= 1, ">= 1"),
         ("warmup_steps", cfg.warmup_steps, cfg.warmup_steps >= 0, ">= 0"),
         ("weight_decay", cfg.weight_decay, cfg.weight_decay >= 0, ">= 0"),
         ("adam_beta1", cfg.adam_beta1, 0 <= cfg.adam_beta1 < 1, "in [0, 1)"),
@@ -208,7 +214,8 @@ def check_numbers(cfg: TrainerConfig) -> None:
         ("epsilon", cfg.epsilon, cfg.epsilon > 0, "> 0"),
         ("epsilon_high", cfg.epsilon_high, cfg.epsilon_high is None or cfg.epsilon_high > 0, "> 0 (or null)"),
         ("beta", cfg.beta, cfg.beta >= 0, ">= 0"),
-        ("torch_threads", cfg.torch_threads, cfg.torch_threads is None or cfg.torch_threads >= 1, ">= 1 (or null)"),
+        ("torch_threads", cfg.torch_threads, cfg.torch_threads is None or cfg.torch_threads >= 1,
+         ">= 1 (or null)"),
         ("warm_start.learning_rate", ws.learning_rate, ws.steps == 0 or ws.learning_rate > 0, "> 0"),
         ("warm_start.per_device_train_batch_size", ws.per_device_train_batch_size,
          ws.steps == 0 or ws.per_device_train_batch_size >= 1, ">= 1"),
@@ -237,9 +244,10 @@ def validate_schedule(cfg: TrainerConfig, unit_completions: int) -> None:
             raise ConfigError("trainer.prompts_per_step must be >= 1 or null")
         if cfg.gradient_accumulation_steps != 1:
             raise ConfigError(
-                f"trainer.gradient_accumulation_steps={cfg.gradient_accumulation_steps} with trainer.prompts_per_step="
-                f"{cfg.prompts_per_step}: the accumulation is derived from prompts_per_step and the number of "
-                f"processes; leave gradient_accumulation_steps at 1, or set trainer.prompts_per_step=null")
+                f"trainer.gradient_accumulation_steps={cfg.gradient_accumulation_steps} with "
+                f"trainer.prompts_per_step={cfg.prompts_per_step}: the accumulation is derived from "
+                f"prompts_per_step and the number of processes; leave gradient_accumulation_steps at 1, or "
+                f"set trainer.prompts_per_step=null")
     if cfg.save_steps < 1:
         raise ConfigError("trainer.save_steps must be >= 1")
     if cfg.per_device_train_batch_size % unit_completions:
@@ -248,8 +256,8 @@ def validate_schedule(cfg: TrainerConfig, unit_completions: int) -> None:
             f"{unit_completions} (the completions of one sampling unit: G per prompt, x2 when each prompt is "
             f"paired with its perturbed copy), so a micro-batch never splits a group or a pair")
     if cfg.save_total_limit is not None and cfg.save_total_limit < 2:
-        raise ConfigError("trainer.save_total_limit must be >= 2 (or null): the tracked checkpoint has to survive "
-                          "while the next one is written and rotated")
+        raise ConfigError("trainer.save_total_limit must be >= 2 (or null): the tracked checkpoint has to "
+                          "survive while the next one is written and rotated")
     if cfg.warm_start.steps < 0:
         raise ConfigError("trainer.warm_start.steps must be >= 0")
 
@@ -294,8 +302,9 @@ def grpo_batch(cfg: TrainerConfig, *, num_generations: int, unit_size: int, pair
         if pairing_budget == "prompts":
             units = cfg.prompts_per_step
         elif cfg.prompts_per_step % unit_size:
-            raise ConfigError(f"algo.pairing_budget=completions pairs {cfg.prompts_per_step} prompts per step into "
-                              f"units of {unit_size}: trainer.prompts_per_step must be a multiple of {unit_size}")
+            raise ConfigError(f"algo.pairing_budget=completions pairs {cfg.prompts_per_step} prompts per "
+                              f"step into units of {unit_size}: trainer.prompts_per_step must be a multiple "
+                              f"of {unit_size}")
         else:
             units = cfg.prompts_per_step // unit_size
         completions = units * unit_rows
@@ -305,9 +314,10 @@ def grpo_batch(cfg: TrainerConfig, *, num_generations: int, unit_size: int, pair
             raise ConfigError(
                 f"{completions} completions per step ({units} units x {unit_rows}) cannot be split into "
                 f"trainer.updates_per_generation={updates} updates of whole micro-batches of "
-                f"trainer.per_device_train_batch_size={per_device} on {world} process(es): completions per update "
-                f"({completions}/{updates}) must be a multiple of per_device_train_batch_size x processes "
-                f"({per_device * world}); change per_device_train_batch_size or the number of processes")
+                f"trainer.per_device_train_batch_size={per_device} on {world} process(es): completions per "
+                f"update ({completions}/{updates}) must be a multiple of per_device_train_batch_size x "
+                f"processes ({per_device * world}); change per_device_train_batch_size or the number of "
+                f"processes")
     return GrpoBatch(world_size=world, unit_size=unit_size, num_generations=num_generations,
                      pairing_budget=pairing_budget, prompts_per_step=units,
                      rows_per_step=units * unit_size, completions_per_step=completions,

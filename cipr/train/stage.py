@@ -1,10 +1,13 @@
-"""One trainer stage, run the same way by every runner (cipr/train/run.py, cipr/distill/run.py).
+"""One trainer stage, run the same way for every algorithm (warm start, sft, grpo, supervised, distill).
 
 A stage lives in its own folder (`checkpoint-<step>/`, `latest.json`, `final/`, `stage.json`). Running
-it: check that the accelerator runs the strategy asked for, resume from the checkpoint `trainer.resume` names (`auto`: the latest complete one), drop the
-metric lines written after that step so metrics.jsonl reads as one run, train with the preemption
-callback installed, and on a preemption signal stop with `Preempted` once the step is saved.
-Finishing it: save `final/` and mark the stage done (main process), so a rerun skips it.
+it: build its Trainer afresh (the previous stage's accelerator forgotten) with the metrics and
+preemption callbacks (a signal saves at the next step boundary; requeued under Slurm), check that
+the accelerator runs the strategy and processes asked for (`cipr.train.strategy.check_strategy`: a
+silent downgrade stops here), resume from the checkpoint `trainer.resume` names (`auto`: the latest
+complete one), drop the metric lines written after that step so metrics.jsonl reads as one run,
+train, and on a preemption signal stop with `Preempted` once the step is saved. Finishing it: save
+`final/` and mark the stage done (main process), so a rerun skips it.
 """
 
 from __future__ import annotations
@@ -12,34 +15,30 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from cipr.core.errors import Preempted
 from cipr.core.io import read_json
 from cipr.train.checkpoint import mark_stage_done, resolve_resume
-from cipr.train.metrics import MetricsWriter
-from cipr.train.strategy import check_strategy
+from cipr.train.metrics import MetricsCallback, MetricsWriter
+from cipr.train.strategy import check_strategy, reset_accelerator_state
 
 log = logging.getLogger("cipr.train")
 
 
-def preemption_callback() -> Any:
-    """The callback that saves at the next step boundary on a preemption signal (requeued under Slurm)."""
+def run_stage(cfg: Any, stage: str, stage_dir: Path, writer: MetricsWriter,
+              build: Callable[[list[Any]], Any]) -> tuple[int, Any]:
+    """Run one stage of the run config `cfg` in `stage_dir` (module docstring), `build(callbacks)` making
+    its Trainer; (step reached, trainer)."""
     from cipr.ops.preemption import PreemptionCallback, PreemptionConfig
 
-    return PreemptionCallback(PreemptionConfig(requeue=bool(os.environ.get("SLURM_JOB_ID"))))
-
-
-def train_stage(trainer: Any, stage_dir: Path, resume: str, writer: MetricsWriter, stage: str,
-                preemption: Any, strategy: str = "none") -> int:
-    """Train `trainer` in `stage_dir`, resuming as `resume` says; the global step reached (Preempted if signalled).
-
-    First the accelerator the Trainer built is checked against `strategy` (`distributed.strategy`) and the
-    launcher's processes (`cipr.train.strategy.check_strategy`): a silent downgrade stops here.
-    """
-    check_strategy(trainer.accelerator, strategy)
-    checkpoint = resolve_resume(resume, stage_dir)
+    reset_accelerator_state()
+    preemption = PreemptionCallback(PreemptionConfig(requeue=bool(os.environ.get("SLURM_JOB_ID"))))
+    trainer = build([MetricsCallback(writer, stage, cfg.logging.print_metrics), preemption])
+    check_strategy(trainer.accelerator, cfg.distributed.strategy)
+    checkpoint = resolve_resume(cfg.trainer.resume, stage_dir)
     if checkpoint is not None:
         step = read_json(Path(checkpoint) / "trainer_state.json")["global_step"]
         log.info("resuming %s from %s (step %d)", stage, checkpoint, step)
@@ -52,16 +51,18 @@ def train_stage(trainer: Any, stage_dir: Path, resume: str, writer: MetricsWrite
     finally:
         preemption.flag.restore()
     if preemption.flag.set:
-        raise Preempted(f"{preemption.flag.received} received: {stage} saved at step {trainer.state.global_step} "
-                        f"in {stage_dir}; run the same command again (trainer.resume=auto) to continue")
-    return trainer.state.global_step
+        raise Preempted(f"{preemption.flag.received} received: {stage} saved at step "
+                        f"{trainer.state.global_step} in {stage_dir}; run the same command again "
+                        f"(trainer.resume=auto) to continue")
+    finish_stage(trainer, stage_dir, trainer.state.global_step)
+    return trainer.state.global_step, trainer
 
 
 def finish_stage(trainer: Any, stage_dir: Path, steps: int) -> Path:
     """Save `final/` and mark the stage done (the main process writes the marker); returns `final/`.
 
-    `final/` always holds whole tensors, since the next stage, cipr-export and cipr-eval read it. Under FSDP with
-    a sharded state dict (`fsdp.state_dict_type: SHARDED_STATE_DICT`, which keeps step checkpoints small)
+    `final/` always holds whole tensors, since the next stage, cipr-export and cipr-eval read it. Under FSDP
+    with a sharded state dict (`fsdp.state_dict_type: SHARDED_STATE_DICT`, which keeps step checkpoints small)
     transformers' `save_model` writes nothing at all, so the full state dict is gathered here instead."""
     final = stage_dir / "final"
     plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
