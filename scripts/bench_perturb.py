@@ -3,7 +3,7 @@
     .venv/bin/python scripts/bench_perturb.py [--data-root DIR] [--names original|canonical] [--out DIR]
 
 For each held-out type (every registered type but `in_distribution`), every item is perturbed and
-written as one JSONL record through the CLI's own `export_record` (the `cipr-data export --perturb`
+written as one JSONL record through the CLI's own `export_record` (the `cipr-data export perturb=`
 path), to files under --out (default: a temporary directory, deleted afterwards). Loading BFCL is
 timed separately and not counted. The issue's target: under 20 s in total for the 2,501 items.
 Prints one line per type (wall and CPU seconds), a line with the CPU total (on a shared machine

@@ -167,7 +167,7 @@ def test_partition_subset_and_unknown(shared_data):
 
 
 def test_missing_data_dir(tmp_path):
-    with pytest.raises(FileNotFoundError, match="cipr-data fetch bfcl"):
+    with pytest.raises(FileNotFoundError, match="cipr-data fetch data_root="):
         load_bfcl(tmp_path)
 
 

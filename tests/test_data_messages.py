@@ -351,18 +351,16 @@ def test_benchmark(tmp_path):
 def test_stats_command(capsys, tmp_path):
     from cipr.cli.data import main
 
-    assert main(["stats", "messages", "--path", str(EXAMPLE)]) == 0
+    assert main(["stats", "source=messages", f"path={EXAMPLE}"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert (out["rows"], out["examples"], out["no_call_examples"], out["calls_per_turn"]) == (10, 12, 2, {"1": 9, "2": 1})
     bad = write_jsonl(tmp_path / "bad.jsonl", ROWS + ["not json"])
-    assert main(["stats", "messages", "--path", str(bad), "--on-bad-row", "skip"]) == 0
+    assert main(["stats", "source=messages", f"path={bad}", "on_bad_row=skip"]) == 0
     assert json.loads(capsys.readouterr().out)["skipped_rows"] == {"row not valid JSON": 1}
-    with pytest.raises(SystemExit) as ei:
-        main(["stats", "messages", "--path", str(bad)])
-    assert ei.value.code == 2 and "item 'line 11'" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["stats", "messages"])
-    assert "--path FILE_OR_DIR" in capsys.readouterr().err
+    assert main(["stats", "source=messages", f"path={bad}"]) == 2
+    assert "item 'line 11'" in capsys.readouterr().err
+    assert main(["stats", "source=messages"]) == 2
+    assert "path=FILE_OR_DIR" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("overrides", [["data=messages"], ["data.source=messages"]])

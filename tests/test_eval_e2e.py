@@ -76,7 +76,8 @@ def test_replay_invariants_on_bfcl_slice(tmp_path, shared_data):
 
     from cipr.cli.eval import compare_main
 
-    assert compare_main([str(tmp_path / "ref"), str(tmp_path / "fam"), "--out", str(tmp_path / "cmp")]) == 0
+    runs = [f"run_a={tmp_path / 'ref'}", f"run_b={tmp_path / 'fam'}"]
+    assert compare_main([*runs, f"out={tmp_path / 'cmp'}"]) == 0
     cmp = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     d = cmp["names"]["canonical"]
     assert d["groups"]["cost_latency_explicit"]["value"] < -90 and d["types"]["original"]["value"] == 0.0

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from cipr.eval.evidence import EvidenceConfig, build_report
+from cipr.experiments.evidence import EvidenceConfig, build_report
 
 TYPES = ("relabel_function", "relabel_random", "typos")
 
@@ -42,6 +42,26 @@ def test_report_pairs_cipr_with_multi_interface_by_seed_by_hand():
     assert one["seeds"] == [0] and math.isnan(one["heldin_kl"]["high"])  # one seed: no interval
 
 
+def test_command_line_options_become_the_plan(capsys, monkeypatch):
+    from cipr.cli.evidence import main
+    from cipr.core.config import from_overrides
+    from cipr.experiments import evidence
+    from cipr.experiments.evidence import Point, train_command
+
+    monkeypatch.setattr(evidence, "run_evidence", lambda *a: pytest.fail("bad input reached the experiment"))
+
+    config = from_overrides(EvidenceConfig, ["seeds=[0]", "lambdas=[0.1,10]", "train.model=tiny",
+                                             "train.model.name_or_path=/m/x", "train.hydra.sweep.dir=/s"])
+    arms = config.all_arms
+    assert [a.name for a in arms] == ["baseline", "multi_interface", "cipr", "cipr_lambda0.1", "cipr_lambda10"]
+    command = train_command(config, Point(arms[4], 0))
+    assert command[-6:] == ["algo=cipr_sft", "algo.rescore_weight=10.0", "trainer.seed=0", "model=tiny",
+                            "model.name_or_path=/m/x", "hydra.sweep.dir=/s"]
+    for argv, message in ((["limit=0"], "limit=0 must be >= 1"), (["seed=[0]"], "Did you mean 'seeds'?"),
+                          (["lambdas=x"], "'lambdas' must be a list")):
+        assert main(argv) == 2 and message in capsys.readouterr().err
+
+
 @pytest.mark.integration
 def test_cipr_evidence_runs_every_point_and_resumes(tmp_path):
     import subprocess
@@ -56,8 +76,8 @@ def test_cipr_evidence_runs_every_point_and_resumes(tmp_path):
              "model.short_name=tiny", "model.freeze_bottom_layers=0", f"hydra.sweep.dir={sweep}", "data.n=40",
              "trainer.max_steps=1", "trainer.save_steps=1", "trainer.warm_start.steps=2",
              "trainer.warm_start.per_device_train_batch_size=2", "logging.progress_bar=false"]
-    command = [sys.executable, "-m", "cipr.cli.evidence", "--out", str(out), "--sweep-dir", str(sweep), "--seeds",
-               "0", "--limit", "2", "--generation-limit", "1", "--train", *train]
+    command = [sys.executable, "-m", "cipr.cli.evidence", f"out_dir={out}", f"sweep_dir={sweep}", "seeds=[0]",
+               "limit=2", "generation_limit=1", *(f"train.{o}" for o in train)]
     first = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
     assert first.stdout.count("trained (") == 3 and first.stdout.count("min elapsed") == 6

@@ -96,19 +96,20 @@ def frozen_run(tmp_path_factory):
     from support.tiny_models import save_tiny
 
     from cipr.train import run as train_run
+    from cipr.train import stage
 
     root = tmp_path_factory.mktemp("frozen")
     tiny = save_tiny(root / "tiny")
     cfg = train_run.config_from_dict(sft_config(root, tiny, freeze_bottom_layers=1))
     trained: dict[str, torch.Tensor] = {}
-    finish = train_run._finish_stage
+    finish = stage.finish_stage
 
     def keep_weights(trainer, stage_dir, steps):
         trained.update(copy.deepcopy(trainer.model.state_dict()))
         return finish(trainer, stage_dir, steps)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(train_run, "_finish_stage", keep_weights)
+        mp.setattr(stage, "finish_stage", keep_weights)
         train_run.run(cfg)
     return root / "run", cfg, trained
 
@@ -171,7 +172,7 @@ def test_plain_model_folder_round_trip_and_idempotent_reexport(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = save_tiny(tmp_path / "plain")
-    with pytest.raises(DataError, match="give --format and --names"):
+    with pytest.raises(DataError, match="give call_format= and names="):
         export(folder, tmp_path / "exp")
     out = export(folder, tmp_path / "exp", ExportConfig(call_format="toolrl", names="original"))
     original = AutoModelForCausalLM.from_pretrained(str(folder))
@@ -184,7 +185,7 @@ def test_plain_model_folder_round_trip_and_idempotent_reexport(tmp_path):
     export(folder, out, ExportConfig(call_format="toolrl", names="original"))  # same source: nothing to do
     assert (out / "model.safetensors").stat().st_mtime_ns == stamp
     other = save_tiny(tmp_path / "other", seed=1)
-    with pytest.raises(UnsafeOutputError, match="--overwrite"):
+    with pytest.raises(UnsafeOutputError, match="overwrite=true"):
         export(other, out, ExportConfig(call_format="toolrl", names="original"))
 
 
@@ -252,16 +253,17 @@ def test_cli_exports_in_the_asked_dtype_and_reports_bad_input(tmp_path, capsys):
     from cipr.cli.export import main
 
     folder = save_tiny(tmp_path / "plain")
-    assert main([str(folder), str(tmp_path / "exp"), "--format", "hermes", "--names", "original",
-                 "--dtype", "bfloat16"]) == 0
+    assert main([f"run_dir={folder}", f"out_dir={tmp_path / 'exp'}", "call_format=hermes", "names=original",
+                 "dtype=bfloat16"]) == 0
     assert next(AutoModelForCausalLM.from_pretrained(str(tmp_path / "exp")).parameters()).dtype == torch.bfloat16
     assert read_manifest(tmp_path / "exp").dtype == "bfloat16"
-    with pytest.raises(SystemExit) as exit_info:
-        main([str(tmp_path / "missing"), str(tmp_path / "exp2")])
-    assert exit_info.value.code == 2 and "not a folder" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as exit_info:
-        main([str(folder), str(tmp_path / "exp3"), "--format", "nope", "--names", "original"])
-    assert exit_info.value.code == 2 and "unknown call format" in capsys.readouterr().err
+    assert main([f"run_dir={tmp_path / 'missing'}", f"out_dir={tmp_path / 'exp2'}"]) == 2
+    assert "not a folder" in capsys.readouterr().err
+    assert main([f"run_dir={folder}", f"out_dir={tmp_path / 'exp3'}", "call_format=nope",
+                 "names=original"]) == 2
+    assert "unknown call format" in capsys.readouterr().err
+    assert main([f"run_dir={folder}", f"out_dir={tmp_path / 'exp4'}", "dtype=float64"]) == 2
+    assert "'dtype' must be one of 'auto', 'float32'" in capsys.readouterr().err
 
 
 def test_export_never_replaces_its_source_or_a_folder_it_did_not_write(tmp_path):
@@ -295,7 +297,7 @@ def test_evaluation_refuses_a_checkpoint_without_its_frozen_layers(tmp_path):
     export it instead of loading random frozen layers."""
     from cipr.core.checkpoints import FROZEN
     from cipr.core.errors import DataError
-    from cipr.eval.evaluate import check_whole_model
+    from cipr.runtime.model import check_whole_model
 
     (tmp_path / FROZEN).write_text('{"omitted": ["model.layers.0.mlp.up_proj.weight"]}')
     with pytest.raises(DataError, match="cipr-export"):

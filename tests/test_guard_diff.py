@@ -173,17 +173,18 @@ def test_cli_exit_codes_and_reports(tmp_path, capsys):
     old.write_text(json.dumps(Interface(tuple(OLD)).to_openai()))
     drift.write_text(json.dumps(Interface((EMAIL, WEATHER.with_(name="weather_now"))).to_mcp()))
     contract.write_text(json.dumps(Interface((WEATHER,)).to_openai()))
-    assert main(["diff", str(old), str(drift), "--report", str(tmp_path / "r.md")]) == 0
+    assert main(["diff", f"old={old}", f"new={drift}", f"report={tmp_path / 'r.md'}"]) == 0
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["verdict"] == "pass" and data["counts"] == {"drift": 2, "contract": 0}
     assert "Verdict: **PASS**" in (tmp_path / "r.md").read_text()
-    assert main(["diff", str(old), str(contract), "--report", str(tmp_path / "gate.json")]) == 1  # as diff(1)
+    gate = tmp_path / "gate.json"
+    assert main(["diff", f"old={old}", f"new={contract}", f"report={gate}"]) == 1  # as diff(1)
     assert json.loads((tmp_path / "gate.json").read_text())["changes"][0]["kind"] == "removed_tool"
     assert "removed_tool" in (tmp_path / "gate.md").read_text()
-    assert main(["diff", str(old), str(tmp_path / "missing.json")]) == 2  # bad input stops the gate too
+    assert main(["diff", f"old={old}", f"new={tmp_path / 'missing.json'}"]) == 2  # bad input stops it too
     assert "missing.json" in capsys.readouterr().err
-    assert main(["diff", str(old)]) == 2
-    assert "required" in capsys.readouterr().err
+    assert main(["diff", f"old={old}"]) == 2
+    assert "'new' is required" in capsys.readouterr().err
 
 
 def test_cli_on_real_bfcl_item_via_subprocess(shared_data, tmp_path):
@@ -194,7 +195,8 @@ def test_cli_on_real_bfcl_item_via_subprocess(shared_data, tmp_path):
     fn["parameters"]["properties"]["height"]["type"] = "float"  # integer -> number: widened (drift)
     drifted = tmp_path / "drifted.json"
     drifted.write_text(json.dumps(row))
-    cmd = [sys.executable, "-m", "cipr.cli.guard", "diff", str(src), str(drifted), "--item", "simple_python_0"]
+    cmd = [sys.executable, "-m", "cipr.cli.guard", "diff", f"old={src}", f"new={drifted}",
+           "item=simple_python_0"]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "widened_type" in run.stdout

@@ -77,20 +77,31 @@ def test_counts_with_a_model_that_keeps_stale_names_but_repairs_well(study, tmp_
 
 
 def test_cli_eval_smoke_with_the_tiny_model(tmp_path, shared_data, tiny_dir, capsys):
-    from cipr.cli.guard import main
+    """`cipr-eval guard.enabled=true ...`: the one command line of the drift evaluation."""
+    from hydra import compose, initialize_config_dir
 
-    code = main(["eval", "--model", str(tiny_dir), "--format", "json", "--setting", "medium", "--limit", "1",
-                 "--policies", "none", "--max-new-tokens", "2", "--out", str(tmp_path),
-                 "--data-root", str(shared_data)])
-    assert code == 0
+    from cipr.cli.eval import CONFIG_DIR, run
+
+    def cipr_eval(*overrides: str) -> int:
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+            cfg = compose(config_name="eval", overrides=[
+                "guard.enabled=true", "format=json", "guard.setting=medium", "limit=1",
+                "guard.policies=[none]", "max_new_tokens=2", f"out_dir={tmp_path}", f"data_root={shared_data}",
+                *overrides])
+        try:
+            run(cfg)
+        except SystemExit as e:
+            return e.code
+        return 0
+
+    assert cipr_eval(f"model={tiny_dir}") == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["n"] == 1 and summary["perturbation"] == "drift_medium"
     assert summary["policies"]["none"]["accuracy_after"] == 0.0  # an untrained model's garbage
     (row,) = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert row["drift_tokens"] > 0 and row["policies"]["none"]["status"] == "none"
     assert "none:" in capsys.readouterr().out
-    assert main(["eval", "--model", str(tmp_path / "nope"), "--out", str(tmp_path), "--limit", "1",
-                 "--data-root", str(shared_data)]) == 2
+    assert cipr_eval(f"model={tmp_path / 'nope'}") == 2
     with pytest.raises(ValueError, match="unknown drift setting"):
         GuardEvalConfig(setting="wild")
 

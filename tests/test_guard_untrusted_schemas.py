@@ -154,7 +154,7 @@ def test_deep_tool_list_file_is_one_clear_error(tmp_path, capsys):
                         '{"a": ' * depth + '{"type": "string"}' + "}}" * depth + "}]")
         with pytest.raises(DataError, match="deep"):
             load_tool_list(deep)
-        assert main(["diff", str(shallow), str(deep)]) == 2
+        assert main(["diff", f"old={shallow}", f"new={deep}"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"deep{depth}.json" in err and "Traceback" not in err
 
@@ -172,7 +172,8 @@ def test_diff_blocks_a_remote_or_dangling_ref(tmp_path, silent_server, capsys):
                          ("dangling", {**_obj(key={"$ref": "#/$defs/gone"}), "$defs": {}})):
         new = _write(tmp_path / f"{name}.json", params)
         start = time.monotonic()
-        assert main(["diff", str(old), str(new), "--report", str(tmp_path / "reports" / f"{name}.md")]) == 1  # contract
+        report = tmp_path / "reports" / f"{name}.md"
+        assert main(["diff", f"old={old}", f"new={new}", f"report={report}"]) == 1  # contract
         assert time.monotonic() - start < 10
         report = json.loads((tmp_path / "reports" / f"{name}.json").read_text())
         assert report["verdict"] == "block"

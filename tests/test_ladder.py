@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from cipr.eval.ladder import GRPO, MI, Point, build_report, eval_names, method_label, render_ladder
+from cipr.experiments.ladder import GRPO, MI, Point, build_report, eval_names, method_label, render_ladder
 
 PERTS = ("original", "typos", "cost_tag_explicit")
 
@@ -131,8 +131,8 @@ def test_sweep_then_ladder_end_to_end_and_rerun_skips_finished_work(tmp_path):
     ws_lines = [json.loads(x) for x in (sweep / "warm_start" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in ws_lines if r.get("kind") == "step"] == [1, 2]
 
-    args = [str(sweep), "limit=2", "max_new_tokens=8", "threads=1", "batch_size=4",
-            f"perturbations=[{','.join(PERTS)}]"]
+    args = [f"sweep_dir={sweep}", "eval.limit=2", "eval.max_new_tokens=8", "eval.threads=1",
+            "eval.batch_size=4", f"eval.perturbations=[{','.join(PERTS)}]"]
     assert ladder_main(args) == 0
     out = sweep / "ladder"
     report = json.loads((out / "ladder.json").read_text())
@@ -159,9 +159,20 @@ def test_sweep_then_ladder_end_to_end_and_rerun_skips_finished_work(tmp_path):
     assert again["rows"] == report["rows"]
 
 
-def test_options_may_come_after_the_cipr_eval_overrides():
-    from cipr.cli.ladder import build_parser
+def test_command_line_options_and_the_cipr_eval_options_they_pass_on(capsys):
+    from cipr.cli.ladder import main
+    from cipr.core.config import from_overrides
+    from cipr.experiments.ladder import LadderConfig
 
-    args = build_parser().parse_intermixed_args(["runs/l", "--no-base", "limit=3", "--no-consistency", "threads=1"])
-    assert (str(args.sweep_dir), args.overrides, args.no_base, args.no_consistency) == (
-        "runs/l", ["limit=3", "threads=1"], True, True)
+    config = from_overrides(LadderConfig, [
+        "sweep_dir=runs/l", "base=false", "eval.limit=3", "consistency=false", "eval.benchmark=bfcl",
+        "eval.benchmark.format=compact", "eval.perturbations=[original,typos]", "eval.vllm.extra={a:1}",
+        "eval.data_root='a b'"])
+    assert (config.sweep_dir, config.base, config.consistency) == ("runs/l", False, False)
+    assert config.eval_overrides == ["limit=3", "benchmark=bfcl", "benchmark.format=compact",
+                                     "perturbations=[original,typos]", "vllm.extra={a:1}", "data_root='a b'"]
+    for argv, message in ((["sweep_dir=x", "eval.model=m"], "cipr-ladder sets model, out_dir and names"),
+                          (["sweep_dir=x", "bse=false"], "Did you mean 'base'?"),
+                          ([], "'sweep_dir' is required"),
+                          (["sweep_dir=/nonexistent/sweep"], "not a folder")):
+        assert main(argv) == 2 and message in capsys.readouterr().err

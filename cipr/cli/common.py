@@ -1,12 +1,33 @@
-"""What every command does before its own work: stay offline unless the user opted in, log at INFO."""
+"""The one command-line style: `cipr-NAME [VERB] key=value ...`, read into the command's config dataclass.
+
+Values use Hydra's override grammar (lists `[a,b]`, `null`, quoted strings, dotted keys for nested sections),
+read by the strict loader (`cipr.core.config.from_overrides`: an unknown key gets a "did you mean", a wrong
+type or a value outside a `Literal` is refused). `--help` (also `VERB --help`) lists every option with its
+default and a one-line description (the field's bullet in its class docstring, else its trailing comment),
+then the command's examples (its module docstring). Bad input ends with one line on stderr and exit status 2;
+`--debug` (or CIPR_DEBUG=1) shows the traceback. cipr-train and cipr-eval are Hydra applications: the same
+grammar, plus config groups and multiruns.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import logging
+import re
 import sys
-from collections.abc import Sequence
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, Union, get_args, get_origin
+
+from cipr.core.config import from_overrides, override_text
+from cipr.core.errors import EXIT_INPUT, ConfigError, cli_errors
 
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+HELP = ("-h", "--help", "help")
+Verb = tuple[type, Callable[[Any], int | None]]
+"""A command's (or a verb's) options dataclass and the function that runs them (exit status; None: 0)."""
 
 
 def begin() -> None:
@@ -17,12 +38,77 @@ def begin() -> None:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
 
 
-def key_value_argv(argv: Sequence[str] | None, doc: str | None) -> list[str] | None:
-    """The arguments of a `key=value` command (`cipr-serve`, `cipr-tau2`) after `begin()`; None once
-    `doc` has been printed for -h, --help or help."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help", "help") for a in args):
-        print(doc)
-        return None
-    begin()
-    return args
+def run_command(prog: str, doc: str | None, verbs: Mapping[str, Verb],
+                argv: Sequence[str] | None = None) -> int:
+    """Run `prog [VERB] key=value ...`; `verbs` maps each verb to its `Verb` ("" for a command without verbs).
+    Returns the exit status: the verb's, 0 after --help, 2 on bad input (one line on stderr)."""
+    given = list(sys.argv[1:] if argv is None else argv)
+    args, debug = [a for a in given if a != "--debug"], "--debug" in given or None
+    name = "" if "" in verbs else args.pop(0) if args and "=" not in args[0] else None
+    if name in HELP or any(a in HELP for a in args):
+        print(usage(prog, doc, {name: verbs[name]} if name in verbs else verbs))
+        return 0
+    try:
+        with cli_errors(prog, debug):
+            if name not in verbs:
+                what = f"unknown command {name!r}" if name else "no command given"
+                raise ConfigError(f"{what}; choose one of {', '.join(verbs)} (`{prog} --help` lists them)")
+            cls, run = verbs[name]
+            config = from_overrides(cls, args)
+            begin()
+            return run(config) or 0
+    except SystemExit as e:  # cli_errors' one line has been printed
+        return e.code if isinstance(e.code, int) else EXIT_INPUT
+
+
+def usage(prog: str, doc: str | None, verbs: Mapping[str, Verb]) -> str:
+    """The --help text: each verb's options (key=default and a description), then `doc`."""
+    out = []
+    for name, (cls, _) in verbs.items():
+        command = f"{prog} {name}".strip()
+        out += [f"{command} key=value ...  (options below; --debug shows the traceback of an error)",
+                *(options(cls) or ["  (no options)"]), ""]
+    return "\n".join([*out, inspect.cleandoc(doc or "")])
+
+
+def options(cls: type, prefix: str = "", values: Any = None) -> list[str]:
+    """One line per option of dataclass `cls` (nested sections as dotted keys): `key=default  description`."""
+    hints, notes = typing.get_type_hints(cls), descriptions(cls)
+    lines = []
+    for f in sorted(dataclasses.fields(cls), key=lambda f: f.default is f.default_factory, reverse=True):
+        if values is not None:
+            default = getattr(values, f.name)
+        else:
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(hints[f.name]):
+            lines += options(hints[f.name], f"{prefix}{f.name}.", default)
+            continue
+        shown = "(required)" if default is dataclasses.MISSING else override_text(default)
+        if isinstance(default, Mapping) and not default:
+            shown = f"{{}}  ({prefix}{f.name}.KEY=VALUE adds one)"
+        note = " ".join(filter(None, (notes.get(f.name), _choices(hints[f.name]))))
+        lines.append(f"  {prefix}{f.name}={shown}".ljust(38) + f"  {note}".rstrip())
+    return lines
+
+
+def descriptions(cls: type) -> dict[str, str]:
+    """Option -> one line: its bullet in the class docstring (``- `name`: text``), else its comment."""
+    notes: dict[str, str] = {}
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
+        try:
+            notes.update(re.findall(r"^    (\w+): [^\n]*?  # (.+)$", inspect.getsource(klass), re.M))
+        except (OSError, TypeError):  # no source (an interactive definition)
+            pass
+        bullets = re.findall(r"^- ((?:`\w+`(?:\s*[,/]\s*|\s+and\s+|\s+or\s+)?)+): (.+?)(?=^- |^$|\Z)",
+                             inspect.getdoc(klass) or "", re.M | re.S)
+        for names, text in bullets:
+            line = re.split(r"(?<=\.)\s+(?=[A-Z])|;\s", " ".join(text.split()), maxsplit=1)[0].rstrip(".")
+            notes.update((name, line) for name in re.findall(r"`(\w+)`", names))
+    return notes
+
+
+def _choices(typ: Any) -> str:
+    """`(a | b)` for a `Literal` option (optional or not), else nothing."""
+    inner = get_args(typ) if get_origin(typ) in (Union, types.UnionType) else (typ,)
+    allowed = [str(v) for a in inner if get_origin(a) is Literal for v in get_args(a)]
+    return f"({' | '.join(allowed)})" if allowed else ""

@@ -1,40 +1,43 @@
-"""`cipr-eval` (Hydra) and `cipr-eval-compare RUN_A RUN_B`.
+"""`cipr-eval` (Hydra) and `cipr-eval-compare run_a=DIR run_b=DIR`.
 
-One CPU (embedded SmolLM2-135M, a small BFCL slice, both tool namings):
-    cipr-eval benchmark=bfcl limit=20 perturbations=[original,typos,cost_tag_explicit] \
+Examples. One CPU (embedded SmolLM2-135M, a small BFCL slice, both tool namings):
+    cipr-eval benchmark=bfcl limit=20 perturbations=[original,typos,cost_tag_explicit] \\
         names=[original,canonical] max_new_tokens=128 out_dir=evals/smoke
 The inference-time guard's drift evaluation (policies none|naive_retry|tool_list|repair; `none` always runs):
-    cipr-eval guard.enabled=true guard.setting=mild guard.sample=study200 limit=20 \
+    cipr-eval guard.enabled=true guard.setting=mild guard.sample=study200 limit=20 \\
         max_new_tokens=128 out_dir=evals/guard_mild
+  one GPU: the same with model=DIR device=cuda batch_size=32; several GPUs or Slurm: one process per setting
+  or per shard, each with its own out_dir, e.g. `srun --gpus=1 cipr-eval guard.enabled=true ...
+  guard.shard=$SLURM_PROCID/$SLURM_NTASKS out_dir=evals/guard_$SLURM_PROCID`.
 One GPU:
-    cipr-eval model=exports/q3b_cipr benchmark=bfcl names=[canonical] batch_size=32 max_new_tokens=4096 \
+    cipr-eval model=exports/q3b_cipr benchmark=bfcl names=[canonical] batch_size=32 max_new_tokens=4096 \\
         out_dir=evals/q3b_cipr_bfcl                      # HF, batched
     cipr-eval model=exports/q3b_cipr backend=vllm benchmark=bfcl names=[canonical] out_dir=evals/q3b_cipr_bfcl
 Several GPUs: one vLLM engine across them (`vllm.tensor_parallel_size=4`), or one job per benchmark.
 An OpenAI-compatible endpoint (a `vllm serve` process, a hosted API; the key from $OPENAI_API_KEY):
     cipr-eval model=http://localhost:8000/v1 benchmark=rotbench out_dir=evals/rot
 Slurm:
-    sbatch --partition=P --gres=gpu:1 --time=04:00:00 slurm/eval.sbatch model=exports/q3b_cipr \
+    sbatch --partition=P --gres=gpu:1 --time=04:00:00 slurm/eval.sbatch model=exports/q3b_cipr \\
         benchmark=bfcl backend=vllm out_dir=evals/q3b_cipr_bfcl
 Rerunning a command continues its run: items already in out_dir/results.jsonl are skipped.
 Compare two runs (paired over items; writes compare.md / compare.png / compare.json):
-    cipr-eval-compare evals/q3b_grpo_bfcl evals/q3b_cipr_bfcl [--out DIR]
+    cipr-eval-compare run_a=evals/q3b_grpo_bfcl run_b=evals/q3b_cipr_bfcl [out=DIR] [json=true]
 
 Options are in configs/eval/eval.yaml and configs/eval/benchmark/*.yaml (see `cipr.eval.config.EvalConfig`).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cipr.cli.common import begin
+from cipr.cli.common import begin, run_command
 from cipr.core.config import EVAL_CONFIG_DIR
-from cipr.core.errors import MissingInputError, cli_errors
+from cipr.core.errors import MissingInputError
 from cipr.core.io import check_not_source
 
 CONFIG_DIR = str(EVAL_CONFIG_DIR)
@@ -62,7 +65,10 @@ def _run(cfg: Any) -> dict[str, Any]:
     if ecfg.guard.enabled:
         from cipr.guard.run import run_guard
 
-        return dict(run_guard(ecfg).summaries)
+        keys = ("model", "out_dir", "seed", "limit", "partitions", "data_root", "batch_size",
+                "max_new_tokens", "device", "dtype", "threads", "attn_implementation")
+        result = run_guard(ecfg.guard, call_format=ecfg.call_format, **{k: getattr(ecfg, k) for k in keys})
+        return dict(result.summaries)
     summary = evaluate(ecfg)
     out = Path(ecfg.out_dir)
     if not ecfg.generate:
@@ -84,7 +90,7 @@ def _run(cfg: Any) -> dict[str, Any]:
 
 
 def main() -> None:
-    """`cipr-eval` entry point (Hydra parses sys.argv overrides such as `limit=20`; `--debug` shows tracebacks)."""
+    """`cipr-eval` entry point (Hydra reads the overrides, e.g. `limit=20`; `--debug` shows tracebacks)."""
     import hydra
 
     from cipr.core.errors import EXIT_INPUT, debug_enabled, pop_debug_flag, report
@@ -102,31 +108,32 @@ def main() -> None:
     hydra.main(config_path=CONFIG_DIR, config_name="eval", version_base=None)(run)()
 
 
+@dataclass
+class CompareOptions:
+    """`cipr-eval-compare`: run B − run A per type and group, paired over items."""
+
+    run_a: str  # the baseline: a cipr-eval output folder
+    run_b: str  # the run compared with it
+    out: str | None = None  # output folder (null: RUN_B/compare_<A name>)
+    json: bool = False  # print the comparison as JSON instead of markdown
+
+
 def compare_main(argv: Sequence[str] | None = None) -> int:
-    """`cipr-eval-compare RUN_A RUN_B [--out DIR]`: B − A per type and group, paired over items."""
-    p = argparse.ArgumentParser(prog="cipr-eval-compare", description=compare_main.__doc__,
-                                epilog="Example:\n  cipr-eval-compare evals/q3b_grpo_bfcl evals/q3b_cipr_bfcl --out evals/cmp",
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run_a", type=Path, help="baseline run directory (A)")
-    p.add_argument("run_b", type=Path, help="run directory compared with it (B)")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default: RUN_B/compare_<A name>)")
-    p.add_argument("--json", action="store_true", help="print the comparison as JSON instead of markdown")
-    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
-    args = p.parse_args(argv)
-    with cli_errors("cipr-eval-compare", debug=args.debug or None):
-        return _compare(args)
+    """`cipr-eval-compare run_a=DIR run_b=DIR [out=DIR] [json=true]` (module docstring)."""
+    return run_command("cipr-eval-compare", __doc__, {"": (CompareOptions, compare)}, argv)
 
 
-def _compare(args: argparse.Namespace) -> int:
+def compare(opts: CompareOptions) -> int:
+    """Write and print the comparison of two cipr-eval output folders."""
     from cipr.eval.compare import render_comparison, write_comparison
 
-    for d in (args.run_a, args.run_b):
+    for d in (Path(opts.run_a), Path(opts.run_b)):
         if not (d / "results.jsonl").is_file():
             raise MissingInputError(f"{d} is not a cipr-eval output folder (no results.jsonl)", file=str(d))
-    if args.out is not None:
-        check_not_source(args.out, sources=[args.run_a, args.run_b], option="--out")
-    cmp = write_comparison(args.run_a, args.run_b, args.out)
-    print(json.dumps(cmp, indent=2) if args.json else render_comparison(cmp))
+    if opts.out is not None:
+        check_not_source(opts.out, sources=[opts.run_a, opts.run_b], option="out")
+    cmp = write_comparison(opts.run_a, opts.run_b, opts.out)
+    print(json.dumps(cmp, indent=2) if opts.json else render_comparison(cmp))
     print(f"written to {cmp['out_dir']}", file=sys.stderr)
     return 0
 

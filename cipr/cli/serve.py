@@ -16,52 +16,48 @@ Slurm: run both lines inside one job step (`srun --gres=gpu:1 bash -c '... & cip
     other nodes need host=0.0.0.0 and the node's name in their URL.
 
 Both arms of a comparison from one server: `/original/v1` forwards names unchanged, `/canonical/v1`
-canonicalizes; `/v1` uses `names=`. Options (defaults in `ServeCommand`): backend, names, guard
-(off|none|naive_retry|tool_list|repair), guard_budget, audit, rewrite_text, host, port (0: a free
-port, written to port_file), model_name, call_format, max_new_tokens, device, dtype, threads,
-api_key_env, timeout_s, tokenizer. Streaming is not supported (400). Stop the server with SIGINT or SIGTERM.
+canonicalizes; `/v1` uses `names=`. Streaming is not supported (400). Stop the server with SIGINT or
+SIGTERM.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cipr.cli.common import key_value_argv
-from cipr.core.errors import cli_errors
-from cipr.serve.command import build_backend, parse_args
+from cipr.cli.common import run_command
+from cipr.serve.command import ServeCommand, build_backend
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def serve(cmd: ServeCommand) -> int:
+    """Serve until SIGINT or SIGTERM."""
+    from cipr.serve import ChatService, start, stop
+
+    server, thread = start(ChatService(build_backend(cmd), cmd), cmd.host, cmd.port)
+    if cmd.port_file:
+        Path(cmd.port_file).write_text(f"{server.server_address[1]}\n")
+    print(f"cipr-serve: {server.url}/v1 (names={cmd.names}), {server.url}/original/v1, "
+          f"{server.url}/canonical/v1; backend={cmd.backend}, guard={cmd.guard}", flush=True)
+    done = {"stop": False}
+
+    def _stop(signum: int, frame: Any) -> None:
+        done["stop"] = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    while not done["stop"] and thread.is_alive():
+        thread.join(0.5)
+    stop(server, thread)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     """`cipr-serve` entry point."""
-    argv = key_value_argv(argv, __doc__)
-    if argv is None:
-        return
-    with cli_errors("cipr-serve"):
-        from cipr.serve import ChatService, ServeConfig, start, stop
-
-        cmd = parse_args(argv)
-        config = ServeConfig(names=cmd.names, guard=cmd.guard, guard_budget=cmd.guard_budget, audit=cmd.audit,
-                             rewrite_text=cmd.rewrite_text)  # type: ignore[arg-type]
-        service = ChatService(build_backend(cmd), config)
-        server, thread = start(service, cmd.host, cmd.port)
-        if cmd.port_file:
-            Path(cmd.port_file).write_text(f"{server.server_address[1]}\n")
-        print(f"cipr-serve: {server.url}/v1 (names={cmd.names}), {server.url}/original/v1, "
-              f"{server.url}/canonical/v1; backend={cmd.backend}, guard={cmd.guard}", flush=True)
-        done = {"stop": False}
-
-        def _stop(signum: int, frame: Any) -> None:
-            done["stop"] = True
-
-        signal.signal(signal.SIGTERM, _stop)
-        signal.signal(signal.SIGINT, _stop)
-        while not done["stop"] and thread.is_alive():
-            thread.join(0.5)
-        stop(server, thread)
+    return run_command("cipr-serve", __doc__, {"": (ServeCommand, serve)}, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -13,18 +13,22 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.resources
+import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 from cipr.core.errors import ConfigError
 
-__all__ = ["CONFIG_ROOT", "EVAL_CONFIG_DIR", "TRAIN_CONFIG_DIR", "ConfigError", "from_dict", "from_overrides", "to_dict"]
+__all__ = ["CONFIG_ROOT", "EVAL_CONFIG_DIR", "TRAIN_CONFIG_DIR", "ConfigError", "from_dict", "from_overrides",
+           "override_text", "to_dict"]
 
-CONFIG_ROOT = Path(__file__).resolve().parents[2] / "configs"
-"""The config tree: one folder per Hydra command (train/, eval/) and accelerate/ (launcher configs)."""
+CONFIG_ROOT = Path(str(importlib.resources.files("cipr.configs")))
+"""The config tree (the repository's configs/, shipped in the wheel as `cipr.configs`): one folder per Hydra
+command (train/, eval/) and accelerate/ (launcher configs)."""
 TRAIN_CONFIG_DIR = CONFIG_ROOT / "train"
 EVAL_CONFIG_DIR = CONFIG_ROOT / "eval"
 
@@ -47,20 +51,24 @@ def from_dict(cls: type[T], data: Mapping[str, Any] | None, where: str = "") -> 
         dotted = f"{where}.{key}" if where else key
         raise ConfigError(
             f"unknown config key '{dotted}'.{_suggest(key, list(fields))} Valid keys under "
-            f"'{where or '<top>'}': {', '.join(sorted(fields))}. Fix the override or the YAML file that sets it.")
+            f"'{where or '<top>'}': {', '.join(sorted(fields))}. "
+            "Fix the override or the YAML file that sets it.")
     kwargs: dict[str, Any] = {}
     for name, value in data.items():
         kwargs[name] = _coerce(hints[name], value, f"{where}.{name}" if where else name)
-    try:
-        return cls(**kwargs)
-    except TypeError as e:  # a required field without a default that the config did not give
-        raise ConfigError(f"config section '{where or '<top>'}' is incomplete: {e}") from e
+    missing = [n for n, f in fields.items()
+               if n not in data and f.default is f.default_factory is dataclasses.MISSING]
+    if missing:  # a required field without a default that the config did not give
+        raise ConfigError(f"'{where + '.' if where else ''}{missing[0]}' is required: give {missing[0]}=...")
+    return cls(**kwargs)
 
 
-def from_overrides(cls: type[T], argv: list[str] | tuple[str, ...]) -> T:
-    """`key=value` command-line arguments into dataclass `cls` (`cipr-serve`, `cipr-tau2`), spelled as the
-    Hydra commands spell them (`names=[a,b]`, `null`, quoted strings, dotted keys for nested options),
-    then checked by `from_dict`. A malformed argument or a sweep raises ConfigError naming it."""
+def from_overrides(cls: type[T], argv: Sequence[str]) -> T:
+    """`key=value` command-line arguments into dataclass `cls` (every command but the Hydra ones), spelled as
+    Hydra spells them (`names=[a,b]`, `null`, quoted strings, dotted keys for nested options), then checked
+    by `from_dict`. Under an option typed as a mapping the rest of a dotted key stays one key (`eval.vllm.x=1`
+    gives `eval={"vllm.x": 1}`: options passed on to another command), and an option typed `str` keeps the
+    text as typed (`item=3` is "3"). A malformed argument or a sweep raises ConfigError naming it."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import OverrideType
     from hydra.errors import HydraException
@@ -72,18 +80,47 @@ def from_overrides(cls: type[T], argv: list[str] | tuple[str, ...]) -> T:
             (override,) = parser.parse_overrides([arg])
         except HydraException as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ConfigError(f"cannot read the option {arg!r} ({first}); options are key=value, lists [a,b], "
-                              f"null for none") from None
+            raise ConfigError(f"cannot read the option {arg!r} ({first}); options are key=value, lists "
+                              f"[a,b], null for none") from None
         if override.type != OverrideType.CHANGE or override.is_sweep_override() or override.package:
             raise ConfigError(f"option {arg!r}: only plain key=value is accepted here (no +, ~, @ or sweeps)")
-        *parents, leaf = override.key_or_group.split(".")
-        node = data
-        for part in parents:
-            node = node.setdefault(part, {})
+        keys, node, typ = override.key_or_group.split("."), data, cls
+        while len(keys) > 1 and not (typ in (dict, Mapping) or get_origin(typ) in (dict, Mapping)):
+            typ, node = _field_type(typ, keys[0]), node.setdefault(keys[0], {})
             if not isinstance(node, dict):
-                raise ConfigError(f"option {arg!r}: '{part}' is given both as a value and as a section")
-        node[leaf] = override.value()
+                raise ConfigError(f"option {arg!r}: '{keys[0]}' is given both as a value and as a section")
+            keys.pop(0)
+        value = override.value()
+        if _field_type(typ, keys[0]) is str and isinstance(value, (int, float)):
+            value = arg.split("=", 1)[1].strip()
+        node[".".join(keys)] = value
     return from_dict(cls, data)
+
+
+def _field_type(cls: Any, name: str) -> Any:
+    """The type of option `name` of dataclass `cls`, Optional removed; None when there is no such option."""
+    if not dataclasses.is_dataclass(cls) or name not in {f.name for f in dataclasses.fields(cls)}:
+        return None
+    return _is_optional(typing.get_type_hints(cls)[name])[1]
+
+
+def override_text(value: Any) -> str:
+    """`value` spelled as a command-line option value (what `from_overrides` reads back as `value`)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = to_dict(value)
+    if value is None or isinstance(value, bool):
+        return "null" if value is None else str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(map(override_text, value)) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{override_text(v)}" for k, v in value.items()) + "}"
+    text = str(value)
+    if not isinstance(value, str) or re.fullmatch(r"[\w./:@%+-]+", text) and (
+            OverridesParser.create().parse_overrides([f"k={text}"])[0].value() == text):
+        return text
+    return "'" + text.replace("'", "\\'") + "'"  # special characters, or it would read as a number
 
 
 def _is_optional(typ: Any) -> tuple[bool, Any]:

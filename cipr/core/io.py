@@ -101,41 +101,41 @@ def is_within(path: str | Path, folder: str | Path) -> bool:
 
 
 def check_output_file(out: str | Path, *, inputs: Iterable[str | Path] = (), overwrite: bool = False,
-                      option: str = "--out") -> Path:
+                      option: str = "out") -> Path:
     """The resolved output file, or UnsafeOutputError when writing it would be unsafe (module docstring)."""
     path = _resolved(out)
     if path.is_dir():
-        raise UnsafeOutputError(f"{option} {out} is a folder: give the name of the file to write")
+        raise UnsafeOutputError(f"{option}={out} is a folder: give the name of the file to write")
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir():
-                raise UnsafeOutputError(f"{option} {out}: {parent} is a file, not a folder")
+                raise UnsafeOutputError(f"{option}={out}: {parent} is a file, not a folder")
             break
     for source in inputs:
         if source is not None and Path(source).expanduser().exists() and is_within(path, source):
-            raise UnsafeOutputError(f"{option} {out} is (inside) this command's input {source}: "
+            raise UnsafeOutputError(f"{option}={out} is (inside) this command's input {source}: "
                                     f"write the output elsewhere")
     if path.exists() and not overwrite:
-        raise UnsafeOutputError(f"{option} {out} already exists: choose another name, or pass --overwrite "
-                                f"to replace it")
+        raise UnsafeOutputError(f"{option}={out} already exists: choose another name, or give "
+                                "overwrite=true to replace it")
     return path
 
 
-def check_not_source(out: str | Path, *, sources: Iterable[str | Path] = (), option: str = "OUT_DIR") -> Path:
+def check_not_source(out: str | Path, *, sources: Iterable[str | Path] = (), option: str = "out_dir") -> Path:
     """The resolved output folder; UnsafeOutputError when it is a file, a source, or holds a source."""
     path = _resolved(out)
     if path.exists() and not path.is_dir():
-        raise UnsafeOutputError(f"{option} {out} is a file, not a folder")
+        raise UnsafeOutputError(f"{option}={out} is a file, not a folder")
     for source in sources:
         if is_within(source, path):
             what = "is" if _resolved(source) == path else "holds"
-            raise UnsafeOutputError(f"{option} {out} {what} the source {source}: writing there would destroy it; "
-                                    f"choose another output folder")
+            raise UnsafeOutputError(f"{option}={out} {what} the source {source}: writing there would destroy "
+                                    f"it; choose another output folder")
     return path
 
 
 def check_output_dir(out: str | Path, *, sources: Iterable[str | Path] = (), marker: str,
-                     overwrite: bool = False, option: str = "OUT_DIR") -> Path:
+                     overwrite: bool = False, option: str = "out_dir") -> Path:
     """The resolved output folder, or UnsafeOutputError (module docstring).
 
     A source, or a folder holding one, is never a target, `overwrite` or not. An existing non-empty
@@ -144,10 +144,12 @@ def check_output_dir(out: str | Path, *, sources: Iterable[str | Path] = (), mar
     path = check_not_source(out, sources=sources, option=option)
     if path.is_dir() and any(path.iterdir()):
         if not overwrite:
-            raise UnsafeOutputError(f"{option} {out} exists and is not empty: choose another, or pass --overwrite")
+            raise UnsafeOutputError(f"{option}={out} exists and is not empty: choose another, or give "
+                                    "overwrite=true")
         if not (path / marker).is_file():
-            raise UnsafeOutputError(f"{option} {out} holds no {marker}, so it was not written by this command; "
-                                    f"--overwrite only replaces such folders: remove it yourself or choose another")
+            raise UnsafeOutputError(f"{option}={out} holds no {marker}, so it was not written by this "
+                                    "command; overwrite=true only replaces such folders: remove it yourself "
+                                    "or choose another")
     return path
 
 

@@ -94,9 +94,9 @@ def fetch_bfcl(dest: str | Path, *, overwrite: bool = False, wheel: str | Path |
     dest = Path(dest)
     target = dest / "bfcl_v4"
     if target.exists() and not overwrite:
-        raise FetchError(f"{target} already exists: remove it first, or choose another --dest")
+        raise FetchError(f"{target} already exists: remove it first, or choose another data_root")
     if dest.exists() and not dest.is_dir():
-        raise FetchError(f"--dest {dest} is a file, not a folder")
+        raise FetchError(f"data_root={dest} is a file, not a folder")
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="cipr-bfcl-") as tmp:
         tmpdir = Path(tmp)

@@ -24,6 +24,6 @@ def require_dir(path: Path, what: str) -> Path:
     """`path` if it is a directory; else a MissingInputError that says how to get the data."""
     if not path.is_dir():
         raise MissingInputError(
-            f"{what} not found at {path}. Point at the data root with --root DIR (cipr-data) or "
-            f"data_root=DIR (cipr-eval), or set CIPR_DATA_ROOT; for BFCL, `cipr-data fetch bfcl --dest DIR`.")
+            f"{what} not found at {path}. Point at the data root with data_root=DIR (cipr-data, cipr-eval) "
+            f"or set CIPR_DATA_ROOT; for BFCL, `cipr-data fetch data_root=DIR`.")
     return path

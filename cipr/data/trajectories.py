@@ -97,7 +97,7 @@ def load_trajectories(path: str | Path, *, interface: Interface = ACTIONS, call_
     fmt = get_format(call_format)
     if not path.is_file():
         raise MissingInputError(f"trajectory file {path} not found (data.path=...); generate a toy set with "
-                                f"`cipr-data trajectories --out FILE`")
+                                f"`cipr-data trajectories out=FILE`")
     out = []
     for i, rec in enumerate(_records(path)):
         if not isinstance(rec, Mapping):

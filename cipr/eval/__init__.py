@@ -13,5 +13,4 @@ Modules, one concept each:
 - `compare`: paired differences between two runs.
 - `evaluate`: one run end to end (`evaluate(cfg)`).
 - `consistency_metric`: held-out action consistency read from the model (`consistency.enabled`).
-- `ladder`: a ladder sweep's points exported, evaluated and compared in Table 1's layout (`cipr-ladder`).
 """

@@ -1,7 +1,7 @@
 """The evaluation run's configuration (`cipr-eval`, configs/eval/eval.yaml and configs/eval/benchmark/*.yaml).
 
 `EvalConfig` composes the options of the modules it drives: the benchmark (`BenchmarkConfig`), the
-backends (`HFBackendConfig` fields are flat here: `batch_size`, `max_new_tokens`), the OpenAI and
+backends (`GreedyConfig` fields are flat here: `batch_size`, `max_new_tokens`), the OpenAI and
 vLLM backend configs, and the report's aggregation. `eval_config_from_dict` builds it with the
 project's one strict loader (`cipr.core.config.from_dict`), so a misspelled key (with a "did you mean"),
 a wrong type or a value outside a `Literal` fails before anything loads.
@@ -9,16 +9,16 @@ a wrong type or a value outside a `Literal` fails before anything loads.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from cipr.core.config import EVAL_CONFIG_DIR, from_dict
 from cipr.core.errors import ConfigError
 from cipr.data.synthetic import SyntheticConfig
-from cipr.eval.backends import OpenAIBackendConfig, VLLMBackendConfig
 from cipr.eval.consistency_metric import ConsistencyConfig
 from cipr.guard.evaluate import GuardEvalConfig
+from cipr.runtime.backends import OpenAIBackendConfig, VLLMBackendConfig
 
 CONFIG_DIR = str(EVAL_CONFIG_DIR)
 """cipr-eval's Hydra config folder: eval.yaml and the benchmark/ group."""
@@ -87,13 +87,13 @@ class EvalConfig:
     - `limit`: at most this many items, taken round-robin over partitions (BFCL) or per level
       (RoTBench), so a small run still covers every partition. None: all.
     - `partitions`: BFCL partitions to load (None: all ten).
-    - `drop_finished`: HF backend, remove ended sequences from the batch (see `HFBackendConfig`); False
-      decodes with `model.generate`.
+    - `drop_finished`: HF backend, remove ended sequences from the batch (see
+      `cipr.runtime.generation.GreedyConfig`); False decodes with `model.generate`.
     - `prefill`: HF backend with `drop_finished`: `auto` (per item on CPU, batched on GPU), `per_item`,
-      `batched` (see `HFBackendConfig.prefill`).
+      `batched` (see `GreedyConfig.prefill`).
     - `prefix_reuse`: HF per-item prefill, a prompt starting like the one before it in the same chunk
-      computes only the rest (see `HFBackendConfig.prefix_reuse`); false: every prompt in full.
-    - `replay`: `reference` or `familiar` (see `cipr.eval.backends.ReplayBackend`).
+      computes only the rest (see `GreedyConfig.prefix_reuse`); false: every prompt in full.
+    - `replay`: `reference` or `familiar` (see `cipr.eval.replay.ReplayBackend`).
     - `format`: call format name (None: the benchmark's).
     - `device` / `dtype`: `auto` = CUDA with bfloat16 when available, else CPU float32.
     - `threads`: torch CPU threads (None: torch's default). On a CPU shared with other jobs, more
@@ -127,7 +127,7 @@ class EvalConfig:
     threads: int | None = None
     attn_implementation: str | None = "auto"
     replay: Literal["reference", "familiar"] = "reference"
-    guard: GuardEvalConfig = field(default_factory=GuardEvalConfig)  # the guard's drift evaluation (cipr/guard)
+    guard: GuardEvalConfig = field(default_factory=GuardEvalConfig)  # the guard's drift evaluation
     progress: bool = True
     generate: bool = True
     openai: OpenAIBackendConfig = field(default_factory=OpenAIBackendConfig)
@@ -135,7 +135,7 @@ class EvalConfig:
     consistency: ConsistencyConfig = field(default_factory=ConsistencyConfig)  # held-out action consistency
 
     def __post_init__(self) -> None:
-        """Checks a `Literal` cannot state (from_dict checks the choices; this catches direct construction)."""
+        """Checks a `Literal` cannot state (from_dict checks the choices; this catches direct use)."""
         if self.benchmark.name not in BENCHMARKS:
             raise ConfigError(f"benchmark={self.benchmark.name!r}; choose one of {', '.join(BENCHMARKS)}")
         if self.backend not in BACKENDS:
@@ -176,7 +176,8 @@ class EvalConfig:
         return {"model": self.model, "benchmark": self.benchmark.name, "format": self.call_format,
                 "backend": self.resolved_backend, "seed": self.seed, "max_new_tokens": self.max_new_tokens,
                 "split": self.benchmark.split if self.benchmark.name == "rotbench" else None,
-                "replay": self.replay if self.resolved_backend == "replay" else None, "generate": self.generate}
+                "replay": self.replay if self.resolved_backend == "replay" else None,
+                "generate": self.generate}
 
 
 def eval_config_from_dict(data: Mapping[str, Any]) -> EvalConfig:
@@ -185,7 +186,7 @@ def eval_config_from_dict(data: Mapping[str, Any]) -> EvalConfig:
 
 
 def to_eval_config(cfg: Any) -> EvalConfig:
-    """A composed Hydra/OmegaConf config (its `hydra` node is dropped) as a validated EvalConfig (else ConfigError)."""
+    """A composed Hydra config (less its `hydra` node) as a validated EvalConfig (else ConfigError)."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -196,3 +197,11 @@ def to_eval_config(cfg: Any) -> EvalConfig:
         reason = str(e).split("\n")[0]
         raise ConfigError(f"{key}: {reason}" if key else reason) from None
     return eval_config_from_dict(data)  # type: ignore[arg-type]
+
+
+def compose_eval_config(overrides: Sequence[str]) -> EvalConfig:
+    """cipr-eval's configuration for these command-line overrides (eval.yaml composed as cipr-eval does)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return to_eval_config(compose(config_name="eval", overrides=list(overrides)))

@@ -325,12 +325,12 @@ def _training_identity(source: ExportSource, cfg: ExportConfig) -> tuple[str, st
             log.warning("names %s given, but the run trained with %s names: recording %s", cfg.names, names, cfg.names)
             names = cfg.names
         return fmt, names, algo_name, base
-    missing = [opt for opt, v in (("--format", cfg.call_format), ("--names", cfg.names)) if not v]
+    missing = [opt for opt, v in (("call_format=", cfg.call_format), ("names=", cfg.names)) if not v]
     if missing:
         raise DataError(f"this folder is not part of a cipr-train run, so nothing records how it was trained: "
                         f"give {' and '.join(missing)}", file=str(source.checkpoint))
     if cfg.names not in TRAINING_NAMES:
-        raise DataError(f"{cfg.names!r} is not one of {', '.join(TRAINING_NAMES)}", field="--names")
+        raise DataError(f"{cfg.names!r} is not one of {', '.join(TRAINING_NAMES)}", field="names")
     return cfg.call_format, cfg.names, None, None  # type: ignore[return-value]
 
 
@@ -515,7 +515,8 @@ def model_card(manifest: Manifest, train_config: dict[str, Any] | None, run_summ
     return "\n".join(lines)
 
 
-def _same_export(out_dir: Path, source: ExportSource) -> bool:
+def same_export(out_dir: Path, source: ExportSource) -> bool:
+    """Whether `out_dir` already holds this export of `source` (its manifest's checkpoint and step)."""
     try:
         existing = read_manifest(out_dir)
     except DataError:
@@ -532,7 +533,7 @@ def export(path: str | Path, out_dir: str | Path, cfg: ExportConfig | None = Non
     eval_dirs = [Path(d).expanduser() for d in cfg.eval_dirs]
     for d in eval_dirs:
         if not (d / "summary.json").is_file():
-            raise DataError("not a cipr-eval output folder (no summary.json)", file=str(d), field="--eval")
+            raise DataError("not a cipr-eval output folder (no summary.json)", file=str(d), field="eval_dirs")
     fmt, names, algo, base = _training_identity(source, cfg)
     from cipr.formats import AUTO, get_format, resolve_format
 
@@ -540,12 +541,12 @@ def export(path: str | Path, out_dir: str | Path, cfg: ExportConfig | None = Non
         if fmt != AUTO:  # auto: resolved from the checkpoint's chat template below
             get_format(fmt)
     except ValueError as e:
-        raise ConfigError(f"{e} (--format, or model.call_format of the run)") from e
+        raise ConfigError(f"{e} (call_format=, or model.call_format of the run)") from e
     run_summary = None
     if source.run_dir is not None and (source.run_dir / "summary.json").is_file():
         run_summary = _read_json(source.run_dir / "summary.json")
     if out_dir.exists() and any(out_dir.iterdir()):
-        if _same_export(out_dir, source) and not cfg.overwrite:
+        if same_export(out_dir, source) and not cfg.overwrite:
             if eval_dirs:
                 manifest = read_manifest(out_dir)
                 card = model_card(manifest, source.train_config, run_summary, eval_dirs, out_dir.name)  # type: ignore[arg-type]
@@ -560,7 +561,7 @@ def export(path: str | Path, out_dir: str | Path, cfg: ExportConfig | None = Non
     try:
         fmt = resolve_format(fmt, tokenizer).name  # the manifest names the format itself, never auto
     except ValueError as e:
-        raise ConfigError(f"{e} (--format, or model.call_format of the run)") from e
+        raise ConfigError(f"{e} (call_format=, or model.call_format of the run)") from e
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     manifest = Manifest(call_format=fmt, training_names=names, eval_names=eval_names_for(names), algo=algo,
                         base_model=base, source=str(source.checkpoint),

@@ -1,93 +1,63 @@
-"""The served model's options and backend: `ServeCommand`, its `key=value` parser, and `build_backend`.
+"""The served model's options and backend: `ServeCommand` (what `cipr-serve key=value ...` reads) and
+`build_backend`.
 
 Used by `cipr-serve` (`cipr.cli.serve`) and by `cipr-tau2`, which serves the agent the same way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from cipr.core.config import from_overrides
 from cipr.core.errors import ConfigError
+from cipr.serve.service import ServeConfig
 
 
-@dataclass
-class ServeCommand:
-    """The command's options (see the module docstring)."""
+@dataclass(frozen=True)
+class ServeCommand(ServeConfig):
+    """The command's options: how requests are served (`ServeConfig`), where, and by which model.
 
-    backend: str = "embedded"
+    - `guard_budget`: the new tokens of each guard model call.
+    - `audit`: the guard's audit log file (JSON lines).
+    """
+
     names: Literal["original", "canonical"] = "canonical"
     guard: Literal["off", "none", "naive_retry", "tool_list", "repair"] = "off"
-    guard_budget: int = 512
-    audit: str | None = None
-    rewrite_text: str = "identifiers"
-    host: str = "127.0.0.1"
-    port: int = 8000
-    port_file: str | None = None
-    model_name: str | None = None
-    call_format: str = "hermes"
-    max_new_tokens: int = 512
-    device: str = "cpu"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    threads: int | None = None
-    api_key_env: str = "OPENAI_API_KEY"
-    timeout_s: float = 600.0
-    tokenizer: str | None = None
-
-
-def parse_args(argv: Sequence[str]) -> ServeCommand:
-    """`cipr-serve` arguments (`key=value`, as every cipr command spells them: `cipr.core.config.from_overrides`)."""
-    return from_overrides(ServeCommand, [a for a in argv if a != "--debug"])
-
-
-def load_hf(source: str, device: str, dtype: str) -> tuple[Any, Any, str]:
-    """(model, tokenizer, served name) for `embedded` or a local model folder; nothing from a hub."""
-    import torch
-
-    from cipr.eval.evaluate import prepare_tokenizer
-
-    torch_dtype = getattr(torch, dtype)
-    if source == "embedded":
-        from cipr.runtime.embedded import load_embedded
-
-        model, tokenizer = load_embedded(dtype=torch_dtype)
-        name = "embedded"
-    else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        path = Path(source).expanduser()
-        if not path.is_dir():
-            raise ConfigError(f"backend={source!r}: expected embedded, an http(s):// URL or a model folder")
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype)
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-        name = path.name
-    model.to(device)
-    model.eval()
-    return model, prepare_tokenizer(tokenizer), name
+    backend: str = "embedded"  # embedded | a model folder | an OpenAI-compatible http(s):// URL
+    host: str = "127.0.0.1"  # 0.0.0.0 serves other machines too
+    port: int = 8000  # 0: a free port, written to port_file
+    port_file: str | None = None  # write the port here once the server listens
+    model_name: str | None = None  # the served model's name (null: the folder's, or the URL's first model)
+    call_format: str = "hermes"  # how the in-process model (or tokenizer=) writes tool calls
+    max_new_tokens: int = 512  # per reply of the in-process model
+    device: str = "cpu"  # the in-process model's device (cpu, cuda, auto)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # the in-process model's weights
+    threads: int | None = None  # torch CPU threads (null: torch's default)
+    api_key_env: str = "OPENAI_API_KEY"  # the variable holding the key of a URL backend
+    timeout_s: float = 600.0  # per request to a URL backend
+    tokenizer: str | None = None  # with a URL: render prompts with this tokenizer and parse the calls here
 
 
 def build_backend(cmd: ServeCommand) -> Any:
-    """The chat backend `cmd.backend` names."""
+    """The chat backend `cmd.backend` names (nothing is fetched from a hub)."""
+    from cipr.runtime.model import load_inference_model, prepare_inference_tokenizer
     from cipr.serve.backends import HFChatBackend, OpenAIChatBackend
 
     if cmd.backend.startswith(("http://", "https://")) and cmd.tokenizer:
         from transformers import AutoTokenizer
 
-        from cipr.eval.evaluate import prepare_tokenizer
-
-        tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(cmd.tokenizer))
+        tokenizer = prepare_inference_tokenizer(AutoTokenizer.from_pretrained(cmd.tokenizer))
         return HFChatBackend(None, tokenizer, call_format=cmd.call_format, model_name=cmd.model_name,
                              max_new_tokens=cmd.max_new_tokens, completions_url=cmd.backend)
     if cmd.backend.startswith(("http://", "https://")):
         return OpenAIChatBackend(cmd.backend, model_name=cmd.model_name, api_key_env=cmd.api_key_env,
                                  timeout_s=cmd.timeout_s)
-    if cmd.threads:
-        import torch
-
-        torch.set_num_threads(cmd.threads)
-    model, tokenizer, name = load_hf(cmd.backend, cmd.device, cmd.dtype)
-    return HFChatBackend(model, tokenizer, call_format=cmd.call_format, model_name=cmd.model_name or name,
+    path = Path(cmd.backend).expanduser()
+    if cmd.backend != "embedded" and not path.is_dir():
+        raise ConfigError(f"backend={cmd.backend!r}: expected embedded, an http(s):// URL or a model folder")
+    model, tokenizer = load_inference_model(cmd.backend if cmd.backend == "embedded" else str(path),
+                                            device=cmd.device, dtype=cmd.dtype, threads=cmd.threads)
+    name = cmd.model_name or path.name
+    return HFChatBackend(model, tokenizer, call_format=cmd.call_format, model_name=name,
                          max_new_tokens=cmd.max_new_tokens)

@@ -36,60 +36,42 @@ DOMAINS = ("airline", "retail")
 
 @dataclass
 class Tau2Config:
-    """Options of a τ² run (all settable as `key=value` on `cipr-tau2`).
-
-    - `domains`, `split` (τ²'s split: base = all 50 airline / 114 retail tasks, train, test),
-      `tasks` (`domain/id` keys, None: every task of the split), `limit` (first n per domain),
-      `trials` per task, `names` (the arms), `seed`, `max_steps`, `max_errors`, `evaluation`
-      (τ²'s EvaluationType value).
-    - The agent: `serve` (root URL of a running cipr-serve) or, when None, cipr-serve started here
-      with `backend` (embedded | gold: the scripted gold-replay agent and user of `cipr.tau2.gold` |
-      a model folder | an OpenAI-compatible URL such as a vLLM server), `guard`, `guard_budget`, `call_format`,
-      `tokenizer` (with a URL: cipr-serve renders prompts with this tokenizer folder and `call_format` and
-      calls the server's text completions, for checkpoints the server cannot parse tool calls of),
-      `max_new_tokens`, `threads`; `model_name` is
-      the model name sent (None: the first one the service lists); `temperature`, `num_retries`
-      (litellm's retries; 0 by default: a local greedy model repeats its answer).
-    - The user simulator: `user_url` (None: the served model under original names) and
-      `user_model`; the NL-assertion judge: `judge` = user (the same endpoint) | none (tasks that
-      need it are skipped) | a URL, with `judge_model`.
-    - `user_guidelines`: the folder with τ²'s user-simulator guidelines (`simulation_guidelines.md`,
-      `simulation_guidelines_tools.md`; upstream `data/tau2/user_simulator/`); None: that folder
-      under the data root. backend=gold's scripted user never reads them: it gets a placeholder.
-    - `venv`: the τ² environment; `data_root`: the folder holding `tau2/domains`; `timeout_s` per
-      harness process (its finished simulations are kept; rerun to continue).
-    """
+    """Options of a τ² run (all settable as `key=value` on `cipr-tau2`). The agent is `serve` (a running
+    cipr-serve) or, when it is null, cipr-serve started here with `backend`, `guard`, `call_format`,
+    `tokenizer`, ...; the user simulator and the NL-assertion judge are any OpenAI-compatible endpoint.
+    `user_guidelines` holds τ²'s simulation_guidelines.md and simulation_guidelines_tools.md (upstream
+    data/tau2/user_simulator/); backend=gold's scripted user never reads them."""
 
     out_dir: str = "evals/tau2"
     domains: list[str] = field(default_factory=lambda: list(DOMAINS))
-    split: str = "base"
-    tasks: list[str] | None = None
-    limit: int | None = None
-    trials: int = 1
-    names: list[str] = field(default_factory=lambda: ["original", "canonical"])
-    serve: str | None = None
-    backend: str = "embedded"
-    model_name: str | None = None
-    guard: str = "off"
-    guard_budget: int = 512
-    call_format: str = "hermes"
-    tokenizer: str | None = None
-    max_new_tokens: int = 256
-    threads: int | None = None
+    split: str = "base"  # τ²'s split: base (all 50 airline / 114 retail tasks), train, test
+    tasks: list[str] | None = None  # `domain/id` keys (null: every task of the split)
+    limit: int | None = None  # the first n tasks per domain
+    trials: int = 1  # per task
+    names: list[str] = field(default_factory=lambda: ["original", "canonical"])  # the arms
+    serve: str | None = None  # root URL of a running cipr-serve (null: start one here)
+    backend: str = "embedded"  # embedded | gold (scripted agent and user) | a model folder | a URL (vLLM)
+    model_name: str | None = None  # the model name sent (null: the first one the service lists)
+    guard: str = "off"  # cipr-serve's guard policy
+    guard_budget: int = 512  # new tokens of each guard model call
+    call_format: str = "hermes"  # how the served model writes tool calls
+    tokenizer: str | None = None  # with a URL backend: render prompts with this tokenizer, parse calls here
+    max_new_tokens: int = 256  # per agent turn
+    threads: int | None = None  # torch CPU threads of an in-process model
     temperature: float = 0.0
-    num_retries: int = 0
-    user_url: str | None = None
-    user_model: str | None = None
-    judge: str = "user"
-    judge_model: str | None = None
-    max_steps: int = 100
-    max_errors: int = 10
+    num_retries: int = 0  # litellm's retries (0: a local greedy model repeats its answer)
+    user_url: str | None = None  # the user simulator's endpoint (null: the served model, original names)
+    user_model: str | None = None  # the user simulator's model name
+    judge: str = "user"  # the NL-assertion judge: user (the same endpoint) | none (skip its tasks) | a URL
+    judge_model: str | None = None  # the judge's model name
+    max_steps: int = 100  # per simulation
+    max_errors: int = 10  # per simulation
     seed: int = 300
-    evaluation: str = "all"
-    user_guidelines: str | None = None
-    venv: str | None = None
-    data_root: str | None = None
-    timeout_s: float | None = None
+    evaluation: str = "all"  # τ²'s EvaluationType value
+    user_guidelines: str | None = None  # τ²'s user-simulator guidelines folder (null: under data_root)
+    venv: str | None = None  # the τ² environment (null: .venv-tau2)
+    data_root: str | None = None  # the folder holding tau2/domains
+    timeout_s: float | None = None  # per harness process (its finished simulations are kept; rerun to go on)
 
     def check(self) -> None:
         bad = [d for d in self.domains if d not in DOMAINS]

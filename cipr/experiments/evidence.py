@@ -6,8 +6,8 @@
       evidence/
         logs/<point>.log              each training's output
         exports/<point>/              the point's final weights as a transformers folder
-        evals/<point>/consistency/    `cipr-eval generate=false consistency.enabled=true` on the held-out items
-        evals/<point>/generation/     `cipr-eval` with generation on the original interface (full-call accuracy)
+        evals/<point>/consistency/    `cipr-eval generate=false consistency.enabled=true`, held-out items
+        evals/<point>/generation/     `cipr-eval` generating on the original interface (full-call accuracy)
     OUT/cpu_evidence.json, cpu_evidence_tables.md, cpu_evidence.png
 
 Per point, in order: `cipr-train +sweep=<sweep> algo=<arm's algo> trainer.seed=<seed>` (a subprocess;
@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cipr.core.errors import DataError
+from cipr.core.config import override_text
+from cipr.core.errors import ConfigError, DataError
 from cipr.core.io import read_json, write_json_atomic, write_text_atomic
 from cipr.eval.consistency_metric import read_records
 from cipr.eval.stats import mean_estimate
@@ -54,11 +55,25 @@ log = logging.getLogger(__name__)
 EVIDENCE = "evidence"
 DONE = "done.json"
 WARM_START_WEIGHT = 8.0  # the shared warm start's cost in the units of `Arm.weight`, for the time estimate
+PREDICTIONS = {
+    "P0": "Positive control (CIPR at λ_rescore = 1). On the held-in relabeled copies (every tool of the "
+          "canonical interface of a held-out item renamed to a fresh function_XX id, the copy CIPR's "
+          "rescoring term compares with), CIPR's action KL at the reference decision ends lower than "
+          "multi-interface's: the paired difference CIPR − multi-interface over seeds has a 95% t "
+          "interval below 0.",
+    "P1": "On the held-out types (relabel_random: names of a shape never trained on; typos; "
+          "distractor_similar_name), CIPR's action KL and its action-accuracy drop (original − "
+          "perturbed) are smaller than multi-interface's (paired interval below 0). Expected for "
+          "relabel_random, which shares the relabeling's mechanism; no directional expectation for "
+          "typos and distractors, which the term does not touch.",
+    "P2": "Original accuracy is kept: CIPR's action accuracy on the unperturbed interface is not more "
+          "than 5 points below multi-interface's (the paired interval's lower end above −5 points).",
+}
 
 
 @dataclass(frozen=True)
 class Arm:
-    """One method: its label in the report, the cipr-train overrides that make it, the names it is deployed with."""
+    """One method: its report label, the cipr-train overrides that make it, the names it is deployed with."""
 
     name: str
     overrides: tuple[str, ...]
@@ -77,21 +92,26 @@ class EvidenceConfig:
 
     - `sweep`: the cipr-train sweep config (`+sweep=<sweep>`) that holds model, data, warm start and steps.
     - `sweep_dir`: where that config puts the points (its `hydra.sweep.dir`).
-    - `arms`, `seeds`: the points; `extra_arms`: more, e.g. a λ sweep (`Arm("cipr_lambda0.1", ...)`).
-    - `types`: the perturbation types of the consistency evaluation (`relabel_function` is the held-in one).
-    - `limit`: evaluation items; `generation_limit`, `max_new_tokens`: the full-call accuracy's generation.
+    - `out_dir`: where the report goes.
+    - `arms`, `seeds`: the points (each arm trained with each seed).
+    - `lambdas`: more CIPR points, an arm `cipr_lambda<λ>` per λ_rescore value (a λ sweep beside the arms).
+    - `types`: the perturbation types of the consistency evaluation.
+    - `heldin`: the held-in type among them (the others are held out).
+    - `limit`: evaluation items.
+    - `generation_limit` / `max_new_tokens`: the items and new tokens of the full-call accuracy's generation.
     - `looked_at`: the first evaluation items, which `scripts/positive_control.py` scored when λ was chosen;
       the held-in KL is also reported on the rest (`heldin_kl_unseen`), which no choice has seen.
     - `benchmark`: cipr-eval's benchmark options (the training data's generator options, so that
       "never trained on" is checked).
     - `threads`: torch threads of the evaluations.
+    - `train`: cipr-train overrides for every point (`train.model=tiny train.trainer.max_steps=1`).
     """
 
     sweep: str = "cpu_evidence"
     sweep_dir: str = "runs/cpu_evidence/smollm2-135m"
     out_dir: str = "docs/results"
     arms: tuple[Arm, ...] = ARMS
-    extra_arms: tuple[Arm, ...] = ()
+    lambdas: tuple[float, ...] = ()
     seeds: tuple[int, ...] = (0, 1, 2)
     types: tuple[str, ...] = ("relabel_function", "relabel_random", "typos", "distractor_similar_name")
     heldin: str = "relabel_function"
@@ -99,15 +119,22 @@ class EvidenceConfig:
     looked_at: int = 16
     generation_limit: int = 8
     max_new_tokens: int = 64
-    benchmark: tuple[str, ...] = ("benchmark=synthetic", "benchmark.format=compact", "benchmark.tools_per_example=[3,3]",
-                                  "benchmark.parallel_fraction=0", "benchmark.no_call_fraction=0",
-                                  "benchmark.same_domain_distractors=0")
+    benchmark: tuple[str, ...] = ("benchmark=synthetic", "benchmark.format=compact",
+                                  "benchmark.tools_per_example=[3,3]", "benchmark.parallel_fraction=0",
+                                  "benchmark.no_call_fraction=0", "benchmark.same_domain_distractors=0")
     threads: int | None = None
-    train_overrides: tuple[str, ...] = field(default_factory=tuple)
+    train: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for key in ("limit", "generation_limit", "threads"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise ConfigError(f"{key}={getattr(self, key)} must be >= 1")
 
     @property
     def all_arms(self) -> tuple[Arm, ...]:
-        return tuple(self.arms) + tuple(self.extra_arms)
+        """`arms`, then one CIPR arm per extra λ_rescore in `lambdas`."""
+        return (*self.arms, *(Arm(f"cipr_lambda{lam:g}", ("algo=cipr_sft", f"algo.rescore_weight={lam}"),
+                                  "canonical", 3.0) for lam in self.lambdas))
 
 
 @dataclass(frozen=True)
@@ -123,11 +150,11 @@ class Point:
 def train_command(config: EvidenceConfig, point: Point) -> list[str]:
     """The cipr-train command of one point (a single run of the sweep config, not a multirun)."""
     return [sys.executable, "-m", "cipr.cli.train", f"+sweep={config.sweep}", *point.arm.overrides,
-            f"trainer.seed={point.seed}", *config.train_overrides]
+            f"trainer.seed={point.seed}", *(f"{k}={override_text(v)}" for k, v in config.train.items())]
 
 
 def run_dir_of(config: EvidenceConfig, point: Point) -> Path:
-    """The point's run folder, read back from the one cipr-train wrote (its config.json names the seed and algo)."""
+    """The point's run folder, found by what cipr-train wrote (its config.json names the seed and algo)."""
     sweep = Path(config.sweep_dir)
     candidates = []
     for cfg_path in sorted(sweep.glob("*/config.json")):
@@ -135,16 +162,18 @@ def run_dir_of(config: EvidenceConfig, point: Point) -> Path:
         if cfg.get("trainer", {}).get("seed") == point.seed and _matches(cfg.get("algo", {}), point.arm):
             candidates.append(cfg_path.parent)
     if len(candidates) != 1:
-        raise DataError(f"{len(candidates)} run folders match point {point.label} (expected one)", file=str(sweep))
+        raise DataError(f"{len(candidates)} run folders match point {point.label} (expected one)",
+                        file=str(sweep))
     return candidates[0]
 
 
 def _matches(algo: Mapping[str, Any], arm: Arm) -> bool:
     wanted = dict(o.split("=", 1) for o in arm.overrides)
-    name = {"grpo": "grpo", "multi_interface": "multi_interface", "cipr_sft": "cipr"}.get(wanted.get("algo", ""), "")
-    if algo.get("name") != name:
+    names = {"grpo": "grpo", "multi_interface": "multi_interface", "cipr_sft": "cipr"}
+    if algo.get("name") != names.get(wanted.get("algo", ""), ""):
         return False
-    return all(str(algo.get(k.removeprefix("algo."))) == v for k, v in wanted.items() if k.startswith("algo."))
+    return all(str(algo.get(k.removeprefix("algo."))) == v for k, v in wanted.items()
+               if k.startswith("algo."))
 
 
 class Clock:
@@ -165,7 +194,8 @@ class Clock:
 
 
 def _eval_overrides(config: EvidenceConfig, model_dir: Path, out: Path, names: str) -> list[str]:
-    out_list = [*config.benchmark, f"model={model_dir}", f"out_dir={out}", f"names=[{names}]", "progress=false"]
+    out_list = [*config.benchmark, f"model={model_dir}", f"out_dir={out}", f"names=[{names}]",
+                "progress=false"]
     if config.threads:
         out_list.append(f"threads={config.threads}")
     return out_list
@@ -173,13 +203,13 @@ def _eval_overrides(config: EvidenceConfig, model_dir: Path, out: Path, names: s
 
 def evaluate_point(config: EvidenceConfig, point: Point, run_dir: Path, work: Path) -> bool:
     """Export and evaluate one finished point unless done; True when something ran."""
+    from cipr.eval.config import compose_eval_config
     from cipr.eval.evaluate import evaluate
-    from cipr.eval.ladder import _compose_eval
-    from cipr.runtime.export import ExportConfig, _same_export, export, locate, read_manifest
+    from cipr.runtime.export import ExportConfig, export, locate, read_manifest, same_export
 
     model_dir = work / "exports" / point.label
     source = locate(run_dir)
-    if not (model_dir.is_dir() and _same_export(model_dir, source)):
+    if not (model_dir.is_dir() and same_export(model_dir, source)):
         export(run_dir, model_dir, ExportConfig())
     manifest = read_manifest(model_dir)
     ran = False
@@ -195,7 +225,7 @@ def evaluate_point(config: EvidenceConfig, point: Point, run_dir: Path, work: Pa
                     "benchmark": list(config.benchmark)}
         if (out / DONE).is_file() and read_json(out / DONE) == identity:
             continue
-        evaluate(_compose_eval([*_eval_overrides(config, model_dir, out, point.arm.names), *overrides]))
+        evaluate(compose_eval_config([*_eval_overrides(config, model_dir, out, point.arm.names), *overrides]))
         write_json_atomic(out / DONE, identity)
         ran = True
     return ran
@@ -221,7 +251,8 @@ def point_metrics(config: EvidenceConfig, work: Path, point: Point) -> dict[str,
     if not (folder / "consistency" / DONE).is_file() or not (folder / "generation" / DONE).is_file():
         return None
     records = [r for r in read_records(folder / "consistency") if "skipped" not in r]
-    per_type: dict[str, dict[str, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    per_type: dict[str, dict[str, dict[str, list[float]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(list)))
     original: dict[str, list[float]] = defaultdict(list)
     for r in records:
         for m in ("kl", "action_acc_pert"):
@@ -285,7 +316,7 @@ def build_report(config: EvidenceConfig, metrics: Mapping[str, Mapping[int, Mapp
     if "cipr" in metrics and "multi_interface" in metrics:
         report["paired"] = paired(arms["cipr"], arms["multi_interface"], heldout)
         report["outcome"] = outcome(report["paired"], heldout)
-    if "multi_interface" in metrics:  # a λ sweep's points, judged by the same rules (not the predictions' arm)
+    if "multi_interface" in metrics:  # a λ sweep's points, judged by the same rules (not the predictions)
         report["paired_sweep"] = {a: paired(arms[a], arms["multi_interface"], heldout) for a in arms
                                   if a.startswith("cipr_")}
         report["outcome_sweep"] = {a: outcome(p, heldout) for a, p in report["paired_sweep"].items()}
@@ -327,7 +358,8 @@ def _fmt(ci: Mapping[str, Any], scale: float = 1.0, digits: int = 3) -> str:
         return "n/a"
     if ci.get("low") is None or math.isnan(ci["low"]):
         return f"{ci['mean'] * scale:.{digits}f}"
-    return f"{ci['mean'] * scale:.{digits}f} [{ci['low'] * scale:.{digits}f}, {ci['high'] * scale:.{digits}f}]"
+    low, high = ci["low"] * scale, ci["high"] * scale
+    return f"{ci['mean'] * scale:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
 def render_tables(report: Mapping[str, Any]) -> str:
@@ -346,19 +378,21 @@ def render_tables(report: Mapping[str, Any]) -> str:
     for name, a in arms.items():
         drops.append(f"| {name} | " + " | ".join(_fmt(a["summary"]["heldout_accuracy_drop"][t], 100, 1)
                                                 for t in heldout) + " |")
-    out = ["Means over seeds with 95% Student-t intervals; accuracy drop = original − perturbed action accuracy "
-           "(points).", "", *rows, "", *drops, ""]
+    out = ["Means over seeds with 95% Student-t intervals; accuracy drop = original − perturbed action "
+           "accuracy (points).", "", *rows, "", *drops, ""]
     for name, p in [("CIPR", report.get("paired")), *report.get("paired_sweep", {}).items()]:
         if p is None:
             continue
-        out += [f"{name} − multi-interface, paired by seed (per-seed values, then mean [95% t interval]):", "",
+        out += [f"{name} − multi-interface, paired by seed (per-seed values, then mean [95% t interval]):",
+                "",
                 "| quantity | per seed | mean [95% CI] |", "|---|---|---|",
                 f"| held-in KL | {', '.join(f'{v:+.4f}' for v in p['heldin_kl']['per_seed'])} | "
                 f"{_fmt(p['heldin_kl'], 1, 4)} |",
                 f"| held-in KL, items no choice saw | "
                 f"{', '.join(f'{v:+.4f}' for v in p['heldin_kl_unseen']['per_seed'])} | "
                 f"{_fmt(p['heldin_kl_unseen'], 1, 4)} |",
-                f"| original action acc. | {', '.join(f'{100 * v:+.1f}' for v in p['original_accuracy']['per_seed'])} | "
+                "| original action acc. | "
+                f"{', '.join(f'{100 * v:+.1f}' for v in p['original_accuracy']['per_seed'])} | "
                 f"{_fmt(p['original_accuracy'], 100, 1)} |"]
         for t in heldout:
             out.append(f"| KL {t} | {', '.join(f'{v:+.4f}' for v in p['heldout_kl'][t]['per_seed'])} | "
@@ -384,7 +418,8 @@ def plot(report: Mapping[str, Any], path: Path) -> None:
     for i, arm in enumerate(arms):
         a = report["arms"][arm]
         kls = [a["heldin_kl"], *(a["heldout_kl"][t] for t in report["heldout_types"])]
-        accs = [a["original_accuracy"], a["heldin_accuracy"], *(a["heldout_accuracy"][t] for t in report["heldout_types"])]
+        accs = [a["original_accuracy"], a["heldin_accuracy"],
+                *(a["heldout_accuracy"][t] for t in report["heldout_types"])]
         for ax, series in ((ax_kl, kls), (ax_acc, accs)):
             xs = [k + (i - (len(arms) - 1) / 2) * width for k in range(len(series))]
             means = [math.fsum(v) / len(v) for v in series]
@@ -406,7 +441,8 @@ def plot(report: Mapping[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def run_evidence(config: EvidenceConfig, predictions: Mapping[str, str], command: str) -> dict[str, Any]:
+def run_evidence(config: EvidenceConfig, command: str, predictions: Mapping[str, str] = PREDICTIONS,
+                 ) -> dict[str, Any]:
     """Train and evaluate every point (resuming), then write the report; returns it."""
     started = time.time()
     sweep = Path(config.sweep_dir)
@@ -414,13 +450,13 @@ def run_evidence(config: EvidenceConfig, predictions: Mapping[str, str], command
     (work / "logs").mkdir(parents=True, exist_ok=True)
     points = [Point(arm, seed) for arm in config.all_arms for seed in config.seeds]
     warm_pending = not (sweep / "warm_start" / "stage.json").is_file()  # trained inside the first point
-    todo = {p.label: (not _trained(config, p), not _evaluated(work, p)) for p in points}  # the estimate's work
+    todo = {p.label: (not _trained(config, p), not _evaluated(work, p)) for p in points}  # to estimate
     clock = Clock(sum(p.arm.weight * (t + e) for p in points for t, e in [todo[p.label]])
                   + WARM_START_WEIGHT * warm_pending)
     timings_path = work / "timings.json"
     timings: dict[str, float] = read_json(timings_path) if timings_path.is_file() else {}
 
-    def record(key: str, seconds: float) -> None:  # the first (working) run of each phase: the experiment's cost
+    def record(key: str, seconds: float) -> None:  # a phase's first (working) run: the experiment's cost
         if key not in timings:
             timings[key] = round(seconds, 1)
             write_json_atomic(timings_path, timings)
@@ -433,8 +469,8 @@ def run_evidence(config: EvidenceConfig, predictions: Mapping[str, str], command
             f.flush()
             code = subprocess.call(train_command(config, point), stdout=f, stderr=subprocess.STDOUT)
         if code != 0:
-            raise DataError(f"training of point {point.label} exited with status {code}; its output is in the log "
-                            f"(rerun the same command to resume)", file=str(log_path))
+            raise DataError(f"training of point {point.label} exited with status {code}; its output is in "
+                            f"the log (rerun the same command to resume)", file=str(log_path))
         record(f"train/{point.label}", time.time() - t0)
         extra = WARM_START_WEIGHT if warm_pending and k == 1 else 0.0
         print(f"[evidence] {k}/{len(points)} {point.label}: trained ({time.time() - t0:.0f} s); "

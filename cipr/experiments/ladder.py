@@ -12,7 +12,7 @@ Each point is evaluated as the paper does (Table 1): the model under the names i
 as deployed (ToolRL-GRPO and function masking with original names; multi-interface and CIPR through the
 canonicalization adapter), and Base and ToolRL-GRPO also through the adapter (the paper's gray rows).
 cipr-eval runs the cost and latency types in both tool orders. The held-out consistency metric
-(`cipr.eval.consistency_metric`) is on unless `consistency=False`.
+(`cipr.eval.consistency_metric`) is on unless `consistency=false`.
 
 The report: Table 1's layout (rows = methods and the names they see, columns = the groups, Mean and
 Gap), accuracy with 95% intervals; the consistency metric per group; paired differences of every
@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cipr.core.errors import DataError
+from cipr.core.config import override_text
+from cipr.core.errors import ConfigError, DataError
 from cipr.core.io import read_json, write_json_atomic, write_text_atomic
 from cipr.eval.consistency_metric import METRICS, SCALE, format_cell, item_values, read_records
 from cipr.eval.report import (
@@ -56,24 +57,37 @@ DONE = "done.json"
 BASE = "warm_start"
 GRPO, MI = "ToolRL (GRPO)", "+ multi-interface"
 BASE_LABEL = "Base (shared warm start)"
-ORDER = (BASE_LABEL, GRPO, "Function masking", MI, "+ CIPR", "+ CIPR w/o rescoring KL", "+ CIPR w/o rollout KL")
+ORDER = (BASE_LABEL, GRPO, "Function masking", MI, "+ CIPR", "+ CIPR w/o rescoring KL",
+         "+ CIPR w/o rollout KL")
 
 
 @dataclass
 class LadderConfig:
     """Options of `cipr-ladder` (module docstring).
 
-    - `eval_overrides`: cipr-eval options as on its command line (`benchmark=bfcl`, `limit=50`,
-      `backend=vllm`, ...), applied to every evaluation; `benchmark` defaults to `synthetic`.
+    - `sweep_dir`: the sweep folder of `cipr-train -m +sweep=ladder`.
+    - `eval`: cipr-eval options for every evaluation (`eval.benchmark=bfcl eval.limit=50 eval.backend=vllm`
+      on the command line); `benchmark` defaults to `synthetic`.
     - `consistency`: also read the held-out consistency metric.
     - `base`: evaluate the shared warm start as the Base row when the sweep has one.
-    - `out_dir`: default `SWEEP_DIR/ladder`.
+    - `out_dir`: the report's folder (null: SWEEP_DIR/ladder).
     """
 
-    eval_overrides: list[str] = field(default_factory=list)
+    sweep_dir: str
+    eval: dict[str, Any] = field(default_factory=dict)
     consistency: bool = True
     base: bool = True
     out_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        fixed = [k for k in self.eval if k in ("model", "out_dir", "names")]
+        if fixed:
+            raise ConfigError(f"eval.{fixed[0]}: cipr-ladder sets model, out_dir and names for every point")
+
+    @property
+    def eval_overrides(self) -> list[str]:
+        """`eval` as cipr-eval command-line overrides."""
+        return [f"{k}={override_text(v)}" for k, v in self.eval.items()]
 
 
 @dataclass(frozen=True)
@@ -96,7 +110,8 @@ def method_label(algo: Mapping[str, Any]) -> str:
         if rs and ro:
             return "+ CIPR"
         return "+ CIPR w/o rescoring KL" if ro else "+ CIPR w/o rollout KL" if rs else "+ CIPR (no KL)"
-    return {"grpo": GRPO, "multi_interface": MI, "masking": "Function masking", "sft": "SFT"}.get(name, str(name))
+    labels = {"grpo": GRPO, "multi_interface": MI, "masking": "Function masking", "sft": "SFT"}
+    return labels.get(name, str(name))
 
 
 def eval_names(algo: Mapping[str, Any]) -> tuple[str, ...]:
@@ -116,9 +131,9 @@ def discover(sweep_dir: Path) -> list[Point]:
             continue
         config = read_json(cfg_path)
         algo = config.get("algo", {})
-        stage = result_stage(algo)
-        points.append(Point(run_dir.name, run_dir, method_label(algo), eval_names(algo),
-                            (run_dir / stage / "stage.json").is_file(), config.get("trainer", {}).get("seed")))
+        finished = (run_dir / result_stage(algo) / "stage.json").is_file()
+        points.append(Point(run_dir.name, run_dir, method_label(algo), eval_names(algo), finished,
+                            config.get("trainer", {}).get("seed")))
     return points
 
 
@@ -129,53 +144,44 @@ def _base_point(sweep_dir: Path) -> Point | None:
     return Point(BASE, folder, BASE_LABEL, ("original", "canonical"), True, None)
 
 
-def _compose_eval(overrides: Sequence[str]) -> Any:
-    from hydra import compose, initialize_config_dir
-
-    from cipr.eval.config import CONFIG_DIR, to_eval_config
-
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        cfg = compose(config_name="eval", overrides=list(overrides))
-    return to_eval_config(cfg)
-
-
 def _export(point: Point, out: Path, call_format: str | None) -> tuple[Path, bool]:
     """Export `point` into `out` unless it already holds this export; (folder, whether it exported)."""
-    from cipr.runtime.export import ExportConfig, _same_export, export, locate
+    from cipr.runtime.export import ExportConfig, export, locate, same_export
 
     if point.name == BASE:
         source, cfg = point.run_dir / "final", ExportConfig(call_format=call_format, names="original")
     else:
         source, cfg = point.run_dir, ExportConfig()
-    if out.is_dir() and _same_export(out, locate(source)):
+    if out.is_dir() and same_export(out, locate(source)):
         return out, False
     return export(source, out, cfg), True
 
 
 def _evaluate(point: Point, model_dir: Path, eval_dir: Path, config: LadderConfig) -> bool:
     """Evaluate an export into `eval_dir` unless done.json says this checkpoint and options are done."""
+    from cipr.eval.config import compose_eval_config
     from cipr.eval.evaluate import evaluate
     from cipr.runtime.export import read_manifest
 
     manifest = read_manifest(model_dir)
-    identity = {"source": manifest.source if manifest else str(model_dir), "overrides": list(config.eval_overrides),
+    identity = {"source": manifest.source if manifest else str(model_dir), "overrides": config.eval_overrides,
                 "consistency": config.consistency, "names": list(point.names)}
     done = eval_dir / DONE
     if done.is_file() and read_json(done) == identity:
         return False
     overrides = ["benchmark=synthetic", *config.eval_overrides, f"model={model_dir}", f"out_dir={eval_dir}",
                  f"names=[{','.join(point.names)}]", f"consistency.enabled={str(config.consistency).lower()}"]
-    evaluate(_compose_eval(overrides))
+    evaluate(compose_eval_config(overrides))
     write_json_atomic(done, identity)
     return True
 
 
-def run_ladder(sweep_dir: str | Path, config: LadderConfig | None = None) -> dict[str, Any]:
-    """Export and evaluate every finished point (skipping finished work), then write the report; returns it."""
-    config = config or LadderConfig()
-    sweep_dir = Path(sweep_dir).expanduser()
+def run_ladder(config: LadderConfig) -> dict[str, Any]:
+    """Export and evaluate every finished point (skipping finished work), then write the report (returned)."""
+    sweep_dir = Path(config.sweep_dir).expanduser()
     if not sweep_dir.is_dir():
-        raise DataError("not a folder: give the sweep folder of `cipr-train -m +sweep=ladder`", file=str(sweep_dir))
+        raise DataError("not a folder: give the sweep folder of `cipr-train -m +sweep=ladder`",
+                        file=str(sweep_dir))
     out = Path(config.out_dir).expanduser() if config.out_dir else sweep_dir / LADDER
     points = discover(sweep_dir)
     if not points:
@@ -207,8 +213,11 @@ def _mean_over_seeds(per_seed: Sequence[Mapping[Any, float]]) -> dict[Any, float
     return {k: math.fsum(v) / len(v) for k, v in acc.items()}
 
 
-def _rows(evals: Path, points: Sequence[Point]) -> tuple[dict[tuple[str, str], dict[str, Any]], Any, ReportConfig]:
-    """(method, names) -> per-item accuracy and consistency scores (seeds averaged), the layout, the config."""
+Rows = dict[tuple[str, str], dict[str, Any]]
+
+
+def _rows(evals: Path, points: Sequence[Point]) -> tuple[Rows, Any, ReportConfig]:
+    """(method, names) -> per-item accuracy and consistency (seeds averaged); the layout; the config."""
     runs: list[tuple[Point, list[dict[str, Any]], list[dict[str, Any]]]] = []
     config = None
     for p in points:
@@ -241,7 +250,8 @@ def _rows(evals: Path, points: Sequence[Point]) -> tuple[dict[tuple[str, str], d
                     row[f"{m}:mean"].append(v["mean"])
     rank = {m: i for i, m in enumerate(ORDER)}
     keys = sorted(grouped, key=lambda k: (rank.get(k[0], len(ORDER)), k[0], k[1] != "original"))
-    rows = {key: {k: (v if k == "points" else _mean_over_seeds(v)) for k, v in grouped[key].items()} for key in keys}
+    rows = {key: {k: (v if k == "points" else _mean_over_seeds(v)) for k, v in grouped[key].items()}
+            for key in keys}
     return rows, lay, config
 
 
@@ -250,7 +260,7 @@ def _est(values: Mapping[Any, float], config: ReportConfig, scale: float = 100.0
                          confidence=config.confidence).to_json(scale=scale)
 
 
-def _diff(a: Mapping[Any, float], b: Mapping[Any, float], config: ReportConfig, scale: float) -> dict[str, Any]:
+def _diff(a: Mapping[Any, float], b: Mapping[Any, float], config: ReportConfig, scale: float) -> dict:
     est, unpaired = paired_difference(a, b, method=config.mean_method, confidence=config.confidence)
     return {**est.to_json(scale=scale), "unpaired": unpaired}
 
@@ -304,8 +314,6 @@ def build_report(evals: Path, points: Sequence[Point], unfinished: Sequence[Poin
             "differences": diffs, "unfinished": [p.name for p in unfinished]}
 
 
-
-
 def render_ladder(report: Mapping[str, Any], sweep_dir: Path | None = None) -> str:
     """ladder.md: Table 1, the consistency table, and the paired differences against both baselines."""
     cols = report["columns"]
@@ -324,7 +332,8 @@ def render_ladder(report: Mapping[str, Any], sweep_dir: Path | None = None) -> s
         if rows:
             unit = "nats" if m == "kl" else "%"
             out += ["", f"## Held-out consistency: {m} ({unit})", "",
-                    table(["Method", "Tool names", *(c.capitalize() if c == "mean" else c for c in ccols)], rows)]
+                    table(["Method", "Tool names", *(c.capitalize() if c == "mean" else c for c in ccols)],
+                          rows)]
     for d in report["differences"].values():
         out += ["", f"## Paired differences against {d['baseline']} (row − baseline, {pct}% CI)", "",
                 table(["Row", *cols, "paired n"],
@@ -351,7 +360,8 @@ def plot_ladder(report: Mapping[str, Any], path: Path) -> Path:
     rows = list(report["rows"].values())
     panels = [("accuracy", [c for c in report["columns"] if c != "gap"], "accuracy (%)")]
     if any(r["consistency"].get("kl") for r in rows):
-        panels.append(("kl", [c for c in report["columns"] if c not in ("gap", "original")], "held-out KL (nats)"))
+        kl_columns = [c for c in report["columns"] if c not in ("gap", "original")]
+        panels.append(("kl", kl_columns, "held-out KL (nats)"))
     fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.5), squeeze=False)
     for ax, (metric, cols, label) in zip(axes[0], panels, strict=True):
         width = 0.8 / max(1, len(rows))
