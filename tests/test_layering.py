@@ -4,6 +4,7 @@ Every `import` and `from ... import` in cipr/ is read with `ast`, including thos
 (a deferred import is still a dependency), and mapped to its unit: a top-level module (`cipr/core/io.py`
 is `io`) or a subpackage (`cipr/train/` is `train`). A unit may import its own layer and the layers
 below; an import of a higher layer is a back-edge and fails with the file, the line and both layers.
+Two units of one layer may not import each other (a cycle between subpackages), nor may modules.
 """
 
 from __future__ import annotations
@@ -25,9 +26,13 @@ LAYERS: list[tuple[str, set[str]]] = [  # bottom first
     ("method", {"method"}),
     ("ops", {"ops"}),
     ("runtime", {"runtime"}),
-    ("train", {"train", "distill"}),
-    ("eval", {"eval", "guard", "serve"}),
+    ("distill", {"distill"}),
+    ("train", {"train"}),
+    ("guard", {"guard"}),
+    ("eval", {"eval"}),
+    ("serve", {"serve"}),
     ("harness", {"tau2"}),
+    ("experiments", {"experiments"}),
     ("cli", {"cli"}),
 ]
 LEVEL = {unit: i for i, (_, units) in enumerate(LAYERS) for unit in units}
@@ -180,6 +185,32 @@ def test_a_deferred_back_edge_is_a_cycle():
              (PACKAGE / "eval" / "consistency_metric.py", "from cipr.eval.report import table\n"),
              (PACKAGE / "eval" / "stats.py", "import math\n")]
     assert _cycles(_module_graph(files)) == [["cipr.eval.consistency_metric", "cipr.eval.report"]]
+
+
+def _unit_graph(files: list[tuple[Path, str | None]]) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path, source in files:
+        here = _unit(_module(path))
+        graph.setdefault(here, set())
+        for _, target in _imports(path, source):
+            there = _unit(target)
+            if there != here and there != "cipr" and here != "cipr":
+                graph[here].add(there)
+                graph.setdefault(there, set())
+    return graph
+
+
+def test_no_cycle_between_subpackages_of_one_layer():
+    cycles = _cycles(_unit_graph([(p, None) for p in _files()]))
+    assert not cycles, "subpackages that import each other (deferred imports count):\n" + "\n".join(
+        " <-> ".join(c) for c in cycles)
+
+
+def test_a_cycle_between_two_units_of_one_layer_is_found():
+    files = [(PACKAGE / "data" / "a.py", "def f():\n    from cipr.scoring.b import g\n"),
+             (PACKAGE / "scoring" / "b.py", "from cipr.data.a import f\n")]
+    assert _cycles(_unit_graph(files)) == [["data", "scoring"]]
+    assert not _back_edges(files)[0]  # one layer: the layer rule alone would let it pass
 
 
 def test_the_root_holds_few_modules():

@@ -14,8 +14,8 @@ need care there, and live here:
   step end (`cipr.ops.preemption`), and passes SIGTERM and SIGINT on to the launcher, which stops its
   workers; it then waits for the launcher and returns its exit status.
 
-`run_entry` is what both training runners (`cipr.train.run`, `cipr.distill.run`) share behind
-`cipr-train`: parse the config, re-launch or train, and map the outcome to an exit status.
+`run_entry` is what the training runner (`cipr.train.run`) runs behind `cipr-train`: parse the config,
+re-launch or train, and map the outcome to an exit status.
 """
 
 from __future__ import annotations
@@ -30,12 +30,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from cipr.core.config import CONFIG_ROOT
 from cipr.ops import NOTICE_ENV
 
 log = logging.getLogger(__name__)
 
 
-DEFAULT_ACCELERATE_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "accelerate" / "ddp.yaml"
+DEFAULT_ACCELERATE_CONFIG = CONFIG_ROOT / "accelerate" / "ddp.yaml"
 NOTICE_SIGNALS = ("SIGUSR1", "SIGUSR2")
 FORWARDED_SIGNALS = ("SIGTERM", "SIGINT")
 

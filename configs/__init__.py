@@ -1,0 +1,1 @@
+"""Hydra configs, shipped in the wheel as `cipr.configs` (setup.py maps this folder)."""
