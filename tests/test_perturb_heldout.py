@@ -44,6 +44,7 @@ def test_registry_lists_every_type_with_its_group() -> None:
     assert len(groups["cost_latency_explicit"]) == 6 and len(groups["cost_latency_implicit"]) == 6
     assert groups["in_distribution"] == ["in_distribution", "relabel_function"]
     assert groups["renaming"] == ["relabel_random"]
+    assert groups["shown"] == ["lookalike_shown", "paraphrase", "reorder"]
     assert {"drift_stale_examples", "drift_renamed_parameters", "drift_distractors", "drift_type_narrowing",
             "drift_enum_replacement", "drift_refactor", "drift_mild", "drift_medium"} == set(groups["drift"])
     assert "in_distribution" not in HELD_OUT and "relabel_function" not in HELD_OUT

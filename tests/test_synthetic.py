@@ -251,3 +251,16 @@ def test_a_malformed_catalog_names_its_file_entry_and_field(tmp_path, old, new, 
     assert expected in str(err.value)
     path.write_text(text, encoding="utf-8")
     assert _read(path).tools == catalog()
+
+
+def test_exclude_holds_back_tools_and_single_templates_and_names_bad_entries():
+    held = ("get_current_weather", "get_weather_forecast#0")
+    exs = generate_synthetic(300, 0, exclude=held)
+    assert all("get_current_weather" not in e.interface.names for e in exs)
+    used = [tuple(t) for e in exs for t in e.meta.get("templates", [])]
+    assert ("get_weather_forecast", 0) not in used and ("get_weather_forecast", 1) in used
+    assert generate_synthetic(50, 0) == generate_synthetic(50, 0, exclude=())  # the default stream is untouched
+    with pytest.raises(ValueError, match="names no template"):
+        generate_synthetic(5, 0, exclude=("get_weather_forecast#7",))
+    with pytest.raises(ValueError, match="not in the synthetic catalog"):
+        generate_synthetic(5, 0, exclude=("no_such_tool",))

@@ -294,6 +294,7 @@ class SyntheticConfig:
     no_call_fraction: float = 0.15
     same_domain_distractors: float = 0.5
     tools: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         lo_hi = tuple(self.tools_per_example)
@@ -306,34 +307,58 @@ class SyntheticConfig:
                              f"no_call_fraction={self.no_call_fraction} and "
                              f"same_domain_distractors={self.same_domain_distractors} must lie in [0, 1], "
                              f"with parallel_fraction + no_call_fraction <= 1")
-        restricted_catalog(self.tools, lo_hi[1])
+        restricted_catalog(self.tools, lo_hi[1], self.exclude)
 
     def generate(self, split: str = "train") -> list[Example]:
         return generate_synthetic(self.n, self.seed, tools_per_example=self.tools_per_example,
                                   parallel_fraction=self.parallel_fraction,
                                   no_call_fraction=self.no_call_fraction,
                                   same_domain_distractors=self.same_domain_distractors, tools=self.tools,
-                                  split=split)
+                                  exclude=self.exclude, split=split)
 
 
-def restricted_catalog(tools: Sequence[str], size: int = 1) -> tuple[CatalogTool, ...]:
-    """The catalog's tools named in `tools`, in catalog order (empty `tools`: the whole catalog).
+def restricted_catalog(tools: Sequence[str], size: int = 1, exclude: Sequence[str] = ()
+                       ) -> tuple[CatalogTool, ...]:
+    """The catalog's tools named in `tools` (empty: the whole catalog), less those `exclude` holds back, in
+    catalog order.
 
-    A narrower task family: every example calls and lists only these tools. ValueError for an unknown
-    name or fewer tools than an interface's `size`.
+    A narrower task family: every example calls and lists only these tools. `exclude` entries are a tool
+    name (never called nor listed) or `tool#k` (that tool's k-th query template, counted from 0, never
+    used; the tool stays). ValueError for an unknown name or template, a tool left without a template, or
+    fewer tools than an interface's `size`.
     """
     cat = catalog()
-    if not tools:
-        return cat
-    known = {c.tool.name for c in cat}
-    unknown = sorted(set(tools) - known)
+    known = {c.tool.name: c for c in cat}
+    unknown = sorted({t for t in [*tools, *(e.partition("#")[0] for e in exclude)]} - set(known))
     if unknown:
         raise ValueError(f"tools: {', '.join(unknown)} not in the synthetic catalog; valid names: "
                          f"{', '.join(sorted(known))}")
-    chosen = tuple(c for c in cat if c.tool.name in set(tools))
+    dropped = {e for e in exclude if "#" not in e}
+    templates: dict[str, set[int]] = {}
+    for entry in (e for e in exclude if "#" in e):
+        name, _, k = entry.partition("#")
+        if not k.isdigit() or int(k) >= len(known[name].intents):
+            raise ValueError(f"exclude: {entry!r} names no template of {name} (it has "
+                             f"{len(known[name].intents)}, counted from 0)")
+        templates.setdefault(name, set()).add(int(k))
+    chosen = []
+    for c in cat:
+        if (tools and c.tool.name not in set(tools)) or c.tool.name in dropped:
+            continue
+        if c.tool.name in templates:
+            kept = tuple(i for k, i in enumerate(c.intents) if k not in templates[c.tool.name])
+            if not kept:
+                raise ValueError(f"exclude: every template of {c.tool.name} is held back; exclude the tool")
+            c = CatalogTool(c.tool, c.domain, kept, c.capability)
+        chosen.append(c)
     if len(chosen) < size:
         raise ValueError(f"tools: {len(chosen)} tools cannot fill interfaces of up to {size} tools")
-    return chosen
+    return tuple(chosen)
+
+
+def template_index(tool: str, template: str) -> int:
+    """The position of `template` among `tool`'s query templates in the catalog (what `tool#k` counts)."""
+    return [i.template for i in next(c for c in catalog() if c.tool.name == tool).intents].index(template)
 
 
 def _interface(rng: random.Random, needed: Sequence[CatalogTool], size: int, excluded_domains: set[str],
@@ -352,10 +377,11 @@ def _interface(rng: random.Random, needed: Sequence[CatalogTool], size: int, exc
 
 
 def _one(i: int, seed: int, lo: int, hi: int, parallel_fraction: float, no_call_fraction: float,
-         same_domain: float, only: tuple[str, ...] = (), split: str = "train") -> Example:
+         same_domain: float, only: tuple[str, ...] = (), exclude: tuple[str, ...] = (),
+         split: str = "train") -> Example:
     stream = "cipr-synthetic" if split == "train" else f"cipr-synthetic-{split}"
     rng = random.Random(f"{stream}:{seed}:{i}")
-    cat = restricted_catalog(only)
+    cat = restricted_catalog(only, 1, exclude)
     r = rng.random()
     kind = ("no_call" if r < no_call_fraction else "parallel" if r < no_call_fraction + parallel_fraction
             else "single")
@@ -381,17 +407,20 @@ def _one(i: int, seed: int, lo: int, hi: int, parallel_fraction: float, no_call_
         else:
             tools = rng.sample(list(cat), count)
         queries: list[str] = []
+        templates: list[list[Any]] = []
         for tool in tools:
             for _ in range(20):  # repeated calls of one tool ask for different things
-                query, call = fill(tool, rng.choice(tool.intents), rng)
+                intent = rng.choice(tool.intents)
+                query, call = fill(tool, intent, rng)
                 if call not in calls:
                     break
+            templates.append([tool.tool.name, template_index(tool.tool.name, intent.template)])
             queries.append(query if not queries else rng.choice(_load().joiners) + _lower_first(query))
             calls.append(call)
         query = " ".join(queries)
         needed = list({t.tool.name: t for t in tools}.values())
         interface = _interface(rng, needed, max(size, len(needed)), set(), same_domain, cat)
-        meta["domains"] = sorted({t.domain for t in needed})
+        meta.update(domains=sorted({t.domain for t in needed}), templates=templates)
     prefix = "synthetic" if split == "train" else f"synthetic-{split}"
     return Example(id=f"{prefix}-{seed}-{i:05d}", messages=(Message("user", query),), interface=interface,
                    reference=tuple(calls), response=response, source="synthetic", partition=kind, meta=meta)
@@ -400,7 +429,7 @@ def _one(i: int, seed: int, lo: int, hi: int, parallel_fraction: float, no_call_
 def generate_synthetic(n: int, seed: int = 0, *, tools_per_example: tuple[int, int] = (2, 5),
                        parallel_fraction: float = 0.25, no_call_fraction: float = 0.15,
                        same_domain_distractors: float = 0.5, tools: Sequence[str] = (),
-                       split: str = "train") -> list[Example]:
+                       exclude: Sequence[str] = (), split: str = "train") -> list[Example]:
     """`n` synthetic Examples, deterministic in (n, seed, options, split).
 
     - `split`: "train" (training data, `cipr-train data=synthetic`) or "test" (the evaluation's
@@ -417,6 +446,9 @@ def generate_synthetic(n: int, seed: int = 0, *, tools_per_example: tuple[int, i
       domains (harder negatives) rather than from the whole catalog.
     - `tools`: catalog tool names the examples are restricted to (empty: the whole catalog), a narrower
       task family (`restricted_catalog`).
+    - `exclude`: tools and single templates (`tool#k`) held back: no example lists such a tool or writes
+      its query with such a template (`restricted_catalog`), e.g. training data for a test split whose
+      (tool, template) pairs were never trained on. `meta["templates"]` records each call's (tool, k).
     """
     lo, hi = tools_per_example
     if n < 0:
@@ -424,13 +456,13 @@ def generate_synthetic(n: int, seed: int = 0, *, tools_per_example: tuple[int, i
     if not 1 <= lo <= hi <= len(catalog()):
         raise ValueError(f"tools_per_example must satisfy 1 <= lo <= hi <= {len(catalog())}, "
                          f"got {tools_per_example}")
-    restricted_catalog(tools, hi)
+    restricted_catalog(tools, hi, exclude)
     fractions = (parallel_fraction, no_call_fraction, same_domain_distractors)
     if min(fractions) < 0 or parallel_fraction + no_call_fraction > 1 or same_domain_distractors > 1:
         raise ValueError("fractions must be in [0, 1] and parallel_fraction + no_call_fraction <= 1")
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    options = (lo, hi, parallel_fraction, no_call_fraction, same_domain_distractors, tuple(tools))
+    options = (lo, hi, parallel_fraction, no_call_fraction, same_domain_distractors, tuple(tools), tuple(exclude))
     if split == "train":
         return [_one(i, seed, *options) for i in range(n)]
     trained = {_item_key(_one(i, seed, *options)) for i in range(TRAIN_GUARD)}

@@ -3,7 +3,8 @@
 `PERTURBATIONS[name] = (group, description, function)`, where `function(example, *, seed, names,
 order) -> (Example, Correspondence)`. Groups are those of the paper's Table 1
 (`typos_distractors`, `cost_latency_explicit`, `cost_latency_implicit`, `in_distribution`), plus
-`drift` for the repair study's types, which Table 1 does not report, and `renaming` (`renaming.py`). RoTBench's level re-application
+`drift` for the repair study's types, which Table 1 does not report, `renaming` (`renaming.py`) and `shown`
+(`shown.py`: a look-alike, paraphrase or reordering of the interface the model sees, after the adapter). RoTBench's level re-application
 pairs two files and lives in `cipr.perturb.rotbench`.
 
 Every function draws from `random.Random` seeded with (seed, item id, type name), so a type is a
@@ -17,14 +18,14 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from cipr.perturb import cost_latency, distractors, drift, renaming, typos
+from cipr.perturb import cost_latency, distractors, drift, renaming, shown, typos
 from cipr.perturb.correspondence import Correspondence
 from cipr.perturb.draft import Draft, rng_for
 from cipr.perturb.training import in_distribution
 from cipr.tools.interface import Example
 
 GROUPS = ("typos_distractors", "cost_latency_explicit", "cost_latency_implicit", "in_distribution", "drift",
-          "renaming")
+          "renaming", "shown")
 Apply = Callable[..., tuple[Example, Correspondence]]
 Builder = Callable[[Draft, random.Random, str], None]
 
@@ -118,9 +119,16 @@ PERTURBATIONS["relabel_random"] = (
     lambda ex, *, seed, names="original", order="original": renaming.rename_all(
         ex, seed=seed, names=names, scheme="random", perturbation="relabel_random"))
 
+_SHOWN_TEXT = {"lookalike_shown": "an unrelated tool named like each called tool's shown name (after the adapter)",
+               "paraphrase": "every tool description reworded (after the adapter)",
+               "reorder": "the tools in a new order, names kept (after the adapter)"}
+for _name, _text in _SHOWN_TEXT.items():
+    PERTURBATIONS[_name] = ("shown", _text, lambda ex, *, seed, names="original", order="original", n=_name:
+                            shown.after_adapter(ex, seed=seed, names=names, perturbation=n, build=shown.BUILDERS[n]))
+
 ORDERED_TYPES = tuple(n for n in PERTURBATIONS if n.startswith(("cost_", "latency_")))
 HELD_OUT = tuple(n for n, (group, _, _) in PERTURBATIONS.items() if group != "in_distribution")
-AFTER_ADAPTER = ("relabel_function", "relabel_random")
+AFTER_ADAPTER = ("relabel_function", "relabel_random", *_SHOWN_TEXT)
 """Types applied to the interface the model sees (under canonical names, after canonicalization)."""
 
 

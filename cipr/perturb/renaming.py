@@ -17,7 +17,6 @@ the canonicalization's map: canonical tool i is original tool i).
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import re
 import string
@@ -25,8 +24,8 @@ from collections.abc import Sequence
 from typing import Literal
 
 from cipr.perturb.correspondence import Correspondence
-from cipr.perturb.draft import Draft, rng_for
-from cipr.tools.canonical import canonicalize
+from cipr.perturb.draft import Draft
+from cipr.perturb.shown import after_adapter
 from cipr.tools.interface import Example
 
 Scheme = Literal["function", "tool", "random"]
@@ -68,22 +67,13 @@ def _words(example: Example) -> set[str]:
 def rename_all(example: Example, *, seed: int, names: str, scheme: Scheme, perturbation: str
                ) -> tuple[Example, Correspondence]:
     """`example` under `names` (canonicalized first for `canonical`), every tool renamed under `scheme`."""
-    if names not in ("original", "canonical"):
-        raise ValueError(f"names must be 'original' or 'canonical', got {names!r}")
-    base, nmap = canonicalize(example) if names == "canonical" else (example, None)
-    if len(set(base.interface.names)) != len(base.interface.names):
-        raise ValueError("tool names repeat: renaming needs one name per tool")
-    draft = Draft(base)
-    old = list(base.interface.names)
-    new = fresh_names(old, scheme, rng_for(seed, example.id, perturbation), _words(base) - set(old))
-    for entry, name in zip(draft.entries, new, strict=True):
-        entry.tool = entry.tool.with_(name=name)
-    draft.rename_in_text(dict(zip(old, new, strict=True)))
-    renamed, corr = draft.finish(names="original", perturbation=perturbation, meta={"seed": seed, "names": names})
-    if nmap is None:
-        return renamed, corr
-    originals = example.interface.names
-    arguments = tuple({w: nmap.arguments.get(cid, {}).get(src, src) for w, src in corr.arguments[i].items()}
-                      for i, cid in enumerate(old))
-    return renamed, dataclasses.replace(corr, sources=tuple((o,) for o in originals), arguments=arguments,
-                                        source_names=originals)
+    def build(draft: Draft, rng: random.Random) -> None:
+        old = [e.tool.name for e in draft.entries]
+        if len(set(old)) != len(old):
+            raise ValueError("tool names repeat: renaming needs one name per tool")
+        new = fresh_names(old, scheme, rng, _words(draft.example) - set(old))
+        for entry, name in zip(draft.entries, new, strict=True):
+            entry.tool = entry.tool.with_(name=name)
+        draft.rename_in_text(dict(zip(old, new, strict=True)))
+
+    return after_adapter(example, seed=seed, names=names, perturbation=perturbation, build=build)

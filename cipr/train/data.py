@@ -61,8 +61,10 @@ class DataConfig:
     `n` (how many examples; 0 = all of a file) and `seed` (held-out split, masking, perturbation)
     mean the same for every source, so they sit here and not in a source's options; the synthetic
     source hands them with `tools_per_example`, `parallel_fraction`, `no_call_fraction`,
-    `same_domain_distractors` and `tools` (a narrower catalog) to the generator's own config (`cipr.data.synthetic.SyntheticConfig`,
-    which owns the defaults and their checks). `on_bad_row` (`raise` or `skip`) is the messages
+    `same_domain_distractors`, `tools` (a narrower catalog) and `exclude` (tools and templates held back)
+    to the generator's own config (`cipr.data.synthetic.SyntheticConfig`,
+    which owns the defaults and their checks). `perturbation_seed` draws the perturbed copies (twins,
+    relabeling, order; None: `seed`), so runs can share their examples and differ in their copies. `on_bad_row` (`raise` or `skip`) is the messages
     source's (`cipr.data.messages.load_messages`); the other sources always raise.
     """
 
@@ -76,6 +78,8 @@ class DataConfig:
     no_call_fraction: float = SyntheticConfig.no_call_fraction
     same_domain_distractors: float = SyntheticConfig.same_domain_distractors
     tools: tuple[str, ...] = SyntheticConfig.tools
+    exclude: tuple[str, ...] = SyntheticConfig.exclude
+    perturbation_seed: int | None = None
     eval_examples: int = 8
     perturbation: Literal["full", "reorder_only", "twins_only", "single_near_duplicate"] = "full"
     twin_wordings: Literal["default", "with_cost"] = "default"
@@ -159,7 +163,8 @@ def synthetic_config(cfg: DataConfig) -> SyntheticConfig:
     """The generator's config for `data.source=synthetic` (ValueError naming a bad range)."""
     return SyntheticConfig(n=cfg.n, seed=cfg.seed, tools_per_example=tuple(cfg.tools_per_example),  # type: ignore[arg-type]
                            parallel_fraction=cfg.parallel_fraction, no_call_fraction=cfg.no_call_fraction,
-                           same_domain_distractors=cfg.same_domain_distractors, tools=tuple(cfg.tools))
+                           same_domain_distractors=cfg.same_domain_distractors, tools=tuple(cfg.tools),
+                           exclude=tuple(cfg.exclude))
 
 
 def check_source(cfg: DataConfig) -> Path | None:
@@ -302,7 +307,8 @@ def build_prompts(examples: Sequence[Example], cfg: DataConfig, *, names: str, p
         from cipr.perturb.training import perturb_for_training
 
         try:
-            copy, corr = perturb_for_training(example, perturb_cfg, seed=cfg.seed)
+            seed = cfg.seed if cfg.perturbation_seed is None else cfg.perturbation_seed
+            copy, corr = perturb_for_training(example, perturb_cfg, seed=seed)
         except (ValueError, DataError) as e:
             skipped[f"perturbation failed: {type(e).__name__}"] += 1
             continue

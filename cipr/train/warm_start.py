@@ -47,7 +47,9 @@ def identity(cfg: Any) -> dict[str, Any]:
     ws.pop("eval_examples")
     ws["seed"] = warm_start_seed(cfg)
     model = dataclasses.asdict(cfg.model)
-    return {"model": model, "data": dataclasses.asdict(cfg.data), "warm_start": ws,
+    data = dataclasses.asdict(cfg.data)
+    data.pop("perturbation_seed", None)  # the warm start trains on no perturbed copy
+    return {"model": model, "data": data, "warm_start": ws,
             "precision": cfg.trainer.precision, "max_grad_norm": cfg.trainer.max_grad_norm,
             "weight_decay": cfg.trainer.weight_decay, "optim": cfg.trainer.optim}
 
