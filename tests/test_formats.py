@@ -35,7 +35,8 @@ WEATHER = Interface((_tool("get_weather", "city", required=("city",)), _tool("ma
 # ---------------------------------------------------------------- registry
 
 def test_registry_holds_the_formats_by_name():
-    assert sorted(FORMATS) == ["compact", "gptoss", "hermes", "llama3_json", "react", "toolrl", "webshop"]
+    assert sorted(FORMATS) == ["compact", "gptoss", "hermes", "llama3_json", "qwen35_xml", "qwen36_xml", "react",
+                               "toolrl", "webshop"]
     for name, cls in FORMATS.items():
         fmt = get_format(name)
         assert isinstance(fmt, cls) and fmt.name == name
@@ -43,8 +44,8 @@ def test_registry_holds_the_formats_by_name():
 
 
 def test_get_format_errors_name_the_valid_formats_and_options():
-    with pytest.raises(ValueError, match="valid names: compact, gptoss, hermes, llama3_json, react, toolrl, webshop, "
-                                         "or auto"):
+    with pytest.raises(ValueError, match="valid names: compact, gptoss, hermes, llama3_json, qwen35_xml, qwen36_xml, "
+                                         "react, toolrl, webshop, or auto"):
         get_format("json")
     with pytest.raises(ValueError, match="does not take options \\['colour'\\]"):
         get_format("hermes", colour="red")
@@ -301,7 +302,9 @@ def _check_decisions(fmt, text: str, calls) -> None:
             assert decisions[-1] is ends[0] and not text[ends[0].start:].startswith(ends[0].opener)
 
 
-@pytest.mark.parametrize("name", sorted(FORMATS))
+# Qwen3.5's XML format writes string values raw, so a string that reads as JSON comes back typed: its round
+# trips draw their own values (tests/test_formats_qwen35.py)
+@pytest.mark.parametrize("name", sorted(set(FORMATS) - {"qwen35_xml", "qwen36_xml"}))
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(data=st.data())
 def test_render_then_parse_round_trips_and_decisions_line_up(name, data):
@@ -329,7 +332,8 @@ _FRAGMENTS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<response>"
               '{"name": "', '"', "{", "}", "[", "]", ":", ",", '"parameters": ', '"arguments": ', "{}", "a", "f.x",
               "Thought:", "Action: ", "Action Input: ", "Final Answer:", "Observation:", "\\", "1", "null",
               "; ", "<|python_tag|>", '"parameters": {}}', "<|start|>assistant", " to=functions.", "<|channel|>",
-              "commentary json", "analysis", "final", "<|message|>", "<|end|>", "<|call|>", "<|return|>"]
+              "commentary json", "analysis", "final", "<|message|>", "<|end|>", "<|call|>", "<|return|>",
+              "<function=", ">\n", "</function>", "<parameter=x>\n", "\n</parameter>\n"]
 _GARBAGE = st.text(max_size=80) | st.lists(st.sampled_from(_FRAGMENTS) | st.text(max_size=3), max_size=30).map("".join)
 
 

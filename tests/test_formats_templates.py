@@ -6,7 +6,8 @@ and gpt-oss (`gptoss`), each on a tiny offline tokenizer that carries TRL's temp
     tests/test_formats.py also run on these formats),
 (c) the one-pass action reader against the brute-force reference on each family's tokenizer,
 (d) `format=auto` picks the family from the template, names what it found when none matches, and yields to an
-    explicit name.
+    explicit name. Qwen3.5's XML format has its own file (tests/test_formats_qwen35.py); its auto-detection,
+    and Qwen3.6/3.8's, is checked here with every other template TRL ships.
 """
 
 from __future__ import annotations
@@ -287,7 +288,11 @@ TRL_TEMPLATES = Path(trl.__file__).parent / "chat_templates"
 
 
 def _expected(stem: str) -> str | None:
-    if stem.startswith(("qwen2_5", "qwen3")) and not stem.startswith(("qwen2_5_vl", "qwen3_5", "qwen3_6", "qwen3_8")):
+    if stem.startswith("qwen3_5"):
+        return "qwen35_xml"
+    if stem.startswith(("qwen3_6", "qwen3_8")):
+        return "qwen36_xml"
+    if stem.startswith(("qwen2_5", "qwen3")) and not stem.startswith("qwen2_5_vl"):
         return "hermes"
     return {"llama3_1": "llama3_json", "llama3_2": "llama3_json", "gptoss": "gptoss",
             "gptoss_training": "gptoss"}.get(stem)
@@ -303,7 +308,8 @@ def test_auto_reads_the_family_of_every_trl_template():
         else:
             seen[path.stem] = detect_format(path.read_text(encoding="utf-8"))
             assert seen[path.stem] == want, path.stem
-    assert {"qwen2_5", "qwen3", "llama3_1", "llama3_2", "gptoss"} <= set(seen)
+    assert {"qwen2_5", "qwen3", "llama3_1", "llama3_2", "gptoss", "qwen3_5_think", "qwen3_5_nothink",
+            "qwen3_6", "qwen3_8"} <= set(seen)
 
 
 @pytest.mark.parametrize("template", sorted(FAMILY_FORMAT))
@@ -315,7 +321,7 @@ def test_auto_resolves_from_the_tokenizer_and_a_name_overrides(template):
 
 
 @pytest.mark.parametrize("template, found", [
-    ("qwen3_5_think", "<function= (XML calls"),
+    ("nemotron_3_nano", "<function= (XML calls in a turn layout other than Qwen3.5's (Nemotron 3)"),
     ("glm4moe", "<arg_key> (GLM-4.5"),
     ("gemma4", "<|tool_call> (Gemma 4"),
     ("llama3", "<|start_header_id|> (Llama 3 headers); it never reads `tools`"),

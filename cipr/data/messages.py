@@ -70,7 +70,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean
@@ -104,7 +104,7 @@ class MessagesData:
     """What one load read: the examples, how many rows, and the bad rows skipped (by reason).
 
     `tools_per_row` holds the number of declared tools of each row used; `skip_details` the first
-    few full messages of each skip reason (for `cipr-data stats messages`).
+    few full messages of each skip reason (for `cipr-data stats source=messages`).
     """
 
     examples: list[Example] = field(default_factory=list)
@@ -401,11 +401,13 @@ def checked_path(path: str | None, what: str, option: str) -> Path:
 
 
 
-def load_messages(path: str | Path, *, on_bad_row: OnBadRow = "raise", unit: Unit = "turn") -> MessagesData:
+def load_messages(path: str | Path, *, on_bad_row: OnBadRow = "raise", unit: Unit = "turn",
+                  rows: Iterable[RawRow] | None = None) -> MessagesData:
     """Every row under `path` as Examples; a bad row raises (`on_bad_row="raise"`) or is counted and skipped.
 
     `unit`: "turn", an Example per assistant turn (`row_examples`: training prompts, evaluation items);
     "conversation", one per row (`row_conversation`: the trajectories self-distillation trains on).
+    `rows`: the rows of `path` already read (converted from another format, `cipr.data.row_formats`).
     """
     if unit not in UNITS:
         raise ValueError(f"unit={unit!r}; choose one of {', '.join(UNITS)}")
@@ -413,7 +415,7 @@ def load_messages(path: str | Path, *, on_bad_row: OnBadRow = "raise", unit: Uni
         raise ValueError(f"on_bad_row={on_bad_row!r}; choose one of {', '.join(ON_BAD_ROW)}")
     out = MessagesData()
     seen: set[str] = set()
-    for raw in read_rows(path):
+    for raw in read_rows(path) if rows is None else rows:
         out.rows += 1
         try:
             if unit == "turn":
@@ -442,7 +444,7 @@ def load_messages(path: str | Path, *, on_bad_row: OnBadRow = "raise", unit: Uni
 
 
 def messages_stats(data: MessagesData) -> dict[str, Any]:
-    """Counts of one load, as `cipr-data stats messages` prints them."""
+    """Counts of one load, as `cipr-data stats source=messages` prints them."""
     per_turn = Counter(len(e.reference) for e in data.examples if e.reference)
     tools = data.tools_per_row
     return {

@@ -9,13 +9,17 @@ appear in the template source:
   `"parameters"` key.
 - `gptoss` (gpt-oss): messages addressed `to=` `functions.<name>`, with harmony's `<|channel|>` and
   `<|call|>` control tokens.
+- `qwen35_xml` (Qwen3.5) and `qwen36_xml` (Qwen3.6, Qwen3.8): XML calls, `<tool_call>\n<function=NAME>`
+  written after `\n\n` when the turn has text; Qwen3.5 writes non-string values with `| string`, the
+  later ones with `tojson`.
 
-Checked on every template TRL 1.16 ships (`trl/chat_templates/`, tested): the Qwen2.5/Qwen3 ones are hermes,
-llama3_1/llama3_2 llama3_json, gptoss gptoss, and all others match none. A template that matches no family,
-or more than one, is an error that names the call markers found in it (Qwen3.5's and Nemotron's XML
-`<function=...>`, GLM's `<arg_key>`, Gemma 4's `<|tool_call>`, LFM2's `<|tool_call_start|>`, ...) or says
-that it never reads `tools`; an explicit format name is the way out. A template given as a dict of named
-templates is read from its `tool_use` entry when it has one, else from all of them.
+Checked on every template TRL ships (`trl/chat_templates/`, tested): the Qwen2.5/Qwen3 ones are hermes,
+llama3_1/llama3_2 llama3_json, gptoss gptoss, qwen3_5_* qwen35_xml, qwen3_6*/qwen3_8* qwen36_xml, and all
+others match none. A template that matches no family, or more than one, is an error that names the call
+markers found in it (Nemotron 3's XML `<function=...>` in its own turn layout, GLM's `<arg_key>`, Gemma 4's
+`<|tool_call>`, LFM2's `<|tool_call_start|>`, ...) or says that it never reads `tools`; an explicit format
+name is the way out. A template given as a dict of named templates is read from its `tool_use` entry when
+it has one, else from all of them.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 AUTO = "auto"
+XML_CALL_AFTER_TEXT = "'\\n\\n<tool_call>\\n<function='"
+"""How the Qwen3.5+ templates' source writes a call after text (Nemotron 3's writes its calls otherwise)."""
 
 
 @dataclass(frozen=True)
@@ -47,11 +53,13 @@ FAMILIES: tuple[Family, ...] = (
     Family("hermes", "Qwen2.5 / Qwen3", ("<tool_call>", re.compile(r'\\?"arguments\\?"\s*:'))),
     Family("llama3_json", "Llama 3.1 / 3.2", ("<|start_header_id|>", '"parameters": ')),
     Family("gptoss", "gpt-oss", ("to=", "functions.", "<|channel|>", "<|call|>")),
+    Family("qwen35_xml", "Qwen3.5", (XML_CALL_AFTER_TEXT, "is not string) else args_value | string")),
+    Family("qwen36_xml", "Qwen3.6 / 3.8", (XML_CALL_AFTER_TEXT, "string if args_value is string else")),
 )
 
 CALL_MARKERS: dict[str, str] = {
     "<tool_call>": "Hermes/Qwen tags",
-    "<function=": "XML calls (Qwen3.5, Nemotron 3)",
+    "<function=": "XML calls in a turn layout other than Qwen3.5's (Nemotron 3)",
     "<arg_key>": "GLM-4.5 XML arguments",
     "<|tool_call>": "Gemma 4 calls",
     "<|tool_call_start|>": "LFM2 calls",
