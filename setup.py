@@ -1,4 +1,5 @@
-"""The one thing pyproject.toml cannot say: configs/ (at the repository's top level) ships as `cipr.configs`."""
+"""The one thing pyproject.toml cannot say: configs/ (at the repository's top level) ships as
+`cipr.configs`."""
 
 from setuptools import find_packages, setup
 

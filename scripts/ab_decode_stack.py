@@ -39,11 +39,12 @@ def lib_generate(model, tokenizer, prompts: list[str], bs: int, max_new: int, ca
     texts: dict[int, str] = {}
     for s in range(0, len(order), bs):
         idx = order[s:s + bs]
-        enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True,
+                        add_special_tokens=False)
         kw = {"cache_implementation": cache} if cache else {}
         with torch.inference_mode():
-            out = model.generate(**enc, do_sample=False, max_new_tokens=max_new, pad_token_id=tokenizer.pad_token_id,
-                                 eos_token_id=ends, **kw)
+            out = model.generate(**enc, do_sample=False, max_new_tokens=max_new,
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=ends, **kw)
         for i, row in zip(idx, out[:, enc["input_ids"].shape[1]:].tolist(), strict=True):
             cut = next((j for j, t in enumerate(row) if t in ends), len(row))
             texts[i] = tokenizer.decode(row[:cut], skip_special_tokens=False)
@@ -66,7 +67,8 @@ def main() -> None:
     examples = load_bfcl(None, ["simple_python"])[: args.n + 1]
     reqs = [GenRequest(e) for e in examples[1:]]
     prompts = [fmt.render_prompt(tokenizer, r.example.messages, r.example.interface) for r in reqs]
-    backends = {bs: HFBackend(model, tokenizer, fmt, GreedyConfig(batch_size=bs, max_new_tokens=args.max_new_tokens))
+    backends = {bs: HFBackend(model, tokenizer, fmt,
+                              GreedyConfig(batch_size=bs, max_new_tokens=args.max_new_tokens))
                 for bs in (1, 8)}
     for b in backends.values():  # warm-up
         b.generate([GenRequest(examples[0])] * 2)
@@ -77,7 +79,8 @@ def main() -> None:
         ps = prompts if bs > 1 else prompts[:args.single]
         if name == "cipr":
             return [g.text for g in backends[bs].generate(reqs if bs > 1 else reqs[:args.single])]
-        return lib_generate(model, tokenizer, ps, bs, args.max_new_tokens, None if name == "lib_dynamic" else "static")
+        return lib_generate(model, tokenizer, ps, bs, args.max_new_tokens,
+                            None if name == "lib_dynamic" else "static")
 
     names = ["cipr", "lib_dynamic", "lib_static"]
     rates: dict[tuple[str, int], list[float]] = {}
@@ -91,7 +94,8 @@ def main() -> None:
                 dt = time.perf_counter() - t
                 n = args.n if bs > 1 else args.single
                 rates.setdefault((name, bs), []).append(n / dt)
-                print(f"repetition {rep + 1} {name} batch {bs}: {n / dt:.3f} items/s ({dt:.1f} s)", flush=True)
+                print(f"repetition {rep + 1} {name} batch {bs}: {n / dt:.3f} items/s ({dt:.1f} s)",
+                      flush=True)
     med = {k: statistics.median(v) for k, v in rates.items()}
     for (name, bs), v in sorted(rates.items()):
         print(f"{name} batch {bs}: {med[name, bs]:.3f} items/s [{min(v):.3f}-{max(v):.3f}]")
@@ -101,7 +105,8 @@ def main() -> None:
         print(f"batch {bs}: cipr / {best} = {med['cipr', bs] / med[best, bs]:.2f} "
               f"(identical texts cipr vs lib_dynamic: {same}/{len(texts['cipr', bs])})")
     for name in names:
-        print(f"{name}: batch 8 / batch 1 = {med[name, 8] / med[name, 1]:.2f} (different items: not bench_eval's speedup)")
+        print(f"{name}: batch 8 / batch 1 = {med[name, 8] / med[name, 1]:.2f} (different items: not "
+              "bench_eval's speedup)")
     print(f"wall time {time.perf_counter() - t_start:.0f} s")
 
 

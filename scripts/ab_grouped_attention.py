@@ -49,7 +49,8 @@ def _grouped(fold: bool):
     def forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
                 dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None,
                 **kwargs: Any) -> tuple[torch.Tensor, None]:
-        """transformers' attention signature: query [B, H, Lq, D], key/value [B, K, Lk, D] -> [B, Lq, H, D]."""
+        """transformers' attention signature: query [B, H, Lq, D], key/value [B, K, Lk, D] -> [B, Lq, H,
+        D]."""
         groups = getattr(module, "num_key_value_groups", 1)
         if attention_mask is None or groups == 1 or kwargs.get("position_bias") is not None:
             return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
@@ -87,7 +88,8 @@ def main() -> None:
     examples = load_bfcl(None, ["simple_python"])[: args.n + 1]
     warm, reqs = [GenRequest(examples[0])], [GenRequest(e) for e in examples[1:]]
     single = reqs[::args.single_every]
-    backends = {bs: HFBackend(model, tokenizer, fmt, GreedyConfig(batch_size=bs, max_new_tokens=args.max_new_tokens))
+    backends = {bs: HFBackend(model, tokenizer, fmt,
+                              GreedyConfig(batch_size=bs, max_new_tokens=args.max_new_tokens))
                 for bs in (1, 8)}
     names = list(VARIANTS)
     rates: dict[tuple[str, int], list[float]] = {(n, bs): [] for n in names for bs in (1, 8)}

@@ -71,8 +71,8 @@ def interface(n: int) -> Interface:
 def query(tokenizer: Any, fmt_name: str, n: int) -> ActionQuery:
     fmt = get_format(fmt_name)
     iface = interface(n)
-    prompt = fmt.render_prompt(tokenizer, [Message("user", "What is the weather in Paris, and the stock price "
-                                                           "of ACME? Use the tools.")], iface)
+    prompt = fmt.render_prompt(tokenizer, [Message("user", "What is the weather in Paris, and the stock "
+                                                           "price of ACME? Use the tools.")], iface)
     calls = [Call(iface[0].name, {"arg_01": "Paris", "arg_02": 1}), Call(iface[1].name, {"arg_01": "ACME"})]
     response = fmt.render_target(calls, think="The user asks two things, so I call two tools.")
     return ActionQuery.from_format(fmt, prompt, response, iface.names)
@@ -83,7 +83,8 @@ CLOCK: Callable[[], float] = time.perf_counter
 
 def timed(fns: dict[str, Callable[[], Any]], repeats: int, grad: bool, rare: dict[str, int]
           ) -> tuple[dict[str, list[float]], dict[str, Any]]:
-    """Seconds of each function in each of `repeats` interleaved rounds (after one warm-up round), last outputs.
+    """Seconds of each function in each of `repeats` interleaved rounds (after one warm-up round), last
+    outputs.
 
     Interleaving spreads the drift of a shared machine's load evenly over the functions compared. A
     function in `rare` (the brute force, tens of forwards) runs only in that many rounds, not in the warm-up.
@@ -114,7 +115,8 @@ def spread(values: list[float]) -> Spread:
 
 def bench(name: str, model: Any, tokenizer: Any, fmt_name: str, tools: list[int], repeats: int, grad: bool,
           brute_repeats: int) -> dict[int, tuple[Spread, Spread]]:
-    """One table row per tool count and reader mode; returns {tools: (vs_forward, vs_bruteforce)} of DEFAULT."""
+    """One table row per tool count and reader mode; returns {tools: (vs_forward, vs_bruteforce)} of
+    DEFAULT."""
     ratios = {}
     device = next(model.parameters()).device
     for n in tools:
@@ -155,7 +157,8 @@ def main() -> None:
     begin = time.perf_counter()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--format", default="hermes", help="call format (toolrl, hermes, react, webshop)")
-    parser.add_argument("--full", action="store_true", help="the full sweep: tiny and smollm2, 4, 8 and 16 tools")
+    parser.add_argument("--full", action="store_true",
+                        help="the full sweep: tiny and smollm2, 4, 8 and 16 tools")
     parser.add_argument("--tools", default=None, help="tool counts (default 8; 4,8,16 with --full)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--brute-repeats", type=int, default=2, help="rounds that also time the brute force")
@@ -178,7 +181,8 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"# median [min-max] over {args.repeats} rounds ({args.brute_repeats} for the brute force); times are medians")
+    print(f"# median [min-max] over {args.repeats} rounds ({args.brute_repeats} for the brute force); times "
+          "are medians")
     print(f"{'model':<8} {'mode':<12} {'tools':>5} {'tokens':>6} {'dec':>3} {'packed':>6} {'fwd ms':>9} "
           f"{'read ms':>9} {'brute ms':>10} {'vs fwd':>17} {'vs brute':>17} {'max|dlog|':>9}")
     if "tiny" in models:

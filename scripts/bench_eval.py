@@ -72,7 +72,8 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per item")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--single-every", type=int, default=2, help="batch size 1 runs on every k-th item")
-    p.add_argument("--batch-size", type=int, default=default_bs, help=f"the batched setting (default {default_bs})")
+    p.add_argument("--batch-size", type=int, default=default_bs,
+                   help=f"the batched setting (default {default_bs})")
     p.add_argument("--partition", default="simple_python")
     p.add_argument("--device", default="auto")
     p.add_argument("--data-root", "--root", dest="root", default=None, metavar="DIR",
@@ -93,9 +94,9 @@ def main() -> None:
                      max_new_tokens=args.max_new_tokens)
     t0 = time.perf_counter()
     model, tokenizer = load_model(cfg)
-    print(f"model {args.model} loaded in {time.perf_counter() - t0:.1f} s on {next(model.parameters()).device}, "
-          f"{next(model.parameters()).dtype}, attention {model.config._attn_implementation}, torch threads "
-          f"{torch.get_num_threads()}")
+    print(f"model {args.model} loaded in {time.perf_counter() - t0:.1f} s on "
+          f"{next(model.parameters()).device}, {next(model.parameters()).dtype}, attention "
+          f"{model.config._attn_implementation}, torch threads {torch.get_num_threads()}")
     fmt = get_format("toolrl")
     examples = load_bfcl(args.root, [args.partition])[: args.n + 1]
     warm = [GenRequest(examples[0])]
@@ -120,11 +121,12 @@ def main() -> None:
             for k, v in where.items():
                 parts[bs].setdefault(k, []).append(v)
         print(f"repetition {rep + 1}: batch 1 {rates[1][-1]:.3f} items/s; batch {args.batch_size} "
-              f"{rates[args.batch_size][-1]:.3f} items/s; speedup {rates[args.batch_size][-1] / rates[1][-1]:.2f}")
+              f"{rates[args.batch_size][-1]:.3f} items/s; speedup "
+              f"{rates[args.batch_size][-1] / rates[1][-1]:.2f}")
     speedups = [b / a for a, b in zip(rates[1], rates[args.batch_size], strict=True)]
     for bs, where in parts.items():
-        print(f"hf batch_size={bs}: {spread(rates[bs])} items/s; prefill {spread(where['prefill_s_per_item'])} "
-              f"s/item, decode step {spread(where['step_ms'])} ms")
+        print(f"hf batch_size={bs}: {spread(rates[bs])} items/s; prefill "
+              f"{spread(where['prefill_s_per_item'])} s/item, decode step {spread(where['step_ms'])} ms")
     same = sum(a == b for a, b in zip(outputs[1], outputs[args.batch_size][::args.single_every], strict=True))
     print(f"identical outputs at batch size 1 and {args.batch_size}: {same}/{len(single)}")
     if not args.no_vllm and importlib.util.find_spec("vllm") is not None:
@@ -133,8 +135,8 @@ def main() -> None:
             # when that much is not free (this process already holds the HF model)
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
             print("vllm: VLLM_CPU_KVCACHE_SPACE=1 (GiB of key/value cache; set it to override)")
-        vllm = make_backend(EvalConfig(model=args.model, backend="vllm", max_new_tokens=args.max_new_tokens), fmt,
-                            tokenizer=tokenizer)
+        vllm = make_backend(EvalConfig(model=args.model, backend="vllm", max_new_tokens=args.max_new_tokens),
+                            fmt, tokenizer=tokenizer)
         vllm.generate(warm)
         vrates = []
         for _ in range(args.repeats):
@@ -144,7 +146,8 @@ def main() -> None:
                 raise SystemExit(f"vllm: {len(errors)} generation errors, first: {errors[0]}")
             vrates.append(len(reqs) / (time.perf_counter() - t))
         ratio = statistics.median(vrates) / statistics.median(rates[args.batch_size])
-        print(f"vllm (all items at once): {spread(vrates)} items/s = {ratio:.2f}x hf at batch {args.batch_size}")
+        print(f"vllm (all items at once): {spread(vrates)} items/s = {ratio:.2f}x hf at batch "
+              f"{args.batch_size}")
     print(f"wall time {time.perf_counter() - started:.0f} s")
     print(f"speedup={spread(speedups)}")
 

@@ -46,7 +46,8 @@ def main() -> None:
             b = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32)
             AutoTokenizer.from_pretrained(converted / RAW_TOKENIZER)
             folder_s.append(time.perf_counter() - t)
-            same = all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+            same = all(torch.equal(x, y)
+                       for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
             if not same:
                 raise SystemExit("the cached folder's tensors differ from the GGUF's")
         print(f"GGUF load: {spread(gguf_s)} s; cached folder load: {spread(folder_s)} s; tensors identical")

@@ -1,4 +1,5 @@
-"""Step cost of CIPR against multi-interface training, and of our GRPO against stock TRL, on identical rollouts.
+"""Step cost of CIPR against multi-interface training, and of our GRPO against stock TRL, on identical
+rollouts.
 
 Both algorithms see the same interfaces and, here, the same rollouts: the trainers are built from
 one initial model, and each repetition draws its completions with `ReplayRollouts` (reference calls,
@@ -79,8 +80,8 @@ def build(model_name: str, workdir: Path, pairs: int, g: int, max_len: int, tool
     return model, tokenizer, fmt, prompts
 
 
-def make_trainer(algo: str, model: Any, tokenizer: Any, fmt: Any, prompts: Any, g: int, pairs: int, max_len: int,
-                 out: Path) -> Any:
+def make_trainer(algo: str, model: Any, tokenizer: Any, fmt: Any, prompts: Any, g: int, pairs: int,
+                 max_len: int, out: Path) -> Any:
     from datasets import Dataset
     from trl import GRPOConfig
 
@@ -89,9 +90,9 @@ def make_trainer(algo: str, model: Any, tokenizer: Any, fmt: Any, prompts: Any, 
     from cipr.train.replay import ReplayRollouts
     from cipr.train.reward import RolloutScorer
 
-    args = GRPOConfig(output_dir=str(out / algo), per_device_train_batch_size=2 * g * pairs, num_generations=g,
-                      max_completion_length=max_len, learning_rate=1e-6, bf16=False, gradient_checkpointing=True,
-                      gradient_checkpointing_kwargs={"use_reentrant": False},
+    args = GRPOConfig(output_dir=str(out / algo), per_device_train_batch_size=2 * g * pairs,
+                      num_generations=g, max_completion_length=max_len, learning_rate=1e-6, bf16=False,
+                      gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False},
                       report_to="none", use_cpu=not torch.cuda.is_available(), beta=0.0, loss_type="grpo",
                       logging_steps=1, disable_tqdm=True, remove_unused_columns=False)
     scorer = RolloutScorer(prompts.records, fmt, tokenizer, [tokenizer.eos_token_id, tokenizer.pad_token_id])
@@ -161,10 +162,13 @@ def bench_model(name: str, repeats: int, pairs: int, g: int, max_len: int, algos
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model, tokenizer, fmt, prompts = build(name, work, pairs, g, max_len, tools)
-        trainers = {algo: make_trainer(algo, copy.deepcopy(model), tokenizer, fmt, prompts, g, pairs, max_len, work)
+        trainers = {algo: make_trainer(algo, copy.deepcopy(model), tokenizer, fmt, prompts, g, pairs,
+                                       max_len, work)
                     for algo in algos}
-        times: dict[str, dict[str, list[float]]] = {a: {"gen": [], "score": [], "update": []} for a in trainers}
-        for r in tqdm(range(repeats + 1), desc=f"{name}: repetitions (first is warm-up)"):  # warm-up not counted
+        times: dict[str, dict[str, list[float]]] = {a: {"gen": [], "score": [], "update": []}
+                                                    for a in trainers}
+        # warm-up not counted
+        for r in tqdm(range(repeats + 1), desc=f"{name}: repetitions (first is warm-up)"):
             inputs = batch_rows(trainers["cipr"], (r * pairs) % (len(prompts.records) // 2 - pairs), pairs, g)
             gen = {"ours": time_generation(trainers["cipr"], inputs),  # not timed in the warm-up: its times
                    "trl": time_generation(trainers["trl"], inputs)} if r else {}  # would be discarded anyway
@@ -180,19 +184,23 @@ def bench_model(name: str, repeats: int, pairs: int, g: int, max_len: int, algos
                 raise RuntimeError("the trainers did not see identical rollouts")
     med = {a: {k: statistics.median(v) for k, v in t.items()} for a, t in times.items()}
     step = {a: [sum(x) for x in zip(*t.values(), strict=True)] for a, t in times.items()}
-    print(f"\n{name}: {pairs} pair(s) x G={g} x 2 interfaces per step, {repeats} repetitions (medians, seconds)")
+    print(f"\n{name}: {pairs} pair(s) x G={g} x 2 interfaces per step, {repeats} repetitions (medians, "
+          "seconds)")
     print(f"{'algo':<16}{'generation':>12}{'scoring':>10}{'update':>10}{'step':>10}")
     for algo, m in med.items():
-        print(f"{algo:<16}{m['gen']:>12.3f}{m['score']:>10.3f}{m['update']:>10.3f}{statistics.median(step[algo]):>10.3f}")
+        print(f"{algo:<16}{m['gen']:>12.3f}{m['score']:>10.3f}{m['update']:>10.3f}"
+              f"{statistics.median(step[algo]):>10.3f}")
     per_rep = {
         "step": [a / b for a, b in zip(step["cipr"], step["multi_interface"], strict=True)],
-        "update": [a / b for a, b in zip(times["cipr"]["update"], times["multi_interface"]["update"], strict=True)],
+        "update": [a / b
+                   for a, b in zip(times["cipr"]["update"], times["multi_interface"]["update"], strict=True)],
         "vs_trl": [a / b for a, b in zip(step["grpo"], step["trl"], strict=True)],
         "vs_trl_train": [(a1 + a2) / (b1 + b2) for a1, a2, b1, b2 in zip(
             times["grpo"]["score"], times["grpo"]["update"], times["trl"]["score"], times["trl"]["update"],
             strict=True)],
     }
-    unfolded = (f" (unfolded: update_ratio={med['cipr_unfolded']['update'] / med['multi_interface']['update']:.2f})"
+    unfolded = (" (unfolded: "
+                f"update_ratio={med['cipr_unfolded']['update'] / med['multi_interface']['update']:.2f})"
                 if "cipr_unfolded" in med else "")
     print(f"{name}: " + " ".join(f"{k}={statistics.median(v):.2f} {spread(v)}" for k, v in per_rep.items())
           + unfolded)
@@ -215,8 +223,8 @@ def main() -> None:
     models = args.models or ("tiny,smollm2" if args.full else "smollm2")
     for name in models.split(","):
         low, high = (int(x) for x in args.tools.split(","))
-        per_rep = bench_model(name.strip(), args.repeats, args.pairs, args.generations, args.max_completion_length,
-                              FULL_ALGOS if args.full else ALGOS, (low, high))
+        per_rep = bench_model(name.strip(), args.repeats, args.pairs, args.generations,
+                              args.max_completion_length, FULL_ALGOS if args.full else ALGOS, (low, high))
         for k, v in per_rep.items():
             if k not in worst or statistics.median(v) > statistics.median(worst[k]):
                 worst[k] = v

@@ -1,5 +1,5 @@
-"""Does CIPR's rescoring term lower the held-out relabel KL when it is given enough weight? (The positive control
-of docs/results/cpu_evidence.md, in isolation.)
+"""Does CIPR's rescoring term lower the held-out relabel KL when it is given enough weight? (The positive
+control of docs/results/cpu_evidence.md, in isolation.)
 
 From one model folder (e.g. an export of the evidence experiment's multi-interface point), two copies are
 trained on the same canonical training pairs, batch by batch:
@@ -9,7 +9,8 @@ Before and after, both read the held-in quantity on held-out evaluation items: K
 the reference decisions (`cipr-eval`'s consistency metric, type `relabel_function`), and the action accuracy.
 
     # the second run's arms' setting (every layer, 5e-5):
-    .venv/bin/python scripts/positive_control.py runs/cpu_evidence/smollm2-135m/evidence/exports/multi_interface_s0 --lr 5e-5
+    .venv/bin/python scripts/positive_control.py \\
+        runs/cpu_evidence/smollm2-135m/evidence/exports/multi_interface_s0 --lr 5e-5
     # the first run's setting (top 10 of 30 layers, 1e-4):
     .venv/bin/python scripts/positive_control.py DIR --freeze-bottom 20 --lr 1e-4
 
@@ -40,7 +41,8 @@ def main() -> None:
     p.add_argument("--freeze-embeddings", action="store_true",
                    help="freeze the token embeddings (and so a tied output head) while every layer trains")
     p.add_argument("--freeze-bottom", type=int, default=0,
-                   help="layers frozen from the bottom (0: every layer trains, the second run's setting; 20: the first's)")
+                   help="layers frozen from the bottom (0: every layer trains, the second run's setting; 20: "
+                        "the first's)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -66,12 +68,13 @@ def main() -> None:
     items, _, _ = build(cfg)
     pairs, _ = build_pairs(load_examples(cfg), items, cfg.seed)
     data = DataConfig(n=400, seed=7, eval_examples=0, **options)
-    records = [r for r in build_prompts(load_training(data), data, names="canonical", perturbed=False, fmt=fmt,
-                                        tokenizer=tokenizer).records]
+    records = [r for r in build_prompts(load_training(data), data, names="canonical", perturbed=False,
+                                        fmt=fmt, tokenizer=tokenizer).records]
 
     def load() -> torch.nn.Module:
         m = AutoModelForCausalLM.from_pretrained(args.model_dir, attn_implementation="sdpa")
-        if args.freeze_bottom:  # only layers k.. train: unlike `model.freeze_bottom_layers`, the final norm is frozen
+        # only layers k.. train: unlike `model.freeze_bottom_layers`, the final norm is frozen
+        if args.freeze_bottom:
             # too (the first run's control was measured this way; kept so its figures reproduce)
             for name, param in m.named_parameters():
                 layer = name.split("layers.")[1].split(".")[0] if "layers." in name else None
@@ -90,7 +93,8 @@ def main() -> None:
         return kl, sum(acc) / len(acc)
 
     def train(model: torch.nn.Module, lam: float) -> None:
-        opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=args.lr, weight_decay=0.0)
+        opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=args.lr,
+                                weight_decay=0.0)
         for step in range(args.steps):
             batch = records[step * args.batch:(step + 1) * args.batch]
             queries = canonical_queries(batch, fmt, tokenizer.eos_token)
@@ -112,8 +116,8 @@ def main() -> None:
             if args.trace and lam:  # the term on this step's own pairs, before and after its update
                 with torch.no_grad():
                     after, _ = rescoring_term(model, tokenizer, batch, fmt, RelabelConfig(), seeds)
-                print(f"  step {step + 1}: KL_rescore on its pairs {float(value.detach()):.4f} -> {float(after):.4f} "
-                      f"(after the update)", flush=True)
+                print(f"  step {step + 1}: KL_rescore on its pairs {float(value.detach()):.4f} -> "
+                      f"{float(after):.4f} (after the update)", flush=True)
 
     start = time.time()
     results = {}
@@ -124,15 +128,15 @@ def main() -> None:
         train(model, lam)
         after, acc1 = held_out(model)
         results[label] = after
-        print(f"{label}: held-out relabel KL {sum(before) / len(before):.4f} -> {sum(after) / len(after):.4f}; "
-              f"action accuracy {acc0:.3f} -> {acc1:.3f} ({len(after)} items, {args.steps} steps of {args.batch})",
-              flush=True)
+        print(f"{label}: held-out relabel KL {sum(before) / len(before):.4f} -> "
+              f"{sum(after) / len(after):.4f}; action accuracy {acc0:.3f} -> {acc1:.3f} ({len(after)} items, "
+              f"{args.steps} steps of {args.batch})", flush=True)
     a, b = results.values()
     d = [y - x for x, y in zip(a, b, strict=True)]
     mean = sum(d) / len(d)
     sd = math.sqrt(sum((v - mean) ** 2 for v in d) / (len(d) - 1))
-    print(f"B - A held-out relabel KL after training: {mean:+.4f} ± {1.96 * sd / math.sqrt(len(d)):.4f} (paired over "
-          f"{len(d)} items; B lower on {sum(v < 0 for v in d)}); {time.time() - start:.0f} s")
+    print(f"B - A held-out relabel KL after training: {mean:+.4f} ± {1.96 * sd / math.sqrt(len(d)):.4f} "
+          f"(paired over {len(d)} items; B lower on {sum(v < 0 for v in d)}); {time.time() - start:.0f} s")
 
 
 if __name__ == "__main__":

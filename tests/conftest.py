@@ -32,15 +32,15 @@ LEFT_OUT: set[str] = set()
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    """`extended(seconds=S, name=N, after=A)`: where CIPR_TEST_DEADLINE (Unix time) is set, a test that may not
-    finish before it is skipped with the numbers (support/budget.py). CI sets the deadline from its own budget;
-    without it every test runs."""
+    """`extended(seconds=S, name=N, after=A)`: where CIPR_TEST_DEADLINE (Unix time) is set, a test that may
+    not finish before it is skipped with the numbers (support/budget.py). CI sets the deadline from its own
+    budget; without it every test runs."""
     mark = item.get_closest_marker("extended")
     deadline = os.environ.get("CIPR_TEST_DEADLINE")
     if mark is None or not deadline:
         return
-    reason = budget_verdict(float(deadline) - time.time(), float(mark.kwargs["seconds"]), mark.kwargs.get("after"),
-                            LEFT_OUT)
+    reason = budget_verdict(float(deadline) - time.time(), float(mark.kwargs["seconds"]),
+                            mark.kwargs.get("after"), LEFT_OUT)
     if reason is not None:
         if mark.kwargs.get("name"):
             LEFT_OUT.add(mark.kwargs["name"])

@@ -37,7 +37,8 @@ def main() -> None:
         def train(self, *args, **kwargs):
             result = original(self, *args, **kwargs)
             state = self.accelerator.unwrap_model(self.model).state_dict()
-            torch.save({k: v.detach().cpu().clone() for k, v in state.items()}, out / f"weights_{stage}_rank{rank}.pt")
+            torch.save({k: v.detach().cpu().clone() for k, v in state.items()},
+                       out / f"weights_{stage}_rank{rank}.pt")
             return result
         return train
 

@@ -31,7 +31,8 @@ def weather_example() -> Example:
                                          "days? Please include every detail you have."),),
         Interface((FLIGHTS, WEATHER)),
         (Call("get_weather", {"city": "San Francisco", "units": "celsius", "days": 3, "detailed": True}),),
-        accepted=({"city": ("San Francisco", "SF"), "units": ("celsius",), "days": (3,), "detailed": (True,)},),
+        accepted=({"city": ("San Francisco", "SF"), "units": ("celsius",), "days": (3,),
+                   "detailed": (True,)},),
         source="test", partition="simple_python", meta={"language": "python"})
 
 
@@ -56,22 +57,25 @@ def booking_example() -> Example:
     book = Tool("book_flight", "Book a seat on a flight found by search_flights (not by search).", {
         "type": "object", "required": ["flight_id"], "properties": {
             "flight_id": {"type": "string", "description": "An id from search_flights results."},
-            "via": {"type": "string", "enum": ["search_flights", "agent"], "description": "Where the id came from."},
+            "via": {"type": "string", "enum": ["search_flights", "agent"],
+                    "description": "Where the id came from."},
             "passenger": {"type": "object", "description": "Who flies.", "properties": {
                 "name": {"type": "string", "description": "As booked, not as in search_flights."}}}}})
     search = Tool("search", "Web search, not for flights (use search_flights).", {
         "type": "object", "properties": {"q": {"type": "string", "description": "Query."}}})
     return Example(
         "hand_booking", (Message("user", "Book UA512 for Dana Reyes; I found it with search_flights."),),
-        Interface((flights, book, search)), (Call("book_flight", {"flight_id": "UA512", "via": "search_flights"}),),
-        accepted=({"flight_id": ("UA512",), "via": ("search_flights",)},), source="test", partition="simple_python",
-        meta={"language": "python"})
+        Interface((flights, book, search)),
+        (Call("book_flight", {"flight_id": "UA512", "via": "search_flights"}),),
+        accepted=({"flight_id": ("UA512",), "via": ("search_flights",)},), source="test",
+        partition="simple_python", meta={"language": "python"})
 
 
 BOOKING_TEXT = {
     "search_flights": ["Find flights; book one with {book}.", "IATA code, as get_airport_code returns it."],
-    "book_flight": ["Book a seat on a flight found by {flights} (not by search).", "An id from {flights} results.",
-                    "Where the id came from.", "Who flies.", "As booked, not as in {flights}."],
+    "book_flight": ["Book a seat on a flight found by {flights} (not by search).",
+                    "An id from {flights} results.", "Where the id came from.", "Who flies.",
+                    "As booked, not as in {flights}."],
     "search": ["Web search, not for flights (use {flights}).", "Query."],
 }
 """`tool_texts` of each booking_example tool after a renaming of identifier-like names, `{flights}` and
@@ -134,4 +138,5 @@ def examples(draw: st.DrawFn) -> Example:
         calls.append(Call(tool.name, args))
         accepted.append({a: (v,) for a, v in args.items()})
     return Example("gen", (Message("user", "Please do it."),), Interface(tuple(tools)), tuple(calls),
-                   accepted=tuple(accepted), source="test", partition="generated", meta={"language": "python"})
+                   accepted=tuple(accepted), source="test", partition="generated",
+                   meta={"language": "python"})

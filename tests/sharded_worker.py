@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def read_under(plan: dict) -> None:
-    """The action reader on a model prepared by accelerate under `plan["strategy"]` (the shim's FSDP2 or ZeRO-3):
-    the same queries on every process, loss = -Σ log p(reference class); writes the distributions and every
-    parameter's full gradient (`reader_rank<R>.pt`)."""
+    """The action reader on a model prepared by accelerate under `plan["strategy"]` (the shim's FSDP2 or
+    ZeRO-3): the same queries on every process, loss = -Σ log p(reference class); writes the distributions and
+    every parameter's full gradient (`reader_rank<R>.pt`)."""
     import torch
     from accelerate import Accelerator
     from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
@@ -55,8 +55,8 @@ def read_under(plan: dict) -> None:
             state_dict_type="FULL_STATE_DICT"))
     elif strategy == "zero3":
         accelerator = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={
-            "zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
-            "zero_allow_untested_optimizer": True}))
+            "zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1,
+            "gradient_accumulation_steps": 1, "zero_allow_untested_optimizer": True}))
     else:
         accelerator = Accelerator(cpu=True)
     names = [n for n, _ in model.named_parameters()]
@@ -140,7 +140,8 @@ def main() -> None:
 
     for item in plan["runs"]:
         built.clear()
-        unset_hf_deepspeed_config()  # a finished run's ZeRO-3 config would make the next from_pretrained partition
+        # a finished run's ZeRO-3 config would make the next from_pretrained partition
+        unset_hf_deepspeed_config()
         die_after = item.get("die_after_step")
         checkpoint.CheckpointMixin._save_checkpoint = save_then_die if die_after else save_checkpoint
         CIPRGRPOTrainer._generate_single_turn = replayed if item.get("replay") else generate_single_turn

@@ -29,7 +29,8 @@ from cipr.runtime.generation import GreedyConfig, common_prefix, cut_at_end, gre
 from cipr.tools.interface import Call, Example, Interface, Message, Tool
 
 FMT = ToolRLFormat()
-TOOL = Tool("get_weather", "Weather for a city.", {"type": "object", "properties": {"city": {"type": "string"}}})
+TOOL = Tool("get_weather", "Weather for a city.",
+            {"type": "object", "properties": {"city": {"type": "string"}}})
 
 
 def ex(q: str) -> Example:
@@ -104,8 +105,9 @@ def test_hf_prefix_reuse_computes_only_what_prompts_do_not_share_and_gives_the_s
     within one `generate` call: the tokens reused are the sum of those common prefixes, every call
     starts afresh, and the texts equal those of prompts prefilled in full."""
     def backend(reuse):
-        return HFBackend(sharp_model, tiny_tokenizer, FMT, GreedyConfig(batch_size=bs, max_new_tokens=8,
-                                                                       prefill="per_item", prefix_reuse=reuse))
+        return HFBackend(sharp_model, tiny_tokenizer, FMT,
+                         GreedyConfig(batch_size=bs, max_new_tokens=8, prefill="per_item",
+                                      prefix_reuse=reuse))
 
     with attention(sharp_model, "sdpa"):
         on, off = backend(True), backend(False)
@@ -116,8 +118,10 @@ def test_hf_prefix_reuse_computes_only_what_prompts_do_not_share_and_gives_the_s
         first = [g.text for g in on.generate(REQS)]
         assert on.greedy.timing["prefix_reused_tokens"] == shared
         assert on.greedy.timing["prefill_tokens"] == sum(map(len, ids)) - shared
-        assert [g.text for g in on.generate(REQS)] == first and on.greedy.timing["prefix_reused_tokens"] == 2 * shared
-        assert [g.text for g in off.generate(REQS)] == first and off.greedy.timing["prefix_reused_tokens"] == 0
+        assert [g.text for g in on.generate(REQS)] == first and \
+            on.greedy.timing["prefix_reused_tokens"] == 2 * shared
+        assert [g.text for g in off.generate(REQS)] == first and \
+            off.greedy.timing["prefix_reused_tokens"] == 0
 
 
 def test_hf_prefix_reuse_survives_a_batch_that_fails_mid_prefill(sharp_model, tiny_tokenizer):
@@ -184,12 +188,14 @@ class _Server:
                 outer.seen.append(body)
                 if len(outer.seen) <= outer.fail:
                     return self._send(outer.status, {"error": "busy"})
-                msg = {"role": "assistant", "content": FMT.render_target([Call("get_weather", {"city": "Rome"})])}
+                msg = {"role": "assistant",
+                       "content": FMT.render_target([Call("get_weather", {"city": "Rome"})])}
                 if outer.tool_calls:
                     msg = {"role": "assistant", "content": None, "tool_calls": [
                         {"id": "1", "type": "function",
                          "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}},
-                        {"id": "2", "type": "function", "function": {"name": "get_weather", "arguments": "{oops"}}]}
+                        {"id": "2", "type": "function",
+                         "function": {"name": "get_weather", "arguments": "{oops"}}]}
                 self._send(200, {"choices": [{"message": msg}]})
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
@@ -216,14 +222,15 @@ def test_openai_retries_with_exponential_backoff(server):
     assert FMT.parse(out[0].text).calls == (Call("get_weather", {"city": "Rome"}),)
     assert sleeps == [0.5, 1.0]
     body = server.seen[-1]
-    assert body["model"] == "served-model" and body["temperature"] == 0 and body["messages"][0]["role"] == "system"
+    assert body["model"] == "served-model" and body["temperature"] == 0 and \
+        body["messages"][0]["role"] == "system"
 
 
 @pytest.mark.parametrize("server", [(100, 500)], indirect=True)
 def test_openai_gives_up_and_records_failure(server):
     sleeps = []
-    cfg = OpenAIBackendConfig(base_url=server.url, model_name="m", max_retries=2, backoff_s=1, backoff_max_s=1.5,
-                              jitter=0.0, concurrency=2)
+    cfg = OpenAIBackendConfig(base_url=server.url, model_name="m", max_retries=2, backoff_s=1,
+                              backoff_max_s=1.5, jitter=0.0, concurrency=2)
     out = OpenAIBackend(FMT, cfg, sleep=sleeps.append).generate([GenRequest(ex("a")), GenRequest(ex("b"))])
     assert [g.attempts for g in out] == [3, 3] and all("gave up after 3 attempts" in g.error for g in out)
     assert all("HTTP 500" in g.error for g in out) and sorted(sleeps) == [1, 1, 1.5, 1.5]
@@ -254,8 +261,9 @@ def test_vllm_is_not_imported_by_the_harness():
 def test_per_item_prefill_is_automatic_only_for_full_attention_on_cpu(tiny_model, tiny_tokenizer):
     from transformers import MistralConfig, MistralForCausalLM
 
-    sliding = MistralForCausalLM(MistralConfig(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                                               hidden_size=8, intermediate_size=8, vocab_size=50, sliding_window=4))
+    sliding = MistralForCausalLM(MistralConfig(num_hidden_layers=1, num_attention_heads=2,
+                                               num_key_value_heads=1, hidden_size=8, intermediate_size=8,
+                                               vocab_size=50, sliding_window=4))
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     assert HFBackend(tiny_model, tiny_tokenizer, FMT).greedy.per_item_prefill(cpu)
     assert not HFBackend(tiny_model, tiny_tokenizer, FMT).greedy.per_item_prefill(gpu)
@@ -269,18 +277,21 @@ def test_each_request_stops_at_its_own_limit(sharp_model, tiny_tokenizer):
     backend = HFBackend(sharp_model, tiny_tokenizer, FMT, GreedyConfig(batch_size=4, max_new_tokens=12))
     full = backend.greedy.run([tiny_tokenizer(backend.prompt(r)[0])["input_ids"] for r in REQS])
     limits = [1, 3, 5, None]
-    out = backend.generate([GenRequest(r.example, max_new_tokens=n) for r, n in zip(REQS, limits, strict=True)])
+    out = backend.generate([GenRequest(r.example, max_new_tokens=n)
+                            for r, n in zip(REQS, limits, strict=True)])
     for g, row, n in zip(out, full, limits, strict=True):
         kept = row[:n or 12]
         assert g.usage.completion_tokens == len(kept)
-        assert g.text == tiny_tokenizer.decode(cut_at_end(kept, backend.greedy.end_ids), skip_special_tokens=False)
+        assert g.text == \
+            tiny_tokenizer.decode(cut_at_end(kept, backend.greedy.end_ids), skip_special_tokens=False)
 
 
 def test_forced_tool_choice_is_a_prefill_the_text_includes(sharp_model, tiny_tokenizer):
     prefix = forced_prefix(FMT, "get_weather")
     backend = HFBackend(sharp_model, tiny_tokenizer, FMT, GreedyConfig(max_new_tokens=4))
     (g,) = backend.generate([GenRequest(REQS[0].example, tool_choice="get_weather")])
-    assert g.text.startswith(prefix) and backend.prompt(GenRequest(REQS[0].example, "get_weather"))[0].endswith(prefix)
+    assert g.text.startswith(prefix) and \
+        backend.prompt(GenRequest(REQS[0].example, "get_weather"))[0].endswith(prefix)
 
 
 def test_greedy_texts_equals_the_backend_and_restores_training_mode(sharp_model, tiny_tokenizer):
@@ -294,7 +305,8 @@ def test_greedy_texts_equals_the_backend_and_restores_training_mode(sharp_model,
 
 
 class ReactFormat(CallFormat):
-    """A minimal ReAct-style format (`Action: name\\nAction Input: {json}`) to test format-agnostic prefixes."""
+    """A minimal ReAct-style format (`Action: name\\nAction Input: {json}`) to test format-agnostic
+    prefixes."""
 
     name = "react_test"
 
@@ -337,8 +349,8 @@ def test_cpu_kv_cache_is_sized_from_the_run_not_the_machine():
 
     from cipr.runtime.vllm_engine import FLOOR_BYTES, cpu_kv_cache_bytes, kv_bytes_per_token
 
-    smol = SimpleNamespace(num_attention_heads=9, num_key_value_heads=3, hidden_size=576, num_hidden_layers=30,
-                           max_position_embeddings=8192)
+    smol = SimpleNamespace(num_attention_heads=9, num_key_value_heads=3, hidden_size=576,
+                           num_hidden_layers=30, max_position_embeddings=8192)
     assert kv_bytes_per_token(smol) == 2 * 30 * 3 * 64 * 4 == 46_080
     assert cpu_kv_cache_bytes(smol, 4096, 16) == (46_080 * 4096 * 16, 4096)
     assert cpu_kv_cache_bytes(smol, None, 1) == (46_080 * 8192, 8192)

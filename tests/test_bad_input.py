@@ -51,8 +51,8 @@ def work(tmp_path_factory):
     export(plain, root / "exported", ExportConfig(call_format="hermes", names="original"))
     run(config_from_dict(train_config(root / "run", plain, steps=3)))
     for name in ("a", "b"):
-        evaluate(EvalConfig(backend="replay", limit=2, partitions=["simple_python"], perturbations=["original"],
-                            out_dir=str(root / "evals" / name), progress=False))
+        evaluate(EvalConfig(backend="replay", limit=2, partitions=["simple_python"],
+                            perturbations=["original"], out_dir=str(root / "evals" / name), progress=False))
     (root / "notes.txt").write_text("the user's own file\n")
     (root / "user_folder").mkdir()
     (root / "user_folder" / "keep.txt").write_text("not ours\n")
@@ -279,23 +279,28 @@ CASES = [
     Case("eval-limit-not-a-number", cipr_eval("limit=abc", "backend=replay"), "limit"),
     Case("eval-batch-size-zero", cipr_eval("batch_size=0"), "batch_size=0"),
     Case("eval-unknown-names", cipr_eval("names=[both]", "backend=replay"), "got 'both'"),
-    Case("eval-unknown-perturbation", cipr_eval("perturbations=[nope]", "backend=replay", "limit=1"), "'nope'"),
+    Case("eval-unknown-perturbation",
+         cipr_eval("perturbations=[nope]", "backend=replay", "limit=1"), "'nope'"),
     Case("eval-unknown-partition", cipr_eval("partitions=[nope]", "backend=replay", "limit=1"), "nope"),
     Case("eval-unknown-format", cipr_eval("format=nope", "backend=replay", "limit=1"), "format='nope'"),
-    Case("eval-data-root-missing", cipr_eval("data_root={w}/nowhere", "backend=replay", "limit=1"), "nowhere/bfcl_v4"),
+    Case("eval-data-root-missing", cipr_eval("data_root={w}/nowhere", "backend=replay", "limit=1"),
+         "nowhere/bfcl_v4"),
     Case("eval-bad-manifest", cipr_eval("model={w}/bad_manifest"), "field 'version'", setup=_bad_manifest),
-    Case("eval-rerun-other-configuration", cipr_eval("backend=replay", "limit=2", "partitions=[simple_python]",
-                                                     "perturbations=[original]", "seed=1", "out_dir={w}/evals/a"),
+    Case("eval-rerun-other-configuration",
+         cipr_eval("backend=replay", "limit=2", "partitions=[simple_python]",
+                   "perturbations=[original]", "seed=1", "out_dir={w}/evals/a"),
          "another configuration"),
-    Case("eval-smaller-rerun-into-older-folder", cipr_eval("backend=replay", "limit=1", "partitions=[simple_python]",
-                                                           "perturbations=[original]", "out_dir={w}/evals/a"),
+    Case("eval-smaller-rerun-into-older-folder",
+         cipr_eval("backend=replay", "limit=1", "partitions=[simple_python]",
+                   "perturbations=[original]", "out_dir={w}/evals/a"),
          "does not select"),
     Case("eval-garbage-results-line", cipr_eval("backend=replay", "limit=2", "partitions=[simple_python]",
                                                 "perturbations=[original]", "out_dir={w}/evals/torn_middle"),
          "not a result record", setup=_bad_results),
     Case("eval-out-dir-is-a-file", cipr_eval_main("backend=replay", "out_dir={w}/notes.txt"), "is a file"),
     # cipr-eval-compare
-    Case("compare-missing-run", cipr_compare("run_a={w}/evals/a", "run_b={w}/evals/none"), "no results.jsonl"),
+    Case("compare-missing-run", cipr_compare("run_a={w}/evals/a", "run_b={w}/evals/none"),
+         "no results.jsonl"),
     Case("compare-out-is-a-run", cipr_compare("run_a={w}/evals/a", "run_b={w}/evals/b", "out={w}/evals/a"),
          "is the source"),
     Case("compare-garbage-run-json", cipr_compare("run_a={w}/evals/a", "run_b={w}/evals/bad_meta"),
@@ -439,7 +444,8 @@ def test_missing_model_fails_at_once_without_the_network(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").mkdir()
-    assert looks_like_path("runs/no_such_model") and looks_like_path("./m") and not looks_like_path("org/model")
+    assert looks_like_path("runs/no_such_model") and looks_like_path("./m") and \
+        not looks_like_path("org/model")
     with pytest.raises(ConfigError, match="no such folder"):
         resolve_model("runs/no_such_model")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -21,7 +21,8 @@ import torch
 from cipr.cli.guard import main
 
 OLD = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather for a city.",
-                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                         "parameters": {"type": "object",
+                                                        "properties": {"city": {"type": "string"}},
                                                         "required": ["city"]}}}]
 
 
@@ -73,13 +74,14 @@ CASES = [
          {**OK, "new.json": json.dumps([{"description": "d", "parameters": {}}])}),
     Case("duplicate tool names", DIFF, "duplicate tool name", {**OK, "new.json": json.dumps(OLD + OLD)}),
     Case("bad BFCL type", DIFF, "unknown type 'blob'", {**OK, "new.json": json.dumps(
-        [{"name": "f", "description": "d", "parameters": {"type": "dict", "properties": {"a": {"type": "blob"}}}}])}),
+        [{"name": "f", "description": "d",
+          "parameters": {"type": "dict", "properties": {"a": {"type": "blob"}}}}])}),
     Case("3000-deep nesting", DIFF, "nests too deeply", {**OK, "new.json": _nested(3000)}),
     Case("200-deep nesting", DIFF, "deeper than", {**OK, "new.json": _nested(200)}),
     Case("json lines without item=", DIFF, "pass the item id", {**OK, "new.json": ROWS}),
     Case("item= not found", (*DIFF, "item=zzz"), "no row has this id", {**OK, "new.json": ROWS}),
-    Case("threshold above 1", (*DIFF, "rename_threshold=1.5"), "rename_threshold must be a number from 0 to 1",
-         OK),
+    Case("threshold above 1", (*DIFF, "rename_threshold=1.5"),
+         "rename_threshold must be a number from 0 to 1", OK),
     Case("threshold nan", (*DIFF, "overlap_threshold=nan"), "overlap_threshold must be a number from 0 to 1",
          OK),
     Case("threshold not a number", (*DIFF, "rename_threshold=x"), "'rename_threshold' must be a number", OK),
@@ -116,7 +118,8 @@ CASES = [
 
 
 def _snapshot(root: Path) -> dict[str, bytes | None]:
-    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None)
+            for p in sorted(root.rglob("*"))}
 
 
 def _build(root: Path, case: Case, tiny: Path) -> list[str]:
@@ -145,7 +148,8 @@ def _cipr_eval_guard(overrides: list[str]) -> int:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_bad_input_is_one_clear_line_and_touches_nothing(case, tmp_path, shared_data, tiny_dir, capsys, monkeypatch):
+def test_bad_input_is_one_clear_line_and_touches_nothing(case, tmp_path, shared_data, tiny_dir, capsys,
+                                                         monkeypatch):
     if case.skip is not None and case.skip():
         pytest.skip("not a bad input on this machine")
     monkeypatch.delenv("CIPR_DEBUG", raising=False)

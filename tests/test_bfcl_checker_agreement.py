@@ -99,7 +99,8 @@ def bfcl_error_class(error_type: str | None) -> str | None:
 @pytest.fixture(scope="module")
 def ast_checker() -> Callable:
     stub = types.ModuleType("bfcl_eval.constants.model_config")
-    stub.MODEL_CONFIG_MAPPING = collections.defaultdict(lambda: types.SimpleNamespace(underscore_to_dot=False))
+    stub.MODEL_CONFIG_MAPPING = collections.defaultdict(
+        lambda: types.SimpleNamespace(underscore_to_dot=False))
     with mock.patch.dict(sys.modules, {"bfcl_eval.constants.model_config": stub}):
         from bfcl_eval.constants.enums import Language
         from bfcl_eval.eval_checker.ast_eval.ast_checker import ast_checker as checker
@@ -122,7 +123,8 @@ def items(shared_data) -> list[tuple[Example, list, list]]:
     raw: dict[str, tuple[list, list]] = {}
     for part in PARTITIONS:
         base = shared_data / "bfcl_v4"
-        questions = [json.loads(line) for line in (base / f"BFCL_v4_{part}.json").read_text().splitlines() if line]
+        questions = [json.loads(line)
+                     for line in (base / f"BFCL_v4_{part}.json").read_text().splitlines() if line]
         answers = {a["id"]: a["ground_truth"] for a in (json.loads(line) for line in (
             base / "possible_answer" / f"BFCL_v4_{part}.json").read_text().splitlines() if line)}
         for q in questions:
@@ -134,7 +136,8 @@ def items(shared_data) -> list[tuple[Example, list, list]]:
 
 def _theirs(ast_checker, item, calls, functions=None):
     ex, fns, truth = item
-    return ast_checker(functions if functions is not None else fns, calls, truth, ex.meta["language"], ex.partition)
+    return ast_checker(functions if functions is not None else fns, calls, truth, ex.meta["language"],
+                       ex.partition)
 
 
 def test_reference_answers_agree_except_listed(ast_checker, items):
@@ -206,7 +209,8 @@ def mutations(ex: Example):
             items_type = schema.get("items")
             nested = bfcl_type(items_type, lang) if declared in (*NESTED_TYPES, "tuple") else None
             plain = read_value(value, lang, declared, nested)
-            yield "wrong_type", i, arg, put(Call(call.name, {**call.arguments, arg: _wrong_type(plain, schema, lang)}))
+            yield "wrong_type", i, arg, put(Call(call.name,
+                                                 {**call.arguments, arg: _wrong_type(plain, schema, lang)}))
             wrong = write_value(_wrong_value(plain), lang, declared, nested)
             yield "wrong_value", i, arg, put(Call(call.name, {**call.arguments, arg: wrong}))
 
@@ -258,7 +262,8 @@ def test_paper_fix_differs_deliberately(ast_checker, items):
                     normalize_schema(dup["parameters"], language=ex.meta["language"]))
         perturbed = ex.with_(interface=Interface((tool, *ex.interface)))
         assert score_bfcl(perturbed.reference, perturbed).correct, ex.id
-        # validating against the first declaration only rejects every reference that passes a declared argument
+        # validating against the first declaration only rejects every reference that passes a declared
+        # argument
         if score_bfcl(perturbed.reference, perturbed, any_declaration=False).correct:
             first_only_accepts.add(ex.id)
         if not set(ex.reference[0].arguments) & set(target["parameters"]["properties"]):
@@ -266,7 +271,8 @@ def test_paper_fix_differs_deliberately(ast_checker, items):
         valid, _ = _theirs(ast_checker, item, list(ex.reference), functions=[dup, *fns])
         if not valid:
             rejected.add(ex.id)
-        if ex.reference[0].arguments or target["parameters"].get("required") or ex.id in REFERENCE_DISAGREEMENTS:
+        if (ex.reference[0].arguments or target["parameters"].get("required")
+                or ex.id in REFERENCE_DISAGREEMENTS):
             expected_rejects.add(ex.id)
     assert rejected == expected_rejects and len(rejected) > 2400
     assert first_only_accepts == expected_first_only and len(first_only_accepts) == 33

@@ -16,15 +16,18 @@ from cipr.data.fetch import BFCL_EVAL_SHA256, FetchError, download_wheel, fetch_
 from cipr.tools.interface import Call
 
 EXPECTED = {"live_multiple": 1053, "simple_python": 400, "live_simple": 258, "multiple": 200, "parallel": 200,
-            "parallel_multiple": 200, "simple_java": 100, "simple_javascript": 50, "live_parallel_multiple": 24,
-            "live_parallel": 16}
+            "parallel_multiple": 200, "simple_java": 100, "simple_javascript": 50,
+            "live_parallel_multiple": 24, "live_parallel": 16}
 
 # Every place where BFCL's answers contradict their own schemas (kept, reported, never dropped).
 EXPECTED_ANOMALIES = {
-    ("live_multiple_862-181-3", "undeclared_argument", "ground_truth[0].Trains_1_FindTrains.journey_start_time"),
+    ("live_multiple_862-181-3", "undeclared_argument",
+     "ground_truth[0].Trains_1_FindTrains.journey_start_time"),
     ("live_multiple_964-207-0", "undeclared_argument", "ground_truth[0].transfer_to_human_agent.question"),
-    ("live_multiple_964-207-0", "required_not_in_answer", "ground_truth[0].transfer_to_human_agent.statement"),
-    ("parallel_multiple_12", "undeclared_argument", "ground_truth[1].calculate_voltage_difference.permeability"),
+    ("live_multiple_964-207-0", "required_not_in_answer",
+     "ground_truth[0].transfer_to_human_agent.statement"),
+    ("parallel_multiple_12", "undeclared_argument",
+     "ground_truth[1].calculate_voltage_difference.permeability"),
     ("parallel_multiple_26", "undeclared_argument", "ground_truth[1].bank.calculate_balance.type"),
     ("live_simple_106-63-0", "empty_accepted", "ground_truth[0].record.auto_loan_payment_start"),
     ("live_simple_106-63-0", "empty_accepted", "ground_truth[0].record.bank_hours_start"),
@@ -33,7 +36,8 @@ EXPECTED_ANOMALIES = {
     ("live_simple_112-68-0", "empty_accepted", "ground_truth[0].record.faq_link_accounts_start"),
     ("live_simple_112-68-0", "empty_accepted", "ground_truth[0].record.get_balance_start"),
     ("live_simple_112-68-0", "empty_accepted", "ground_truth[0].record.get_transactions_start"),
-    ("simple_java_64", "non_list_accepted", "ground_truth[0].DateScriptFieldType.createFieldType.meta.format"),
+    ("simple_java_64", "non_list_accepted",
+     "ground_truth[0].DateScriptFieldType.createFieldType.meta.format"),
 }
 
 
@@ -67,8 +71,8 @@ def test_loading_is_fast(loaded):
 def test_anomalies_are_reported_not_dropped(loaded, by_id):
     _, report, _ = loaded
     assert {(item, kind, field) for item, kind, field, _ in report.anomalies} == EXPECTED_ANOMALIES
-    assert report.anomaly_counts() == {"undeclared_argument": 4, "required_not_in_answer": 1, "empty_accepted": 7,
-                                       "non_list_accepted": 1}
+    assert report.anomaly_counts() == \
+        {"undeclared_argument": 4, "required_not_in_answer": 1, "empty_accepted": 7, "non_list_accepted": 1}
     assert "undeclared_argument: ground_truth[0].Trains_1_FindTrains.journey_start_time" in \
         by_id["live_multiple_862-181-3"].meta["anomalies"]
     assert by_id["live_multiple_862-181-3"].reference[0].arguments["journey_start_time"] == "09:00"
@@ -147,8 +151,9 @@ def test_prompt_view_of_java_and_javascript_tools(by_id):
     assert shown.description.endswith(" Note that the provided function is in Java 8 SDK syntax.")
     ids = shown.properties["ids"]
     assert ids["type"] == "string" and ids["x-bfcl-type"] == "ArrayList" and "items" not in ids
-    assert ids["description"].endswith("This is Java ArrayList type parameter in string representation. The list "
-                                       "elements are of type long; they are not in string representation.")
+    assert ids["description"].endswith("This is Java ArrayList type parameter in string representation. The "
+                                       "list elements are of type long; they are not in string "
+                                       "representation.")
     assert java.properties["ids"]["type"] == "array"  # the Example's typed schema is untouched
     js = bfcl_prompt_tool(by_id["simple_javascript_5"].interface[0], "javascript")
     store = js.properties["store"]
@@ -183,7 +188,8 @@ def _question(qid="simple_python_0", functions=None, turns=None):
 
 
 def _answer(qid="simple_python_0", truth=None):
-    return {"id": qid, "ground_truth": truth if truth is not None else [{"area": {"base": [3], "unit": ["", "m"]}}]}
+    return {"id": qid,
+            "ground_truth": truth if truth is not None else [{"area": {"base": [3], "unit": ["", "m"]}}]}
 
 
 def _write(root: Path, questions, answers, partition="simple_python", raw_question_lines=None) -> Path:
@@ -191,7 +197,8 @@ def _write(root: Path, questions, answers, partition="simple_python", raw_questi
     (base / "possible_answer").mkdir(parents=True, exist_ok=True)
     lines = raw_question_lines if raw_question_lines is not None else [json.dumps(q) for q in questions]
     (base / f"BFCL_v4_{partition}.json").write_text("\n".join(lines) + "\n")
-    (base / "possible_answer" / f"BFCL_v4_{partition}.json").write_text("\n".join(json.dumps(a) for a in answers))
+    (base / "possible_answer" / f"BFCL_v4_{partition}.json").write_text(
+        "\n".join(json.dumps(a) for a in answers))
     return base / f"BFCL_v4_{partition}.json"
 
 
@@ -235,7 +242,8 @@ def test_schema_not_an_object(tmp_path, params):
 
 
 def test_unknown_type_name(tmp_path):
-    fn = {"name": "area", "description": "", "parameters": {"type": "dict", "properties": {"base": {"type": "intt"}}}}
+    fn = {"name": "area", "description": "",
+          "parameters": {"type": "dict", "properties": {"base": {"type": "intt"}}}}
     _write(tmp_path, [_question(functions=[fn])], [_answer()])
     with pytest.raises(DataError, match="unknown type 'intt'") as e:
         _load(tmp_path)

@@ -25,8 +25,8 @@ STOCK = _tool("get_stock", {"company": {"type": "string"}, "date": {"type": "str
 
 def _example(tools, reference, accepted, language="python", **kw):
     return Example(id="hand_1", messages=(Message("user", "q"),), interface=Interface(tuple(tools)),
-                   reference=tuple(reference), accepted=tuple(accepted), source="bfcl", meta={"language": language},
-                   **kw)
+                   reference=tuple(reference), accepted=tuple(accepted), source="bfcl",
+                   meta={"language": language}, **kw)
 
 
 W_ACC = {"city": ["Paris", "Paris, France"], "unit": ["c", ""], "days": [3], "ratio": [0.5, ""]}
@@ -56,7 +56,8 @@ def test_string_normalization():
     ([Call("get_weather", {"days": 3})], "missing_argument"),  # required by the schema
     ([Call("get_weather", {"city": "Paris"})], "missing_argument"),  # listed without the optional marker ""
     ([Call("get_weather", {"city": "Paris", "days": 3, "hour": 9})], "extra_argument"),  # not declared
-    ([Call("get_weather", {"city": "Paris", "days": 3, "detailed": True})], "extra_argument"),  # declared, unlisted
+    ([Call("get_weather", {"city": "Paris", "days": 3, "detailed": True})],
+     "extra_argument"),  # declared, unlisted
     ([Call("get_weather", {"city": "Paris", "days": "3"})], "wrong_type"),
     ([Call("get_weather", {"city": "Paris", "days": True})], "wrong_type"),  # bool is not int
     ([Call("get_weather", {"city": "Paris", "days": 3.0})], "wrong_type"),  # float is not int
@@ -103,9 +104,10 @@ def test_parallel_matching_is_not_greedy():
     # the first reference accepts both companies (as in BFCL's parallel_178): a greedy matcher that gives
     # the first predicted call (Apple) to it leaves the second reference (Apple only) without a partner
     acc = [{"company": ["Microsoft", "Apple"]}, {"company": ["Apple"]}]
-    ex = _example([STOCK], [Call("get_stock", {"company": "Microsoft"}), Call("get_stock", {"company": "Apple"})],
-                  acc)
-    assert score_bfcl([Call("get_stock", {"company": "Apple"}), Call("get_stock", {"company": "Microsoft"})], ex).correct
+    ex = _example([STOCK],
+                  [Call("get_stock", {"company": "Microsoft"}), Call("get_stock", {"company": "Apple"})], acc)
+    assert score_bfcl([Call("get_stock", {"company": "Apple"}), Call("get_stock", {"company": "Microsoft"})],
+                      ex).correct
 
 
 def test_nested_dict_and_list_of_dicts():
@@ -115,13 +117,17 @@ def test_nested_dict_and_list_of_dicts():
     acc = {"options": [{"size": ["Large", "L"], "extra": [1, ""]}],
            "items": [[{"name": ["tea"], "qty": [2]}, {"name": ["cake"], "qty": [1]}]]}
     ex = _example([tool], [Call("order", {"options": {"size": "Large"},
-                                          "items": [{"name": "tea", "qty": 2}, {"name": "cake", "qty": 1}]})], [acc])
+                                          "items": [{"name": "tea", "qty": 2}, {"name": "cake", "qty": 1}]})],
+                  [acc])
     ok_items = [{"name": "Tea", "qty": 2}, {"name": "cake", "qty": 1}]
     assert _score({"options": {"size": "l", "extra": 1}, "items": ok_items}, "order", ex).correct
     assert _score({"options": {"size": "XL"}, "items": ok_items}, "order", ex).error == "wrong_value"
-    assert _score({"options": {"size": "L", "color": 1}, "items": ok_items}, "order", ex).error == "wrong_value"
-    assert _score({"options": {"extra": 1}, "items": ok_items}, "order", ex).error == "wrong_value"  # missing key
-    assert _score({"options": {"size": "L"}, "items": ok_items[::-1]}, "order", ex).error == "wrong_value"  # order
+    assert _score({"options": {"size": "L", "color": 1}, "items": ok_items}, "order", ex).error == \
+        "wrong_value"
+    # missing key
+    assert _score({"options": {"extra": 1}, "items": ok_items}, "order", ex).error == "wrong_value"
+    # order
+    assert _score({"options": {"size": "L"}, "items": ok_items[::-1]}, "order", ex).error == "wrong_value"
     assert _score({"options": {"size": "L"}, "items": ok_items[:1]}, "order", ex).error == "wrong_value"
     assert _score({"options": "L", "items": ok_items}, "order", ex).error == "wrong_type"
 
@@ -175,7 +181,8 @@ def test_same_name_duplicate_any_declaration_permits():
     # an invalid call is still rejected, with the first declaration's error
     assert score_bfcl([Call("get_weather", {"city": "Paris"})], ex).error == "missing_argument"
     assert score_bfcl([Call("get_weather", {"city": "Rome", "days": 3})], ex).error == "missing_argument"
-    assert score_bfcl([Call("get_weather", {"city": "Rome", "days": 3, "unit": "c"})], ex).error == "wrong_value"
+    assert score_bfcl([Call("get_weather", {"city": "Rome", "days": 3, "unit": "c"})], ex).error == \
+        "wrong_value"
 
 
 def test_validates_against_the_tool_the_reference_names():
@@ -209,9 +216,10 @@ def _java_example():
              "vars": {"type": "HashMap"}}
     tool = _tool("Svc.update", props, required=["ids"], language="java")
     acc = {"ids": [[101, 202]], "limit": [5, ""], "ok": [True, ""], "name": ["Alpha Beta", ""],
-           "env": [{"MODE": ["fast"]}, ""], "ratio": [0.5, ""], "parts": [["a", 1, True], ""], "vars": ["envVars", ""]}
-    return _example([tool], [Call("Svc.update", {"ids": "new ArrayList<Long>(Arrays.asList(101L, 202L))"})], [acc],
-                    language="java")
+           "env": [{"MODE": ["fast"]}, ""], "ratio": [0.5, ""], "parts": [["a", 1, True], ""],
+           "vars": ["envVars", ""]}
+    return _example([tool], [Call("Svc.update", {"ids": "new ArrayList<Long>(Arrays.asList(101L, 202L))"})],
+                    [acc], language="java")
 
 
 @pytest.mark.parametrize(("args", "error"), [
@@ -222,7 +230,8 @@ def _java_example():
       "env": 'new HashMap<String, String>() {{ put("MODE", "fast"); }}'}, None),
     ({"ids": "new ArrayList<Long>(Arrays.asList(101L, 202L))", "vars": "envVars"}, None),  # a variable
     ({"ids": "new ArrayList<Long>(Arrays.asList(101L, 202L))", "vars": "envvars"}, "wrong_value"),  # exact
-    ({"ids": "new ArrayList<Long>(Arrays.asList(101L, 202L))", "env": "envVars"}, "wrong_type"),  # not a variable
+    ({"ids": "new ArrayList<Long>(Arrays.asList(101L, 202L))", "env": "envVars"},
+     "wrong_type"),  # not a variable
     ({"ids": 'new ArrayList<Object>(Arrays.asList("a", 1, true))', "parts": 'new ArrayList<Object>('
       'Arrays.asList("a", 1, true))'}, "wrong_type"),  # ids holds strings and numbers, not longs
     ({"ids": "new ArrayList<Long>(Arrays.asList(101L, 202L))",
@@ -239,7 +248,8 @@ def test_java_values_are_source_literals(args, error):
 
 
 @pytest.mark.parametrize(("args", "error"), [
-    ({"name": '"Bob"', "scores": "[1.5, 2]", "big": "12n", "flag": "true", "opts": "{depth: 2, mode: 'x'}"}, None),
+    ({"name": '"Bob"', "scores": "[1.5, 2]", "big": "12n", "flag": "true", "opts": "{depth: 2, mode: 'x'}"},
+     None),
     ({"name": "'bob'", "scores": "new Array(1.5, 2)"}, None),
     ({"name": "Bob", "scores": "[1.5, 2.0]"}, None),
     ({"name": '"Bob"', "scores": "[1.5, 2]", "big": "12"}, "wrong_type"),
@@ -254,15 +264,17 @@ def test_javascript_values_are_source_literals(args, error):
     tool = _tool("rank", props, required=["name", "scores"], language="javascript")
     acc = {"name": ["Bob"], "scores": [[1.5, 2.0]], "big": [12, ""], "flag": [True, ""],
            "opts": [{"depth": [2], "mode": ["x", ""]}, ""]}
-    ex = _example([tool], [Call("rank", {"name": '"Bob"', "scores": "[1.5, 2.0]"})], [acc], language="javascript")
+    ex = _example([tool], [Call("rank", {"name": '"Bob"', "scores": "[1.5, 2.0]"})], [acc],
+                  language="javascript")
     v = score_bfcl([Call("rank", args)], ex)
     assert v.error == error, v.detail
 
 
 @pytest.mark.parametrize(("value", "java_type", "nested"), [
-    (5, "long", None), (-3, "integer", None), (2.5, "float", None), (1e-05, "double", None), (True, "boolean", None),
-    ("any text", "String", None), ([1, 2, 3], "Array", "integer"), (["a b", "c"], "ArrayList", "String"),
-    ([7, 8], "ArrayList", "long"), ({"k": 1, "s": "v", "b": False}, "HashMap", None), ([], "ArrayList", "integer"),
+    (5, "long", None), (-3, "integer", None), (2.5, "float", None), (1e-05, "double", None),
+    (True, "boolean", None), ("any text", "String", None), ([1, 2, 3], "Array", "integer"),
+    (["a b", "c"], "ArrayList", "String"), ([7, 8], "ArrayList", "long"),
+    ({"k": 1, "s": "v", "b": False}, "HashMap", None), ([], "ArrayList", "integer"),
     (["x", 2, True], "ArrayList", "any"), ("myVariable", "HashMap", None),
 ])
 def test_java_literals_round_trip(value, java_type, nested):
@@ -287,8 +299,8 @@ def test_bfcl_reader_quirks_are_kept():
     assert read_java('new String[]{"a", "b"}', "Array", "String") == ['"a"', '"b"']
     assert read_java('new ArrayList<String>(Arrays.asList("a", "b"))', "ArrayList", "String") == ["a", "b"]
     # a collection of `any`: BFCL keeps each element's source text; we read Java values (difference 5)
-    assert read_java('new ArrayList<>(Arrays.asList("a", 1))', "ArrayList", "any", nested_any_values=False) == \
-        ['"a"', "1"]
+    assert read_java('new ArrayList<>(Arrays.asList("a", 1))', "ArrayList", "any", nested_any_values=False) \
+        == ['"a"', "1"]
     assert read_java('new ArrayList<>(Arrays.asList("a", 1))', "ArrayList", "any") == ["a", 1]
 
 

@@ -6,7 +6,8 @@ from support.budget import budget_verdict
 
 
 def test_a_test_runs_when_the_slowest_machine_would_finish_it():
-    assert budget_verdict(left=161.0, seconds=100.0, after=None, left_out=set()) is None  # 1.6 x 100 = 160 <= 161
+    # 1.6 x 100 = 160 <= 161
+    assert budget_verdict(left=161.0, seconds=100.0, after=None, left_out=set()) is None
     reason = budget_verdict(left=159.0, seconds=100.0, after=None, left_out=set())
     assert reason is not None and "159 s left" in reason and "took 100 s" in reason and "1.6x" in reason
 

@@ -24,7 +24,8 @@ def _weather_example() -> Example:
     )
     return Example(
         id="w1",
-        messages=(Message("system", "Use get_weather when asked."), Message("user", "search the weather in Paris"),
+        messages=(Message("system", "Use get_weather when asked."),
+                  Message("user", "search the weather in Paris"),
                   Message("assistant", "", (Call("get_weather", {"city": "Rome"}),)),
                   Message("tool", "sunny", name="get_weather"), Message("user", "and Paris?")),
         interface=Interface(tools),
@@ -39,7 +40,8 @@ def test_ids_descriptions_types_required_values_stay():
     assert (t0.name, t1.name) == ("function_01", "function_02")
     assert t0.description == "Weather for a city."
     assert t0.parameters == {"type": "object", "properties": {"arg_01": {"type": "string"},
-                                                              "arg_02": {"type": "string"}}, "required": ["arg_01"]}
+                                                              "arg_02": {"type": "string"}},
+                             "required": ["arg_01"]}
     assert ex.reference == (Call("function_01", {"arg_01": "Paris", "arg_02": "today"}),)
     assert ex.accepted == ({"arg_01": ("Paris",), "arg_02": ("today", "")},)
     # earlier turns: calls and tool-result names are mapped; text keeps the English word "search"
@@ -90,7 +92,8 @@ def test_duplicate_names_get_distinct_ids_and_translate_to_the_same_name():
 
 _names = st.from_regex(r"[A-Za-z][A-Za-z0-9_.]{0,14}", fullmatch=True)
 _values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-                       lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=4), c, max_size=3),
+                       lambda c: (st.lists(c, max_size=3)
+                                  | st.dictionaries(st.text(max_size=4), c, max_size=3)),
                        max_leaves=6)
 
 
@@ -145,14 +148,16 @@ def test_schema_titles_that_spell_the_original_names_are_dropped():
         "type": "object", "title": "GetReservationDetails", "required": ["reservation_id"],
         "properties": {"reservation_id": {"type": "string", "title": "Reservation Id",
                                           "description": "The id, e.g. 'ZFA04Y'."},
-                       "extra": {"type": "object", "properties": {"note": {"type": "string", "title": "Note"}}}}})
+                       "extra": {"type": "object",
+                                 "properties": {"note": {"type": "string", "title": "Note"}}}}})
     canon, _ = canonicalize_interface(Interface((tool,)))
     params = canon[0].parameters
     assert params == {"type": "object", "required": ["arg_01"], "properties": {
         "arg_01": {"type": "string", "description": "The id, e.g. 'ZFA04Y'."},
         "arg_02": {"type": "object", "properties": {"note": {"type": "string", "title": "Note"}}}}}
     assert "Reservation" not in str(params) and "GetReservation" not in str(params)
-    assert tool.parameters["properties"]["reservation_id"]["title"] == "Reservation Id"  # the input is not changed
+    # the input is not changed
+    assert tool.parameters["properties"]["reservation_id"]["title"] == "Reservation Id"
 
 
 def test_tool_names_in_descriptions_are_rewritten_as_text_is():
@@ -167,14 +172,16 @@ def test_tool_names_in_descriptions_are_rewritten_as_text_is():
     every = canonicalize(ex, "all")[0].interface
     assert every[1].description == "Book a seat on a flight found by function_01 (not by function_03)."
     assert every[2].description == "Web function_03, not for flights (use function_01)."
-    assert [tool_texts(t) for t in canonicalize(ex, "none")[0].interface] == [tool_texts(t) for t in ex.interface]
-    assert ex.interface[1].description.endswith("by search_flights (not by search).")  # the input is not changed
+    assert [tool_texts(t) for t in canonicalize(ex, "none")[0].interface] == \
+        [tool_texts(t) for t in ex.interface]
+    # the input is not changed
+    assert ex.interface[1].description.endswith("by search_flights (not by search).")
 
 
 def test_rewrite_tool_text_renames_simultaneously():
     tool = Tool("a_tool", "Call b_tool before a_tool.", {"type": "object", "properties": {
-        "x": {"type": "array", "description": "Ids from a_tool.", "items": {"type": "string",
-                                                                             "description": "One b_tool id."}}}})
+        "x": {"type": "array", "description": "Ids from a_tool.",
+              "items": {"type": "string", "description": "One b_tool id."}}}})
     out = rewrite_tool_text(tool, {"a_tool": "b_tool", "b_tool": "a_tool"})
     assert out.name == "a_tool" and out.description == "Call a_tool before b_tool."
     assert out.parameters["properties"]["x"] == {"type": "array", "description": "Ids from b_tool.",
@@ -197,7 +204,8 @@ def test_every_renaming_by_name_map_rewrites_tool_text():
     assert swapped.interface.names == ("book_flight", "search_flights", "search")
     assert swapped.interface[0].description == "Find flights; book one with search_flights."
     assert swapped.interface[1].description == "Book a seat on a flight found by book_flight (not by search)."
-    body = {"model": "m", "tools": ex.interface.to_openai(), "messages": [{"role": "user", "content": ex.query}]}
+    body = {"model": "m", "tools": ex.interface.to_openai(),
+            "messages": [{"role": "user", "content": ex.query}]}
     request, _ = canonical_request(body)
     fns = [t["function"] for t in request["tools"]]
     assert fns[1]["description"] == "Book a seat on a flight found by function_01 (not by search)."

@@ -1,4 +1,5 @@
-"""The one config loader (cipr/core/config.py) as every command uses it: typo hints, Literal choices, types."""
+"""The one config loader (cipr/core/config.py) as every command uses it: typo hints, Literal choices,
+types."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from cipr.train.run import config_from_dict as train_config
 
 @pytest.mark.parametrize("load, data, message", [
     (eval_config_from_dict, {"limt": 3}, "unknown config key 'limt'. Did you mean 'limit'?"),
-    (eval_config_from_dict, {"backend": "vlm"}, "'backend' must be one of 'auto', 'hf', 'vllm', 'openai', 'replay'"),
+    (eval_config_from_dict, {"backend": "vlm"},
+     "'backend' must be one of 'auto', 'hf', 'vllm', 'openai', 'replay'"),
     (eval_config_from_dict, {"benchmark": {"name": "bfcl_v4"}}, "'benchmark.name' must be one of"),
     (eval_config_from_dict, {"names": ["orignal"]}, "'names[0]' must be one of 'original', 'canonical'"),
     (eval_config_from_dict, {"openai": {"timeout": 3}}, "'openai.timeout'. Did you mean 'timeout_s'?"),
     (eval_config_from_dict, {"batch_size": "8"}, "'batch_size' must be an integer"),
-    (train_config, {"trainer": {"learning_rat": 1e-5}}, "'trainer.learning_rat'. Did you mean 'learning_rate'?"),
+    (train_config, {"trainer": {"learning_rat": 1e-5}},
+     "'trainer.learning_rat'. Did you mean 'learning_rate'?"),
     (train_config, {"algo": {"name": "ppo"}}, "'algo.name' must be one of"),
     (train_config, {"algo": {"name": "distill", "eval": {"live_env": "shop"}}},
      "'algo.eval.live_env' must be one of"),
@@ -66,6 +69,7 @@ def test_from_overrides_reads_key_values_as_the_hydra_commands_spell_them():
     assert from_overrides(Opts, ["url=http://127.0.0.1:8001/v1"]).url == "http://127.0.0.1:8001/v1"
     for argv, message in ((["prot=1"], "Did you mean 'port'"), (["port=x"], "'port' must be an integer"),
                           (["port"], "cannot read the option 'port'"), (["port=1,2"], "only plain key=value"),
-                          (["+port=1"], "only plain key=value"), (["inner=1", "inner.k=2"], "both as a value")):
+                          (["+port=1"], "only plain key=value"),
+                          (["inner=1", "inner.k=2"], "both as a value")):
         with pytest.raises(ConfigError, match=message):
             from_overrides(Opts, argv)

@@ -1,4 +1,5 @@
-"""Rescoring and rollout consistency KLs: hand-computed values, zeros, gradient signs, shapes, one-sided mass."""
+"""Rescoring and rollout consistency KLs: hand-computed values, zeros, gradient signs, shapes, one-sided
+mass."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def test_rescoring_means_decisions_per_response_then_responses():
 def test_zero_when_identical():
     p = torch.softmax(torch.randn(5, 4, generator=torch.Generator().manual_seed(0)), -1)
     assert rescoring_kl(p, p.clone(), T([0, 0, 1, 2, 2]))[0].item() == pytest.approx(0, abs=1e-7)
-    assert rollout_kl(p, T([0, 0, 1, 2, 2]), p.clone(), T([0, 0, 1, 2, 2]))[0].item() == pytest.approx(0, abs=1e-7)
+    assert rollout_kl(p, T([0, 0, 1, 2, 2]), p.clone(), T([0, 0, 1, 2, 2]))[0].item() == \
+        pytest.approx(0, abs=1e-7)
 
 
 def test_one_sided_mass_counts_as_disagreement():
@@ -59,7 +61,8 @@ def test_gradient_signs_and_detach():
     assert value.item() > 0
     assert canon_logits.grad is None or torch.all(canon_logits.grad == 0)  # reference detached
     g = other_logits.grad[0]
-    # d KL(p || softmax(z)) / dz = softmax(z) - p (up to smoothing): raise the canonical favorite, lower the rest
+    # d KL(p || softmax(z)) / dz = softmax(z) - p (up to smoothing): raise the canonical favorite, lower the
+    # rest
     p = torch.softmax(canon_logits.detach(), -1)[0]
     assert g[0] < 0 and g[1] > 0 and g[2] > 0
     assert torch.allclose(g, torch.full((3,), 1 / 3) - p, atol=1e-4)

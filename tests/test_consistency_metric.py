@@ -39,17 +39,20 @@ def test_pair_consistency_matches_hand_computed_values():
     assert kl.shape == (2,) and kl.tolist() == pytest.approx([kl0, kl1])
     assert m["argmax_agree"].tolist() == pytest.approx([0.5, 0.0])  # 0 vs 1 (tie -> first), ∅ vs ∅; 0 vs ∅
     assert m["added_mass"][0].item() == pytest.approx(0.2) and math.isnan(m["added_mass"][1].item())
-    assert m["none_ref"].tolist() == pytest.approx([0.5, 0.4]) and m["none_pert"].tolist() == pytest.approx([0.45, 0.7])
+    assert m["none_ref"].tolist() == pytest.approx([0.5, 0.4]) and \
+        m["none_pert"].tolist() == pytest.approx([0.45, 0.7])
     assert m["decisions"].tolist() == [2, 1]
 
 
 def test_pair_consistency_identical_sides_and_shape_errors():
     p = torch.softmax(torch.randn(5, 4), -1)
-    kl, m = pair_consistency(p, p.clone(), torch.tensor([0, 0, 1, 2, 2]), torch.zeros(5, 4, dtype=torch.bool), 4)
+    kl, m = pair_consistency(p, p.clone(), torch.tensor([0, 0, 1, 2, 2]),
+                             torch.zeros(5, 4, dtype=torch.bool), 4)
     assert kl[:3].abs().max() < 1e-9 and m["argmax_agree"][:3].tolist() == [1.0] * 3
     assert math.isnan(kl[3].item()) and m["decisions"][3].item() == 0  # a pair without decisions
     with pytest.raises(ValueError):
-        pair_consistency(p, p[:, :3], torch.zeros(5, dtype=torch.long), torch.zeros(5, 4, dtype=torch.bool), 1)
+        pair_consistency(p, p[:, :3], torch.zeros(5, dtype=torch.long),
+                         torch.zeros(5, 4, dtype=torch.bool), 1)
     with pytest.raises(ValueError):
         pair_consistency(p, p, torch.tensor([0, 0, 1, 2, 5]), torch.zeros(5, 4, dtype=torch.bool), 3)
 
@@ -59,8 +62,9 @@ def _synthetic(tmp_path, **kw) -> EvalConfig:
                             report=BenchmarkReportConfig(mean_groups=MEAN))
     defaults = {"perturbations": ["original", "typos", "distractor_similar_name", "same_name_description",
                                   "cost_tag_explicit"],
-                "names": ["original", "canonical"], "out_dir": str(tmp_path), "progress": False, "backend": "hf",
-                "max_new_tokens": 2, "batch_size": 8, "consistency": ConsistencyConfig(enabled=True, batch_size=4)}
+                "names": ["original", "canonical"], "out_dir": str(tmp_path), "progress": False,
+                "backend": "hf", "max_new_tokens": 2, "batch_size": 8,
+                "consistency": ConsistencyConfig(enabled=True, batch_size=4)}
     return EvalConfig(benchmark=bench, **{**defaults, **kw})
 
 
@@ -80,7 +84,8 @@ def test_pairs_map_equivalents_to_one_class_and_added_tools_to_their_own(tmp_pat
     typos = make_pair(ex, by[(ex.id, "original", "typos", "original")], cfg.seed)
     assert typos.ref_classes == tuple(range(n)) and typos.pert_classes == tuple(range(n)) and not typos.added
     cost = make_pair(ex, by[(ex.id, "canonical", "cost_tag_explicit", "costly_first")], cfg.seed)
-    assert cost.num_actions == n + 1 and cost.added == (n,) and sorted(cost.pert_classes) == list(range(n + 1))
+    assert cost.num_actions == n + 1 and cost.added == (n,) and \
+        sorted(cost.pert_classes) == list(range(n + 1))
     assert cost.reference.interface.names[0].startswith("function_")
     # the costlier equivalent carries the familiar name under original names and is an added class
     orig_cost = make_pair(ex, by[(ex.id, "original", "cost_tag_explicit", "original")], cfg.seed)
@@ -116,35 +121,40 @@ def test_run_consistency_writes_every_pair_once_and_resumes(tmp_path, tiny_model
     cfg = _synthetic(tmp_path, limit=3)
     items, examples = _items(cfg)
     fmt = get_format("hermes")
-    counts = run_consistency(items, examples, tiny_model, tiny_tokenizer, fmt, tmp_path, cfg.consistency, cfg.seed)
+    counts = run_consistency(items, examples, tiny_model, tiny_tokenizer, fmt, tmp_path,
+                             cfg.consistency, cfg.seed)
     lines = [json.loads(x) for x in (tmp_path / CONSISTENCY).read_text().splitlines()]
     expected = sum(it.perturbation != "original" for it in items)
     assert counts["read"] == len(lines) == expected
     for r in lines:
         assert r["kl"] >= -1e-9 and 0 <= r["argmax_agree"] <= 1 and r["decisions"] >= 1
         assert (r["added_mass"] is None) == (r["n_added"] == 0)
-    again = run_consistency(items, examples, tiny_model, tiny_tokenizer, fmt, tmp_path, cfg.consistency, cfg.seed)
+    again = run_consistency(items, examples, tiny_model, tiny_tokenizer, fmt, tmp_path,
+                            cfg.consistency, cfg.seed)
     assert again == {"read": 0, "skipped": 0, "already_done": expected}
     assert len((tmp_path / CONSISTENCY).read_text().splitlines()) == expected
 
 
 def _rec(item, names, pert, group, order, kl, agree, mass=None):
-    return {"id": item, "partition": "p", "names": names, "perturbation": pert, "group": group, "order": order,
-            "kl": kl, "argmax_agree": agree, "added_mass": mass, "decisions": 2, "n_added": int(mass is not None)}
+    return {"id": item, "partition": "p", "names": names, "perturbation": pert, "group": group,
+            "order": order, "kl": kl, "argmax_agree": agree, "added_mass": mass, "decisions": 2,
+            "n_added": int(mass is not None)}
 
 
 def test_summary_averages_orders_then_types_then_groups():
     recs = [_rec("a", "canonical", "typos", "typos_distractors", "original", 0.2, 1.0),
             _rec("b", "canonical", "typos", "typos_distractors", "original", 0.4, 0.5),
             _rec("a", "canonical", "cost_tag_explicit", "cost_latency_explicit", "original", 1.0, 0.0, 0.6),
-            _rec("a", "canonical", "cost_tag_explicit", "cost_latency_explicit", "costly_first", 3.0, 1.0, 0.2),
+            _rec("a", "canonical", "cost_tag_explicit", "cost_latency_explicit", "costly_first",
+                 3.0, 1.0, 0.2),
             _rec("b", "canonical", "cost_tag_explicit", "cost_latency_explicit", "original", 0.0, 1.0, 0.0),
             {**_rec("c", "canonical", "typos", "typos_distractors", "original", 0, 0), "skipped": "X: why"}]
     s = summarize_consistency(recs, ReportConfig(mean_groups=tuple(MEAN)))
     e = s["names"]["canonical"]
     assert s["n_measured"] == 5 and s["skipped"] == {"X": 1}
     assert e["types"]["typos"]["kl"]["value"] == pytest.approx(0.3)
-    assert e["types"]["cost_tag_explicit"]["kl"]["value"] == pytest.approx((2.0 + 0.0) / 2)  # a: mean of orders
+    # a: mean of orders
+    assert e["types"]["cost_tag_explicit"]["kl"]["value"] == pytest.approx((2.0 + 0.0) / 2)
     assert e["types"]["cost_tag_explicit"]["added_mass"]["value"] == pytest.approx(100 * (0.4 + 0.0) / 2)
     assert "added_mass" not in e["types"]["typos"]
     assert e["mean"]["kl"]["value"] == pytest.approx(((0.2 + 2.0) / 2 + (0.4 + 0.0) / 2) / 2)
@@ -159,8 +169,10 @@ def test_cipr_eval_with_consistency_reports_and_compares(tmp_path, tiny_tokenize
 
     runs = {}
     for seed in (0, 1):
-        cfg = _synthetic(tmp_path / f"m{seed}", limit=2, perturbations=["original", "typos", "cost_tag_explicit"])
-        runs[seed] = evaluate(cfg, model=tiny_model(tiny_tokenizer, layers=1, seed=seed), tokenizer=tiny_tokenizer)
+        cfg = _synthetic(tmp_path / f"m{seed}", limit=2,
+                         perturbations=["original", "typos", "cost_tag_explicit"])
+        runs[seed] = evaluate(cfg, model=tiny_model(tiny_tokenizer, layers=1, seed=seed),
+                              tokenizer=tiny_tokenizer)
     cons = runs[0]["consistency"]
     assert set(cons["names"]) == {"original", "canonical"}
     can = cons["names"]["canonical"]
@@ -233,7 +245,8 @@ def test_relabel_types_rename_after_the_adapter_and_pair_tool_by_tool(tmp_path, 
     canonical = [i for i in items if i.perturbation == "relabel_function" and i.names == "canonical"]
     recs = measure(tiny_model, tiny_tokenizer, get_format("hermes"),
                    [make_pair(by_id[i.id], i, cfg.seed) for i in canonical], ConsistencyConfig())
-    assert all(0 <= r["action_acc_ref"] <= 1 and 0 <= r["action_acc_pert"] <= 1 and r["kl"] >= -1e-9 for r in recs)
+    assert all(0 <= r["action_acc_ref"] <= 1 and 0 <= r["action_acc_pert"] <= 1 and r["kl"] >= -1e-9
+               for r in recs)
 
 
 def test_generate_false_reads_consistency_only(tmp_path, tiny_tokenizer):

@@ -44,7 +44,8 @@ def test_example_file_counts():
     }
     assert [e.id for e in data.examples] == [
         "weather-1_m1", "stocks-1_m1", "flights-1_m2", "flights-1_m4", "flights-1_m6", "translate-1_m1",
-        "messages_example_4_m1", "messages_example_5_m1", "recipes-1_m1", "orders-1_m1", "places-1_m2", "web-1_m1"]
+        "messages_example_4_m1", "messages_example_5_m1", "recipes-1_m1", "orders-1_m1",
+        "places-1_m2", "web-1_m1"]
     assert {e.source for e in data.examples} == {"messages"}
     assert {e.partition for e in data.examples} == {"messages_example"}
 
@@ -54,7 +55,8 @@ def test_reference_calls_and_prompts():
     # arguments given as a JSON string
     assert ex["weather-1_m1"].reference == (Call("get_current_weather", {"location": "Lisbon, Portugal",
                                                                          "unit": "celsius"}),)
-    assert ex["weather-1_m1"].messages == (Message("user", "What's the weather like in Lisbon right now, in celsius?"),)
+    assert ex["weather-1_m1"].messages == \
+        (Message("user", "What's the weather like in Lisbon right now, in celsius?"),)
     assert ex["weather-1_m1"].response is None
     # a parallel turn, arguments given as objects
     assert ex["stocks-1_m1"].reference == (Call("get_stock_price", {"symbol": "AAPL"}),
@@ -70,7 +72,8 @@ def test_multi_turn_row():
     ex = by_id(load_messages(EXAMPLE).examples)
     first, second, last = ex["flights-1_m2"], ex["flights-1_m4"], ex["flights-1_m6"]
     assert [m.role for m in first.messages] == ["system", "user"]
-    assert first.reference == (Call("search_flights", {"origin": "BOS", "destination": "ORD", "date": "2024-06-14"}),)
+    assert first.reference == \
+        (Call("search_flights", {"origin": "BOS", "destination": "ORD", "date": "2024-06-14"}),)
     assert first.meta["content"] == "Let me look for flights first."
     # the second call's prompt holds the first turn and its result; the tool message is named by tool_call_id
     assert [m.role for m in second.messages] == ["system", "user", "assistant", "tool"]
@@ -80,7 +83,8 @@ def test_multi_turn_row():
     # the final answer after the tool result is an example that makes no call
     assert last.reference == () and last.response.startswith("You're booked on UA512")
     assert [m.name for m in last.messages if m.role == "tool"] == ["search_flights", "book_flight"]
-    assert ex["translate-1_m1"].reference == () and ex["translate-1_m1"].response == "You're welcome! Have a great day."
+    assert ex["translate-1_m1"].reference == () and \
+        ex["translate-1_m1"].response == "You're welcome! Have a great day."
 
 
 def test_canonicalization_renames_earlier_calls_and_tool_messages():
@@ -96,7 +100,8 @@ def test_canonicalization_renames_earlier_calls_and_tool_messages():
     # book_flight's description names search_flights: the schemas are renamed like the messages
     assert canon.interface[1].description == "Book a seat on a flight found by function_01."
     assert "search_flights" not in json.dumps(canon.interface.to_openai())
-    assert nmap.translate_back(calls[1]) == Call("book_flight", {"flight_id": "UA512", "passenger_name": "Dana Reyes"})
+    assert nmap.translate_back(calls[1]) == \
+        Call("book_flight", {"flight_id": "UA512", "passenger_name": "Dana Reyes"})
 
 
 # ---------------------------------------------------------------- malformed rows
@@ -186,7 +191,8 @@ def test_tool_message_names_and_call_forms(tmp_path):
     row["messages"][4]["tool_calls"][0] = {"id": "call_2", "name": "book_flight",  # a bare call
                                            "arguments": {"flight_id": "UA512"}}
     row["tools"] = json.dumps(row["tools"])  # tools as a JSON string
-    row["messages"][1]["content"] = [{"type": "text", "text": "Book it."}, {"type": "text", "text": "Thanks."}]
+    row["messages"][1]["content"] = [{"type": "text", "text": "Book it."},
+                                     {"type": "text", "text": "Thanks."}]
     row["messages"][0]["role"] = "developer"
     ex = load_messages(write_jsonl(tmp_path / "forms.jsonl", [row])).examples
     assert [m.name for m in ex[-1].messages if m.role == "tool"] == ["search_flights", "book_flight"]
@@ -256,7 +262,8 @@ def test_struct_columns_lose_no_values(tmp_path):
         r["tools"] = orig["tools"]
     path = tmp_path / "messages_example.parquet"
     Dataset.from_list(rows).to_parquet(str(path))
-    assert _without_location(load_messages(path).examples) == _without_location(load_messages(EXAMPLE).examples)
+    assert _without_location(load_messages(path).examples) == \
+        _without_location(load_messages(EXAMPLE).examples)
 
 
 def test_missing_and_unsupported_inputs(tmp_path):
@@ -296,7 +303,8 @@ def test_training_source(tmp_path):
                             tokenizer=_ChatStub())
     assert len(prompts.records) == 2 * (12 - 2) and not prompts.skipped
     records = [r for r in prompts.records + prompts.eval_records if r.example.id == "flights-1_m6"]
-    assert records and all("book_flight" not in r.prompt for r in records)  # history calls and results renamed
+    # history calls and results renamed
+    assert records and all("book_flight" not in r.prompt for r in records)
     bad = write_jsonl(tmp_path / "bad.jsonl", ROWS + [_set(("messages", 1, "role"), "bot")(_flights())])
     skip = DataConfig(source="messages", path=str(bad), n=0, eval_examples=2, on_bad_row="skip")
     examples, skipped = load_source(skip)
@@ -353,7 +361,8 @@ def test_stats_command(capsys, tmp_path):
 
     assert main(["stats", "source=messages", f"path={EXAMPLE}"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert (out["rows"], out["examples"], out["no_call_examples"], out["calls_per_turn"]) == (10, 12, 2, {"1": 9, "2": 1})
+    assert (out["rows"], out["examples"], out["no_call_examples"], out["calls_per_turn"]) == \
+        (10, 12, 2, {"1": 9, "2": 1})
     bad = write_jsonl(tmp_path / "bad.jsonl", ROWS + ["not json"])
     assert main(["stats", "source=messages", f"path={bad}", "on_bad_row=skip"]) == 0
     assert json.loads(capsys.readouterr().out)["skipped_rows"] == {"row not valid JSON": 1}

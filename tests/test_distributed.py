@@ -35,8 +35,8 @@ def two_process_run(tmp_path_factory):
         "rollout": {"backend": "hf", "num_generations": G, "max_completion_length": 24},
         # one pair (2G completions) per process and step; the warm start makes tool calls likely
         # enough that the consistency terms have non-zero gradients
-        "trainer": {"run_dir": str(out / "run"), "max_steps": 2, "save_steps": 1, "per_device_train_batch_size": 2 * G,
-                    "learning_rate": 1e-3, "torch_threads": 1,
+        "trainer": {"run_dir": str(out / "run"), "max_steps": 2, "save_steps": 1,
+                    "per_device_train_batch_size": 2 * G, "learning_rate": 1e-3, "torch_threads": 1,
                     "warm_start": {"steps": 12, "learning_rate": 0.03, "per_device_train_batch_size": 2}},
         "logging": {"progress_bar": False},
     }

@@ -1,4 +1,5 @@
-"""`cipr-eval guard.enabled=true` runs the guard's drift evaluation through the evaluation entry point, and resumes it."""
+"""`cipr-eval guard.enabled=true` runs the guard's drift evaluation through the evaluation entry point, and
+resumes it."""
 
 import json
 

@@ -24,9 +24,10 @@ def write_run(run: Path, model: str, skill: int) -> None:
         for pert, group, orders in TYPES:
             for order in orders:
                 ok = i < skill and (order == "original" or pert == "original")
-                lines.append({"id": f"item{i}", "partition": "simple", "names": "canonical", "perturbation": pert,
-                              "group": group, "order": order, "raw": "", "correct": ok, "error": None if ok
-                              else "wrong_name", "taxonomy": "correct" if ok else "equivalent_tool"})
+                lines.append({"id": f"item{i}", "partition": "simple", "names": "canonical",
+                              "perturbation": pert, "group": group, "order": order, "raw": "", "correct": ok,
+                              "error": None if ok else "wrong_name",
+                              "taxonomy": "correct" if ok else "equivalent_tool"})
     (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     (run / "run.json").write_text(json.dumps({"model": model, "benchmark": "bfcl",
                                               "perturbations": [t for t, _, _ in TYPES]}))
@@ -39,12 +40,14 @@ def test_notebook_executes_on_fixture_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("CIPR_EVAL_RUNS", f"{a}:{b}")
     monkeypatch.setenv("MPLBACKEND", "Agg")
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(nb, timeout=180, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.output_type == "error"]
     text = "\n".join(o.get("data", {}).get("text/markdown", "") for o in outputs)
     assert "Table 1 shape" in text and "B − A" in text
-    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 5  # 2 plots per run + the cross-run figure
+    # 2 plots per run + the cross-run figure
+    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 5
     for run in (a, b):
         assert (run / "summary.json").exists() and (run / "plots" / "accuracy_by_type.png").exists()
     s = json.loads((b / "summary.json").read_text())["names"]["canonical"]

@@ -138,7 +138,8 @@ def test_malformed_outputs_are_recorded_not_raised():
     rec = evaluate_one(plain, Generation("<tool_call>{not json"), FMT, bfcl_scorer)
     assert rec["correct"] is False and rec["error"] == "parse_failure" and rec["taxonomy"] == "parse_failure"
     rec = evaluate_one(plain, Generation("", error="HTTP 503"), FMT, bfcl_scorer)
-    assert rec["error"] == "backend_error" and rec["taxonomy"] == "backend_error" and rec["detail"] == "HTTP 503"
+    assert rec["error"] == "backend_error" and rec["taxonomy"] == "backend_error" and \
+        rec["detail"] == "HTTP 503"
     bad = FMT.render_target([Call("function_07", {"arg_01": "Rome"})])
     rec = evaluate_one(can, Generation(bad), FMT, bfcl_scorer)
     assert rec["error"] == "undeclared_tool" and rec["undeclared"] == ["function_07"]

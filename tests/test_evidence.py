@@ -1,6 +1,7 @@
-"""The evidence experiment's command end to end on the tiny offline model (every point trained in a subprocess,
-exported, evaluated twice, reported), its resume, and the report's arithmetic by hand. The end-to-end run uses one
-seed (three points): pairing across seeds is the report's arithmetic, checked by hand below."""
+"""The evidence experiment's command end to end on the tiny offline model (every point trained in a
+subprocess, exported, evaluated twice, reported), its resume, and the report's arithmetic by hand. The
+end-to-end run uses one seed (three points): pairing across seeds is the report's arithmetic, checked by hand
+below."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ TYPES = ("relabel_function", "relabel_random", "typos")
 
 
 def _metrics(heldin: float, acc: float) -> dict:
-    return {"original_accuracy": acc, "kl": {t: heldin + i for i, t in enumerate(TYPES)}, "heldin_kl_unseen": 2 * heldin,
-            "accuracy": {t: acc - 0.1 * i for i, t in enumerate(TYPES)}, "items": 4, "full_call_accuracy": 0.5}
+    return {"original_accuracy": acc, "kl": {t: heldin + i for i, t in enumerate(TYPES)},
+            "heldin_kl_unseen": 2 * heldin, "accuracy": {t: acc - 0.1 * i for i, t in enumerate(TYPES)},
+            "items": 4, "full_call_accuracy": 0.5}
 
 
 def test_report_pairs_cipr_with_multi_interface_by_seed_by_hand():
@@ -53,7 +55,8 @@ def test_command_line_options_become_the_plan(capsys, monkeypatch):
     config = from_overrides(EvidenceConfig, ["seeds=[0]", "lambdas=[0.1,10]", "train.model=tiny",
                                              "train.model.name_or_path=/m/x", "train.hydra.sweep.dir=/s"])
     arms = config.all_arms
-    assert [a.name for a in arms] == ["baseline", "multi_interface", "cipr", "cipr_lambda0.1", "cipr_lambda10"]
+    assert [a.name for a in arms] == \
+        ["baseline", "multi_interface", "cipr", "cipr_lambda0.1", "cipr_lambda10"]
     command = train_command(config, Point(arms[4], 0))
     assert command[-6:] == ["algo=cipr_sft", "algo.rescore_weight=10.0", "trainer.seed=0", "model=tiny",
                             "model.name_or_path=/m/x", "hydra.sweep.dir=/s"]
@@ -87,7 +90,8 @@ def test_cipr_evidence_runs_every_point_and_resumes(tmp_path):
         assert arm["seeds"] == [0] and len(arm["heldin_kl"]) == 1 and arm["items"] == [2]
         assert set(arm["heldout_kl"]) == {"relabel_random", "typos", "distractor_similar_name"}
         assert all(0 <= a <= 1 for a in arm["original_accuracy"])
-    assert report["paired"]["seeds"] == [0] and set(report["outcome"]) == {"P0", "P0_unseen_items", "P1", "P2"}
+    assert report["paired"]["seeds"] == [0] and \
+        set(report["outcome"]) == {"P0", "P0_unseen_items", "P1", "P2"}
     assert report["wall_s"] > 0 and (out / "cpu_evidence.png").stat().st_size > 0
     assert "CIPR − multi-interface" in (out / "cpu_evidence_tables.md").read_text()
     again = subprocess.run(command, capture_output=True, text=True, timeout=900)

@@ -30,7 +30,8 @@ def _logits(model, tokenizer) -> torch.Tensor:
 
 
 def sft_config(root, tiny, **model) -> dict:
-    """A one-stage SFT run on the tiny model: two optimizer steps, saved every step; `model` adds model options."""
+    """A one-stage SFT run on the tiny model: two optimizer steps, saved every step; `model` adds model
+    options."""
     return {
         "model": {"name_or_path": str(tiny), "gguf_package": None, "gguf_file": None, "short_name": "tiny",
                   "dtype": "float32", "call_format": "hermes", **model},
@@ -65,8 +66,8 @@ def test_lora_run_exports_merged_weights_with_the_checkpoints_logits(lora_run, t
     run_dir, cfg = lora_run
     out = export(run_dir, tmp_path / "exp")
     files = {p.name for p in out.iterdir()}
-    assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-            MANIFEST, "README.md"} <= files
+    assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
+            "tokenizer_config.json", MANIFEST, "README.md"} <= files
     assert "adapter_config.json" not in files and "adapter_model.safetensors" not in files
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".exp")]  # no temporary folder left
 
@@ -196,9 +197,9 @@ def test_eval_summary_goes_into_the_model_card(tmp_path):
     ev = tmp_path / "ev"
     ev.mkdir()
     acc = {"value": 62.5, "half_width": 4.25}
-    (ev / "summary.json").write_text(json.dumps({"n_items": 40, "groups": {"original": {}, "corrupted": {}},
-                                                 "names": {"canonical": {"groups": {"original": {"accuracy": acc},
-                                                                                    "corrupted": {}}}}}))
+    (ev / "summary.json").write_text(json.dumps({
+        "n_items": 40, "groups": {"original": {}, "corrupted": {}},
+        "names": {"canonical": {"groups": {"original": {"accuracy": acc}, "corrupted": {}}}}}))
     (ev / "run.json").write_text(json.dumps({"benchmark": "bfcl", "format": "toolrl", "backend": "hf"}))
     options = ExportConfig(call_format="toolrl", names="canonical")
     out = export(folder, tmp_path / "exp", options)
@@ -216,7 +217,8 @@ def test_read_manifest_names_the_bad_field(tmp_path):
     (tmp_path / MANIFEST).write_text(json.dumps(good))
     assert read_manifest(tmp_path).training_names == "masked"
     for bad, field in (({**good, "eval_names": ["both"]}, "eval_names"), ({**good, "version": 9}, "version"),
-                       ({**good, "training_names": "random"}, "training_names"), ({"version": 1}, "call_format")):
+                       ({**good, "training_names": "random"}, "training_names"),
+                       ({"version": 1}, "call_format")):
         (tmp_path / MANIFEST).write_text(json.dumps(bad))
         with pytest.raises(DataError, match=f"field '{field}'"):
             read_manifest(tmp_path)
@@ -229,7 +231,8 @@ def test_cipr_eval_takes_format_and_names_from_the_manifest(tmp_path, shared_dat
 
     from cipr.cli.eval import CONFIG_DIR, run, to_eval_config
 
-    out = export(save_tiny(tmp_path / "plain"), tmp_path / "exp", ExportConfig(call_format="hermes", names="canonical"))
+    out = export(save_tiny(tmp_path / "plain"), tmp_path / "exp",
+                 ExportConfig(call_format="hermes", names="canonical"))
     common = ["limit=2", "partitions=[simple_python]", "perturbations=[original]", "max_new_tokens=4",
               "progress=false", "device=cpu"]
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
@@ -239,7 +242,8 @@ def test_cipr_eval_takes_format_and_names_from_the_manifest(tmp_path, shared_dat
     assert to_eval_config(cfg).call_format == "toolrl"  # the benchmark's default until the manifest is read
     summary = run(cfg)
     meta = json.loads((tmp_path / "ev" / "run.json").read_text())
-    assert meta["format"] == "hermes" and meta["names"] == ["canonical"] and list(summary["names"]) == ["canonical"]
+    assert meta["format"] == "hermes" and meta["names"] == ["canonical"] and \
+        list(summary["names"]) == ["canonical"]
     records = [json.loads(line) for line in (tmp_path / "ev" / "results.jsonl").read_text().splitlines()]
     assert len(records) == 2 and {r["names"] for r in records} == {"canonical"}
     ecfg = apply_manifest(to_eval_config(explicit))  # explicit overrides win over the manifest
@@ -255,7 +259,8 @@ def test_cli_exports_in_the_asked_dtype_and_reports_bad_input(tmp_path, capsys):
     folder = save_tiny(tmp_path / "plain")
     assert main([f"run_dir={folder}", f"out_dir={tmp_path / 'exp'}", "call_format=hermes", "names=original",
                  "dtype=bfloat16"]) == 0
-    assert next(AutoModelForCausalLM.from_pretrained(str(tmp_path / "exp")).parameters()).dtype == torch.bfloat16
+    assert next(AutoModelForCausalLM.from_pretrained(str(tmp_path / "exp")).parameters()).dtype == \
+        torch.bfloat16
     assert read_manifest(tmp_path / "exp").dtype == "bfloat16"
     assert main([f"run_dir={tmp_path / 'missing'}", f"out_dir={tmp_path / 'exp2'}"]) == 2
     assert "not a folder" in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""Call formats: hand-written targets and decisions, parse errors, property round trips, prompts, real data."""
+"""Call formats: hand-written targets and decisions, parse errors, property round trips, prompts, real
+data."""
 
 from __future__ import annotations
 
@@ -35,8 +36,8 @@ WEATHER = Interface((_tool("get_weather", "city", required=("city",)), _tool("ma
 # ---------------------------------------------------------------- registry
 
 def test_registry_holds_the_formats_by_name():
-    assert sorted(FORMATS) == ["compact", "gptoss", "hermes", "llama3_json", "qwen35_xml", "qwen36_xml", "react",
-                               "toolrl", "webshop"]
+    assert sorted(FORMATS) == ["compact", "gptoss", "hermes", "llama3_json", "qwen35_xml", "qwen36_xml",
+                               "react", "toolrl", "webshop"]
     for name, cls in FORMATS.items():
         fmt = get_format(name)
         assert isinstance(fmt, cls) and fmt.name == name
@@ -44,8 +45,8 @@ def test_registry_holds_the_formats_by_name():
 
 
 def test_get_format_errors_name_the_valid_formats_and_options():
-    with pytest.raises(ValueError, match="valid names: compact, gptoss, hermes, llama3_json, qwen35_xml, qwen36_xml, "
-                                         "react, toolrl, webshop, or auto"):
+    with pytest.raises(ValueError, match="valid names: compact, gptoss, hermes, llama3_json, qwen35_xml, "
+                                         "qwen36_xml, react, toolrl, webshop, or auto"):
         get_format("json")
     with pytest.raises(ValueError, match="does not take options \\['colour'\\]"):
         get_format("hermes", colour="red")
@@ -70,12 +71,15 @@ def test_toolrl_target_and_decisions_by_hand():
 
     answer = f.render_target([], response="It is sunny.")
     assert answer == f"<think> {RESPONSE_THINK} </think>\n<response> It is sunny. </response>"
-    assert f.decisions(answer) == [Decision(len(f"<think> {RESPONSE_THINK} </think>\n"), BLOCK_OPENER, '"', None)]
+    assert f.decisions(answer) == \
+        [Decision(len(f"<think> {RESPONSE_THINK} </think>\n"), BLOCK_OPENER, '"', None)]
     parsed = f.parse(answer)
-    assert parsed.ok and parsed.calls == () and parsed.response == "It is sunny." and parsed.think == RESPONSE_THINK
+    assert parsed.ok and parsed.calls == () and parsed.response == "It is sunny." and \
+        parsed.think == RESPONSE_THINK
 
     both = f.render_target([Call("f", {})], response="Done.", think="go")
-    assert both == '<think> go </think>\n<tool_call>\n{"name": "f", "parameters": {}}\n</tool_call>\n<response> Done. </response>'
+    assert both == ('<think> go </think>\n<tool_call>\n{"name": "f", "parameters": {}}\n</tool_call>\n'
+                    '<response> Done. </response>')
     assert [d.taken for d in f.decisions(both)] == ["f", None]
     # ToolRL's data escapes non-ASCII (json.dumps defaults), names too
     assert f.render_target([Call("café", {"v": "é"})], think="t").split("\n")[2] == \
@@ -101,7 +105,8 @@ def test_hermes_target_and_decisions_by_hand():
 
     alone = f.render_target([Call("f", {"x": "ü"})])
     assert alone == '<tool_call>\n{"name": "f", "arguments": {"x": "ü"}}\n</tool_call>'
-    assert f.decisions(alone) == [Decision(0, FIRST_OPENER, '"', "f"), Decision(len(alone), NEXT_OPENER, '"', None)]
+    assert f.decisions(alone) == \
+        [Decision(0, FIRST_OPENER, '"', "f"), Decision(len(alone), NEXT_OPENER, '"', None)]
 
     answer = "<think>\nhmm\n</think>\n\nNo tool needed."
     assert f.render_target([], response="No tool needed.", think="hmm") == answer
@@ -123,11 +128,13 @@ def test_react_and_webshop_targets_and_decisions_by_hand():
     text = w.render_target([Call("search", {"argument": "red shoes"})], think="look")
     assert text == "Thought: look\nAction: search[red shoes]"
     assert w.decisions(text) == [Decision(14, "Action: ", "[", "search")]
-    assert w.parse("Thought:\nAction: click[Size [US] 8]").calls == (Call("click", {"argument": "Size [US] 8"}),)
+    assert w.parse("Thought:\nAction: click[Size [US] 8]").calls == \
+        (Call("click", {"argument": "Size [US] 8"}),)
     # the single argument renders under any key (canonical interfaces rename it), parses as "argument"
     assert w.render_target([Call("function_01", {"arg_01": "x"})]) == "Thought:\nAction: function_01[x]"
     # AgentLM writes the action on the line after "Action:"; the parser reads it too
-    assert w.parse("Thought:\nI buy.\n\nAction:\nclick[Buy Now]").calls == (Call("click", {"argument": "Buy Now"}),)
+    assert w.parse("Thought:\nI buy.\n\nAction:\nclick[Buy Now]").calls == \
+        (Call("click", {"argument": "Buy Now"}),)
 
 
 @pytest.mark.parametrize("fmt, calls, kwargs", [
@@ -161,9 +168,11 @@ T = "<think> x </think>\n"
 @pytest.mark.parametrize("name, text, message, names", [
     ("toolrl", '<tool_call>\n{"name": "a", "parameters": {}}\n</tool_call>', "missing <think>", ["a"]),
     ("toolrl", T + '<tool_call>\n{"name": "a", "parameters": {}}\n', "never closed by </tool_call>", ["a"]),
-    ("toolrl", T + '<tool_call>\n{"name": "a", "parameters": {"x": }}\n</tool_call>', "invalid JSON at char 65", []),
+    ("toolrl", T + '<tool_call>\n{"name": "a", "parameters": {"x": }}\n</tool_call>',
+     "invalid JSON at char 65", []),
     ("toolrl", T + '<tool_call>\n{"parameters": {}}\n</tool_call>', "has no 'name'", []),
-    ("toolrl", T + '<tool_call>\n{"name": "a", "parameters": [1]}\n</tool_call>', "'parameters' must be an object", []),
+    ("toolrl", T + '<tool_call>\n{"name": "a", "parameters": [1]}\n</tool_call>',
+     "'parameters' must be an object", []),
     ("toolrl", T + '<tool_call>\n{"name": "a"}\n</tool_call>', "has no 'parameters'", []),
     ("toolrl", T + "<tool_call>\n\n</tool_call>", "empty <tool_call> block", []),
     ("toolrl", T + "<response> a </response>\n<response> b </response>", "second <response>", []),
@@ -174,9 +183,11 @@ T = "<think> x </think>\n"
      "comes after <response>", ["a"]),
     ("toolrl", "<think> cut off", "never closed by </think>", []),
     ("hermes", '<tool_call>\n{"name": "a", "arguments": {}}', "never closed by </tool_call>", ["a"]),
-    ("hermes", '<tool_call>\n{"name": "a", "arguments": {"x": }}\n</tool_call>', "invalid JSON at char 45", []),
+    ("hermes", '<tool_call>\n{"name": "a", "arguments": {"x": }}\n</tool_call>',
+     "invalid JSON at char 45", []),
     ("hermes", '<tool_call>\n{"name": "a", "parameters": {}}\n</tool_call>', "has no 'arguments'", []),
-    ("hermes", '<tool_call>\n{"name": 3, "arguments": {}}\n</tool_call>', "'name' must be a non-empty string", []),
+    ("hermes", '<tool_call>\n{"name": 3, "arguments": {}}\n</tool_call>',
+     "'name' must be a non-empty string", []),
     ("hermes", '<tool_call>\n"text"\n</tool_call>', "is a JSON str, not an object", []),
     ("hermes", "<think>\nstill thinking", "never closed by </think>", []),
     ("hermes", "hi </tool_call>", "stray </tool_call> at char 3", []),
@@ -184,9 +195,12 @@ T = "<think> x </think>\n"
     ("react", "Thought: t\nAction: a", "has no 'Action Input:'", []),
     ("react", 'Thought: t\nAction: a\nAction Input: {"x": 1,}', "invalid JSON at char 43", []),
     ("react", "Thought: t\nAction: a\nAction Input: [1]", "is a JSON list, not an object", []),
-    ("react", "Thought: t\nAction: a\nAction Input: {}\nObservation: ok", "continues past the end of its turn", ["a"]),
-    ("react", "Thought: t\nAction: a\nAction Input: {}\nAction: b\nAction Input: {}", "second 'Action:'", ["a", "b"]),
-    ("react", "Thought: t\nFinal Answer: x\nAction: a\nAction Input: {}", "both an Action and a Final Answer", ["a"]),
+    ("react", "Thought: t\nAction: a\nAction Input: {}\nObservation: ok",
+     "continues past the end of its turn", ["a"]),
+    ("react", "Thought: t\nAction: a\nAction Input: {}\nAction: b\nAction Input: {}", "second 'Action:'",
+     ["a", "b"]),
+    ("react", "Thought: t\nFinal Answer: x\nAction: a\nAction Input: {}",
+     "both an Action and a Final Answer", ["a"]),
     ("react", "Thought: t", "no 'Action:' and no 'Final Answer:'", []),
     ("webshop", "Thought: t\nAction: search red", "has no '['", []),
     ("webshop", "Thought: t\nAction: search[red", "does not end with ']'", []),
@@ -244,14 +258,17 @@ _VALUES = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3)
 _ARGS = st.dictionaries(st.text(_CHARS, min_size=1, max_size=8) | _PLAIN, _VALUES, max_size=4)
 
 NAMES = {"toolrl": _PLAIN | _CANONICAL | _SPACED | _ANY, "hermes": _PLAIN | _CANONICAL | _SPACED | _ANY,
-         "compact": _PLAIN | _CANONICAL | _SPACED | _ANY, "react": _PLAIN | _CANONICAL | _SPACED, "webshop": _PLAIN | _CANONICAL | _SPACED,
-         "llama3_json": _PLAIN | _CANONICAL | _SPACED | _ANY, "gptoss": _PLAIN | _CANONICAL}
+         "compact": _PLAIN | _CANONICAL | _SPACED | _ANY, "react": _PLAIN | _CANONICAL | _SPACED,
+         "webshop": _PLAIN | _CANONICAL | _SPACED, "llama3_json": _PLAIN | _CANONICAL | _SPACED | _ANY,
+         "gptoss": _PLAIN | _CANONICAL}
 TEMPLATE_ONLY = ("llama3_json", "gptoss")  # tools only through the chat template's `tools=`
 _MARKERS = ("Thought:", "Action:", "Action Input:", "Final Answer:", "Observation:")
-FORBIDDEN = {"toolrl": ("</think>", "</response>"), "hermes": ("<tool_call>", "</tool_call>", "<think>", "</think>"),
+FORBIDDEN = {"toolrl": ("</think>", "</response>"),
+             "hermes": ("<tool_call>", "</tool_call>", "<think>", "</think>"),
              "compact": ("<tool_call>", "</tool_call>", "<think>", "</think>"),
-             "llama3_json": ("<|python_tag|>", "<|eot_id|>"), "gptoss": ("<|start|>", "<|end|>", "<|message|>", "<|channel|>",
-                                                                       "<|call|>", "<|return|>", "<|constrain|>")}
+             "llama3_json": ("<|python_tag|>", "<|eot_id|>"),
+             "gptoss": ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|call|>", "<|return|>",
+                        "<|constrain|>")}
 
 
 def _free_text(name: str) -> st.SearchStrategy[str]:
@@ -269,7 +286,8 @@ def _case(draw, name: str):
     """A random interface, calls to its tools (parallel where the format allows), think and response."""
     names = draw(st.lists(NAMES[name], min_size=1, max_size=6, unique=True))
     interface = Interface(tuple(Tool(n, draw(st.text(_CHARS, max_size=20)),
-                                     {"type": "object", "properties": {"q": {"type": "string"}}}) for n in names))
+                                     {"type": "object", "properties": {"q": {"type": "string"}}})
+                                for n in names))
     if name == "webshop":
         one_line = st.text(_CHARS, max_size=15).filter(lambda s: "\n" not in s and "\r" not in s)
         call = st.builds(lambda n, a: Call(n, {"argument": a}), st.sampled_from(names), one_line)
@@ -280,7 +298,8 @@ def _case(draw, name: str):
     think = draw(st.none() | _free_text(name))
     if name == "gptoss" and calls and not think:
         think = None  # an empty reasoning of a call turn writes nothing, as gpt-oss's template
-    # Llama's template drops a call turn's text, gpt-oss's writes it as the reasoning: no text with calls there
+    # Llama's template drops a call turn's text, gpt-oss's writes it as the reasoning: no text with calls
+    # there
     with_text = most > 1 and name not in TEMPLATE_ONLY and draw(st.booleans())
     response = draw(_free_text(name)) if not calls or with_text else None
     return interface, calls, think, response
@@ -305,7 +324,8 @@ def _check_decisions(fmt, text: str, calls) -> None:
 # Qwen3.5's XML format writes string values raw, so a string that reads as JSON comes back typed: its round
 # trips draw their own values (tests/test_formats_qwen35.py)
 @pytest.mark.parametrize("name", sorted(set(FORMATS) - {"qwen35_xml", "qwen36_xml"}))
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(max_examples=80, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(data=st.data())
 def test_render_then_parse_round_trips_and_decisions_line_up(name, data):
     fmt = get_format(name)
@@ -329,12 +349,13 @@ def test_render_then_parse_round_trips_and_decisions_line_up(name, data):
 
 
 _FRAGMENTS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<response>", "</response>", "\n", " ",
-              '{"name": "', '"', "{", "}", "[", "]", ":", ",", '"parameters": ', '"arguments": ', "{}", "a", "f.x",
-              "Thought:", "Action: ", "Action Input: ", "Final Answer:", "Observation:", "\\", "1", "null",
-              "; ", "<|python_tag|>", '"parameters": {}}', "<|start|>assistant", " to=functions.", "<|channel|>",
-              "commentary json", "analysis", "final", "<|message|>", "<|end|>", "<|call|>", "<|return|>",
-              "<function=", ">\n", "</function>", "<parameter=x>\n", "\n</parameter>\n"]
-_GARBAGE = st.text(max_size=80) | st.lists(st.sampled_from(_FRAGMENTS) | st.text(max_size=3), max_size=30).map("".join)
+              '{"name": "', '"', "{", "}", "[", "]", ":", ",", '"parameters": ', '"arguments": ', "{}", "a",
+              "f.x", "Thought:", "Action: ", "Action Input: ", "Final Answer:", "Observation:", "\\", "1",
+              "null", "; ", "<|python_tag|>", '"parameters": {}}', "<|start|>assistant", " to=functions.",
+              "<|channel|>", "commentary json", "analysis", "final", "<|message|>", "<|end|>", "<|call|>",
+              "<|return|>", "<function=", ">\n", "</function>", "<parameter=x>\n", "\n</parameter>\n"]
+_GARBAGE = st.text(max_size=80) | st.lists(st.sampled_from(_FRAGMENTS) | st.text(max_size=3),
+                                           max_size=30).map("".join)
 
 
 def _is_subsequence(short: list, long: list) -> bool:
@@ -365,7 +386,8 @@ def test_garbage_never_raises_and_decisions_stay_consistent(name, text):
 # ---------------------------------------------------------------- prompts
 
 CONVERSATION = (Message("system", "Be brief."), Message("user", "Weather in Paris?"),
-                Message("assistant", "", (Call("get_weather", {"city": "Paris"}), Call("math.add", {"a": "1"}))),
+                Message("assistant", "",
+                        (Call("get_weather", {"city": "Paris"}), Call("math.add", {"a": "1"}))),
                 Message("tool", '{"t": 20}', name="get_weather"), Message("tool", "2", name="math.add"),
                 Message("assistant", "It is 20."), Message("user", "And Rome?"))
 
@@ -377,13 +399,15 @@ def chatml_tokenizer(tiny_tokenizer):
     return tok
 
 
-def test_hermes_native_tools_and_system_prompt_fallback_render_the_same_prompt(tiny_tokenizer, chatml_tokenizer):
+def test_hermes_native_tools_and_system_prompt_fallback_render_the_same_prompt(tiny_tokenizer,
+                                                                               chatml_tokenizer):
     f = HermesFormat()
     assert supports_native_tools(tiny_tokenizer) and not supports_native_tools(chatml_tokenizer)
     messages, tools = f.chat(CONVERSATION, WEATHER, native_tools=True)
     assert tools == WEATHER.to_openai()
     assert messages[2]["tool_calls"][0] == {"type": "function",
-                                            "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+                                            "function": {"name": "get_weather",
+                                                         "arguments": {"city": "Paris"}}}
     native = f.render_prompt(tiny_tokenizer, CONVERSATION, WEATHER)
     fallback = f.render_prompt(chatml_tokenizer, CONVERSATION, WEATHER)
     assert native == fallback
@@ -416,7 +440,8 @@ def test_prompt_formats_put_the_tools_in_the_system_prompt(name, tiny_tokenizer,
         assert "get_weather" in system and "math.add" in system and "# Tools" not in prompt
         assert prompt.endswith("<|im_start|>assistant\n")
     if name == "toolrl":
-        assert len(messages) == 2 and '<obs> [{"name": "get_weather", "results": {"t": 20}}] </obs>' in messages[1]["content"]
+        assert len(messages) == 2 and \
+            '<obs> [{"name": "get_weather", "results": {"t": 20}}] </obs>' in messages[1]["content"]
     else:
         assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant", "user"]
         assert messages[2]["content"].startswith("Thought: I look it up.\nAction: get_weather")
@@ -445,7 +470,8 @@ def test_toolrl_prompts_and_targets_reproduce_the_released_data(shared_data):
     sft = shared_data / "toolrl" / "rlla_4k_raw" / "rlla_sft.json"
     rows = pq.read_table(parquet).to_pylist()
     raw = [({p["role"]: p["content"] for p in r["prompt"]}, r["reward_model"]["ground_truth"]) for r in rows]
-    raw += [({"system": o["instruction"], "user": o["input"]}, o["output"]) for o in json.loads(sft.read_text())]
+    raw += [({"system": o["instruction"], "user": o["input"]}, o["output"])
+            for o in json.loads(sft.read_text())]
     examples = load_toolrl_parquet(parquet) + load_toolrl_sft(sft)
     assert len(examples) == len(raw) == 480
     for ex, (prompt, target) in zip(examples, raw, strict=True):
@@ -479,8 +505,8 @@ def test_rotbench_prompts_and_answers_reproduce_the_released_data(shared_data):
                         assert message["role"] == role
                         assert message["content"] == value or not value.isascii(), ex.id
                         earlier += role == "assistant"
-                for answer, call in zip(ex.meta["answers"], ex.reference + tuple(a[0] for a in ex.alternatives),
-                                        strict=True):
+                for answer, call in zip(ex.meta["answers"],
+                                        ex.reference + tuple(a[0] for a in ex.alternatives), strict=True):
                     answers += 1
                     parsed = f.parse(answer)
                     assert parsed.ok and parsed.calls == (call,), (ex.id, parsed.error)
@@ -497,7 +523,8 @@ def test_rotbench_prompts_and_answers_reproduce_the_released_data(shared_data):
 def test_compact_lists_each_tool_in_a_few_words_and_calls_like_hermes(tiny_tokenizer, chatml_tokenizer):
     tools = Interface((Tool("get_weather", "Get the weather for a city.", {
         "type": "object", "properties": {"city": {"type": "string", "description": "City name."},
-                                         "days": {"type": "integer", "description": "Days ahead.", "minimum": 1},
+                                         "days": {"type": "integer", "description": "Days ahead.",
+                                                  "minimum": 1},
                                          "units": {"type": "string", "description": "Units.",
                                                    "enum": ["metric", "imperial"]}},
         "required": ["city"]}), _tool("noop")))
@@ -506,9 +533,12 @@ def test_compact_lists_each_tool_in_a_few_words_and_calls_like_hermes(tiny_token
     for tok in (tiny_tokenizer, chatml_tokenizer):  # also where the template could render tools= itself
         prompt = compact.render_prompt(tok, messages, tools)
         assert ("- get_weather(city, days?, units?): Get the weather for a city.\n"
-                "  city: City name. days: Days ahead (integer). units: Units; one of metric, imperial.") in prompt
+                "  city: City name. days: Days ahead (integer). units: Units; one of metric, imperial."
+                in prompt)
         assert "\n- noop(): Does noop.\n" in prompt and '"minimum"' not in prompt
-        assert len(tok(prompt).input_ids) < len(tok(hermes.render_prompt(chatml_tokenizer, messages, tools)).input_ids)
+        assert len(tok(prompt).input_ids) < \
+            len(tok(hermes.render_prompt(chatml_tokenizer, messages, tools)).input_ids)
     target = compact.render_target([Call("get_weather", {"city": "Paris"})])
     assert target == hermes.render_target([Call("get_weather", {"city": "Paris"})])
-    assert compact.decisions(target) == hermes.decisions(target) and compact.parse(target) == hermes.parse(target)
+    assert compact.decisions(target) == hermes.decisions(target) and \
+        compact.parse(target) == hermes.parse(target)

@@ -1,5 +1,6 @@
-"""Call formats that follow the model's own chat template: Qwen2.5/Qwen3 (`hermes`), Llama 3.1/3.2 (`llama3_json`)
-and gpt-oss (`gptoss`), each on a tiny offline tokenizer that carries TRL's template of that family.
+"""Call formats that follow the model's own chat template: Qwen2.5/Qwen3 (`hermes`), Llama 3.1/3.2
+(`llama3_json`) and gpt-oss (`gptoss`), each on a tiny offline tokenizer that carries TRL's template of that
+family.
 
 (a) a format's target is what the template renders for the assistant turn (exact differences spelled out),
 (b) hand-written targets, decisions and parse errors, round trips with parallel calls (the property tests of
@@ -53,7 +54,8 @@ ONE = (Call("get_weather", {"city": "Paris"}),)
 TWO = (Call("get_weather", {"city": "Paris"}), Call("math.add", {"a": "1", "b": "ü"}))
 ASK = (Message("system", "Be brief."), Message("user", "Weather in Paris?"))
 HISTORY = (*ASK, Message("assistant", "", TWO), Message("tool", '{"t": 20}', name="get_weather"),
-           Message("tool", "1ü", name="math.add"), Message("assistant", "It is 20."), Message("user", "And Rome?"))
+           Message("tool", "1ü", name="math.add"), Message("assistant", "It is 20."),
+           Message("user", "And Rome?"))
 
 # ---------------------------------------------------------------- (a) targets are the template's rendering
 
@@ -70,7 +72,8 @@ def _turn(template: str, calls, response, think) -> list[dict]:
     """The assistant turn as an OpenAI-format message, written independently of the formats."""
     turn = {"role": "assistant", "content": response or ""}
     if calls:
-        turn["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": dict(c.arguments)}}
+        turn["tool_calls"] = [{"type": "function",
+                               "function": {"name": c.name, "arguments": dict(c.arguments)}}
                               for c in calls]
     if think is not None:
         turn[{"qwen3": "reasoning_content", "gptoss": "thinking"}.get(template, "reasoning")] = think
@@ -79,7 +82,8 @@ def _turn(template: str, calls, response, think) -> list[dict]:
 
 def _turn_end(fmt_name: str, calls) -> str:
     """What the template writes after the target: the end-of-turn token (not part of a target), or nothing."""
-    return {"hermes": "<|im_end|>\n", "llama3_json": "<|eot_id|>"}.get(fmt_name, "" if calls else "<|return|>")
+    return {"hermes": "<|im_end|>\n", "llama3_json": "<|eot_id|>"}.get(fmt_name,
+                                                                       "" if calls else "<|return|>")
 
 
 def _full(tok, fmt, messages, turn: list[dict]) -> tuple[str, str]:
@@ -89,7 +93,8 @@ def _full(tok, fmt, messages, turn: list[dict]) -> tuple[str, str]:
     return prompt, tok.apply_chat_template(chat + turn, tools=tools, tokenize=False)
 
 
-# Qwen2.5's template has no reasoning (Hermes would write a <think> block into the content): no reasoning cases
+# Qwen2.5's template has no reasoning (Hermes would write a <think> block into the content): no reasoning
+# cases
 TEMPLATE_CASES = [(t, c) for t in sorted(FAMILY_FORMAT) for c in sorted(CASES)
                   if not (t == "qwen2_5" and CASES[c][2] is not None)]
 
@@ -120,14 +125,16 @@ def test_parallel_calls_and_earlier_turns_render_as_targets(template):
     if fmt.name == "llama3_json":
         with pytest.raises(TemplateError, match="single tool-calls"):  # the template has no parallel calls...
             _full(tok, fmt, ASK, turn)
-        turn = [{"role": "assistant", "content": target}]  # ...so they go in as the target text, written verbatim
+        # ...so they go in as the target text, written verbatim
+        turn = [{"role": "assistant", "content": target}]
     elif fmt.name == "gptoss":
         prompt, full = _full(tok, fmt, ASK, turn)
         assert full == prompt + fmt.render_target(TWO[:1])  # the template drops all calls but the first...
         turn = [native_message(Message("assistant", "", (c,))) for c in TWO]
     prompt, full = _full(tok, fmt, ASK, turn)
     head = "<think>\n\n</think>\n\n" if template == "qwen3" else ""  # as in the test above
-    assert full == prompt + head + target + _turn_end(fmt.name, TWO)  # ...and one message per call is the target
+    # ...and one message per call is the target
+    assert full == prompt + head + target + _turn_end(fmt.name, TWO)
     # an earlier turn with the same calls renders as the target too, and the history goes through the template
     history = fmt.render_prompt(tok, HISTORY, WEATHER)
     assert target in history and history.count("get_weather") >= 2
@@ -146,11 +153,12 @@ def test_llama_puts_the_tools_in_the_first_user_message_and_gptoss_in_the_develo
     assert "type get_weather = (_: {\ncity: string,\n}) => any;" in oss and oss.endswith("<|start|>assistant")
 
 
-# ---------------------------------------------------------------- (b) targets, decisions and parse errors by hand
+# ------------------------------------------------------------ (b) targets, decisions and parse errors by hand
 
 def test_llama_target_decisions_and_parse_by_hand():
     f = Llama3JsonFormat()
-    c1, c2 = '{"name": "get_weather", "parameters": {"city": "Paris"}}', '{"name": "math.add", "parameters": {"a": "1", "b": "ü"}}'
+    c1, c2 = ('{"name": "get_weather", "parameters": {"city": "Paris"}}',
+              '{"name": "math.add", "parameters": {"a": "1", "b": "ü"}}')
     text = f.render_target(TWO, response="dropped", think="dropped")
     assert text == f"{c1}; {c2}"
     assert f.decisions(text) == [Decision(0, LLAMA_FIRST, '"', "get_weather"),
@@ -159,13 +167,14 @@ def test_llama_target_decisions_and_parse_by_hand():
     assert f.parse(text).calls == TWO and f.parse(text).ok
     tagged = f"<|python_tag|>{c1};\n{c2}"  # Llama 3.1's ipython mode, another separator
     assert f.parse(tagged).calls == TWO and f.parse(tagged).ok
-    assert [(d.start, d.opener) for d in f.decisions(tagged)] == [(14, LLAMA_FIRST), (15 + len(c1) + 1, LLAMA_FIRST),
-                                                                  (len(tagged), LLAMA_NEXT)]
+    assert [(d.start, d.opener) for d in f.decisions(tagged)] == \
+        [(14, LLAMA_FIRST), (15 + len(c1) + 1, LLAMA_FIRST), (len(tagged), LLAMA_NEXT)]
     answer = f.render_target([], response="It is {warm}.", think="dropped")
     assert answer == "It is {warm}." and f.parse(answer).response == answer and not f.parse(answer).calls
     assert f.decisions("  " + answer) == [Decision(2, LLAMA_FIRST, '"', None)]
     assert f.name_text('say "hi"') == 'say \\"hi\\"'
-    assert [d.taken for d in Llama3JsonFormat(end_decision=False).decisions(text)] == ["get_weather", "math.add"]
+    assert [d.taken for d in Llama3JsonFormat(end_decision=False).decisions(text)] == \
+        ["get_weather", "math.add"]
 
 
 def test_gptoss_target_decisions_and_parse_by_hand():
@@ -183,15 +192,18 @@ def test_gptoss_target_decisions_and_parse_by_hand():
     assert parsed.ok and parsed.calls == TWO and parsed.think == "hmm" and parsed.response is None
     # the text of a call turn is its analysis message, as the template writes `content`
     assert f.render_target(ONE, response="Let me look.") == f.render_target(ONE, think="Let me look.")
-    # the runtime stops on <|call|>: a last call without it reads the same, its end decision where <|call|> would be
+    # the runtime stops on <|call|>: a last call without it reads the same, its end decision where <|call|>
+    # would be
     cut = text[:-len("<|call|>")]
     assert f.parse(cut).ok and f.parse(cut).calls == TWO and f.decisions(cut) == f.decisions(text)
     answer = f.render_target([], response="Sunny.", think="Easy.")
-    assert answer == "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>Sunny."
+    assert answer == \
+        "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>Sunny."
     start = answer.index("<|channel|>final")
     assert f.decisions(answer) == [Decision(start, OSS_FIRST, "<|channel|>", None)]
     assert f.parse(answer + "<|return|>").response == "Sunny." and f.parse(answer).think == "Easy."
-    assert f.render_target([]) == "<|channel|>final<|message|>" and f.decisions("<|channel|>final<|message|>") == \
+    assert f.render_target([]) == "<|channel|>final<|message|>" and \
+        f.decisions("<|channel|>final<|message|>") == \
         [Decision(0, OSS_FIRST, "<|channel|>", None)]
 
 
@@ -202,8 +214,10 @@ CALL_A = ' to=functions.a<|channel|>commentary json<|message|>'
     ("llama3_json", '{"name": "a", "parameters": {"x": }}', "invalid JSON at char 34", []),
     ("llama3_json", '{"name": "a", "arguments": {}}', "has no 'parameters'", []),
     ("llama3_json", '{"name": "a", "parameters": {}}; ', "';' at char 31 is not followed by a call", ["a"]),
-    ("llama3_json", '{"name": "a", "parameters": {}} and more', "unexpected text after the calls at char 32", ["a"]),
-    ("llama3_json", '{"name": "a", "parameters": {}}; {"name": "b", "parameters": [1]}', "must be an object", ["a"]),
+    ("llama3_json", '{"name": "a", "parameters": {}} and more',
+     "unexpected text after the calls at char 32", ["a"]),
+    ("llama3_json", '{"name": "a", "parameters": {}}; {"name": "b", "parameters": [1]}',
+     "must be an object", ["a"]),
     ("gptoss", "", "empty response", []),
     ("gptoss", "<|channel|>analysis<|message|>cut off", "never closed by <|end|>", []),
     ("gptoss", CALL_A + '{"x": }<|call|>', "call to 'a': invalid JSON at char 58", []),
@@ -226,7 +240,8 @@ def test_parse_reports_what_is_wrong(name, text, message, names):
 
 def test_broken_arguments_with_a_readable_name_are_still_decisions():
     assert [d.taken for d in get_format("gptoss").decisions(CALL_A + '{"x": }<|call|>')] == ["a"]
-    assert [d.taken for d in get_format("llama3_json").decisions('{"name": "a", "parameters": {"x": }}')] == ["a"]
+    assert [d.taken for d in get_format("llama3_json").decisions('{"name": "a", "parameters": {"x": }}')] == \
+        ["a"]
     assert get_format("gptoss").decisions("<|channel|>analysis<|message|>cut off") == []
 
 
@@ -236,16 +251,20 @@ NAMES = ("function_1", "function_10", "function_11", "function_2", "get_weather"
 
 
 def _queries(template: str, chars: int = 160) -> list[ActionQuery]:
-    """Targets of the family's format: parallel calls (with reasoning where it has some), one call, no call."""
+    """Targets of the family's format: parallel calls (with reasoning where it has some), one call, no
+    call."""
     tok, fmt = _tokenizer(template), get_format(FAMILY_FORMAT[template])
     interface = Interface(tuple(_tool(n, "arg_01") for n in NAMES))
     prompt = fmt.render_prompt(tok, [Message("user", "Weather in Paris?")], interface)[-chars:]
     think = None if fmt.name == "llama3_json" or template == "qwen2_5" else "ok"
-    targets = [fmt.render_target([Call(NAMES[1], {"arg_01": "x"}), Call(NAMES[0], {"arg_01": "y"})], think=think),
+    targets = [fmt.render_target([Call(NAMES[1], {"arg_01": "x"}), Call(NAMES[0], {"arg_01": "y"})],
+                                 think=think),
                fmt.render_target([Call(NAMES[4], {"arg_01": "z"})]),
                fmt.render_target([], response="It is sunny.", think=think)]
-    queries = [ActionQuery.from_format(fmt, prompt, t, NAMES, tuple(range(len(NAMES)))[::-1]) for t in targets]
-    assert [[d.taken for d in q.decisions] for q in queries] == [[NAMES[1], NAMES[0], None], [NAMES[4], None], [None]]
+    queries = [ActionQuery.from_format(fmt, prompt, t, NAMES, tuple(range(len(NAMES)))[::-1])
+               for t in targets]
+    assert [[d.taken for d in q.decisions] for q in queries] == \
+        [[NAMES[1], NAMES[0], None], [NAMES[4], None], [None]]
     return queries
 
 
@@ -263,10 +282,12 @@ def test_reader_equals_bruteforce_on_each_family_tokenizer(template):
     ref = read_actions_bruteforce(model, tok, queries, len(NAMES))
     assert torch.allclose(ref.sum(-1), torch.ones(len(ref), dtype=torch.float64))
     for mode, side in (("packed", "left"), ("prefix_cache", "right")):
-        reading = read_actions(model, tok, queries, len(NAMES), ActionReaderConfig(mode=mode, padding_side=side))
+        reading = read_actions(model, tok, queries, len(NAMES),
+                               ActionReaderConfig(mode=mode, padding_side=side))
         _assert_same(reading.probs, ref)
     unpacked = read_actions(model, tok, queries, len(NAMES), ActionReaderConfig(reuse_response=False))
-    assert reading.packed_tokens < unpacked.packed_tokens  # taken calls were read from the responses themselves
+    # taken calls were read from the responses themselves
+    assert reading.packed_tokens < unpacked.packed_tokens
     assert torch.allclose(reading.probs, unpacked.probs, atol=1e-12, rtol=0)
 
 
@@ -342,7 +363,8 @@ def test_auto_without_a_template_or_tokenizer_and_ambiguous_templates():
         resolve_format(AUTO)
     with pytest.raises(ValueError, match="matches several call formats \\(hermes, llama3_json\\)"):
         detect_format(tok.chat_template + trl_template("llama3_1"))
-    named = type("Named", (), {"chat_template": {"default": "{{ messages }}", "tool_use": trl_template("llama3_2")}})()
+    named = type("Named", (),
+                 {"chat_template": {"default": "{{ messages }}", "tool_use": trl_template("llama3_2")}})()
     assert detect_format(named) == "llama3_json"
 
 

@@ -28,13 +28,14 @@ def test_shared_prefill_matches_full_prefill(tiny_model, tiny_tokenizer, attn):
     config = GenerationConfig(do_sample=False, max_new_tokens=12, pad_token_id=tok.pad_token_id,
                               eos_token_id=tok.eos_token_id)
     with attention(tiny_model, attn) if attn else contextlib.nullcontext():
-        shared = sample_shared_prefill(tiny_model, consecutive_runs(rows), tok.pad_token_id, [tok.eos_token_id],
-                                         config, torch.device("cpu"))
+        shared = sample_shared_prefill(tiny_model, consecutive_runs(rows), tok.pad_token_id,
+                                       [tok.eos_token_id], config, torch.device("cpu"))
     longest = max(len(r) for r in rows)
     ids = torch.tensor([[tok.pad_token_id] * (longest - len(r)) + r for r in rows])
     mask = torch.tensor([[0] * (longest - len(r)) + [1] * len(r) for r in rows])
     with torch.no_grad():
-        full = tiny_model.generate(input_ids=ids, attention_mask=mask, generation_config=config)[:, longest:].tolist()
+        full = tiny_model.generate(input_ids=ids, attention_mask=mask,
+                                   generation_config=config)[:, longest:].tolist()
     expected = [r[:r.index(tok.eos_token_id) + 1] if tok.eos_token_id in r else r for r in full]
     assert shared == expected
     assert shared[0] == shared[1] == shared[2] and len(shared) == 5

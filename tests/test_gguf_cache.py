@@ -69,7 +69,8 @@ def test_a_missing_file_is_named(tmp_path):
 
 
 def test_vllm_refuses_a_policy_folder_it_cannot_load(tmp_path):
-    """A policy's folder without config.json (a GGUF one) stops before TRL builds a vLLM engine; a converted one passes."""
+    """A policy's folder without config.json (a GGUF one) stops before TRL builds a vLLM engine; a converted
+    one passes."""
     from types import SimpleNamespace
 
     from cipr.core.config import ConfigError

@@ -20,7 +20,8 @@ WEATHER = Tool("get_weather", "Get the current weather for a city, in celsius or
         "location": {"type": "string", "description": "The city name, e.g. Paris."},
         "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
         "days": {"type": "number", "description": "Forecast length."},
-        "options": {"type": "object", "properties": {"hourly": {"type": "boolean"}, "lang": {"type": "string"}}},
+        "options": {"type": "object",
+                    "properties": {"hourly": {"type": "boolean"}, "lang": {"type": "string"}}},
     },
     "required": ["location"]})
 EMAIL = Tool("send_email", "Send an email message to a recipient.", {
@@ -59,8 +60,8 @@ def test_reordering_and_rewording_are_drift():
     p["properties"] = dict(reversed(list(p["properties"].items())))
     p["properties"]["location"]["description"] = "City, for example city_name=Paris."
     new = [EMAIL, WEATHER.with_(description="Weather now for a city (celsius or fahrenheit).", parameters=p)]
-    assert kinds(OLD, new) == [("reordered_parameters", "drift", "parameters"), ("reordered_tools", "drift", ""),
-                               ("reworded_description", "drift", ""),
+    assert kinds(OLD, new) == [("reordered_parameters", "drift", "parameters"),
+                               ("reordered_tools", "drift", ""), ("reworded_description", "drift", ""),
                                ("reworded_parameter_description", "drift", "location")]
 
 

@@ -61,8 +61,8 @@ def test_counts_with_a_model_that_keeps_stale_names_but_repairs_well(study, tmp_
     assert s["none"]["accuracy_clean"] == 1.0 and s["none"]["drift_failures"] == broken
     assert s["none"]["accuracy_before"] == s["none"]["accuracy_after"] == pytest.approx(1 - broken / n)
     assert s["repair"]["repair_triggered"] == sum(not v for v in stale_valid)
-    assert s["repair"]["drift_failures_recovered"] == sum(not v and not r for v, r in zip(stale_valid, stale_right,
-                                                                                             strict=True))
+    assert s["repair"]["drift_failures_recovered"] == \
+        sum(not v and not r for v, r in zip(stale_valid, stale_right, strict=True))
     assert s["repair"]["harms"] == 0 and s["repair"]["unresolved"] == 0
     assert s["repair"]["guard_tokens"] > 0 and s["repair"]["token_overhead"] > 0
     for baseline in ("naive_retry", "tool_list"):
@@ -86,8 +86,8 @@ def test_cli_eval_smoke_with_the_tiny_model(tmp_path, shared_data, tiny_dir, cap
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
             cfg = compose(config_name="eval", overrides=[
                 "guard.enabled=true", "format=json", "guard.setting=medium", "limit=1",
-                "guard.policies=[none]", "max_new_tokens=2", f"out_dir={tmp_path}", f"data_root={shared_data}",
-                *overrides])
+                "guard.policies=[none]", "max_new_tokens=2", f"out_dir={tmp_path}",
+                f"data_root={shared_data}", *overrides])
         try:
             run(cfg)
         except SystemExit as e:
@@ -181,13 +181,15 @@ def test_an_interrupted_run_resumes_every_unit_exactly_once(study, tmp_path):
     rows = [json.loads(x) for x in after_results.splitlines()]
     assert [r["id"] for r in rows] == [e.id for e in sample]
     units = [json.loads(x)["item_id"] for x in after_audit.splitlines()]
-    assert sorted(units) == sorted(f"{e.id}|{p}" for e in sample for p in ("naive_retry", "tool_list", "repair"))
+    assert sorted(units) == \
+        sorted(f"{e.id}|{p}" for e in sample for p in ("naive_retry", "tool_list", "repair"))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n"] == len(sample) and summary["resumed"] == k
     assert _stable(summary) == _stable(json.loads((tmp_path / "ref" / "summary.json").read_text()))
     assert [r["id"] for r in resumed.rows] == [r["id"] for r in ref.rows]
     again = evaluate_guard(sample, _stale_model(sample), cfg, out_dir=out)  # nothing left: nothing appended
-    assert (out / "results.jsonl").read_bytes() == after_results and (out / "audit.jsonl").read_bytes() == after_audit
+    assert (out / "results.jsonl").read_bytes() == after_results and \
+        (out / "audit.jsonl").read_bytes() == after_audit
     assert again.summaries["repair"] == resumed.summaries["repair"]
 
 

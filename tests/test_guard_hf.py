@@ -1,4 +1,5 @@
-"""End to end through the transformers backend with the tiny (untrained) model: garbage in, nothing executed."""
+"""End to end through the transformers backend with the tiny (untrained) model: garbage in, nothing
+executed."""
 
 from __future__ import annotations
 

@@ -43,7 +43,8 @@ def test_summary_matches_hand_counts():
     assert s["harms"] == 1                                # e
     assert s["unresolved"] == 2                           # d i
     assert s["repair_triggered"] == 6 and s["repair_trigger_rate"] == pytest.approx(0.6)
-    assert s["guard_tokens"] == 200 and s["drift_tokens"] == 1000 and s["token_overhead"] == pytest.approx(0.2)
+    assert s["guard_tokens"] == 200 and s["drift_tokens"] == 1000 and \
+        s["token_overhead"] == pytest.approx(0.2)
     # latencies sorted: 0 x6, 1, 2, 3, 4 -> p50 = 0; p95 at rank 8.55 = 3 + 0.55 * (4 - 3)
     assert s["added_latency_p50_s"] == 0.0 and s["added_latency_p95_s"] == pytest.approx(3.55)
     assert s["added_latency_mean_s"] == pytest.approx(1.0)

@@ -44,7 +44,8 @@ def test_valid_call_passes_without_model_calls():
 
 def test_invalid_arguments_get_one_constrained_repair():
     g, backend = guard([(reply("get_weather", location="Paris", unit="c"), Usage(100, 20))])
-    out = g.process(MESSAGES, reply("get_weather", city="Paris", unit="celsius"), proposal_usage=Usage(300, 40))
+    out = g.process(MESSAGES, reply("get_weather", city="Paris", unit="celsius"),
+                    proposal_usage=Usage(300, 40))
     assert out.status == "repaired"
     assert out.calls == (Call("get_weather", {"location": "Paris", "unit": "c"}),)
     (req,) = backend.requests
@@ -67,8 +68,10 @@ def test_missing_name_goes_through_candidate_retry_then_repair():
     out = g.process(MESSAGES, reply(None, city="Paris"))
     assert out.status == "repaired" and out.final_call == Call("get_weather", {"location": "Paris"})
     retry, repair = backend.requests
-    assert retry.tool_choice == "required" and {t["function"]["name"] for t in retry.tools} == set(SNAPSHOT.names)
-    assert "tool: send_email" in retry.messages[-1]["content"] and "missing_name" in retry.messages[-1]["content"]
+    assert retry.tool_choice == "required" and \
+        {t["function"]["name"] for t in retry.tools} == set(SNAPSHOT.names)
+    assert "tool: send_email" in retry.messages[-1]["content"] and \
+        "missing_name" in retry.messages[-1]["content"]
     assert repair.tool_choice == "get_weather"
     assert [s.kind for s in out.record.steps] == ["candidate_retry", "repair"]
     assert out.record.decisions[0]["decision"] == "resolved"
@@ -182,8 +185,10 @@ def test_baseline_reply_to_unauthorized_tool_is_refused():
 
 def test_parallel_calls_are_guarded_one_by_one():
     g, backend = guard([reply("send_email", to="a@b.c", body="sunny")])
-    out = g.process(MESSAGES, [Call("get_weather", {"location": "Paris"}), Call("send_email", {"to": "a@b.c"})])
-    assert out.status == "repaired" and len(out.calls) == 2 and backend.requests[0].tool_choice == "send_email"
+    out = g.process(MESSAGES,
+                    [Call("get_weather", {"location": "Paris"}), Call("send_email", {"to": "a@b.c"})])
+    assert out.status == "repaired" and len(out.calls) == 2 and \
+        backend.requests[0].tool_choice == "send_email"
 
 
 def test_backend_without_forced_choice_gets_json_repair_and_budget():
@@ -224,8 +229,10 @@ def test_guard_never_emits_a_call_outside_the_snapshot(policy, proposed, replies
     for call in out.calls:
         assert call.name in SNAPSHOT.names and g.validator.validate(call).valid
     assert out.status in {"valid", "repaired", "unresolved"}
-    assert (out.status == "unresolved") == any(d.get("decision") == "unresolved" for d in out.record.decisions)
-    tried = [c["name"] for s in out.record.steps for c in s.parsed] + [c["name"] for c in out.record.original_calls]
+    assert (out.status == "unresolved") == \
+        any(d.get("decision") == "unresolved" for d in out.record.decisions)
+    tried = ([c["name"] for s in out.record.steps for c in s.parsed]
+             + [c["name"] for c in out.record.original_calls])
     for name in {"get_weather_pro", "rm_rf"} & set(tried):
         assert name in out.refused  # every attempt on an unauthorized tool is in the audit record
 

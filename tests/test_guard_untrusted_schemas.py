@@ -67,7 +67,8 @@ def test_a_remote_ref_is_refused_promptly_without_connecting(silent_server):
     with pytest.raises(DataError, match="points outside the schema") as e:
         ContractSnapshot.from_tools([_tool(params)])
     assert "lookup" in str(e.value) and "parameters" in str(e.value)
-    unchecked = ContractSnapshot((_tool(params),), "v0")  # built around the checks: the validator still refuses
+    # built around the checks: the validator still refuses
+    unchecked = ContractSnapshot((_tool(params),), "v0")
     report = CallValidator(unchecked).validate(Call("lookup", {"key": "k1"}))
     assert not report.valid and report.codes == (CONTRACT_ERROR,)
     with pytest.raises(Unresolvable):  # the registry itself fetches nothing, whatever reaches it
@@ -147,10 +148,12 @@ def test_deep_nesting_is_refused_before_anything_recurses(tmp_path):
 
 def test_deep_tool_list_file_is_one_clear_error(tmp_path, capsys):
     shallow = tmp_path / "old.json"
-    shallow.write_text(json.dumps([{"name": "f", "description": "d", "parameters": _obj(a={"type": "string"})}]))
+    shallow.write_text(json.dumps([{"name": "f", "description": "d",
+                                    "parameters": _obj(a={"type": "string"})}]))
     for depth in (200, 3000):
         deep = tmp_path / f"deep{depth}.json"
-        deep.write_text('[{"name": "f", "description": "d", "parameters": ' + '{"type": "object", "properties": '
+        deep.write_text('[{"name": "f", "description": "d", "parameters": '
+                        + '{"type": "object", "properties": '
                         '{"a": ' * depth + '{"type": "string"}' + "}}" * depth + "}]")
         with pytest.raises(DataError, match="deep"):
             load_tool_list(deep)
@@ -160,8 +163,9 @@ def test_deep_tool_list_file_is_one_clear_error(tmp_path, capsys):
 
 
 def _write(path, params):
-    path.write_text(json.dumps([{"type": "function", "function": {"name": "lookup", "description": "Look a record "
-                                                                  "up.", "parameters": params}}]))
+    path.write_text(json.dumps([{"type": "function", "function": {"name": "lookup",
+                                                                  "description": "Look a record up.",
+                                                                  "parameters": params}}]))
     return path
 
 

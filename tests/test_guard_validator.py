@@ -17,7 +17,8 @@ SEARCH = Tool("search_hotels", "Find hotels.", {
         "stars": {"type": "integer", "enum": [3, 4, 5]},
         "price": {"type": ["number", "null"], "minimum": 0},
         "tags": {"type": "array", "items": {"type": "string"}},
-        "dates": {"type": "object", "properties": {"start": {"type": "string"}, "nights": {"type": "integer"}},
+        "dates": {"type": "object",
+                  "properties": {"start": {"type": "string"}, "nights": {"type": "integer"}},
                   "required": ["start"]},
         "extra": {"anyOf": [{"type": "string"}, {"type": "boolean"}]},
     },
@@ -31,8 +32,9 @@ def issues(args, config=None):
 
 
 def test_valid_call_has_no_issues():
-    report = validate_call(Call("search_hotels", {"city": "Rome", "dates": {"start": "2025-01-01"}, "price": None,
-                                                  "tags": ["spa"], "stars": 4, "extra": True}), SNAP)
+    report = validate_call(Call("search_hotels",
+                                {"city": "Rome", "dates": {"start": "2025-01-01"}, "price": None,
+                                 "tags": ["spa"], "stars": 4, "extra": True}), SNAP)
     assert report.valid and report.render() == "valid" and report.tool == "search_hotels"
 
 
@@ -66,7 +68,8 @@ def test_config_switches():
     args = {"city": "Rome", "dates": {"start": "x"}, "town": 1, "stars": "four"}
     assert [c for _, c, _, _ in issues(args)] == ["enum_mismatch", "wrong_type", "unknown_argument"]
     assert issues(args, ValidatorConfig(strict_unknown=False, check_types=False, check_enums=False)) == []
-    closed = Tool("t", "", {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": True})
+    closed = Tool("t", "",
+                  {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": True})
     assert validate_call(Call("t", {"b": 1}), ContractSnapshot.from_tools([closed])).valid
 
 
@@ -93,7 +96,8 @@ def test_card_lists_required_and_typed_fields_without_field_descriptions():
     card = tool_card(SEARCH)
     assert card.required == ("city", "dates", "dates.start")
     text = card.render()
-    assert text.splitlines()[:3] == ["tool: search_hotels", "description: Find hotels.", "required: city, dates, dates.start"]
+    assert text.splitlines()[:3] == \
+        ["tool: search_hotels", "description: Find hotels.", "required: city, dates, dates.start"]
     assert "  - stars (integer, optional) one of: 3, 4, 5" in text
     assert "  - price (number|null, optional)" in text and "  - tags (array<string>, optional)" in text
     assert "  - dates.nights (integer, optional)" in text and "  - extra (string|boolean, optional)" in text
@@ -103,8 +107,10 @@ def test_card_lists_required_and_typed_fields_without_field_descriptions():
 @pytest.mark.parametrize(("text", "calls", "attempted"), [
     ('{"name": "f", "arguments": {"a": 1}}', [Call("f", {"a": 1})], True),
     ('Sure! <tool_call>\n{"name": "f", "parameters": {"a": 1}}\n</tool_call>', [Call("f", {"a": 1})], True),
-    ('{"type": "function", "function": {"name": "f", "arguments": "{\\"a\\": 1}"}}', [Call("f", {"a": 1})], True),
-    ('[{"name": "f", "arguments": {}}, {"name": "g", "arguments": {}}]', [Call("f", {}), Call("g", {})], True),
+    ('{"type": "function", "function": {"name": "f", "arguments": "{\\"a\\": 1}"}}',
+     [Call("f", {"a": 1})], True),
+    ('[{"name": "f", "arguments": {}}, {"name": "g", "arguments": {}}]',
+     [Call("f", {}), Call("g", {})], True),
     ('{"arguments": {"a": 1}}', [Call("", {"a": 1})], True),
     ('{"a": 1}', [Call("", {"a": 1})], True),
     ('<tool_call>\n{"name": "f", "argu\n</tool_call>', [Call("", {})], True),

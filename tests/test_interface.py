@@ -16,7 +16,8 @@ def test_openai_round_trip():
     back = Interface.from_openai(iface.to_openai())
     assert back == iface
     assert iface.to_openai()[0] == {"type": "function", "function": {
-        "name": "get_weather", "description": "Current weather for a city.", "parameters": dict(WEATHER.parameters)}}
+        "name": "get_weather", "description": "Current weather for a city.",
+        "parameters": dict(WEATHER.parameters)}}
 
 
 def test_mcp_round_trip():
@@ -35,8 +36,8 @@ def test_conversion_copies_schemas():
 
 def test_bad_tools_name_the_field():
     with pytest.raises(DataError, match=r"file 'tools.json', item 'x7', field 'name'"):
-        Interface.from_openai([{"type": "function", "function": {"description": "no name"}}], where="tools.json",
-                              item="x7")
+        Interface.from_openai([{"type": "function", "function": {"description": "no name"}}],
+                              where="tools.json", item="x7")
     with pytest.raises(DataError, match=r"f\.parameters.*JSON Schema object"):
         Interface.from_mcp({"tools": [{"name": "f", "inputSchema": {"type": "array"}}]})
     with pytest.raises(DataError, match="'tools' list"):

@@ -29,7 +29,8 @@ def test_text_is_strict_utf8_and_a_bad_byte_is_named_by_its_offset(tmp_path):
     with pytest.raises(DataError) as e:
         read_text(bad)
     assert e.value.file == str(bad)
-    assert str(e.value) == f"file {str(bad)!r}: not a UTF-8 text file (invalid continuation byte at byte offset 4)"
+    assert str(e.value) == \
+        f"file {str(bad)!r}: not a UTF-8 text file (invalid continuation byte at byte offset 4)"
     assert isinstance(e.value.__cause__, UnicodeDecodeError)
 
 
@@ -100,7 +101,8 @@ def test_torn_last_line(tmp_path):
     assert path.read_bytes().endswith(b"\xe2\x82")  # skip reads only
     assert read_jsonl(path, torn="cut") == [{"a": 1}, {"a": 2}]
     assert path.read_bytes() == b'{"a": 1}\n{"a": 2}\n'
-    assert read_jsonl(tmp_path / "none.jsonl", torn="skip") == [] == read_jsonl(tmp_path / "none.jsonl", torn="cut")
+    assert read_jsonl(tmp_path / "none.jsonl", torn="skip") == [] == \
+        read_jsonl(tmp_path / "none.jsonl", torn="cut")
     with pytest.raises(FileNotFoundError):
         read_jsonl(tmp_path / "none.jsonl")
     assert complete_lines(tmp_path / "none.jsonl", cut=True) == b""

@@ -106,8 +106,8 @@ def test_left_padded_batch_gives_the_model_each_prompts_own_logits(tiny_tokenize
         lengths = torch.tensor([p.shape[1] for p in prompts])
         mask = (torch.arange(9)[None, :] >= (9 - lengths)[:, None]).long()
         mask = torch.cat([mask, mask.new_ones(3, 1)], dim=1)
-        out = model(input_ids=nxt, attention_mask=mask, position_ids=lengths[:, None], past_key_values=batch.batch(),
-                    use_cache=True).logits[:, -1]
+        out = model(input_ids=nxt, attention_mask=mask, position_ids=lengths[:, None],
+                    past_key_values=batch.batch(), use_cache=True).logits[:, -1]
     torch.testing.assert_close(out, torch.stack(alone), rtol=1e-4, atol=1e-5)
 
 
@@ -123,11 +123,13 @@ def test_left_padded_batch_refuses_sliding_window_layers_and_unfilled_rows():
     batch.row(0).layers[0].update(torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4))
     with pytest.raises(ValueError, match=r"rows \[1\] were not prefilled"):
         batch.batch()
-    with pytest.raises(ValueError, match=r"row 1 holds one sequence of 2 tokens; got keys of shape \(1, 1, 3, 4\)"):
+    with pytest.raises(ValueError,
+                       match=r"row 1 holds one sequence of 2 tokens; got keys of shape \(1, 1, 3, 4\)"):
         batch.row(1).layers[0].update(torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4))
     with pytest.raises(ValueError, match="row 1: a prefix of 2 positions for a prompt of 2 tokens"):
         batch.row(1, [(torch.randn(1, 2, 4), torch.randn(1, 2, 4))])
-    with pytest.raises(ValueError, match=r"row 1 holds one sequence of 2 tokens; .* after 1 cached"):  # 1 + 2 > 2
+    # 1 + 2 > 2
+    with pytest.raises(ValueError, match=r"row 1 holds one sequence of 2 tokens; .* after 1 cached"):
         batch.row(1, [(torch.randn(1, 1, 4), torch.randn(1, 1, 4))]).layers[0].update(
             torch.randn(1, 1, 2, 4), torch.randn(1, 1, 2, 4))
     with pytest.raises(ValueError, match="prefix has 2 layers, the model 1"):
@@ -147,7 +149,8 @@ def test_left_padded_batch_reuses_buffers_that_fit_and_zeroes_their_padding():
     def fill(lengths, capacity):
         batch = LeftPaddedBatch(config, lengths, capacity=capacity, reuse=reuse)
         for i, n in enumerate(lengths):
-            batch.row(i).layers[0].update(torch.full((1, 1, n, 4), float(i + 1)), torch.full((1, 1, n, 4), -1.0))
+            batch.row(i).layers[0].update(torch.full((1, 1, n, 4), float(i + 1)),
+                                          torch.full((1, 1, n, 4), -1.0))
         return batch.batch().layers[0]
 
     first = fill([5, 5, 5], 8)

@@ -53,7 +53,8 @@ def _module(path: Path) -> str:
 
 
 def _imports(path: Path, source: str | None = None) -> list[tuple[int, str]]:
-    """(line, imported cipr module) for every import in `path` (or `source`, read as that file), at any depth."""
+    """(line, imported cipr module) for every import in `path` (or `source`, read as that file), at any
+    depth."""
     module = _module(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = []
@@ -64,10 +65,12 @@ def _imports(path: Path, source: str | None = None) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 parts = package.split(".")
-                target = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+                target = ".".join(parts[: len(parts) - node.level + 1]
+                                  + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            if target in PACKAGES or node.module is None:  # `from cipr.core import io`, `from . import base`: modules
+            # `from cipr.core import io`, `from . import base`: modules
+            if target in PACKAGES or node.module is None:
                 found += [(node.lineno, f"{target}.{a.name}") for a in node.names]
             else:
                 found.append((node.lineno, target))
@@ -80,7 +83,8 @@ def _files() -> list[Path]:
 
 def test_every_unit_has_a_layer():
     units = {_unit(_module(p)) for p in _files()}
-    assert not units - set(LEVEL), f"add these to a layer in tests/test_layering.py and the README: {units - set(LEVEL)}"
+    assert not units - set(LEVEL), \
+        f"add these to a layer in tests/test_layering.py and the README: {units - set(LEVEL)}"
 
 
 def _back_edges(files: list[tuple[Path, str | None]]) -> tuple[list[str], set[tuple[str, str]]]:
@@ -106,14 +110,15 @@ def test_layers_import_only_downward():
     back_edges, pending_seen = _back_edges([(p, None) for p in _files()])
     assert not back_edges, "\n".join(back_edges)
     gone = set(PENDING) - pending_seen
-    assert not gone, f"these back-edges are gone: remove them from PENDING in tests/test_layering.py: {sorted(gone)}"
+    assert not gone, \
+        f"these back-edges are gone: remove them from PENDING in tests/test_layering.py: {sorted(gone)}"
 
 
 def test_a_back_edge_is_named_with_its_file_line_and_layers():
     source = "import json\n\ndef load():\n    from cipr.train.run import run\n"
     back_edges, _ = _back_edges([(PACKAGE / "data" / "probe.py", source)])
-    assert back_edges == ["cipr/data/probe.py:4 imports cipr.train.run: layer 'data' may not import layer 'train' "
-                          "above it"]
+    assert back_edges == \
+        ["cipr/data/probe.py:4 imports cipr.train.run: layer 'data' may not import layer 'train' " "above it"]
 
 
 @pytest.mark.parametrize("source, expected", [
@@ -177,11 +182,13 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycles_deferred_imports_included():
     cycles = _cycles(_module_graph([(p, None) for p in _files()]))
-    assert not cycles, "import cycles (deferred imports count):\n" + "\n".join(" <-> ".join(c) for c in cycles)
+    assert not cycles, \
+        "import cycles (deferred imports count):\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
 def test_a_deferred_back_edge_is_a_cycle():
-    files = [(PACKAGE / "eval" / "report.py", "def f():\n    from cipr.eval.consistency_metric import attach\n"),
+    files = [(PACKAGE / "eval" / "report.py",
+              "def f():\n    from cipr.eval.consistency_metric import attach\n"),
              (PACKAGE / "eval" / "consistency_metric.py", "from cipr.eval.report import table\n"),
              (PACKAGE / "eval" / "stats.py", "import math\n")]
     assert _cycles(_module_graph(files)) == [["cipr.eval.consistency_metric", "cipr.eval.report"]]

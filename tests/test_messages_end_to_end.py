@@ -41,7 +41,8 @@ EXPECTED: dict[str, tuple[str, tuple[str, ...], bool]] = {
     "grpo": ("grpo", ("reward", "reward/format", "reward/correctness", "rollout/no_call_rate"), False),
     "multi_interface": ("grpo", ("reward/canonical", "reward/perturbed", "rollout/twin_call_rate"), True),
     "masking": ("grpo", ("reward", "reward/format", "rollout/no_call_rate"), False),
-    "cipr": ("grpo", ("reward/perturbed", "consistency/rescore_kl", "consistency/rollout_kl", "actions/p_no_call"),
+    "cipr": ("grpo",
+             ("reward/perturbed", "consistency/rescore_kl", "consistency/rollout_kl", "actions/p_no_call"),
              True),
     "cipr_sft": ("supervised", ("consistency/rescore/kl", "consistency/rescore/decisions"), True),
 }
@@ -72,11 +73,13 @@ def train(tiny_dir, tmp_path_factory) -> Callable[[str], Path]:
 
     def run(algo: str) -> Path:
         if algo not in done:
-            overrides = [f"algo={algo}", *FAST, f"model.name_or_path={tiny_dir}", f"trainer.run_dir={root / algo}",
+            overrides = [f"algo={algo}", *FAST, f"model.name_or_path={tiny_dir}",
+                         f"trainer.run_dir={root / algo}",
                          f"trainer.warm_start.steps={1 if algo == 'cipr' else 0}"]
             if algo == "distill":  # no rollouts; the synonym / swap tables name WebShop's actions only
                 overrides = [o for o in overrides if not o.startswith("rollout.")]
-                overrides += ["algo.eval.namings=[original,canonical]", "trainer.per_device_train_batch_size=2"]
+                overrides += ["algo.eval.namings=[original,canonical]",
+                              "trainer.per_device_train_batch_size=2"]
             with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
                 cfg = compose(config_name="train", overrides=overrides)
             assert _main(cfg) == 0, algo
@@ -102,7 +105,8 @@ def test_every_algorithm_trains_one_step_on_messages(train, algo):
     # twelve examples, two held out, none skipped; paired algorithms add each one's perturbed copy
     assert (summary["train_prompts"], summary["held_out_prompts"], summary["skipped_examples"]) == (
         20 if paired else 10, 2, {})
-    assert summary["stages"][stage]["steps"] == 1 and (run_dir / stage / "final" / "model.safetensors").is_file()
+    assert summary["stages"][stage]["steps"] == 1 and \
+        (run_dir / stage / "final" / "model.safetensors").is_file()
     if algo == "cipr":  # the SFT warm start ran first, on the same prompts
         assert [r["step"] for r in step_rows(run_dir, "warm_start")] == [1]
         assert summary["stages"]["warm_start"]["steps"] == 1
@@ -112,7 +116,8 @@ def test_every_algorithm_trains_one_step_on_messages(train, algo):
         assert {r["side"] for r in rollouts} == ({"canonical", "perturbed"} if paired else {"single"})
         named = [n for r in rollouts for n in r["reference"]]
         if algo == "grpo":
-            assert all(n in {t for e in load_messages(EXAMPLE).examples for t in e.interface.names} for n in named)
+            assert all(n in {t for e in load_messages(EXAMPLE).examples for t in e.interface.names}
+                       for n in named)
         elif algo == "masking":
             assert all(re.fullmatch(r"[a-z][a-z0-9]{7}", n) for n in named)
 
@@ -120,14 +125,16 @@ def test_every_algorithm_trains_one_step_on_messages(train, algo):
 def test_distill_trains_one_step_on_the_rows_as_trajectories(train):
     run_dir = train("distill")
     config = json.loads((run_dir / "config.json").read_text())
-    assert (config["data"]["source"], config["data"]["call_format"]) == ("messages", None)  # the model's: hermes
+    # the model's: hermes
+    assert (config["data"]["source"], config["data"]["call_format"]) == ("messages", None)
     rows = step_rows(run_dir, "distill")
     assert [r["step"] for r in rows] == [1]
-    assert all(math.isfinite(rows[0][k]) for k in ("loss", "distill/token_kl", "distill/action_kl", "rescore/kl"))
+    assert all(math.isfinite(rows[0][k])
+               for k in ("loss", "distill/token_kl", "distill/action_kl", "rescore/kl"))
     assert rows[0]["distill/decisions"] > 0 and rows[0]["distill/tokens"] > 0
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert (summary["train_trajectories"], summary["held_out_trajectories"], summary["skipped_trajectories"]) == (
-        8, 2, {})
+    assert (summary["train_trajectories"], summary["held_out_trajectories"],
+            summary["skipped_trajectories"]) == (8, 2, {})
     assert summary["data"]["trajectories"] == len(ROW_IDS) == 10
     report = json.loads((run_dir / "eval" / "eval.json").read_text())
     assert set(report["offline"]["student"]) == {"original", "canonical"}

@@ -51,7 +51,8 @@ def test_decision_rows():
     assert decision_rows([5], [0, 1]).dtype == torch.long
 
 
-def _loop_rollout_kl(probs: torch.Tensor, pair_ids: list[int], sides: list[str], sequence: list[int]) -> float:
+def _loop_rollout_kl(probs: torch.Tensor, pair_ids: list[int], sides: list[str],
+                     sequence: list[int]) -> float:
     """Rollout KL pair by pair: per side, mean over responses of each response's mean decision."""
     kls = []
     for pair in dict.fromkeys(pair_ids):
@@ -80,7 +81,7 @@ def test_rollout_index_matches_a_per_pair_loop(seed):
     index, metrics = rollout_index(pair_ids, sides, decided, sequence)
     expected = _loop_rollout_kl(probs, pair_ids, sides, sequence)
     canon, pert = index.canonical, index.perturbed
-    value, kl_metrics = rollout_kl(probs[canon.decisions], canon.segments, probs[pert.decisions], pert.segments,
-                                   canon_groups=canon.groups, pert_groups=pert.groups)
+    value, kl_metrics = rollout_kl(probs[canon.decisions], canon.segments, probs[pert.decisions],
+                                   pert.segments, canon_groups=canon.groups, pert_groups=pert.groups)
     assert float(value) == pytest.approx(expected, rel=1e-9)
     assert metrics["pairs_skipped"] == len(set(pair_ids)) - kl_metrics["rollout/groups"]

@@ -38,7 +38,8 @@ def test_same_name_duplicate_resolves_to_the_equivalent() -> None:
                        source_names=("g", "f"))
     assert c.action_key("f") == "f"
     assert c.to_json() == {"f": "f", "g": "g"}
-    assert c.to_records()[0] == {"name": "f", "sources": [], "twin_of": "f", "role": "duplicate", "arguments": {}}
+    assert c.to_records()[0] == \
+        {"name": "f", "sources": [], "twin_of": "f", "role": "duplicate", "arguments": {}}
     assert c.is_bijection()
 
 
@@ -51,7 +52,8 @@ def test_bijection() -> None:
     assert not merged.is_bijection()
     missing = Correspondence(("a",), (("a",),), (None,), ("equivalent",), ({},), ("a", "b"))
     assert not missing.is_bijection()
-    foreign = Correspondence(("a", "z"), (("a",), ("z",)), (None, None), ("equivalent",) * 2, ({}, {}), ("a",))
+    foreign = Correspondence(("a", "z"), (("a",), ("z",)), (None, None), ("equivalent",) * 2,
+                             ({}, {}), ("a",))
     assert not foreign.is_bijection()
 
 

@@ -172,7 +172,8 @@ def test_annotations() -> None:
     assert annotate("Does X.", tag, 0.002) == "[Cost: $0.002 per call] Does X."
     assert annotate("Does X.", CostLatencySpec("cost", "nl", "explicit"), 0.04) == \
         "Does X. Each call to this tool costs about $0.04."
-    assert annotate("Does X.", CostLatencySpec("latency", "tag", "implicit"), 2400) == "[Latency: 2.4 s] Does X."
+    assert annotate("Does X.", CostLatencySpec("latency", "tag", "implicit"), 2400) == \
+        "[Latency: 2.4 s] Does X."
     assert annotate("Does X.", CostLatencySpec("latency", "nl", "implicit"), 120) == \
         "Does X. This tool typically responds in about 120 milliseconds."
 
@@ -210,8 +211,8 @@ def test_cost_latency_construction(name: str) -> None:
         assert not score_bfcl(ex.reference, p).correct  # the familiar names now call the costlier tools
         c, ccorr = apply_perturbation(ex, name, seed=4, order=order, names="canonical")
         assert c.interface.names == tuple(f"function_{i + 1:02d}" for i in range(len(c.interface)))
-        assert _ok(c) and ccorr.to_json() == {w: corr.to_json()[n] for w, n in zip(c.interface.names,
-                                                                                    p.interface.names, strict=True)}
+        assert _ok(c) and ccorr.to_json() == {
+            w: corr.to_json()[n] for w, n in zip(c.interface.names, p.interface.names, strict=True)}
 
 
 # ----------------------------------------------------------------------------- drift
@@ -274,7 +275,8 @@ def test_enum_replacement() -> None:
     q, _ = apply_perturbation(parallel_example(), "drift_enum_replacement", seed=0)
     flights = q.interface.get("search_flights").properties
     (a,) = [a for a in ("origin", "destination") if "enum" in flights[a]]
-    assert q.reference[0].arguments[a] in flights[a]["enum"] and q.reference[0].arguments[a] not in ("SFO", "JFK")
+    assert q.reference[0].arguments[a] in flights[a]["enum"] and \
+        q.reference[0].arguments[a] not in ("SFO", "JFK")
 
 
 def test_refactor_split_on_an_enum() -> None:
@@ -338,12 +340,17 @@ def test_tool_declared_without_properties() -> None:
     ex = Example("bare", (Message("user", "Is the service up right now?"),), Interface((bare,)),
                  (Call("ping", {}),), accepted=({},), meta={"language": "python"})
     for name in HELD_OUT:
+        if name == "reorder":  # one tool: nothing to move, refused
+            with pytest.raises(ValueError, match="nothing to reorder"):
+                apply_perturbation(ex, name, seed=0)
+            continue
         p, _ = apply_perturbation(ex, name, seed=0)
         assert _ok(p), name
 
 
 def test_renamings_reach_the_tool_descriptions() -> None:
-    """Tool names mentioned in descriptions and argument descriptions follow every renaming, as the query does."""
+    """Tool names mentioned in descriptions and argument descriptions follow every renaming, as the query
+    does."""
     ex = booking_example()
     for name, names in (("relabel_random", "original"), ("relabel_random", "canonical"),
                         ("relabel_function", "canonical")):

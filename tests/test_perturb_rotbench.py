@@ -53,8 +53,10 @@ def _tool(props: list[tuple[str, str]], required: list[str] | None = None) -> To
 
 def test_align_parameters() -> None:
     clean = _tool([("a", "A"), ("b", "B"), ("c", "C")])
-    assert align_parameters(clean, _tool([("x", "A"), ("b", "B"), ("zz", "C")])) == ([(0, 0), (1, 1), (2, 2)], [], [])
-    assert align_parameters(clean, _tool([("b", "A"), ("c", "B"), ("a", "C")])) == ([(0, 0), (1, 1), (2, 2)], [], [])
+    assert align_parameters(clean, _tool([("x", "A"), ("b", "B"), ("zz", "C")])) == \
+        ([(0, 0), (1, 1), (2, 2)], [], [])
+    assert align_parameters(clean, _tool([("b", "A"), ("c", "B"), ("a", "C")])) == \
+        ([(0, 0), (1, 1), (2, 2)], [], [])
     added = _tool([("a", "A"), ("b", "B"), ("c", "C"), ("Qx", "random")])
     assert align_parameters(clean, added) == ([(0, 0), (1, 1), (2, 2)], ["Qx"], [])
     collided = _tool([("b", "B"), ("c", "C")])  # a corrupted name collided and a parameter was lost
@@ -89,7 +91,8 @@ def test_reapplied_levels_pair_item_by_item(shared_data, first_turn, level: str)
         assert p.messages[0].content == s.messages[0].content  # the same query
         assert corr.sources == tuple((t.name,) for t in clean.interface) and corr.is_bijection()
         # the shipped descriptions, with the tool names they mention canonicalized as in the clean record
-        assert [t.description for t in p.interface] == [t.description for t in canonicalize(clean)[0].interface]
+        assert [t.description for t in p.interface] == \
+            [t.description for t in canonicalize(clean)[0].interface]
         for i, (c_t, s_t) in enumerate(zip(clean.interface, s.interface, strict=True)):
             if c_t.name == s_t.name:
                 assert names[i] == ids[i]

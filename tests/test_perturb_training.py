@@ -195,7 +195,8 @@ def test_property_random_interfaces(ex: Example, seed: int, variant: str) -> Non
     p, corr = perturb_for_training(canon, TrainingPerturbationConfig.preset(variant), seed=seed)
     _check(canon, p, corr)
     n = len(canon.interface)
-    expected = {"full": 2 * n, "twins_only": 2 * n, "reorder_only": n, "single_near_duplicate": n + 1}[variant]
+    expected = {"full": 2 * n, "twins_only": 2 * n, "reorder_only": n,
+                "single_near_duplicate": n + 1}[variant]
     assert len(p.interface) == expected
     assert perturb_for_training(canon, TrainingPerturbationConfig.preset(variant), seed=seed) == (p, corr)
     # the original calls (canonical ids) are not what the perturbed interface expects unless ids collide
@@ -271,12 +272,13 @@ def test_cost_wordings_only_behind_the_ablation_switch() -> None:
     assert set(COST_WORDINGS) <= set(cfg.wording_pool) and set(DEGRADED_WORDINGS) <= set(cfg.wording_pool)
     ex = _canon(parallel_example())
     p, _ = perturb_for_training(ex, cfg, seed=0)
-    assert p.meta["perturbation"]["variant"] == "full" and p.meta["perturbation"]["twin_wordings"] == "with_cost"
+    assert p.meta["perturbation"]["variant"] == "full" and \
+        p.meta["perturbation"]["twin_wordings"] == "with_cost"
     assert perturb_for_training(ex, seed=0)[0].meta["perturbation"]["twin_wordings"] == "default"
     costly = 0
     for seed in range(40):
-        p, corr = perturb_for_training(ex, TrainingPerturbationConfig(schema_twin_prob=0.0, twin_wordings="with_cost"),
-                                       seed=seed)
+        p, corr = perturb_for_training(ex, TrainingPerturbationConfig(schema_twin_prob=0.0,
+                                                                      twin_wordings="with_cost"), seed=seed)
         costly += sum(any(w in t.description for w in COST_WORDINGS) for i, t in enumerate(p.interface)
                       if corr.is_added(i))
     assert costly > 0
@@ -311,7 +313,8 @@ def test_bfcl_twins_carry_no_held_out_cue(shared_data) -> None:
                 added = _added_text(p, corr, i)
                 assert not _leaks(added), (ex.id, seed, added)
                 (j,) = corr.written_for(corr.twin_of[i])
-                wording = p.interface[i].description.replace(p.interface[j].description.strip(), "", 1).strip()
+                wording = p.interface[i].description.replace(p.interface[j].description.strip(),
+                                                             "", 1).strip()
                 if wording:
                     described += 1
                     assert wording in DEGRADED_WORDINGS, (ex.id, wording)

@@ -183,7 +183,8 @@ def test_resume_drops_the_end_line_a_preempted_stage_wrote_and_a_torn_line(tmp_p
 
     writer = MetricsWriter(tmp_path)
     for record in ({"stage": "sft", "kind": "step", "step": 1}, {"stage": "sft", "kind": "step", "step": 2},
-                   {"stage": "sft", "kind": "stage_end", "step": 2}):  # SIGTERM: the Trainer still ends the stage
+                   # SIGTERM: the Trainer still ends the stage
+                   {"stage": "sft", "kind": "stage_end", "step": 2}):
         writer.write(record)
     with writer.path.open("a") as f:
         f.write('{"stage": "sft", "ki')  # a kill in the middle of a line

@@ -1,4 +1,5 @@
-"""Relabeling (x, y) -> (x̃, ỹ): fresh names everywhere, decisions in correspondence, rescoring KL end to end."""
+"""Relabeling (x, y) -> (x̃, ỹ): fresh names everywhere, decisions in correspondence, rescoring KL end to
+end."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ INTERFACE = Interface(tuple(Tool(n, f"Tool number {i}.", SCHEMA) for i, n in enu
 
 def _pair(tok, fmt_name: str, calls: list[Call]) -> tuple[str, str]:
     fmt = get_format(fmt_name)
-    prompt = fmt.render_prompt(tok, [Message("user", "Use function_03 if it helps; arg_01 is free text.")], INTERFACE)
+    prompt = fmt.render_prompt(tok, [Message("user", "Use function_03 if it helps; arg_01 is free text.")],
+                               INTERFACE)
     return prompt, fmt.render_target(calls, response=None if calls else "Nothing to do.", think="thinking")
 
 
@@ -39,7 +41,8 @@ def test_fresh_names_everywhere_and_decisions_correspond(tiny_tokenizer, fmt_nam
         calls.append(Call("function_07", {"arg_01": "b"}))
     prompt, response = _pair(tiny_tokenizer, fmt_name, calls)
     r = relabel(prompt, response, NAMES, get_format(fmt_name), RelabelConfig(scheme=scheme, seed=3))
-    assert len(set(r.tools)) == len(NAMES) and all(new != old for new, old in zip(r.tools, NAMES, strict=True))
+    assert len(set(r.tools)) == len(NAMES) and \
+        all(new != old for new, old in zip(r.tools, NAMES, strict=True))
     assert r.mapping == dict(zip(NAMES, r.tools, strict=True)) and r.classes == tuple(range(len(NAMES)))
     prefix = {"function": "function_", "tool": "tool_", "random": "fn_"}[scheme]
     assert all(t.startswith(prefix) for t in r.tools)
@@ -145,7 +148,8 @@ def test_rescoring_kl_end_to_end(tiny_tokenizer, tiny_model):
 
     value, metrics = kl()
     assert value.item() > 0.05 and metrics["rescore/decisions"] == 3
-    for _ in range(10):  # descending the rescoring KL alone brings the relabeled side toward the canonical one
+    # descending the rescoring KL alone brings the relabeled side toward the canonical one
+    for _ in range(10):
         opt.zero_grad()
         kl()[0].backward()
         opt.step()

@@ -34,8 +34,8 @@ def test_counts_and_scenarios(all_items, shared_data):
     for (split, level), exs in all_items.items():
         assert len(exs) == COUNTS[split][level], (split, level)
         per = len(exs) // 7
-        assert Counter(e.meta["scenario"] for e in exs) == dict.fromkeys(("TG", "RS", "DU", "PL", "AM", "IR", "FT"),
-                                                                         per)
+        assert Counter(e.meta["scenario"] for e in exs) == \
+            dict.fromkeys(("TG", "RS", "DU", "PL", "AM", "IR", "FT"), per)
         assert len({e.id for e in exs}) == len(exs)
     stats = rotbench_stats(shared_data)
     assert {s: {lv: v["items"] for lv, v in d.items()} for s, d in stats.items()} == COUNTS
@@ -59,8 +59,9 @@ def test_first_item_hand_checked(all_items):
     e = all_items[("First_Turn", "clean")][0]
     assert e.id == "rotbench/First_Turn/clean/000"
     assert e.interface.names == ("get_translation_nllb", "get_translation_baidu", "ask_to_user", "finish")
-    assert e.reference == (Call("get_translation_nllb", {"input_text": "See you later", "tgt_lang": "jpn_Jpan",
-                                                         "src_lang": "eng_Latn", "max_length": "None"}),)
+    assert e.reference == \
+        (Call("get_translation_nllb", {"input_text": "See you later", "tgt_lang": "jpn_Jpan",
+                                       "src_lang": "eng_Latn", "max_length": "None"}),)
     assert e.alternatives == ((Call("get_translation_baidu", {"text": "See you later", "tgt_lang": "jp"}),),)
     assert e.interface[0].required == ("input_text", "tgt_lang", "src_lang", "max_length")
 
@@ -74,8 +75,9 @@ def test_third_turn_history(all_items):
             if m.role == "tool":
                 assert m.name == prev.calls[0].name
     e = all_items[("Third_Turn", "heavy")][0]
-    assert e.messages[2] == Message("tool", "ask_to_user() missing 1 required positional argument: 'max_length'",
-                                    name="ask_to_user")
+    assert e.messages[2] == \
+        Message("tool", "ask_to_user() missing 1 required positional argument: 'max_length'",
+                name="ask_to_user")
 
 
 def test_duplicate_tool_names_kept_and_counted(all_items, shared_data):
@@ -148,7 +150,8 @@ def test_criterion_levels():
     assert _crit(Call("search", {"q": "cats"}), gold) == \
         {"tool_selection": 1.0, "parameter_identification": 0.0, "content_filling": 0.0}
     assert _crit(Call("lookup", {"q": "cats", "n": "5"}), gold)["tool_selection"] == 0.0
-    assert _crit(None, gold) == {"tool_selection": 0.0, "parameter_identification": 0.0, "content_filling": 0.0}
+    assert _crit(None, gold) == \
+        {"tool_selection": 0.0, "parameter_identification": 0.0, "content_filling": 0.0}
     # values compare after json.loads with Python ==: "5" is not 5
     assert _crit(Call("search", {"q": "cats", "n": 5}), gold)["content_filling"] == 0.0
 
@@ -187,7 +190,8 @@ def test_quirks_reproduced_and_liftable():
     assert _crit(Call("get_today_date", {}), gold)["tool_selection"] == 0.0
     assert _crit(Call("get_today_date", {}), gold, replicate_quirks=False)["content_filling"] == 1.0
     # the "None" key deleted for answer 1 is gone from the prediction when answer 2 is checked
-    gold = [Call("tr", {"text": "dog", "max_length": "None"}), Call("tr", {"text": "cat", "max_length": "None"})]
+    gold = [Call("tr", {"text": "dog", "max_length": "None"}),
+            Call("tr", {"text": "cat", "max_length": "None"})]
     pred = Call("tr", {"text": "cat", "max_length": "None"})
     assert _crit(pred, gold)["content_filling"] == 0.0
     assert _crit(pred, gold, replicate_quirks=False)["content_filling"] == 1.0

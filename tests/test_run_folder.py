@@ -15,8 +15,10 @@ from cipr.core.run_folder import changed_keys, check_config, prepare, truncate_m
 def test_changed_keys_by_section_and_recorded_only():
     old = {"model": {"name": "a", "lr": 1}, "data": {"n": 4}, "note": "x"}
     new = {"model": {"name": "b", "lr": 1, "added": True}, "data": {"n": 4}}
-    assert changed_keys(old, new, ("model", "data")) == {"model.added": (None, True), "model.name": ("a", "b")}
-    assert changed_keys({"seed": 0, "created": "t"}, {"seed": 1, "new_field": 2}, recorded_only=True) == {"seed": (0, 1)}
+    assert changed_keys(old, new, ("model", "data")) == \
+        {"model.added": (None, True), "model.name": ("a", "b")}
+    assert changed_keys({"seed": 0, "created": "t"}, {"seed": 1, "new_field": 2}, recorded_only=True) == \
+        {"seed": (0, 1)}
 
 
 def test_prepare_records_the_config_and_refuses_another_run_once_started(tmp_path, monkeypatch):
@@ -47,7 +49,8 @@ def test_complete_lines_cuts_or_ignores_a_torn_tail(tmp_path):
 def test_truncate_metrics_drops_lines_past_the_resumed_step_and_later_stages(tmp_path):
     path = tmp_path / "metrics.jsonl"
     lines = [{"stage": "warm_start", "step": 5}, {"stage": "warm_start", "kind": "stage_end"},
-             {"stage": "grpo", "step": 1}, {"stage": "grpo", "step": 2}, {"stage": "grpo", "kind": "stage_end"}]
+             {"stage": "grpo", "step": 1}, {"stage": "grpo", "step": 2},
+             {"stage": "grpo", "kind": "stage_end"}]
     path.write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"torn')
     assert truncate_metrics([path, tmp_path / "absent.jsonl"], "warm_start", 3, ("warm_start", "grpo")) == 6
     assert path.read_text() == ""

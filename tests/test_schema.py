@@ -36,7 +36,8 @@ def test_python_dialect_hand_written():
     assert p["city"] == {"type": "string", "x-bfcl-type": "string", "description": "City name",
                          "enum": ["Paris", "Rome"]}
     assert p["ratio"] == {"type": "number", "x-bfcl-type": "float", "default": 0.5}
-    assert p["point"] == {"type": "array", "x-bfcl-type": "tuple", "items": {"type": "integer", "x-bfcl-type": "integer"}}
+    assert p["point"] == \
+        {"type": "array", "x-bfcl-type": "tuple", "items": {"type": "integer", "x-bfcl-type": "integer"}}
     assert p["payload"] == {"x-bfcl-type": "any"}  # any value: no type keyword
     tags = p["filters"]["properties"]["tags"]
     assert p["filters"]["type"] == "object" and tags["items"] == {"type": "string", "x-bfcl-type": "string"}
@@ -49,9 +50,9 @@ def test_python_dialect_hand_written():
 
 @pytest.mark.parametrize(("name", "expected"), [
     ("String", "string"), ("char", "string"), ("int", "integer"), ("integer", "integer"), ("long", "integer"),
-    ("short", "integer"), ("byte", "integer"), ("float", "number"), ("double", "number"), ("boolean", "boolean"),
-    ("Array", "array"), ("ArrayList", "array"), ("Set", "array"), ("HashMap", "object"), ("Hashtable", "object"),
-    ("any", None), ("dict", "object"),
+    ("short", "integer"), ("byte", "integer"), ("float", "number"), ("double", "number"),
+    ("boolean", "boolean"), ("Array", "array"), ("ArrayList", "array"), ("Set", "array"),
+    ("HashMap", "object"), ("Hashtable", "object"), ("any", None), ("dict", "object"),
 ])
 def test_java_type_names(name, expected):
     assert json_type(name, "java") == expected
@@ -61,8 +62,9 @@ def test_java_type_names(name, expected):
 
 
 @pytest.mark.parametrize(("name", "expected"), [
-    ("String", "string"), ("number", "number"), ("integer", "integer"), ("float", "number"), ("Bigint", "integer"),
-    ("Boolean", "boolean"), ("array", "array"), ("dict", "object"), ("object", "object"), ("any", None), ("", None),
+    ("String", "string"), ("number", "number"), ("integer", "integer"), ("float", "number"),
+    ("Bigint", "integer"), ("Boolean", "boolean"), ("array", "array"), ("dict", "object"),
+    ("object", "object"), ("any", None), ("", None),
 ])
 def test_javascript_type_names(name, expected):
     assert json_type(name, "javascript") == expected

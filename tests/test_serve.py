@@ -41,12 +41,14 @@ CONVERSATION = [
     {"role": "system", "content": "Use get_weather before book_flight."},
     {"role": "user", "content": "Weather in Paris and Rome, then book Paris to Rome."},
     {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_a", "type": "function", "function": {"name": "get_weather",
-                                                          "arguments": json.dumps({"city": "Paris", "unit": "c"})}},
+        {"id": "call_a", "type": "function",
+         "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris", "unit": "c"})}},
         {"id": "call_b", "type": "function", "function": {"name": "get_weather",
                                                           "arguments": json.dumps({"city": "Rome"})}}]},
-    {"role": "tool", "tool_call_id": "call_a", "name": "get_weather", "content": "{\"city\": \"Paris\", \"t\": 21}"},
-    {"role": "tool", "tool_call_id": "call_b", "name": "get_weather", "content": "{\"city\": \"Rome\", \"t\": 25}"},
+    {"role": "tool", "tool_call_id": "call_a", "name": "get_weather",
+     "content": "{\"city\": \"Paris\", \"t\": 21}"},
+    {"role": "tool", "tool_call_id": "call_b", "name": "get_weather",
+     "content": "{\"city\": \"Rome\", \"t\": 25}"},
     {"role": "assistant", "content": "Sunny in both. I will call book_flight now.", "tool_calls": [
         {"id": "call_c", "type": "function", "function": {
             "name": "book_flight", "arguments": json.dumps({"origin": "Paris", "destination": "Rome",
@@ -204,7 +206,8 @@ def _error(client, **body) -> tuple[int, dict[str, Any]]:
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
     ({"messages": [{"role": "assistant", "tool_calls": [{"type": "function", "function": {
-        "name": "get_weather", "arguments": "{not json"}}]}]}, "messages[0].tool_calls[0].function.arguments"),
+        "name": "get_weather", "arguments": "{not json"}}]}]},
+     "messages[0].tool_calls[0].function.arguments"),
     ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages[0].tool_calls"),
     ({"stream": True}, "stream"),
     ({"n": 2}, "n"),
@@ -227,7 +230,8 @@ def test_malformed_requests_get_openai_style_400_naming_the_field(serve, change,
 
 def test_http_level_errors(serve):
     _, _, url = serve(lambda body, i: reply({"content": "x"}))
-    r = httpx.post(url + "/v1/chat/completions", content=b"{not json", headers={"Content-Type": "application/json"})
+    r = httpx.post(url + "/v1/chat/completions", content=b"{not json",
+                   headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
     r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "model"
@@ -246,7 +250,8 @@ def test_undeclared_name_is_an_error_the_client_sees(serve):
 def test_guard_blocks_a_call_outside_the_authorized_tools(serve, tmp_path):
     audit = tmp_path / "audit.jsonl"
     client, stub, _ = serve(lambda body, i: reply({"content": None, "tool_calls": [
-        tool_call("function_01", {"arg_01": "Oslo"}, "call_ok"), tool_call("delete_account", {"user": "x"})]}),
+        tool_call("function_01", {"arg_01": "Oslo"}, "call_ok"),
+        tool_call("delete_account", {"user": "x"})]}),
         guard="none", audit=str(audit))
     out = client.chat.completions.create(model="m", messages=CONVERSATION, tools=TOOLS)
     calls = out.choices[0].message.tool_calls
@@ -255,7 +260,8 @@ def test_guard_blocks_a_call_outside_the_authorized_tools(serve, tmp_path):
     guard = out.model_extra["cipr"]["guard"]
     assert guard["status"] == "unresolved" and guard["refused"] == ["delete_account"]
     (record,) = read_audit(audit)
-    assert record["security"][0]["name"] == "delete_account" and record["security"][0]["reason"] == "not_in_contract"
+    assert record["security"][0]["name"] == "delete_account" and \
+        record["security"][0]["reason"] == "not_in_contract"
     assert len(stub.received) == 1
 
 
@@ -280,7 +286,8 @@ def test_guard_repair_fixes_an_invalid_call_through_the_same_backend(serve, tmp_
     assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Oslo"})
     assert out.model_extra["cipr"]["guard"]["status"] == "repaired"
     assert len(stub.received) >= 2
-    assert all(t["function"]["name"].startswith("function_") for b in stub.received for t in b.get("tools", []))
+    assert all(t["function"]["name"].startswith("function_") for b in stub.received
+               for t in b.get("tools", []))
 
 
 def test_concurrent_requests_with_different_tools_do_not_share_mappings(serve):
@@ -309,16 +316,19 @@ def test_concurrent_requests_with_different_tools_do_not_share_mappings(serve):
 
 
 def test_tiny_hf_model_in_process(tiny_model, tiny_tokenizer, one_thread):
-    backend = HFChatBackend(tiny_model, tiny_tokenizer, call_format="hermes", model_name="tiny", max_new_tokens=8)
+    backend = HFChatBackend(tiny_model, tiny_tokenizer, call_format="hermes", model_name="tiny",
+                            max_new_tokens=8)
     server, thread = start(ChatService(backend, ServeConfig(names="canonical")))
     try:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
         assert [m.id for m in client.models.list().data] == ["tiny"]
         try:
-            out = client.chat.completions.create(model="tiny", messages=CONVERSATION[:2], tools=TOOLS, max_tokens=8)
+            out = client.chat.completions.create(model="tiny", messages=CONVERSATION[:2], tools=TOOLS,
+                                                 max_tokens=8)
             assert out.choices[0].message.role == "assistant"
             assert out.usage.completion_tokens <= 8
-        except openai.APIStatusError as e:  # a random model may invent a name; that must be the documented error
+        except openai.APIStatusError as e:
+            # a random model may invent a name; that must be the documented error
             assert e.status_code == 502 and e.body["code"] == "undeclared_tool"
         shown, _ = canonical_request({"model": "x", "messages": CONVERSATION[:2], "tools": TOOLS})
         prompt, _ = backend.generator.prompt(GenRequest(chat_example(shown["messages"], shown["tools"])))
@@ -328,7 +338,8 @@ def test_tiny_hf_model_in_process(tiny_model, tiny_tokenizer, one_thread):
 
 
 def test_cipr_serve_command_on_loopback(tmp_path):
-    stub = Stub(lambda body, i: reply({"content": None, "tool_calls": [tool_call("function_02", {"arg_01": "A"})]}))
+    stub = Stub(lambda body, i: reply({"content": None,
+                                       "tool_calls": [tool_call("function_02", {"arg_01": "A"})]}))
     port_file = tmp_path / "port"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "cipr.cli.serve", f"backend={stub.url}", "names=canonical",
@@ -341,7 +352,8 @@ def test_cipr_serve_command_on_loopback(tmp_path):
             assert proc.poll() is None, proc.stdout.read()
             time.sleep(0.1)
         port = int(port_file.read_text())
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=30)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused",
+                               max_retries=0, timeout=30)
         out = client.chat.completions.create(model="m", messages=CONVERSATION, tools=TOOLS)
         assert out.choices[0].message.tool_calls[0].function.name == "book_flight"
         assert stub.received[0]["tools"][0]["function"]["name"] == "function_01"
@@ -353,11 +365,11 @@ def test_cipr_serve_command_on_loopback(tmp_path):
 
 
 def test_bad_option_exits_2():
-    r = subprocess.run([sys.executable, "-m", "cipr.cli.serve", "guard=sometimes"], capture_output=True, text=True,
-                       timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    r = subprocess.run([sys.executable, "-m", "cipr.cli.serve", "guard=sometimes"], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert r.returncode == 2 and "'guard' must be one of 'off'" in r.stderr and "got 'sometimes'" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "cipr.cli.serve", "gaurd=repair"], capture_output=True, text=True,
-                       timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    r = subprocess.run([sys.executable, "-m", "cipr.cli.serve", "gaurd=repair"], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert r.returncode == 2 and "Did you mean 'guard'?" in r.stderr
 
 
@@ -378,7 +390,8 @@ def test_litellm_message_shape_is_renamed_everywhere():
     messages = [{"role": "assistant", "content": "Hi!", "tool_calls": None},
                 {"role": "assistant", "content": None, "tool_calls": [
                     {"id": "c1", "name": "book_flight", "type": "function",
-                     "function": {"name": "book_flight", "arguments": json.dumps({"origin": "A", "destination": "B"})}}]},
+                     "function": {"name": "book_flight",
+                                  "arguments": json.dumps({"origin": "A", "destination": "B"})}}]},
                 {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
     shown, nmap = canonical_request({"model": "m", "messages": messages, "tools": TOOLS})
     call = shown["messages"][1]["tool_calls"][0]

@@ -4,9 +4,10 @@ algorithm, against one process on the same global batch.
 One `accelerate launch` per strategy runs every algorithm in turn (tests/sharded_worker.py); FSDP2 and ZeRO go
 through the test-only shim that finishes what accelerate 1.15 skips on CPU (tests/support/cpu_sharding.py), so
 the code that runs is accelerate's, TRL's, transformers' and DeepSpeed's own. GRPO rollouts are replayed per
-prompt (a random tiny model writes no call; one process and two then draw the same completions). The
-optimizer is SGD with momentum (state to checkpoint and restore): Adam turns a float32 rounding difference in a near-zero gradient component into a step
-of up to the learning rate, which would hide the agreement this tier checks.
+prompt (a random tiny model writes no call; one process and two then draw the same completions). The optimizer
+is SGD with momentum (state to checkpoint and restore): Adam turns a float32 rounding difference in a
+near-zero gradient component into a step of up to the learning rate, which would hide the agreement this tier
+checks.
 
 Tolerance (float32): after two optimizer steps every trained weight agrees with the one-process run to
 `WEIGHT_TOL` absolute, and each step's loss to `LOSS_RTOL` relative; the measured worst differences are
@@ -39,15 +40,18 @@ LR = 0.05
 
 # algorithm -> (algo config, global batch per step, replayed rollouts, stage whose final/ holds the result)
 ALGOS: dict[str, tuple[dict[str, Any], int, bool, str]] = {
-    "sft": ({"name": "sft", "names": "canonical", "perturbed": False, "rescore_weight": 0.0, "rollout_weight": 0.0},
+    "sft": ({"name": "sft", "names": "canonical", "perturbed": False, "rescore_weight": 0.0,
+             "rollout_weight": 0.0},
             4, False, "sft"),
-    "grpo": ({"name": "grpo", "names": "original", "perturbed": False, "rescore_weight": 0.0, "rollout_weight": 0.0},
+    "grpo": ({"name": "grpo", "names": "original", "perturbed": False, "rescore_weight": 0.0,
+              "rollout_weight": 0.0},
              4 * G, True, "grpo"),
-    "multi_interface": ({"name": "multi_interface", "names": "canonical", "perturbed": True, "rescore_weight": 0.0,
-                         "rollout_weight": 0.0}, 4 * G, True, "grpo"),
+    "multi_interface": ({"name": "multi_interface", "names": "canonical", "perturbed": True,
+                         "rescore_weight": 0.0, "rollout_weight": 0.0}, 4 * G, True, "grpo"),
     "masking": ({"name": "masking", "names": "masked", "perturbed": False, "rescore_weight": 0.0,
                  "rollout_weight": 0.0}, 4 * G, True, "grpo"),
-    "cipr": ({"name": "cipr", "rescore_weight": 0.5, "rollout_weight": 0.5}, 4 * G, True, "grpo"),  # + a warm start
+    # + a warm start
+    "cipr": ({"name": "cipr", "rescore_weight": 0.5, "rollout_weight": 0.5}, 4 * G, True, "grpo"),
     "cipr_supervised": ({"name": "cipr", "regime": "supervised", "rescore_weight": 1.0, "rollout_weight": 0.0,
                          "action_weight": 1.0}, 8, False, "supervised"),
     "distill": ({"name": "distill", "eval": {"namings": ["canonical"]}}, 4, False, "distill"),
@@ -67,9 +71,10 @@ def _config(tiny: Path, run_dir: Path, algo: str, strategy: str, processes: int)
         "data": data,
         "algo": algo_cfg,
         "rollout": rollout,
-        "trainer": {"run_dir": str(run_dir), "max_steps": 2, "save_steps": 1, "optim": "sgd", "optim_args": "momentum=0.9",
-                    "learning_rate": LR,
-                    "per_device_train_batch_size": global_batch // processes // (2 if algo == "cipr_supervised" else 1),
+        "trainer": {"run_dir": str(run_dir), "max_steps": 2, "save_steps": 1, "optim": "sgd",
+                    "optim_args": "momentum=0.9", "learning_rate": LR,
+                    "per_device_train_batch_size":
+                        global_batch // processes // (2 if algo == "cipr_supervised" else 1),
                     "torch_threads": 1, "max_grad_norm": 1e6},
         "distributed": distributed,
         "logging": {"progress_bar": False},
@@ -80,11 +85,14 @@ def _launch(out: Path, strategy: str, processes: int, tiny: Path) -> Path:
     runs = [{"name": algo, "replay": ALGOS[algo][2],
              "config": _config(tiny, out / algo, algo, strategy if processes > 1 else "none", processes)}
             for algo in ALGOS]
-    for run in runs:  # CIPR after a warm start in the same process: two Trainers, the stage hand-over under sharding
+    # CIPR after a warm start in the same process: two Trainers, the stage hand-over under sharding
+    for run in runs:
         if run["name"] == "cipr":
-            run["config"]["trainer"]["warm_start"] = {"steps": 2, "learning_rate": LR, "per_device_train_batch_size":
-                                                      4 // processes, "eval_examples": 2}
-            run["config"]["data"]["eval_examples"] = 2  # the held-out probes run (rank 0), skipped under sharding
+            run["config"]["trainer"]["warm_start"] = {"steps": 2, "learning_rate": LR,
+                                                      "per_device_train_batch_size": 4 // processes,
+                                                      "eval_examples": 2}
+            # the held-out probes run (rank 0), skipped under sharding
+            run["config"]["data"]["eval_examples"] = 2
     plan = out / "plan.json"
     plan.write_text(json.dumps({"shim": processes > 1, "runs": runs}))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
@@ -100,8 +108,8 @@ def _launch(out: Path, strategy: str, processes: int, tiny: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
-    """The start of every run: the tiny model after 12 SFT steps (one process), so that it writes tool calls and
-    the consistency terms have something to compare (a random tiny model puts no mass on a call)."""
+    """The start of every run: the tiny model after 12 SFT steps (one process), so that it writes tool calls
+    and the consistency terms have something to compare (a random tiny model puts no mass on a call)."""
     from support.tiny_models import save_tiny
 
     from cipr.train.run import config_from_dict, run
@@ -124,11 +132,13 @@ def two_processes(request, tmp_path_factory, tiny) -> tuple[str, Path]:
 
 
 def _weights(run_dir: Path, stage: str) -> dict[str, torch.Tensor]:
-    """The saved weights; a full FSDP state dict also writes the tied output head, which must equal the embedding."""
+    """The saved weights; a full FSDP state dict also writes the tied output head, which must equal the
+    embedding."""
     weights = load_file(str(run_dir / stage / "final" / "model.safetensors"))
     head = weights.pop("lm_head.weight", None)
     if head is not None:
-        assert torch.equal(head, weights["model.embed_tokens.weight"]), "the tied head was saved apart from the embedding"
+        assert torch.equal(head, weights["model.embed_tokens.weight"]), \
+            "the tied head was saved apart from the embedding"
     return weights
 
 
@@ -156,8 +166,8 @@ def test_two_processes_train_like_one(two_processes, one_process, tiny, algo):
     assert [r["step"] for r in two] == [r["step"] for r in one] == [1, 2]
     keys = {"cipr": ("consistency/rescore_kl", "consistency/rollout_kl"),
             "cipr_supervised": ("consistency/rescore/kl",)}.get(algo, ())
-    # the terms ran (on the tiny model they are small: it puts almost all its mass on answering without a call;
-    # their gradient path is checked with a real signal by the reader test below)
+    # the terms ran (on the tiny model they are small: it puts almost all its mass on answering without a
+    # call; their gradient path is checked with a real signal by the reader test below)
     assert all(r[k] > 0 for r in one for k in keys), one
     for x, y in zip(one, two, strict=True):
         assert y["loss"] == pytest.approx(x["loss"], rel=LOSS_RTOL, abs=1e-7), (x, y)
@@ -182,7 +192,8 @@ def _run_plan(out: Path, plan: dict[str, Any], processes: int) -> None:
 
 
 @pytest.mark.parametrize("strategy", ["fsdp", "zero3"])
-def test_action_reader_reads_gathered_weights_and_its_gradients_reach_the_shards(tmp_path, tiny, reader_one, strategy):
+def test_action_reader_reads_gathered_weights_and_its_gradients_reach_the_shards(tmp_path, tiny,
+                                                                                 reader_one, strategy):
     """The reader through the root forward of an FSDP2 / ZeRO-3 model on two processes: the same action
     distributions as one process, and the full gradient of -Σ log p(reference) on every parameter (gathered
     from the shards: DTensor.full_tensor, deepspeed's safe_get_full_grad) equal to one process's."""
@@ -195,17 +206,19 @@ def test_action_reader_reads_gathered_weights_and_its_gradients_reach_the_shards
         assert got["grads"].keys() == reader_one["grads"].keys()
         worst = max((got["grads"][k] - reader_one["grads"][k]).abs().max().item() for k in got["grads"])
         scale = max(v.abs().max().item() for v in reader_one["grads"].values())
-        print(f"{strategy} rank {rank}: reader gradient max |2proc - 1proc| = {worst:.2e} (largest {scale:.2e})")
+        print(f"{strategy} rank {rank}: reader gradient max |2proc - 1proc| = {worst:.2e} (largest "
+              f"{scale:.2e})")
         assert scale > 1e-3 and worst <= 1e-5 * scale, (worst, scale)
 
 
 @pytest.mark.parametrize("two_processes", ["fsdp", "zero3"], indirect=True)
 def test_a_killed_job_resumes_to_the_uninterrupted_weights(tmp_path, tiny, two_processes):
-    """Supervised CIPR (the reader, the paired sampler's state, the optimizer) under the two strategies that shard
-    the weights: SIGKILL on every rank right after the step-1 save, the same launch again, and the final weights
-    equal the uninterrupted run's. Not repeated for DDP, whose checkpoint is the Trainer's plain one (its resume is
-    checked in one process by tests/test_train_pipeline.py), nor for ZeRO-2, which saves and loads through the same
-    DeepSpeed engine calls as ZeRO-3: each case is two launches, and CI has a time budget."""
+    """Supervised CIPR (the reader, the paired sampler's state, the optimizer) under the two strategies that
+    shard the weights: SIGKILL on every rank right after the step-1 save, the same launch again, and the final
+    weights equal the uninterrupted run's. Not repeated for DDP, whose checkpoint is the Trainer's plain one
+    (its resume is checked in one process by tests/test_train_pipeline.py), nor for ZeRO-2, which saves and
+    loads through the same DeepSpeed engine calls as ZeRO-3: each case is two launches, and CI has a time
+    budget."""
     strategy, uninterrupted = two_processes
     algo = "cipr_supervised"
     run = {"name": algo, "config": _config(tiny, tmp_path / algo, algo, strategy, 2)}
@@ -216,7 +229,8 @@ def test_a_killed_job_resumes_to_the_uninterrupted_weights(tmp_path, tiny, two_p
     killed = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert killed.returncode != 0 and "SIGKILL" in killed.stdout + killed.stderr, killed.stderr[-3000:]
     stage_dir = tmp_path / algo / ALGOS[algo][3]
-    assert json.loads((stage_dir / "latest.json").read_text())["step"] == 1 and not (stage_dir / "final").exists()
+    assert json.loads((stage_dir / "latest.json").read_text())["step"] == 1 and \
+        not (stage_dir / "final").exists()
     plan.write_text(json.dumps({"shim": True, "runs": [run]}))
     cmd[cmd.index("--main_process_port") + 1] = str(free_port())
     resumed = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -236,13 +250,14 @@ def _cli(tiny: Path, run_dir: Path, *extra: str) -> list[str]:
 
 @pytest.mark.parametrize("strategy", ["fsdp", "zero2", "zero3"])
 def test_from_the_command_line_a_strategy_runs_as_asked_or_stops(tmp_path, tiny, strategy):
-    """No shim: `cipr-train distributed=<strategy> launcher.num_processes=2` on CPU. DeepSpeed ZeRO runs as asked
-    (the Trainer's accelerator builds it on CPU processes); FSDP, which accelerate 1.15 builds only for GPU process
-    types, stops before any step with one line naming what was asked and what accelerate built (not a DDP run under
-    an FSDP label). DDP from the command line is the one-node run of the two-nodes test below."""
+    """No shim: `cipr-train distributed=<strategy> launcher.num_processes=2` on CPU. DeepSpeed ZeRO runs as
+    asked (the Trainer's accelerator builds it on CPU processes); FSDP, which accelerate 1.15 builds only for
+    GPU process types, stops before any step with one line naming what was asked and what accelerate built
+    (not a DDP run under an FSDP label). DDP from the command line is the one-node run of the two-nodes test
+    below."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
-    cmd = [sys.executable, *_cli(tiny, tmp_path / "run", f"distributed={strategy}", "launcher.num_processes=2",
-                                 f"launcher.main_process_port={free_port()}")]
+    cmd = [sys.executable, *_cli(tiny, tmp_path / "run", f"distributed={strategy}",
+                                 "launcher.num_processes=2", f"launcher.main_process_port={free_port()}")]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     if strategy == "fsdp":
         assert proc.returncode != 0
@@ -251,25 +266,29 @@ def test_from_the_command_line_a_strategy_runs_as_asked_or_stops(tmp_path, tiny,
         assert not list((tmp_path / "run").glob("*/checkpoint-*"))
     else:
         assert proc.returncode == 0, proc.stderr[-4000:]
-        assert f"distributed={strategy}: accelerate built {strategy} over 2 processes" in proc.stdout + proc.stderr
+        assert f"distributed={strategy}: accelerate built {strategy} over 2 processes" in \
+            proc.stdout + proc.stderr
         assert (tmp_path / "run" / "sft" / "stage.json").is_file()
 
 
 def test_two_nodes_on_loopback_train_like_two_processes_on_one(tmp_path, tiny):
-    """The launch slurm/train_multinode.sbatch builds (one `accelerate launch` per node, machine_rank 0 and 1, one
-    rendezvous address), as two "nodes" of one process each on 127.0.0.1, against `cipr-train distributed=ddp
-    launcher.num_processes=2` on one node (DDP from the command line, as asked): the same weights."""
+    """The launch slurm/train_multinode.sbatch builds (one `accelerate launch` per node, machine_rank 0 and 1,
+    one rendezvous address), as two "nodes" of one process each on 127.0.0.1, against `cipr-train
+    distributed=ddp launcher.num_processes=2` on one node (DDP from the command line, as asked): the same
+    weights."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
     one = subprocess.run([sys.executable, *_cli(tiny, tmp_path / "one_node", "distributed=ddp",
-                                                "launcher.num_processes=2", f"launcher.main_process_port={free_port()}")],
+                                                "launcher.num_processes=2",
+                                                f"launcher.main_process_port={free_port()}")],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert one.returncode == 0, one.stderr[-4000:]
     assert "distributed=ddp: accelerate built ddp over 2 processes" in one.stdout + one.stderr
     assert (tmp_path / "one_node" / "sft" / "stage.json").is_file()
     port = free_port()
     nodes = [subprocess.Popen(
-        accelerate_launch(*_cli(tiny, tmp_path / "two_nodes", "distributed=ddp", "trainer.resume=auto"), port=port,
-                          extra=("--num_machines", "2", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1")),
+        accelerate_launch(*_cli(tiny, tmp_path / "two_nodes", "distributed=ddp", "trainer.resume=auto"),
+                          port=port, extra=("--num_machines", "2", "--machine_rank", str(rank),
+                                            "--main_process_ip", "127.0.0.1")),
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
     outputs = [node.communicate(timeout=600) for node in nodes]
     for node, (_, err) in zip(nodes, outputs, strict=True):
@@ -283,9 +302,9 @@ def test_two_nodes_on_loopback_train_like_two_processes_on_one(tmp_path, tiny):
 
 
 def test_export_of_a_sharded_run_gives_the_one_process_logits(tmp_path, two_processes, one_process):
-    """`cipr-export` of the CIPR run (warm start + GRPO) trained under each strategy: a transformers folder whose
-    logits equal those of the same run trained by one process (the checkpoints hold whole tensors: FSDP's full
-    state dict, ZeRO-3's gathered weights)."""
+    """`cipr-export` of the CIPR run (warm start + GRPO) trained under each strategy: a transformers folder
+    whose logits equal those of the same run trained by one process (the checkpoints hold whole tensors:
+    FSDP's full state dict, ZeRO-3's gathered weights)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from cipr.cli.export import main as export_main
@@ -295,7 +314,8 @@ def test_export_of_a_sharded_run_gives_the_one_process_logits(tmp_path, two_proc
     for name, run_dir in (("one", one_process / "cipr"), ("two", out / "cipr")):
         assert export_main([f"run_dir={run_dir}", f"out_dir={tmp_path / name}"]) == 0
         model = AutoModelForCausalLM.from_pretrained(tmp_path / name, dtype=torch.float32).eval()
-        ids = AutoTokenizer.from_pretrained(tmp_path / name)("find a flight to Oslo", return_tensors="pt").input_ids
+        ids = AutoTokenizer.from_pretrained(tmp_path / name)("find a flight to Oslo",
+                                                             return_tensors="pt").input_ids
         with torch.no_grad():
             logits[name] = model(ids).logits
     worst = (logits["one"] - logits["two"]).abs().max().item()
@@ -304,9 +324,10 @@ def test_export_of_a_sharded_run_gives_the_one_process_logits(tmp_path, two_proc
 
 
 def test_fsdp_sharded_state_dict_checkpoints_resume_and_export(tmp_path, tiny, one_process):
-    """FSDP with `state_dict_type: SHARDED_STATE_DICT` (small step checkpoints, the large-model setting): SIGKILL
-    after the step-1 save, rerun, and the final weights equal one process's; the sharded step-1 checkpoint
-    (pytorch_model_fsdp_0/) exports, merged on CPU, to the logits of one process's step-1 checkpoint."""
+    """FSDP with `state_dict_type: SHARDED_STATE_DICT` (small step checkpoints, the large-model setting):
+    SIGKILL after the step-1 save, rerun, and the final weights equal one process's; the sharded step-1
+    checkpoint (pytorch_model_fsdp_0/) exports, merged on CPU, to the logits of one process's step-1
+    checkpoint."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from cipr.cli.export import main as export_main
@@ -324,7 +345,8 @@ def test_fsdp_sharded_state_dict_checkpoints_resume_and_export(tmp_path, tiny, o
                          ("sharded", tmp_path / "sft" / "sft" / "checkpoint-1")):
         assert export_main([f"run_dir={folder}", f"out_dir={tmp_path / f'export_{name}'}"]) == 0
         model = AutoModelForCausalLM.from_pretrained(tmp_path / f"export_{name}", dtype=torch.float32).eval()
-        ids = AutoTokenizer.from_pretrained(tmp_path / f"export_{name}")("find a flight", return_tensors="pt").input_ids
+        ids = AutoTokenizer.from_pretrained(tmp_path / f"export_{name}")("find a flight",
+                                                                         return_tensors="pt").input_ids
         with torch.no_grad():
             logits[name] = model(ids).logits
     worst = (logits["one"] - logits["sharded"]).abs().max().item()

@@ -58,7 +58,8 @@ def _settle(seconds: float = 6.0) -> None:
 
 
 def _tail(path: Path, n: int = 15) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-n:]) if path.is_file() else f"({path} missing)"
+    return ("\n".join(path.read_text(errors="replace").splitlines()[-n:]) if path.is_file()
+            else f"({path} missing)")
 
 
 class Cluster:
@@ -99,9 +100,9 @@ class Cluster:
             f"SlurmctldLogFile={home / 'slurmctld.log'}", f"SlurmdLogFile={home / 'slurmd.log'}",
             f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_Core", "ReturnToService=2", "JobRequeue=1", "KillWait=60", "MinJobAge=600",
-            "MpiDefault=none", "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
-            "MailProg=/bin/true",
+            "SelectTypeParameters=CR_Core", "ReturnToService=2", "JobRequeue=1", "KillWait=60",
+            "MinJobAge=600", "MpiDefault=none", "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none", "MailProg=/bin/true",
             f"NodeName={self.host} CPUs={os.cpu_count() or 1} RealMemory=1000 State=UNKNOWN",
             f"PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP", ""]))
         self._daemon("slurmctld", ["slurmctld", "-f", str(self.conf)], home / "slurmctld.log")
@@ -115,8 +116,9 @@ class Cluster:
             _wait("the node to come up idle", idle, 30)
         except TimeoutError as e:
             state = self._run("sinfo", "-h", "-N", "-o", "%T %E", check=False)
-            raise RuntimeError(f"{e}: sinfo says {state.stdout.strip() or state.stderr.strip()!r}; slurmctld.log: "
-                               f"{_tail(home / 'slurmctld.log', 5)}; slurmd.log: {_tail(home / 'slurmd.log', 5)}") from e
+            raise RuntimeError(f"{e}: sinfo says {state.stdout.strip() or state.stderr.strip()!r}; "
+                               f"slurmctld.log: {_tail(home / 'slurmctld.log', 5)}; slurmd.log: "
+                               f"{_tail(home / 'slurmd.log', 5)}") from e
 
     def _daemon(self, name: str, cmd: list[str], log: Path) -> None:
         result = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=60)
@@ -131,7 +133,8 @@ class Cluster:
         if self.pid_files["slurmctld"].is_file():
             self._run("scancel", "--user", str(os.getuid()), check=False)
             try:
-                _wait("the jobs to end", lambda: not self._run("squeue", "-h", check=False).stdout.strip(), 90, 1)
+                _wait("the jobs to end",
+                      lambda: not self._run("squeue", "-h", check=False).stdout.strip(), 90, 1)
             except TimeoutError:
                 pass
         for name in ("slurmd", "slurmctld", "munged"):
@@ -160,7 +163,8 @@ class Cluster:
 def slurm(tmp_path_factory):
     missing = [t for t in (*DAEMONS, *CLIENTS) if shutil.which(t) is None]
     if missing:
-        pytest.skip(f"Slurm/munge not installed (missing {', '.join(missing)}): apt-get install -y slurm-wlm munge")
+        pytest.skip(f"Slurm/munge not installed (missing {', '.join(missing)}): "
+                    "apt-get install -y slurm-wlm munge")
     if os.geteuid() != 0:
         pytest.skip(f"slurmd must run as root to start jobs; this test runs as uid {os.geteuid()}")
     cluster = Cluster(tmp_path_factory.mktemp("slurm"))
@@ -177,12 +181,12 @@ def slurm(tmp_path_factory):
 def _overrides(tiny: Path, run_dir: Path) -> list[str]:
     """cipr-train overrides: the tiny model, 4 SFT warm-start steps, then 6 CIPR steps (saves every 4)."""
     return [f"model.name_or_path={tiny}", "model=tiny", "data.n=8", "data.tools_per_example=[1,2]",
-            "data.eval_examples=0", "algo=cipr", "rollout.num_generations=2", "rollout.max_completion_length=24",
-            "trainer=smoke", f"trainer.run_dir={run_dir}", "trainer.max_steps=6", "trainer.save_steps=4",
-            "trainer.per_device_train_batch_size=4", "trainer.learning_rate=1e-3", "++trainer.torch_threads=1",
-            "trainer.warm_start.steps=4", "trainer.warm_start.learning_rate=0.03",
-            "trainer.warm_start.per_device_train_batch_size=2", "trainer.warm_start.eval_examples=0",
-            "logging.progress_bar=false"]
+            "data.eval_examples=0", "algo=cipr", "rollout.num_generations=2",
+            "rollout.max_completion_length=24", "trainer=smoke", f"trainer.run_dir={run_dir}",
+            "trainer.max_steps=6", "trainer.save_steps=4", "trainer.per_device_train_batch_size=4",
+            "trainer.learning_rate=1e-3", "++trainer.torch_threads=1", "trainer.warm_start.steps=4",
+            "trainer.warm_start.learning_rate=0.03", "trainer.warm_start.per_device_train_batch_size=2",
+            "trainer.warm_start.eval_examples=0", "logging.progress_bar=false"]
 
 
 def _steps(run_dir: Path, stage: str | None = None) -> list[dict]:
@@ -211,12 +215,14 @@ def test_requeued_job_resumes_from_its_checkpoint_with_the_same_final_metrics(sl
     jobs = {}
     for name in ("reference", "requeued"):
         jobs[name] = slurm.sbatch(*env_opts, f"--output={tmp_path / name}.out", "--time=00:20:00",
-                                  str(ROOT / "slurm/train.sbatch"), *_overrides(tiny, tmp_path / name), cwd=ROOT)
+                                  str(ROOT / "slurm/train.sbatch"),
+                                  *_overrides(tiny, tmp_path / name), cwd=ROOT)
     job, run_dir, log = jobs["requeued"], tmp_path / "requeued", tmp_path / "requeued.out"
 
     def running_cipr_step() -> bool:
         state = slurm.job(job).get("JobState")
-        assert state in ("PENDING", "RUNNING", "CONFIGURING"), f"job {job} is {state} before the requeue:\n{_tail(log)}"
+        assert state in ("PENDING", "RUNNING", "CONFIGURING"), \
+            f"job {job} is {state} before the requeue:\n{_tail(log)}"
         return bool(_steps(run_dir, "grpo"))
 
     _wait("the first CIPR step", running_cipr_step, 300, 0.1)
@@ -225,7 +231,8 @@ def test_requeued_job_resumes_from_its_checkpoint_with_the_same_final_metrics(sl
     _wait("the job to be pending again", lambda: slurm.job(job).get("JobState") == "PENDING", 60)
     _settle()
     _wait("the start time to be moved to now", lambda: subprocess.run(
-        ["scontrol", "update", f"jobid={job}", "StartTime=now"], env=slurm.env, capture_output=True).returncode == 0, 30)
+        ["scontrol", "update", f"jobid={job}", "StartTime=now"], env=slurm.env,
+        capture_output=True).returncode == 0, 30)
 
     def finished(name: str) -> bool:
         state = slurm.job(jobs[name]).get("JobState")
@@ -241,7 +248,8 @@ def test_requeued_job_resumes_from_its_checkpoint_with_the_same_final_metrics(sl
     stopped = re.search(r"stop requested \(SIGTERM\): saving at step (\d+)", text)
     assert stopped, _tail(log, 40)
     step = int(stopped.group(1))
-    assert 1 <= step < 6 and step != 4, f"the requeue must interrupt the CIPR stage between saves (step {step})"
+    assert 1 <= step < 6 and step != 4, \
+        f"the requeue must interrupt the CIPR stage between saves (step {step})"
     assert re.search(rf"resuming grpo from \S+checkpoint-{step} \(step {step}\)", text), _tail(log, 40)
     assert "requeued Slurm job" not in text  # after SIGTERM Slurm has requeued the job itself
 
@@ -269,27 +277,34 @@ def test_time_limit_warning_saves_requeues_itself_and_resumes(slurm, tmp_path):
     run_dir, log = tmp_path / "run", tmp_path / "job.out"
     overrides = [f"model.name_or_path={tiny}", "model=tiny", "data.n=8", "data.tools_per_example=[1,2]",
                  "data.eval_examples=0", "algo=sft", "algo.rescore_weight=0", "algo.rollout_weight=0",
-                 "trainer=smoke", f"trainer.run_dir={run_dir}", "trainer.max_steps=8", "trainer.save_steps=100",
-                 "trainer.per_device_train_batch_size=2", "trainer.learning_rate=1e-3", "++trainer.torch_threads=1",
-                 "logging.progress_bar=false"]
-    job = slurm.sbatch(f"--export=ALL,CIPR_HOME={ROOT},CIPR_VENV={sys.prefix},HF_HUB_OFFLINE=1,OMP_NUM_THREADS=1",
-                       f"--output={log}", "--time=00:20:00", str(ROOT / "slurm/train.sbatch"), *overrides, cwd=ROOT)
+                 "trainer=smoke", f"trainer.run_dir={run_dir}", "trainer.max_steps=8",
+                 "trainer.save_steps=100", "trainer.per_device_train_batch_size=2",
+                 "trainer.learning_rate=1e-3", "++trainer.torch_threads=1", "logging.progress_bar=false"]
+    job = slurm.sbatch(f"--export=ALL,CIPR_HOME={ROOT},CIPR_VENV={sys.prefix},"
+                       "HF_HUB_OFFLINE=1,OMP_NUM_THREADS=1",
+                       f"--output={log}", "--time=00:20:00", str(ROOT / "slurm/train.sbatch"),
+                       *overrides, cwd=ROOT)
     _wait("the first SFT step", lambda: bool(_steps(run_dir, "sft")), 300, 0.1)
-    subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=slurm.env, check=True, capture_output=True)
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=slurm.env, check=True,
+                   capture_output=True)
     _wait("the run to requeue itself", lambda: "requeued Slurm job" in log.read_text(), 120)
     _wait("the job to be pending again", lambda: slurm.job(job).get("JobState") == "PENDING", 60)
     _settle()
     _wait("the start time to be moved to now", lambda: subprocess.run(
-        ["scontrol", "update", f"jobid={job}", "StartTime=now"], env=slurm.env, capture_output=True).returncode == 0, 30)
-    _wait("the requeued job to finish", lambda: slurm.job(job).get("JobState") in ("COMPLETED", "FAILED"), 300, 1)
+        ["scontrol", "update", f"jobid={job}", "StartTime=now"], env=slurm.env,
+        capture_output=True).returncode == 0, 30)
+    _wait("the requeued job to finish",
+          lambda: slurm.job(job).get("JobState") in ("COMPLETED", "FAILED"), 300, 1)
 
     text = log.read_text()
-    assert slurm.job(job).get("JobState") == "COMPLETED" and slurm.job(job).get("Restarts") == "1", _tail(log, 40)
+    assert slurm.job(job).get("JobState") == "COMPLETED" and slurm.job(job).get("Restarts") == "1", \
+        _tail(log, 40)
     assert "cipr slurm: USR1 at" in text, _tail(log, 40)
     stopped = re.search(r"stop requested \((notice file|SIGUSR1)\): saving at step (\d+)", text)
     assert stopped, _tail(log, 40)
     step = int(stopped.group(2))
-    assert 1 <= step < 8 and re.search(rf"resuming sft from \S+checkpoint-{step} \(step {step}\)", text), _tail(log, 40)
+    assert 1 <= step < 8 and re.search(rf"resuming sft from \S+checkpoint-{step} \(step {step}\)", text), \
+        _tail(log, 40)
     assert [r["step"] for r in _steps(run_dir, "sft")] == list(range(1, 9))
     assert json.loads((run_dir / "sft" / "stage.json").read_text())["steps"] == 8
 
@@ -305,37 +320,44 @@ def test_submitit_sweep_runs_each_point_as_a_job_and_a_usr2_point_resumes(slurm,
            "CIPR_SLURM_CPUS_PER_TASK": "1", "CIPR_SLURM_TIME_MIN": "20"}
     cmd = [sys.executable, "-m", "cipr.cli.train", "-m", "launcher=slurm", "+sweep=consistency", "model=tiny",
            f"model.name_or_path={tiny}", "data.n=4", "data.tools_per_example=[1,1]", "data.eval_examples=0",
-           "rollout.num_generations=2", "rollout.max_completion_length=16", "trainer=smoke", "trainer.resume=auto",
-           "trainer.max_steps=4", "trainer.save_steps=10", "trainer.per_device_train_batch_size=4",
-           "trainer.warm_start.steps=0", "++trainer.torch_threads=1", "logging.progress_bar=false",
-           "algo.rescore_weight=0.1", "algo.rollout_weight=0.1", "trainer.seed=0,1"]
-    driver = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           "rollout.num_generations=2", "rollout.max_completion_length=16", "trainer=smoke",
+           "trainer.resume=auto", "trainer.max_steps=4", "trainer.save_steps=10",
+           "trainer.per_device_train_batch_size=4", "trainer.warm_start.steps=0", "++trainer.torch_threads=1",
+           "logging.progress_bar=false", "algo.rescore_weight=0.1", "algo.rollout_weight=0.1",
+           "trainer.seed=0,1"]
+    driver = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
     try:
         root = tmp_path / "runs/sweeps/consistency/tiny"
         point = root / "rs0.1_ro0.1_s0"
-        _wait("point 0's first CIPR step", lambda: driver.poll() is None and bool(_steps(point, "grpo")), 300, 0.1)
-        submitit_dir = root / ".hydra_multirun/.submitit"  # holds <array>_<task> folders and .submission_* files
+        _wait("point 0's first CIPR step",
+              lambda: driver.poll() is None and bool(_steps(point, "grpo")), 300, 0.1)
+        # holds <array>_<task> folders and .submission_* files
+        submitit_dir = root / ".hydra_multirun/.submitit"
         array = _wait("the array job's folder", lambda: next(
-            (p.name.split("_")[0] for p in submitit_dir.iterdir() if p.is_dir() and p.name.split("_")[0].isdigit()),
+            (p.name.split("_")[0]
+             for p in submitit_dir.iterdir() if p.is_dir() and p.name.split("_")[0].isdigit()),
             None), 60)
         job = f"{array}_0"
         subprocess.run(["scancel", "--signal=USR2", job], env=slurm.env, check=True, capture_output=True)
         _wait("point 0 to be requeued", lambda: slurm.job(job).get("JobState") == "PENDING", 120)
         _settle()
         _wait("the start time to be moved to now", lambda: subprocess.run(
-            ["scontrol", "update", f"jobid={job}", "StartTime=now"], env=slurm.env, capture_output=True).returncode == 0,
-            30)
+            ["scontrol", "update", f"jobid={job}", "StartTime=now"], env=slurm.env,
+            capture_output=True).returncode == 0, 30)
         out, _ = driver.communicate(timeout=400)
     finally:
         if driver.poll() is None:
             driver.kill()
     assert driver.returncode == 0, out[-4000:]
-    logs = "\n".join(p.read_text(errors="replace") for p in (root / ".hydra_multirun/.submitit").rglob(f"{array}_0_*.*")
+    logs = "\n".join(p.read_text(errors="replace")
+                     for p in (root / ".hydra_multirun/.submitit").rglob(f"{array}_0_*.*")
                      if p.suffix in (".out", ".err"))
     stopped = re.search(r"stop requested \(SIGUSR2\): saving at step (\d+)", logs)
     assert stopped and "handing SIGUSR2 to the handler installed before training" in logs, logs[-4000:]
     step = int(stopped.group(1))
-    assert step < 4 and re.search(rf"resuming grpo from \S+checkpoint-{step} \(step {step}\)", logs), logs[-4000:]
+    assert step < 4 and re.search(rf"resuming grpo from \S+checkpoint-{step} \(step {step}\)", logs), \
+        logs[-4000:]
     assert slurm.job(job).get("Restarts") == "1"
     for seed in (0, 1):
         run_dir = root / f"rs0.1_ro0.1_s{seed}"

@@ -1,4 +1,5 @@
-"""`distributed=`: what a run asks for, what accelerate built, and the one-line refusal of a silent downgrade."""
+"""`distributed=`: what a run asks for, what accelerate built, and the one-line refusal of a silent
+downgrade."""
 
 from __future__ import annotations
 
@@ -59,9 +60,11 @@ def test_every_config_of_the_group_is_valid_and_says_what_it_is(name):
 
 def test_inconsistent_settings_are_refused():
     with pytest.raises(ConfigError, match="stage=3"):
-        validate_distributed(DistributedConfig(strategy="zero3", deepspeed={"zero_optimization": {"stage": 2}}))
+        validate_distributed(DistributedConfig(strategy="zero3",
+                                               deepspeed={"zero_optimization": {"stage": 2}}))
     with pytest.raises(ConfigError, match="distributed=zero2 or distributed=zero3"):
-        validate_distributed(DistributedConfig(strategy="none", deepspeed={"zero_optimization": {"stage": 2}}))
+        validate_distributed(DistributedConfig(strategy="none",
+                                               deepspeed={"zero_optimization": {"stage": 2}}))
     with pytest.raises(ConfigError, match="distributed=fsdp"):
         validate_distributed(DistributedConfig(strategy="fsdp"))
 

@@ -28,8 +28,8 @@ def _compose(*overrides: str):
 def test_sweep_config_lists_the_points_and_names_each_run_folder_by_them():
     cfg = _compose("+sweep=consistency", "algo.rescore_weight=0.05", "trainer.seed=2")
     params = cfg.hydra.sweeper.params
-    assert [len(str(params[k]).split(",")) for k in ("algo.rescore_weight", "algo.rollout_weight", "trainer.seed")] \
-        == [4, 2, 3]
+    assert [len(str(params[k]).split(",")) for k in ("algo.rescore_weight", "algo.rollout_weight",
+                                                     "trainer.seed")] == [4, 2, 3]
     assert cfg.trainer.run_dir == "runs/sweeps/consistency/smollm2-135m/rs0.05_ro0.1_s2"
     assert cfg.algo.name == "cipr"
 
@@ -49,7 +49,8 @@ def test_launcher_slurm_selects_submitit_with_settings_from_the_environment(monk
         resolved = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
     finally:
         HydraConfig.instance().cfg = None
-    assert resolved["partition"] == "gpu-long" and resolved["gpus_per_node"] is None and resolved["account"] is None
+    assert resolved["partition"] == "gpu-long" and resolved["gpus_per_node"] is None and \
+        resolved["account"] is None
     assert resolved["max_num_timeout"] > 0 and resolved["signal_delay_s"] > 0
     assert dict(cfg.launcher) == {"num_processes": 1, "main_process_port": 29500, "accelerate_config": None}
     import hydra_plugins.hydra_submitit_launcher  # noqa: F401  (the dependency is installed)
@@ -61,10 +62,11 @@ def test_local_sweep_runs_each_point_in_its_own_folder_and_resumes_each_on_its_o
     tiny = save_tiny(tmp_path / "tiny")
     cmd = [sys.executable, "-m", "cipr.cli.train", "-m", "+sweep=consistency", "model=tiny",
            f"model.name_or_path={tiny}", "data.n=4", "data.tools_per_example=[1,1]", "data.eval_examples=0",
-           "rollout.num_generations=2", "rollout.max_completion_length=16", "trainer=smoke", "trainer.resume=auto",
-           "trainer.max_steps=1", "trainer.save_steps=1", "trainer.per_device_train_batch_size=4",
-           "trainer.warm_start.steps=0", "++trainer.torch_threads=1", "logging.progress_bar=false",
-           "algo.rescore_weight=0.1", "algo.rollout_weight=0.1", "trainer.seed=0,1"]
+           "rollout.num_generations=2", "rollout.max_completion_length=16", "trainer=smoke",
+           "trainer.resume=auto", "trainer.max_steps=1", "trainer.save_steps=1",
+           "trainer.per_device_train_batch_size=4", "trainer.warm_start.steps=0", "++trainer.torch_threads=1",
+           "logging.progress_bar=false", "algo.rescore_weight=0.1", "algo.rollout_weight=0.1",
+           "trainer.seed=0,1"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
 
     def sweep() -> str:

@@ -259,7 +259,8 @@ def test_exclude_holds_back_tools_and_single_templates_and_names_bad_entries():
     assert all("get_current_weather" not in e.interface.names for e in exs)
     used = [tuple(t) for e in exs for t in e.meta.get("templates", [])]
     assert ("get_weather_forecast", 0) not in used and ("get_weather_forecast", 1) in used
-    assert generate_synthetic(50, 0) == generate_synthetic(50, 0, exclude=())  # the default stream is untouched
+    # the default stream is untouched
+    assert generate_synthetic(50, 0) == generate_synthetic(50, 0, exclude=())
     with pytest.raises(ValueError, match="names no template"):
         generate_synthetic(5, 0, exclude=("get_weather_forecast#7",))
     with pytest.raises(ValueError, match="not in the synthetic catalog"):

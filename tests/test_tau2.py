@@ -43,7 +43,8 @@ def test_records_become_our_results_with_a_paired_gap(tmp_path):
     assert {r["taxonomy"] for r in results} == {"correct", "other", "undeclared_tool"}
     orig = summary["names"]["original"]["types"]["original"]["accuracy"]
     can = summary["names"]["canonical"]["types"]["original"]["accuracy"]
-    assert (orig["value"], orig["n"]) == pytest.approx((200 / 3, 3)) and can["value"] == pytest.approx(200 / 3)
+    assert (orig["value"], orig["n"]) == pytest.approx((200 / 3, 3)) and \
+        can["value"] == pytest.approx(200 / 3)
     assert 0 < orig["low"] < orig["value"] < orig["high"] < 100
     gap = summary["canonical_minus_original"]["types"]["original"]
     assert gap["value"] == pytest.approx(0.0) and gap["n"] == 3
@@ -69,10 +70,11 @@ def test_gold_agent_answers_in_the_namespace_it_is_shown(tmp_path, shared_data):
     tools = [{"type": "function", "function": {"name": "get_order_details", "description": "Get an order.",
                                                "parameters": {"type": "object", "properties": {
                                                    "order_id": {"type": "string"}}}}},
-             {"type": "function", "function": {"name": "find_user_id_by_name_zip", "description": "Find a user.",
-                                               "parameters": {"type": "object", "properties": {
-                                                   "first_name": {"type": "string"}, "last_name": {"type": "string"},
-                                                   "zip": {"type": "string"}}}}}]
+             {"type": "function",
+              "function": {"name": "find_user_id_by_name_zip", "description": "Find a user.",
+                           "parameters": {"type": "object", "properties": {
+                               "first_name": {"type": "string"}, "last_name": {"type": "string"},
+                               "zip": {"type": "string"}}}}}]
     (tmp_path / "tools_retail.json").write_text(json.dumps(tools))
     gold = GoldReplayBackend(shared_data, tmp_path)
     body = {"model": "gold", "cipr_task": "retail/0", "tools": tools,
@@ -81,8 +83,8 @@ def test_gold_agent_answers_in_the_namespace_it_is_shown(tmp_path, shared_data):
     call = gold.complete(canonical)["choices"][0]["message"]["tool_calls"][0]["function"]
     assert call["name"] == "function_02"
     assert json.loads(call["arguments"]) == {"arg_01": "Yusuf", "arg_02": "Rossi", "arg_03": "19122"}
-    user = gold.complete({"model": "u", "messages": [{"role": "system", "content": "s"},
-                                                      {"role": "user", "content": "Hi! How can I help you today?"}]})
+    user = gold.complete({"model": "u", "messages": [
+        {"role": "system", "content": "s"}, {"role": "user", "content": "Hi! How can I help you today?"}]})
     assert "###STOP###" not in user["choices"][0]["message"]["content"]
 
 
@@ -137,7 +139,8 @@ def test_gold_replay_through_the_adapter_passes_in_tau2s_evaluator(tmp_path, sha
 
 
 class Recording:
-    """A chat backend wrapper that notes each request's tool names (empty for the user simulator and judge)."""
+    """A chat backend wrapper that notes each request's tool names (empty for the user simulator and
+    judge)."""
 
     def __init__(self, inner: Any) -> None:
         self.inner, self.name = inner, inner.name
@@ -154,14 +157,16 @@ class Recording:
 
 
 EMBEDDED_TASKS = os.environ.get("CIPR_TAU2_TASKS", "retail/0").split(",")
-"""The bounded end-to-end run: one retail task (the vLLM tier runs airline task 0 the same way, and the gold replay
-covers both domains). `CIPR_TAU2_TASKS=airline/0,airline/1,retail/0,retail/1` runs the 2+2-task version."""
+"""The bounded end-to-end run: one retail task (the vLLM tier runs airline task 0 the same way, and the gold
+replay covers both domains). `CIPR_TAU2_TASKS=airline/0,airline/1,retail/0,retail/1` runs the 2+2-task
+version."""
 
 
 def guidelines_dir(shared_data: Path) -> str:
     folder = os.environ.get("CIPR_TAU2_USER_GUIDELINES") or str(shared_data / "tau2" / "user_simulator")
     assert (Path(folder) / "simulation_guidelines.md").is_file(), \
-        f"no τ² user-simulator guidelines in {folder}: the shared data holds them (set CIPR_TAU2_USER_GUIDELINES)"
+        (f"no τ² user-simulator guidelines in {folder}: the shared data holds them "
+         "(set CIPR_TAU2_USER_GUIDELINES)")
     return folder
 
 
@@ -213,20 +218,23 @@ def test_served_model_as_agent_and_user_end_to_end(tmp_path, shared_data):
                      max_new_tokens=32, threads=2, judge="none", venv=str(VENV),
                      user_guidelines=guidelines_dir(shared_data))
     run_tau2(cfg, backend=backend)
-    check_end_to_end(tmp_path, backend, EMBEDDED_TASKS, {"airline": "book_reservation", "retail": "get_order_details"})
+    check_end_to_end(tmp_path, backend, EMBEDDED_TASKS,
+                     {"airline": "book_reservation", "retail": "get_order_details"})
 
 
 @needs_venv
 @pytest.mark.integration
 def test_nl_judge_runs_on_a_retail_task_that_needs_it(tmp_path, shared_data):
     """Retail task 2's reward needs τ²'s NL-assertion judge. The gold agent and scripted user replay it (an
-    episode that ends normally, so τ²'s evaluator reaches the judge), and the judge is the embedded model behind
-    a second in-process cipr-serve. Without a judge the task is listed as skipped with the reason. The 135M
-    judge rarely answers in the JSON τ² parses, so the record holds either its verdicts or `judge_error`."""
+    episode that ends normally, so τ²'s evaluator reaches the judge), and the judge is the embedded model
+    behind a second in-process cipr-serve. Without a judge the task is listed as skipped with the reason. The
+    135M judge rarely answers in the JSON τ² parses, so the record holds either its verdicts or
+    `judge_error`."""
     from cipr.serve import ChatService, ServeConfig, start, stop
     from cipr.serve.command import ServeCommand, build_backend
 
-    summary, _ = _gold_run(tmp_path / "no_judge", shared_data, tasks=["retail/0", "retail/2"], names=["original"])
+    summary, _ = _gold_run(tmp_path / "no_judge", shared_data, tasks=["retail/0", "retail/2"],
+                           names=["original"])
     (skipped,) = [r for r in read_records(tmp_path / "no_judge" / RECORDS) if "skipped" in r]
     assert skipped["task_id"] == "2" and "NL-assertion judge" in skipped["skipped"]
     assert list(summary["tau2"]["skipped"].values()) == [["original:retail/2"]]

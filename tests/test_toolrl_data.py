@@ -67,10 +67,11 @@ def test_first_row_hand_checked(parquet_examples):
     e = parquet_examples[0]
     assert e.id == "toolrl_test_0"
     assert e.interface.names == ("GetPowerBINews", "SingleOffer", "Domain WHOIS Lookup API", "GetNews")
-    assert e.messages == (Message("user", "Hey, I'm looking to stay current on Azure services. Could you fetch the "
-                                          "latest news on that topic for me?"),)
+    assert e.messages == (Message("user", "Hey, I'm looking to stay current on Azure services. Could you "
+                                          "fetch the latest news on that topic for me?"),)
     assert e.reference == (Call("GetNews", {"page": "1"}),) and e.response is None
-    assert e.meta["think"] == "I should use the appropriate tool with proper parameters to respond to the user's need."
+    assert e.meta["think"] == \
+        "I should use the appropriate tool with proper parameters to respond to the user's need."
     page = e.interface[0].parameters["properties"]["page"]
     assert page == {"type": "integer", "description": "The page number to retrieve.", "x-toolrl-type": "int"}
     assert e.interface[1].parameters["properties"]["singleav"]["default"].startswith("https://www.avito.ma/")
@@ -82,13 +83,15 @@ def test_response_only_row(parquet_examples):
     assert e.reference == () and e.response.startswith('The function "getSentenceLength" can calculate')
 
 
-def test_every_prompt_round_trips_and_schemas_are_valid(parquet_examples, sft_examples, test_parquet, sft_json):
+def test_every_prompt_round_trips_and_schemas_are_valid(parquet_examples, sft_examples,
+                                                        test_parquet, sft_json):
     raw_p = pq.read_table(test_parquet).to_pylist()
     raw_s = json.loads(sft_json.read_text())
     for exs, instr in ((parquet_examples, lambda e: raw_p[e.meta["row"]]["prompt"][0]["content"]),
                        (sft_examples, lambda e: raw_s[e.meta["row"]]["instruction"])):
         for e in exs:
-            assert e.meta["system_prefix"] + render_tool_block(e.interface) + e.meta["system_suffix"] == instr(e)
+            assert e.meta["system_prefix"] + render_tool_block(e.interface) + e.meta["system_suffix"] == \
+                instr(e)
             for t in e.interface:
                 jsonschema.Draft202012Validator.check_schema(dict(t.parameters))
 
@@ -96,8 +99,8 @@ def test_every_prompt_round_trips_and_schemas_are_valid(parquet_examples, sft_ex
 def test_multi_turn_history(sft_examples):
     e = sft_examples[16]
     roles = [m.role for m in e.messages]
-    assert roles == ["user", "assistant", "tool", "assistant", "user", "assistant", "tool", "assistant", "user",
-                     "assistant", "tool"]
+    assert roles == ["user", "assistant", "tool", "assistant", "user", "assistant", "tool", "assistant",
+                     "user", "assistant", "tool"]
     assert e.messages[1].calls == (Call("Get Trending TV Shows", {}),) and e.messages[1].content == ""
     assert e.messages[2].name == "Get Trending TV Shows" and e.messages[2].content.startswith('[{"name"')
     assert e.messages[3].content.startswith("The currently trending TV shows are:")
@@ -117,8 +120,10 @@ def test_data_issues_are_kept_and_reported(parquet_examples, sft_examples, test_
 @pytest.mark.parametrize("raw, expected", [
     ({"type": "str, optional", "default": "all", "description": "d"},
      {"type": "string", "default": "all", "description": "d"}),
-    ({"type": "List[List[int]]", "default": ""}, {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}}),
-    ({"type": "List[Union[int, float]]", "default": ""}, {"type": "array", "items": {"type": ["integer", "number"]}}),
+    ({"type": "List[List[int]]", "default": ""},
+     {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}}),
+    ({"type": "List[Union[int, float]]", "default": ""},
+     {"type": "array", "items": {"type": ["integer", "number"]}}),
     ({"type": "Tuple[float, float]", "default": ""}, {"type": "array"}),
     ({"type": "Callable[[float], float]", "default": ""}, {}),
     ({"type": ["string", "null"], "default": ""}, {"type": ["string", "null"]}),
@@ -147,7 +152,8 @@ SYSTEM = ("You are helpful.\n\n**Available Tools**\nIn your response, you can us
           "1. Name: get_weather\nDescription: Weather now.\nParameters: "
           '{"city": {"description": "City", "type": "str", "default": ""}}\n\n**Steps for Each Turn**\n...')
 GOOD = {"instruction": SYSTEM, "input": "**Dialogue Records History**\n<user> Weather in Oslo? </user>",
-        "output": '<think> use it </think>\n<tool_call>\n{"name": "get_weather", "parameters": {"city": "Oslo"}}\n'
+        "output": '<think> use it </think>\n<tool_call>\n'
+                  '{"name": "get_weather", "parameters": {"city": "Oslo"}}\n'
                   "</tool_call>"}
 
 
@@ -155,7 +161,8 @@ GOOD = {"instruction": SYSTEM, "input": "**Dialogue Records History**\n<user> We
     ({"output": "<tool_call>\n{}\n</tool_call>"}, "output"),
     ({"output": '<think> t </think>\n<tool_call>\n{"name": "get_weather", "parameters": {\n</tool_call>'},
      "output.tool_call[0]"),
-    ({"output": '<think> t </think>\n<tool_call>\n{"name": 5, "parameters": {}}\n</tool_call>'}, "output.tool_call[0]"),
+    ({"output": '<think> t </think>\n<tool_call>\n{"name": 5, "parameters": {}}\n</tool_call>'},
+     "output.tool_call[0]"),
     ({"instruction": SYSTEM.replace("Parameters: {", "Parameters: [{")}, "instruction.tools[1].parameters"),
     ({"instruction": SYSTEM.replace("\nDescription: Weather now.", "")}, "instruction.tools[1]"),
     ({"instruction": "no tools"}, "instruction"),

@@ -18,17 +18,17 @@ import pytest
 
 pytestmark = pytest.mark.integration  # subprocesses / end-to-end runs: the integration tier
 
-SHRINK = ["model=tiny", "++model.freeze_bottom_layers=1", "data.n=10", "data.eval_examples=2", "data.tools_per_example=[1,1]",
-          "rollout.num_generations=2", "rollout.max_completion_length=16", "trainer.max_steps=2",
-          "trainer.per_device_train_batch_size=4", "trainer.save_steps=1", "trainer.warm_start.steps=2",
-          "trainer.warm_start.per_device_train_batch_size=2", "trainer.warm_start.eval_examples=2",
-          "logging.progress_bar=false"]
+SHRINK = ["model=tiny", "++model.freeze_bottom_layers=1", "data.n=10", "data.eval_examples=2",
+          "data.tools_per_example=[1,1]", "rollout.num_generations=2", "rollout.max_completion_length=16",
+          "trainer.max_steps=2", "trainer.per_device_train_batch_size=4", "trainer.save_steps=1",
+          "trainer.warm_start.steps=2", "trainer.warm_start.per_device_train_batch_size=2",
+          "trainer.warm_start.eval_examples=2", "logging.progress_bar=false"]
 
 
 def cli(*overrides: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled"}
-    return subprocess.run([sys.executable, "-m", "cipr.cli.train", *overrides], capture_output=True, text=True,
-                          env=env, timeout=600, cwd=Path(__file__).resolve().parents[1])
+    return subprocess.run([sys.executable, "-m", "cipr.cli.train", *overrides], capture_output=True,
+                          text=True, env=env, timeout=600, cwd=Path(__file__).resolve().parents[1])
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,8 @@ def test_main_job_writes_a_complete_run_folder(main_job):
     assert "cipr-train: done" in result.stdout
     for name in ("config.yaml", "metrics.jsonl", "summary.json", ".hydra/config.yaml"):
         assert (run_dir / name).is_file(), name
-    assert json.loads((run_dir / "grpo" / "latest.json").read_text()) == {"step": 2, "checkpoint": "checkpoint-2"}
+    assert json.loads((run_dir / "grpo" / "latest.json").read_text()) == \
+        {"step": 2, "checkpoint": "checkpoint-2"}
     assert sorted(p.name for p in (run_dir / "grpo").glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
     for name in ("model.safetensors", "optimizer.pt", "cipr_state.pt"):
         assert (run_dir / "grpo" / "checkpoint-2" / name).is_file(), name
@@ -59,15 +60,18 @@ def test_main_job_writes_a_complete_run_folder(main_job):
     assert not list((run_dir / "warm_start").glob("checkpoint-*"))
     from safetensors.torch import load_file
 
-    for folder in (run_dir / "warm_start" / "final", run_dir / "grpo" / "final", run_dir / "grpo" / "checkpoint-2"):
+    for folder in (run_dir / "warm_start" / "final", run_dir / "grpo" / "final",
+                   run_dir / "grpo" / "checkpoint-2"):
         saved = set(load_file(folder / "model.safetensors"))  # the frozen layer is left to the base model
-        assert saved and all(k.startswith("model.layers.1.") or k == "model.norm.weight" for k in saved), folder
+        assert saved and all(k.startswith("model.layers.1.") or k == "model.norm.weight" for k in saved), \
+            folder
         assert (folder / "cipr_frozen.json").is_file(), folder
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = {(r["stage"], r["tag"]): r for r in records if r.get("kind") == "eval"}
     assert set(evals) == {(s, t) for s in ("warm_start", "grpo") for t in ("before", "after")}
     assert {r["examples"] for r in evals.values()} == {2}
-    assert evals["grpo", "before"]["eval/reward"] == evals["warm_start", "after"]["eval/reward"]  # same weights
+    # same weights
+    assert evals["grpo", "before"]["eval/reward"] == evals["warm_start", "after"]["eval/reward"]
     for key in ("eval/format", "eval/reward", "eval/no_call_rate"):
         assert all(key in r for r in evals.values()), key
     assert "held-out probes" in result.stdout + result.stderr

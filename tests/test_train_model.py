@@ -32,8 +32,10 @@ def test_dtype_and_attention_come_from_config(tiny_dir, dtype, attn, expected):
 def test_tokenizer_is_prepared_explicitly(tiny_dir):
     tok = load_tokenizer(local(tiny_dir, padding_side="left"))
     assert tok.padding_side == "left"
-    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>" and tok.pad_token != tok.eos_token
-    assert load_tokenizer(local(tiny_dir, padding_side="right", pad_token="<|im_start|>")).pad_token == "<|im_start|>"
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>" and \
+        tok.pad_token != tok.eos_token
+    assert load_tokenizer(local(tiny_dir, padding_side="right", pad_token="<|im_start|>")).pad_token == \
+        "<|im_start|>"
     with pytest.raises(ConfigError, match="eos_token='<nope>' is not in the tokenizer's vocabulary"):
         load_tokenizer(local(tiny_dir, eos_token="<nope>"))
     with pytest.raises(ConfigError, match="neither a .jinja file nor a TRL template name"):
@@ -46,7 +48,8 @@ def test_chat_template_by_trl_name_or_file(tiny_dir, tmp_path):
     jinja = tmp_path / "t.jinja"
     jinja.write_text("{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}")
     tok = load_tokenizer(local(tiny_dir, chat_template=str(jinja)))
-    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "<|im_start|>hi<|im_end|>"
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == \
+        "<|im_start|>hi<|im_end|>"
 
 
 @pytest.mark.integration  # reads the 135M embedded model's GGUF once directly: tens of seconds
@@ -66,7 +69,8 @@ def test_embedded_gguf_loads_as_trainable_float_weights():
     assert all(torch.equal(direct[k], v) for k, v in model.state_dict().items())
     gguf_tok, cached_tok = AutoTokenizer.from_pretrained(folder, gguf_file=name), load_embedded_tokenizer()
     assert cached_tok.eos_token == gguf_tok.eos_token == "<|im_start|>" and cached_tok.pad_token is None
-    assert cached_tok.get_vocab() == gguf_tok.get_vocab() and cached_tok.chat_template == gguf_tok.chat_template
+    assert cached_tok.get_vocab() == gguf_tok.get_vocab() and \
+        cached_tok.chat_template == gguf_tok.chat_template
     text = "<|im_start|>user\nBook a flight to Zürich<|im_end|>"
     assert cached_tok(text)["input_ids"] == gguf_tok(text)["input_ids"]
     assert not getattr(model, "is_quantized", False) and not hasattr(model.config, "quantization_config")

@@ -22,13 +22,16 @@ from cipr.train.replay import ReplayRollouts
 from cipr.train.run import TrainConfig, run
 
 ALGOS: dict[str, dict[str, Any]] = {
-    "sft": {"name": "sft", "names": "canonical", "perturbed": False, "rescore_weight": 0.0, "rollout_weight": 0.0},
-    "grpo": {"name": "grpo", "names": "original", "perturbed": False, "rescore_weight": 0.0, "rollout_weight": 0.0},
-    "multi_interface": {"name": "multi_interface", "names": "canonical", "perturbed": True, "rescore_weight": 0.0,
-                        "rollout_weight": 0.0},
+    "sft": {"name": "sft", "names": "canonical", "perturbed": False, "rescore_weight": 0.0,
+            "rollout_weight": 0.0},
+    "grpo": {"name": "grpo", "names": "original", "perturbed": False, "rescore_weight": 0.0,
+             "rollout_weight": 0.0},
+    "multi_interface": {"name": "multi_interface", "names": "canonical", "perturbed": True,
+                        "rescore_weight": 0.0, "rollout_weight": 0.0},
     "masking": {"name": "masking", "names": "masked", "perturbed": False, "rescore_weight": 0.0,
                 "rollout_weight": 0.0},
-    "cipr": {"name": "cipr", "names": "canonical", "perturbed": True, "rescore_weight": 0.5, "rollout_weight": 0.5},
+    "cipr": {"name": "cipr", "names": "canonical", "perturbed": True, "rescore_weight": 0.5,
+             "rollout_weight": 0.5},
 }
 G = 2
 SFT_STEPS = 24
@@ -61,8 +64,8 @@ def make_config(tiny_dir: Path, run_dir: Path, algo: str = "cipr", **trainer: An
          "learning_rate": 1e-3, "save_steps": 1, "seed": 0, "warm_start": {"steps": 0}}
     t.update(trainer)
     return from_dict(TrainConfig, {
-        "model": {"name_or_path": str(tiny_dir), "gguf_package": None, "gguf_file": None, "short_name": "tiny",
-                  "call_format": "hermes"},
+        "model": {"name_or_path": str(tiny_dir), "gguf_package": None, "gguf_file": None,
+                  "short_name": "tiny", "call_format": "hermes"},
         "data": {"source": "synthetic", "n": 12, "eval_examples": 2, "tools_per_example": [1, 2], "seed": 0},
         "algo": ALGOS[algo],
         "rollout": {"num_generations": G, "max_completion_length": 96},
@@ -127,14 +130,16 @@ def test_two_optimizer_steps_of_every_grpo_algorithm(warm_dir, tmp_path, replaye
                                                                    if algo == "cipr" else ())
     for r in lines:  # the step's time breakdown: parts of the step, so none exceeds it
         assert all(0 <= r[f"time/{k}"] <= r["speed/step_seconds"] for k in timed), r
-        assert r["time/generate_and_score"] + r["time/loss_forward"] + r["time/backward"] <= r["speed/step_seconds"]
+        assert r["time/generate_and_score"] + r["time/loss_forward"] + r["time/backward"] <= \
+            r["speed/step_seconds"]
     samples = [json.loads(x) for x in (run_dir / "rollouts.jsonl").read_text().splitlines()]
     rows = 2 * G * accumulation  # the generation batch: accumulation micro-batches of 2G rows
     assert [s["step"] for s in samples] == [1] * rows + [2] * rows
     for step, record in ((1, lines[0]), (2, lines[1])):  # the logged samples are the step's rollouts
         mine = [s for s in samples if s["step"] == step]
         assert mine and all(s["stage"] == "grpo" and isinstance(s["completion"], str) for s in mine)
-        assert sum(s["format"] + s["correctness"] for s in mine) / len(mine) == pytest.approx(record["reward"])
+        assert sum(s["format"] + s["correctness"] for s in mine) / len(mine) == \
+            pytest.approx(record["reward"])
     if ALGOS[algo]["perturbed"]:
         assert all("reward/perturbed" in r and "rollout/twin_call_rate" in r for r in lines)
     if algo == "cipr":
@@ -201,7 +206,8 @@ def test_resume_after_kill_reproduces_the_uninterrupted_run(warm_dir, tmp_path, 
     reference = {r["step"]: comparable(r) for r in steps(full, "grpo")}
 
     cut = tmp_path / "cut"
-    cfg = make_config(warm_dir, cut, "cipr", max_steps=3, warm_start={"steps": 1}, gradient_accumulation_steps=2)
+    cfg = make_config(warm_dir, cut, "cipr", max_steps=3, warm_start={"steps": 1},
+                      gradient_accumulation_steps=2)
     run_killed_after_step_1(cfg, monkeypatch)
     assert latest_complete(cut / "grpo").name == "checkpoint-1"
     run(cfg)
@@ -234,7 +240,8 @@ def test_frozen_layers_are_left_out_of_checkpoints_and_resume_from_them_is_exact
     base, _ = load_model(config(full).model)
     trainable = {n for n, p in base.named_parameters() if p.requires_grad}
     frozen = {n for n, p in base.named_parameters(remove_duplicate=False) if not p.requires_grad}
-    assert trainable and frozen and all(n.startswith("model.layers.1.") or n == "model.norm.weight" for n in trainable)
+    assert trainable and frozen and \
+        all(n.startswith("model.layers.1.") or n == "model.norm.weight" for n in trainable)
 
     cut = tmp_path / "cut"
     run_killed_after_step_1(config(cut), monkeypatch)

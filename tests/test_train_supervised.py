@@ -20,11 +20,14 @@ from cipr.train.run import TrainConfig, run, validate
 from cipr.train.supervised import SupervisedTrainer, rescoring_term
 
 ALGOS: dict[str, dict[str, Any]] = {
-    "sft": {"name": "sft", "names": "canonical", "perturbed": False, "rescore_weight": 0.0, "rollout_weight": 0.0},
-    "grpo": {"name": "grpo", "names": "original", "perturbed": False, "rescore_weight": 0.0, "rollout_weight": 0.0},
-    "multi_interface": {"name": "multi_interface", "names": "canonical", "perturbed": True, "rescore_weight": 0.0,
-                        "rollout_weight": 0.0},
-    "cipr": {"name": "cipr", "names": "canonical", "perturbed": True, "rescore_weight": 1.0, "rollout_weight": 0.0},
+    "sft": {"name": "sft", "names": "canonical", "perturbed": False, "rescore_weight": 0.0,
+            "rollout_weight": 0.0},
+    "grpo": {"name": "grpo", "names": "original", "perturbed": False, "rescore_weight": 0.0,
+             "rollout_weight": 0.0},
+    "multi_interface": {"name": "multi_interface", "names": "canonical", "perturbed": True,
+                        "rescore_weight": 0.0, "rollout_weight": 0.0},
+    "cipr": {"name": "cipr", "names": "canonical", "perturbed": True, "rescore_weight": 1.0,
+             "rollout_weight": 0.0},
 }
 
 
@@ -42,15 +45,17 @@ def tiny_dir(tmp_path_factory):
     return run(cfg) / "sft" / "final"
 
 
-def config(tiny_dir: Path, run_dir: Path, algo: str, regime: str = "supervised", **algo_changes: Any) -> TrainConfig:
+def config(tiny_dir: Path, run_dir: Path, algo: str, regime: str = "supervised",
+           **algo_changes: Any) -> TrainConfig:
     return from_dict(TrainConfig, {
-        "model": {"name_or_path": str(tiny_dir), "gguf_package": None, "gguf_file": None, "short_name": "tiny",
-                  "call_format": "compact"},
+        "model": {"name_or_path": str(tiny_dir), "gguf_package": None, "gguf_file": None,
+                  "short_name": "tiny", "call_format": "compact"},
         "data": {"source": "synthetic", "n": 14, "eval_examples": 2, "tools_per_example": [2, 3], "seed": 0,
                  "parallel_fraction": 0.0, "no_call_fraction": 0.0, "same_domain_distractors": 0.0},
         "algo": {**ALGOS[algo], "regime": regime, **algo_changes},
         "rollout": {"num_generations": 2, "max_completion_length": 64},
-        "trainer": {"run_dir": str(run_dir), "max_steps": 2, "per_device_train_batch_size": 2 if regime != "rl" else 4,
+        "trainer": {"run_dir": str(run_dir), "max_steps": 2,
+                    "per_device_train_batch_size": 2 if regime != "rl" else 4,
                     "gradient_accumulation_steps": 1, "learning_rate": 1e-3, "save_steps": 2, "seed": 0,
                     "gradient_checkpointing": False, "warm_start": {"steps": 0, "eval_examples": 0}},
         "logging": {"progress_bar": False},
@@ -102,10 +107,10 @@ def test_pairs_stay_whole_in_every_batch(tiny_dir, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(("regime", "fold"), [("supervised", False), ("rl", False), ("rl", True)])
 def test_cipr_with_zero_weights_trains_like_multi_interface(tiny_dir, tmp_path, regime, fold, monkeypatch):
-    """Bit for bit, except GRPO's folded read: there the task loss's token log-probabilities come from the action
-    reader's forward (other padding, so float32 rounding differs). Then loss and gradient norm agree to 1e-4 and
-    the weights to a tenth of the distance they moved (Adam turns rounding in a near-zero gradient component into
-    a step of up to the learning rate, so bit equality cannot hold)."""
+    """Bit for bit, except GRPO's folded read: there the task loss's token log-probabilities come from the
+    action reader's forward (other padding, so float32 rounding differs). Then loss and gradient norm agree to
+    1e-4 and the weights to a tenth of the distance they moved (Adam turns rounding in a near-zero gradient
+    component into a step of up to the learning rate, so bit equality cannot hold)."""
     if regime == "rl":  # GRPO's rollouts from the replayed references (a random tiny model writes no call)
         from cipr.train.grpo import CIPRGRPOTrainer
         from cipr.train.replay import ReplayRollouts
@@ -135,8 +140,8 @@ def test_cipr_with_zero_weights_trains_like_multi_interface(tiny_dir, tmp_path, 
     else:
         for k in a:
             assert torch.equal(a[k], b[k]), k
-    weighted = run(config(tiny_dir, tmp_path / "one", "cipr", regime, rescore_weight=1.0, fold_action_read=fold,
-                          rollout_weight=0.0 if regime == "supervised" else 1.0))
+    weighted = run(config(tiny_dir, tmp_path / "one", "cipr", regime, rescore_weight=1.0,
+                          fold_action_read=fold, rollout_weight=0.0 if regime == "supervised" else 1.0))
     c = final_weights(weighted, stage)
     assert any(not torch.equal(a[k], c[k]) for k in a)  # and a weight > 0 changes the update
 
@@ -165,7 +170,8 @@ def test_rescoring_term_gradient_reaches_the_model_through_the_relabeled_side_on
 def test_action_nll_by_hand_and_loop():
     from cipr.train.supervised import action_nll
 
-    probs = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8], [0.2, 0.7, 0.1], [0.6, 0.2, 0.2]], dtype=torch.float64)
+    probs = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8], [0.2, 0.7, 0.1], [0.6, 0.2, 0.2]],
+                         dtype=torch.float64)
     targets = torch.tensor([0, -1, 1, 2])  # the second decision (an end of turn after a call) is not scored
     segments = torch.tensor([0, 0, 1, 1])
     value, m = action_nll(probs, targets, segments)
@@ -174,7 +180,8 @@ def test_action_nll_by_hand_and_loop():
     assert m["action/accuracy"] == pytest.approx(2 / 3)  # 0 = 0, 1 = 1, 0 ≠ 2
     loop = []
     for s in (0, 1):
-        rows = [-math.log(probs[d, targets[d]].item()) for d in range(4) if segments[d] == s and targets[d] >= 0]
+        rows = [-math.log(probs[d, targets[d]].item())
+                for d in range(4) if segments[d] == s and targets[d] >= 0]
         loop.append(sum(rows) / len(rows))
     assert value.item() == pytest.approx(sum(loop) / len(loop))
     zero, _ = action_nll(probs.requires_grad_(), torch.full((4,), -1), segments)

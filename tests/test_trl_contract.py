@@ -1,4 +1,5 @@
-"""The TRL surface CIPR relies on, pinned: a TRL upgrade that moves any of it fails here, naming what and where.
+"""The TRL surface CIPR relies on, pinned: a TRL upgrade that moves any of it fails here, naming what and
+where.
 
 CIPR overrides TRL methods (an override must keep TRL's parameters, or TRL's callers break it),
 calls TRL helpers, and reads attributes TRL sets in `GRPOTrainer.__init__`. Each entry lists where
@@ -40,19 +41,23 @@ METHODS: list[tuple[str, str, list[str], str]] = [
     ("GRPOTrainer", "_get_per_token_logps_and_entropies",
      ["self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy",
       "compute_aux_loss", "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask",
-      "spatial_shapes", "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids"],
+      "spatial_shapes", "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids",
+      "image_position_ids"],
      f"{_GRPO} override (folded log-probabilities) and CIPRGRPOTrainer._task_logps"),
-    ("GRPOTrainer", "_compute_loss", ["self", "model", "inputs"], f"{_GRPO} override (task loss + consistency)"),
+    ("GRPOTrainer", "_compute_loss", ["self", "model", "inputs"],
+     f"{_GRPO} override (task loss + consistency)"),
     ("GRPOTrainer", "training_step", ["self", "model", "inputs", "num_items_in_batch"],
      f"{_GRPO} relies on it advancing _step once per micro-batch"),
     ("GRPOTrainer", "log", ["self", "logs", "start_time"], f"{_GRPO} override (drops all-NaN metrics)"),
     ("GRPOTrainer", "_save_checkpoint", ["self", "model", "trial"], f"{_CKPT} CheckpointMixin override"),
-    ("GRPOTrainer", "_load_optimizer_and_scheduler", ["self", "checkpoint"], f"{_CKPT} CheckpointMixin override"),
+    ("GRPOTrainer", "_load_optimizer_and_scheduler", ["self", "checkpoint"],
+     f"{_CKPT} CheckpointMixin override"),
     ("GRPOTrainer", "_get_output_dir", ["self", "trial"], f"{_CKPT} CheckpointMixin._save_checkpoint"),
     ("SFTTrainer", "compute_loss", ["self", "model", "inputs", "return_outputs", "num_items_in_batch"],
      "cipr/train/sft.py WarmStartTrainer.compute_loss"),
     ("SFTTrainer", "_save_checkpoint", ["self", "model", "trial"], f"{_CKPT} CheckpointMixin override"),
-    ("SFTTrainer", "_load_optimizer_and_scheduler", ["self", "checkpoint"], f"{_CKPT} CheckpointMixin override"),
+    ("SFTTrainer", "_load_optimizer_and_scheduler", ["self", "checkpoint"],
+     f"{_CKPT} CheckpointMixin override"),
 ]
 
 # the same CheckpointMixin hooks on transformers' Trainer (cipr/train/distill.py DistillTrainer)
@@ -62,7 +67,8 @@ TRAINER_METHODS: list[tuple[str, list[str]]] = [
     ("_get_output_dir", ["self", "trial"]),
 ]
 
-# TRL's colocated vLLM generation (trl.generation.vllm_generation.VLLMGeneration), used by rollout=vllm_colocate
+# TRL's colocated vLLM generation (trl.generation.vllm_generation.VLLMGeneration), used by
+# rollout=vllm_colocate
 VLLM_METHODS: list[tuple[str, list[str], str]] = [
     ("sync_weights", ["self"], f"{_ROLLOUT} use_reload_weights replaces it on the instance"),
     ("_iter_named_params", ["self"], f"{_ROLLOUT} push_weights (TRL's gathered, vLLM-named parameters)"),
@@ -84,12 +90,13 @@ def _functions() -> list[tuple[str, Callable[..., Any], list[str], str]]:
     return [
         ("trl.kernels.chunked_logprob._use_triton", _use_triton, ["device"],
          f"{_GRPO} CIPRGRPOTrainer._score_completions_only (where TRL's fused head scores every position)"),
-        ("trl.trainer.utils.selective_log_softmax", selective_log_softmax, ["logits", "index", "temperature", "row_mask"],
-         f"{_GRPO} completion_logps"),
+        ("trl.trainer.utils.selective_log_softmax", selective_log_softmax,
+         ["logits", "index", "temperature", "row_mask"], f"{_GRPO} completion_logps"),
         ("trl.trainer.utils.entropy_from_logits", entropy_from_logits, ["logits", "chunk_size"],
          f"{_GRPO} completion_logps"),
         ("trl.models.unwrap_model_for_generation", unwrap_model_for_generation,
-         ["model", "accelerator", "gather_deepspeed3_params", "generation_kwargs", "gradient_checkpointing_kwargs"],
+         ["model", "accelerator", "gather_deepspeed3_params", "generation_kwargs",
+          "gradient_checkpointing_kwargs"],
          f"{_GRPO} CIPRGRPOTrainer._generate_single_turn"),
         ("trl.trainer.utils.pad", pad, ["tensors", "padding_value", "padding_side", "pad_to_multiple_of"],
          "cipr/runtime/generation.py sample_shared_prefill"),
@@ -101,7 +108,8 @@ def _functions() -> list[tuple[str, Callable[..., Any], list[str], str]]:
 # attributes GRPOTrainer.__init__ sets that CIPR reads (all in cipr/train/grpo.py)
 ATTRIBUTES: dict[str, str] = {
     "_step": "_prepare_inputs, extra_state / load_extra_state (micro-step counter)",
-    "_buffered_inputs": "_prepare_inputs, extra_state / load_extra_state (the generation batch's micro-batches)",
+    "_buffered_inputs": "_prepare_inputs, extra_state / load_extra_state (the generation batch's "
+                        "micro-batches)",
     "_metrics": "_log_rollouts, _compute_loss, log (metric lists by mode)",
     "_entropy_bonus_enabled": "_fold_rows (folding needs no entropy term)",
     "_dist": "_generate_single_turn (summon_full_params)",
@@ -138,11 +146,12 @@ def _moved(what: str, where: str, detail: str) -> str:
 
 def test_trl_version_is_the_pinned_one():
     assert trl.__version__ == TRL_VERSION, (
-        f"TRL is {trl.__version__}, the seam was checked against {TRL_VERSION}: run this file, read TRL's changes "
-        f"at every entry it names, then update TRL_VERSION")
+        f"TRL is {trl.__version__}, the seam was checked against {TRL_VERSION}: run this file, read TRL's "
+        "changes at every entry it names, then update TRL_VERSION")
 
 
-@pytest.mark.parametrize(("owner", "name", "params", "where"), METHODS, ids=[f"{o}.{n}" for o, n, _, _ in METHODS])
+@pytest.mark.parametrize(("owner", "name", "params", "where"), METHODS,
+                         ids=[f"{o}.{n}" for o, n, _, _ in METHODS])
 def test_trl_method_signature(owner, name, params, where):
     cls = getattr(trl, owner)
     method = getattr(cls, name, None)
@@ -163,15 +172,17 @@ def test_compute_loss_gets_log_probs_through_the_overridden_hook():
     source = inspect.getsource(GRPOTrainer._compute_loss)
     assert "self._get_per_token_logps_and_entropies(" in source and "compute_entropy=" in source, _moved(
         "GRPOTrainer._compute_loss", f"{_GRPO} CIPRGRPOTrainer._get_per_token_logps_and_entropies",
-        "it no longer scores tokens through self._get_per_token_logps_and_entropies(..., compute_entropy=...), "
-        "so folded log-probabilities would be ignored")
+        "it no longer scores tokens through "
+        "self._get_per_token_logps_and_entropies(..., compute_entropy=...), so folded log-probabilities "
+        "would be ignored")
 
 
 def test_training_step_advances_the_micro_step():
     from trl import GRPOTrainer
 
     assert "self._step += 1" in inspect.getsource(GRPOTrainer.training_step), _moved(
-        "GRPOTrainer.training_step", f"{_GRPO} _prepare_inputs / extra_state", "it no longer advances self._step")
+        "GRPOTrainer.training_step", f"{_GRPO} _prepare_inputs / extra_state",
+        "it no longer advances self._step")
 
 
 def test_vllm_generation_is_set_by_the_constructor():
@@ -185,7 +196,8 @@ def test_config_fields():
     from trl import GRPOConfig
 
     fields = GRPOConfig.__dataclass_fields__
-    missing = [f"{name} (used in {_GRPO} {where})" for name, where in CONFIG_FIELDS.items() if name not in fields]
+    missing = [f"{name} (used in {_GRPO} {where})"
+               for name, where in CONFIG_FIELDS.items() if name not in fields]
     assert not missing, f"TRL {trl.__version__} GRPOConfig lost fields CIPR reads: {missing}"
 
 
@@ -198,12 +210,14 @@ def test_constructed_trainer_has_the_attributes_cipr_reads(tiny_model, tiny_toke
     trainer = GRPOTrainer(model=tiny_model, reward_funcs=lambda completions, **_: [0.0] * len(completions),
                           args=args, train_dataset=Dataset.from_list([{"prompt": "a b"}] * 4),
                           processing_class=tiny_tokenizer)
-    missing = [f"{name} (used in {_GRPO} {where})" for name, where in ATTRIBUTES.items() if not hasattr(trainer, name)]
+    missing = [f"{name} (used in {_GRPO} {where})"
+               for name, where in ATTRIBUTES.items() if not hasattr(trainer, name)]
     assert not missing, f"TRL {trl.__version__} GRPOTrainer no longer sets attributes CIPR reads: {missing}"
     assert callable(getattr(trainer._dist, "summon_full_params", None)), _moved(
         "GRPOTrainer._dist.summon_full_params", f"{_GRPO} _generate_single_turn", "it no longer exists")
     assert trainer._step == 0 and trainer._buffered_inputs is None
-    assert set(trainer._metrics) == {"train", "eval"} and isinstance(trainer.eos_token_ids, list | tuple | torch.Tensor)
+    assert set(trainer._metrics) == {"train", "eval"} and \
+        isinstance(trainer.eos_token_ids, list | tuple | torch.Tensor)
 
 
 @pytest.mark.parametrize(("name", "params"), TRAINER_METHODS, ids=[n for n, _ in TRAINER_METHODS])
@@ -211,8 +225,9 @@ def test_transformers_trainer_checkpoint_hooks(name, params):
     import transformers
 
     found = list(inspect.signature(getattr(transformers.Trainer, name)).parameters)
-    assert found == params, (f"transformers {transformers.__version__} moved Trainer.{name} (parameters {found}, "
-                             f"pinned {params}); CIPR relies on it in {_CKPT} CheckpointMixin (DistillTrainer)")
+    assert found == params, (f"transformers {transformers.__version__} moved Trainer.{name} (parameters "
+                             f"{found}, pinned {params}); CIPR relies on it in {_CKPT} CheckpointMixin "
+                             "(DistillTrainer)")
 
 
 def test_vllm_generation_surface():
@@ -223,13 +238,17 @@ def test_vllm_generation_surface():
         method = getattr(cls, name, None)
         assert callable(method), _moved(f"VLLMGeneration.{name}", where, "it no longer exists")
         found = list(inspect.signature(method).parameters)
-        assert found == params, _moved(f"VLLMGeneration.{name}", where, f"parameters {found}, pinned {params}")
+        assert found == params, \
+            _moved(f"VLLMGeneration.{name}", where, f"parameters {found}, pinned {params}")
     init = inspect.getsource(cls.__init__) + inspect.getsource(cls)
-    missing = [f"{a} (used in {_ROLLOUT} {w})" for a, w in VLLM_ATTRIBUTES.items() if f"self.{a} = " not in init]
-    assert not missing, f"TRL {trl.__version__} VLLMGeneration no longer sets attributes CIPR reads: {missing}"
+    missing = [f"{a} (used in {_ROLLOUT} {w})"
+               for a, w in VLLM_ATTRIBUTES.items() if f"self.{a} = " not in init]
+    assert not missing, \
+        f"TRL {trl.__version__} VLLMGeneration no longer sets attributes CIPR reads: {missing}"
     assert callable(getattr(vllm_generation, "empty_cache", None)) and not inspect.signature(
         vllm_generation.empty_cache).parameters, _moved(
-        "trl.generation.vllm_generation.empty_cache", f"{_ROLLOUT} push_weights", "it is gone or takes arguments")
+        "trl.generation.vllm_generation.empty_cache", f"{_ROLLOUT} push_weights",
+        "it is gone or takes arguments")
 
 
 def test_colocated_engine_is_built_through_the_module_level_llm(monkeypatch):
@@ -255,7 +274,8 @@ def test_colocated_engine_is_built_through_the_module_level_llm(monkeypatch):
         calls.append(kwargs)
 
     monkeypatch.setattr(vllm_generation, "LLM", fake_llm, raising=False)
-    monkeypatch.setattr(engine, "engine_memory", lambda model, length, seqs, share: {"kv_cache_memory_bytes": seqs})
+    monkeypatch.setattr(engine, "engine_memory",
+                        lambda model, length, seqs, share: {"kv_cache_memory_bytes": seqs})
     for choice in (True, False):
         with eager_engine(choice):
             vllm_generation.LLM(model="m", max_num_seqs=3)
@@ -276,8 +296,8 @@ def test_trainer_syncs_vllm_weights_through_the_instance_method():
 
 
 def test_completion_scoring_matches_trls_fused_head(tiny_tokenizer, tmp_path):
-    """Off Triton, CIPR scores only the completion positions (`completion_logps`); TRL's fused head scores every
-    position. Same log-probabilities, entropies and gradients, at a sampling temperature."""
+    """Off Triton, CIPR scores only the completion positions (`completion_logps`); TRL's fused head scores
+    every position. Same log-probabilities, entropies and gradients, at a sampling temperature."""
     from datasets import Dataset
     from support.tiny_models import tiny_model
     from trl import GRPOConfig, GRPOTrainer
@@ -293,7 +313,8 @@ def test_completion_scoring_matches_trls_fused_head(tiny_tokenizer, tmp_path):
                           processing_class=tiny_tokenizer)
     # a stock trainer with CIPR's scoring methods bound to it: TRL's and CIPR's scoring side by side
     trainer._score_completions_only = types.MethodType(CIPRGRPOTrainer._score_completions_only, trainer)
-    call = {"compute_entropy": True, "compute_aux_loss": False, "pixel_values": None}  # as TRL's _compute_loss calls
+    # as TRL's _compute_loss calls
+    call = {"compute_entropy": True, "compute_aux_loss": False, "pixel_values": None}
     assert trainer._score_completions_only(trainer.model, (), call)
     assert not trainer._score_completions_only(trainer.model, (), {**call, "compute_aux_loss": True})
     assert not trainer._score_completions_only(trainer.model, (), {**call, "pixel_values": torch.zeros(1)})
@@ -302,12 +323,14 @@ def test_completion_scoring_matches_trls_fused_head(tiny_tokenizer, tmp_path):
     mask = torch.ones_like(ids)
     mask[0, :3] = 0  # left padding
     results = []
-    for score in (GRPOTrainer._get_per_token_logps_and_entropies, CIPRGRPOTrainer._get_per_token_logps_and_entropies):
+    for score in (GRPOTrainer._get_per_token_logps_and_entropies,
+                  CIPRGRPOTrainer._get_per_token_logps_and_entropies):
         trainer.model.zero_grad()
         trainer._given_task_logps = None
         logps, entropies, _ = score(trainer, trainer.model, ids, mask, 5, batch_size=2, **call)
         (logps * torch.linspace(-1, 1, 5)).sum().backward()
-        results.append((logps, entropies, [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]))
+        results.append((logps, entropies,
+                        [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]))
     (trl_logps, trl_ent, trl_grads), (ours, ent, grads) = results
     assert ours.shape == (3, 5) and ent.shape == (3, 5)
     torch.testing.assert_close(ours, trl_logps, rtol=1e-4, atol=1e-5)
@@ -317,13 +340,14 @@ def test_completion_scoring_matches_trls_fused_head(tiny_tokenizer, tmp_path):
         torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-6)
 
 
-# --- the sharding seam (cipr/train/strategy.py, cipr/method/actions.py, cipr/train/checkpoint.py, the distributed
-# tier's shim tests/support/cpu_sharding.py): accelerate, torch and DeepSpeed names it relies on
+# --- the sharding seam (cipr/train/strategy.py, cipr/method/actions.py, cipr/train/checkpoint.py, the
+# distributed tier's shim tests/support/cpu_sharding.py): accelerate, torch and DeepSpeed names it relies on
 
 
 def test_accelerate_still_drops_fsdp_and_deepspeed_on_cpu_processes():
-    """The shim and the strategy check exist because of these two conditions in AcceleratorState.__init__; when
-    accelerate changes them, re-check cipr/train/strategy.py's refusal and tests/support/cpu_sharding.py."""
+    """The shim and the strategy check exist because of these two conditions in AcceleratorState.__init__;
+    when accelerate changes them, re-check cipr/train/strategy.py's refusal and
+    tests/support/cpu_sharding.py."""
     from accelerate.state import AcceleratorState
 
     source = inspect.getsource(AcceleratorState.__init__)
@@ -342,7 +366,8 @@ def test_accelerate_names_the_strategy_check_reads():
 
     assert {"NO", "MULTI_CPU", "MULTI_GPU", "FSDP", "DEEPSPEED"} <= set(DistributedType.__members__)
     assert "fsdp_version" in inspect.signature(FullyShardedDataParallelPlugin).parameters
-    assert hasattr(DeepSpeedPlugin, "zero_stage") or "zero_stage" in inspect.signature(DeepSpeedPlugin).parameters
+    assert hasattr(DeepSpeedPlugin, "zero_stage") or \
+        "zero_stage" in inspect.signature(DeepSpeedPlugin).parameters
     assert list(inspect.signature(gather_object).parameters) == ["object"]
 
 
@@ -374,4 +399,5 @@ def test_deepspeed_names_the_reader_and_its_test_rely_on():
     assert list(inspect.signature(safe_get_full_grad).parameters) == ["param"]
     from deepspeed.runtime.zero.partition_parameters import Init
 
-    assert "ds_id" in inspect.getsource(Init._convert_to_deepspeed_param)  # cipr/method/action_forward.py _sharded
+    # cipr/method/action_forward.py _sharded
+    assert "ds_id" in inspect.getsource(Init._convert_to_deepspeed_param)

@@ -164,9 +164,9 @@ def eval_cfg(out: Path, benchmark: str, backend: str, model: str = "embedded", *
 
     limit = 2
     extra = {"partitions": ["simple_python", "multiple"]} if benchmark == "bfcl" else {}
-    return EvalConfig(model=model, benchmark=BenchmarkConfig(name=benchmark), backend=backend, out_dir=str(out),
-                      limit=limit, perturbations=["original", "typos"], names=["original", "canonical"],
-                      max_new_tokens=MAX_NEW, progress=False, **extra, **kw)
+    return EvalConfig(model=model, benchmark=BenchmarkConfig(name=benchmark), backend=backend,
+                      out_dir=str(out), limit=limit, perturbations=["original", "typos"],
+                      names=["original", "canonical"], max_new_tokens=MAX_NEW, progress=False, **extra, **kw)
 
 
 # -- 1. evaluation: vLLM against HF on the embedded model ------------------------------------------
@@ -219,8 +219,8 @@ def probe_main(argv: list[str]) -> None:
 
     def greedy_and_logps(generation: Any) -> dict[str, Any]:
         model, tok = generation.model, generation.processing_class
-        text = tok.apply_chat_template([{"role": "user", "content": PROBE_PROMPT}], add_generation_prompt=True,
-                                       tokenize=False)
+        text = tok.apply_chat_template([{"role": "user", "content": PROBE_PROMPT}],
+                                       add_generation_prompt=True, tokenize=False)
         prompt = tok(text, add_special_tokens=False)["input_ids"]
         was_training = model.training
         model.eval()
@@ -259,7 +259,8 @@ def probe_main(argv: list[str]) -> None:
             f.write(json.dumps({"push_s": seconds, "gap_before": before["gap"], **after,
                                 "eager": generation.llm.llm_engine.model_config.enforce_eager,
                                 "rank": int(os.environ.get("RANK", "0")),
-                                "zero3_partitioned": any(hasattr(q, "ds_id") for q in generation.model.parameters())})
+                                "zero3_partitioned": any(hasattr(q, "ds_id")
+                                                         for q in generation.model.parameters())})
                     + "\n")
 
     rollout.push_weights = checked_push
@@ -268,10 +269,10 @@ def probe_main(argv: list[str]) -> None:
 
 
 COLOCATE = ["rollout=vllm_colocate", "rollout.num_generations=2", "rollout.max_completion_length=24",
-            "rollout.max_model_length=2048", "data.n=8", "data.eval_examples=0", "data.tools_per_example=[1,1]",
-            "trainer.max_steps=2", "trainer.per_device_train_batch_size=4", "trainer.save_steps=1",
-            "trainer.learning_rate=1e-3", "trainer.warm_start.eval_examples=0", "trainer.gradient_checkpointing=false",
-            "logging.progress_bar=false"]
+            "rollout.max_model_length=2048", "data.n=8", "data.eval_examples=0",
+            "data.tools_per_example=[1,1]", "trainer.max_steps=2", "trainer.per_device_train_batch_size=4",
+            "trainer.save_steps=1", "trainer.learning_rate=1e-3", "trainer.warm_start.eval_examples=0",
+            "trainer.gradient_checkpointing=false", "logging.progress_bar=false"]
 """cipr-train overrides of every colocate run here (later overrides of the same key win)."""
 WARM = ("algo=cipr", "trainer.warm_start.steps=1", "trainer.warm_start.learning_rate=1e-2")
 """A one-step warm start at a high learning rate, so that the first push must carry new weights."""
@@ -293,9 +294,10 @@ def read_probe(probe: Path) -> list[dict[str, Any]]:
 
 def check_pushes(pushes: list[dict[str, Any]], label: str) -> None:
     for i, p in enumerate(pushes):
-        print(f"{label} push {i}: {p['push_s']:.1f} s, log-prob gap {p['gap_before']:.3f} before -> {p['gap']:.3f} "
-              f"after; greedy {'equal' if p['divergence'] is None else 'differs'}"
-              + ("" if p["divergence"] is None else f" at token {p['divergence']} (HF margin {p['margin']:.3f})"))
+        print(f"{label} push {i}: {p['push_s']:.1f} s, log-prob gap {p['gap_before']:.3f} before -> "
+              f"{p['gap']:.3f} after; greedy {'equal' if p['divergence'] is None else 'differs'}"
+              + ("" if p["divergence"] is None
+                 else f" at token {p['divergence']} (HF margin {p['margin']:.3f})"))
         assert p["gap"] < SYNC_TOL, p
         assert p["divergence"] is None or p["margin"] < NEAR_TIE, p
 
@@ -330,7 +332,8 @@ def test_colocate_cipr_pushes_weights_every_step_and_resumes(colocate_run):
     assert pushes[0]["gap_before"] > 1.0, "the warm start did not move the policy: the check has no teeth"
     steps = grpo_steps(colocate_run)
     assert [r["step"] for r in steps] == [1, 2]
-    assert all("actions/folded" in r and "reward/perturbed" in r for r in steps)  # CIPR's reader, paired rollouts
+    # CIPR's reader, paired rollouts
+    assert all("actions/folded" in r and "reward/perturbed" in r for r in steps)
     assert (colocate_run / "grpo" / "final" / "model.safetensors").is_file()
 
 
@@ -357,7 +360,8 @@ def server(export_dir, tmp_path_factory):
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(export_dir),
            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "8192",
            "--weight-transfer-config", '{"backend": "nccl"}', "--logprobs-mode", "processed_logprobs",
-           "--max-logprobs", "-1", "--enforce-eager"]  # CPU: compiling would add ~100 s (cipr/runtime/vllm_engine.py)
+           "--max-logprobs", "-1",
+           "--enforce-eager"]  # CPU: compiling would add ~100 s (cipr/runtime/vllm_engine.py)
     start = time.time()
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -415,8 +419,8 @@ def test_server_generation_through_trl_client(export_hf, server):
 
     _, model, tokenizer, _ = export_hf
     client = VLLMClient(base_url=server, connection_timeout=30)
-    text = tokenizer.apply_chat_template([{"role": "user", "content": PROBE_PROMPT}], add_generation_prompt=True,
-                                         tokenize=False)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": PROBE_PROMPT}],
+                                         add_generation_prompt=True, tokenize=False)
     prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
     sampled = client.generate([prompt], n=2, temperature=1.0, max_tokens=PROBE_TOKENS)
     assert sampled["prompt_ids"] == [prompt] and len(sampled["completion_ids"]) == 2
@@ -424,7 +428,8 @@ def test_server_generation_through_trl_client(export_hf, server):
     with torch.no_grad():
         ids = torch.tensor([prompt])
         hf = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                            max_new_tokens=PROBE_TOKENS, pad_token_id=tokenizer.pad_token_id)[0, len(prompt):].tolist()
+                            max_new_tokens=PROBE_TOKENS,
+                            pad_token_id=tokenizer.pad_token_id)[0, len(prompt):].tolist()
     served = out["completion_ids"][0]
     k = first_divergence(hf, served)
     if k is not None:
@@ -446,7 +451,8 @@ def test_server_rollouts_stop_at_weight_sync_on_cpu(server, tmp_path):
            "trainer.warm_start.steps=0", "logging.progress_bar=false", f"trainer.run_dir={tmp_path / 'run'}"]
     start = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    print(f"rollout=vllm_server on CPU stopped after {time.time() - start:.0f} s: {proc.stderr.strip()[-400:]}")
+    print(f"rollout=vllm_server on CPU stopped after {time.time() - start:.0f} s: "
+          f"{proc.stderr.strip()[-400:]}")
     assert proc.returncode == 2
     assert "NCCL" in proc.stderr and "CUDA device" in proc.stderr and "rollout=vllm_colocate" in proc.stderr
 
@@ -476,8 +482,8 @@ def test_tau2_agent_served_by_vllm_through_cipr_serve(export_dir, server, tmp_pa
     user = build_backend(ServeCommand(backend="embedded", max_new_tokens=32, threads=2))
     user_server, thread = start(ChatService(user, ServeConfig()))
     try:
-        cfg = Tau2Config(out_dir=str(tmp_path), backend=cmd.backend, tokenizer=cmd.tokenizer, tasks=["airline/0"],
-                         max_steps=2, max_new_tokens=32, judge="none", venv=str(VENV),
+        cfg = Tau2Config(out_dir=str(tmp_path), backend=cmd.backend, tokenizer=cmd.tokenizer,
+                         tasks=["airline/0"], max_steps=2, max_new_tokens=32, judge="none", venv=str(VENV),
                          user_url=f"{user_server.url}/original/v1", user_model="embedded",
                          user_guidelines=guidelines_dir(shared_data))
         run_tau2(cfg, backend=agent)

@@ -1,6 +1,6 @@
-"""vLLM colocated with `distributed=zero3` on two CPU processes (marker `vllm`, `extended`): see tests/test_vllm.py,
-section 2. A module of its own so that test_vllm.py's server and models are torn down before its two engines start
-(the run is sized for 24 GiB)."""
+"""vLLM colocated with `distributed=zero3` on two CPU processes (marker `vllm`, `extended`): see
+tests/test_vllm.py, section 2. A module of its own so that test_vllm.py's server and models are torn down
+before its two engines start (the run is sized for 24 GiB)."""
 
 from __future__ import annotations
 
@@ -19,18 +19,19 @@ pytestmark = test_vllm.pytestmark
 
 @pytest.mark.extended(seconds=544)
 def test_colocate_cipr_under_zero3_on_two_processes_gathers_the_shards_into_vllm(tmp_path):
-    """`distributed=zero3` with vLLM colocated, on two CPU processes (DeepSpeed on its CPU accelerator, gloo): a
-    one-step warm start, then CIPR GRPO step 1. Each rank holds half of every parameter; before generating,
+    """`distributed=zero3` with vLLM colocated, on two CPU processes (DeepSpeed on its CPU accelerator, gloo):
+    a one-step warm start, then CIPR GRPO step 1. Each rank holds half of every parameter; before generating,
     each rank's push gathers the full weights (TRL's `_iter_named_params` under ZeRO-3) into its own vLLM
     engine, and the probe then checks that engine against the gathered HF policy. Sized for 24 GiB: the top 10
-    layers train, with gradient checkpointing (every layer trained without it held 8 GB a process).
-    Launched as accelerate launches cipr-train's workers, with tests/test_vllm.py as the worker, so the probe
-    runs on both ranks."""
+    layers train, with gradient checkpointing (every layer trained without it held 8 GB a process). Launched
+    as accelerate launches cipr-train's workers, with tests/test_vllm.py as the worker, so the probe runs on
+    both ranks."""
     from cipr.runtime.embedded import embedded_hf_dir
 
     embedded_hf_dir()  # converted once here, not by both ranks at once
     run_dir, probe = tmp_path / "run", tmp_path / "probe.jsonl"
-    env = {**os.environ, **VLLM_ENV, "CIPR_VLLM_PROBE": str(probe), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    env = {**os.environ, **VLLM_ENV, "CIPR_VLLM_PROBE": str(probe), "OMP_NUM_THREADS": "1",
+           "WANDB_MODE": "disabled"}
     overrides = [*COLOCATE, *WARM, "trainer.max_steps=1", "distributed=zero3", "launcher.num_processes=2",
                  "trainer.gradient_checkpointing=true", f"trainer.run_dir={run_dir}"]
     cmd = accelerate_launch(str(Path(test_vllm.__file__).resolve()), *overrides)

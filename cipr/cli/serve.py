@@ -8,7 +8,7 @@ In front of any OpenAI-compatible server (e.g. vLLM, CPU build or GPU), with the
 The server then parses tool calls itself (vLLM: `--enable-auto-tool-choice --tool-call-parser NAME`). For a
 checkpoint no server parser reads (the embedded SmolLM2 exported), add `tokenizer=DIR`: cipr-serve renders the
 prompt with `call_format` and the tokenizer's chat template, calls the server's text-completions endpoint and
-parses the calls itself (`cipr.guard.backend.CompletionsBackend`):
+parses the calls itself (`cipr.runtime.backends.CompletionsBackend`):
     cipr-serve backend=http://127.0.0.1:8001/v1 tokenizer=exports/smollm2 names=canonical port=8000
 One GPU: the same two lines (vLLM on the GPU), or `backend=exports/q3b_cipr device=cuda` (HF in process).
 Several GPUs: one vLLM server with `--tensor-parallel-size N` behind one cipr-serve.

@@ -46,7 +46,8 @@ def _safetensors_problem(path: Path) -> str | None:
             return f"is truncated ({size} bytes, no complete header)"
         try:
             header = json.loads(f.read(length))
-            end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+            end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"),
+                      default=0)
         except (ValueError, KeyError, TypeError, IndexError, AttributeError):
             return "has a corrupt header"
     if 8 + length + end != size:
@@ -107,13 +108,14 @@ def _read_tracker(tracker: Path) -> tuple[Path, int] | None:
         info = read_json(tracker)
         return tracker.parent / str(info["checkpoint"]), int(info["step"])
     except (ValueError, KeyError, TypeError) as e:
-        log.warning("%s is not a checkpoint tracker (%s: %s); looking for the newest complete checkpoint in %s",
-                    tracker, type(e).__name__, e, tracker.parent)
+        log.warning("%s is not a checkpoint tracker (%s: %s); looking for the newest complete checkpoint "
+                    "in %s", tracker, type(e).__name__, e, tracker.parent)
         return None
 
 
 def latest_complete(stage_dir: str | Path) -> Path | None:
-    """The checkpoint to resume a stage from: the tracked one, or when it is damaged the newest earlier complete one.
+    """The checkpoint to resume a stage from: the tracked one, or when it is damaged the newest earlier
+    complete one.
 
     None when nothing was tracked (the stage starts over). Raises DataError naming the damaged
     checkpoint when no complete one is left.
@@ -143,18 +145,21 @@ def latest_complete(stage_dir: str | Path) -> Path | None:
         if problem is None and (folder / EXTRA_STATE).is_file():
             log.warning("resuming from the previous complete checkpoint %s instead", folder)
             return folder
-    raise DataError(f"{damaged}, and {stage_dir} holds no earlier complete checkpoint: delete {stage_dir} to start "
-                    f"this stage over, or restore the checkpoint", file=str(stage_dir))
+    raise DataError(f"{damaged}, and {stage_dir} holds no earlier complete checkpoint: delete {stage_dir} to "
+                    f"start this stage over, or restore the checkpoint", file=str(stage_dir))
 
 
 def has_checkpoints(stage_dir: str | Path) -> bool:
-    """Whether a stage folder holds a tracker, any step folder or a finished stage (a run was started there)."""
+    """Whether a stage folder holds a tracker, any step folder or a finished stage (a run was started
+    there)."""
     stage_dir = Path(stage_dir)
-    return any((stage_dir / name).exists() for name in (TRACKER, STAGE_DONE)) or any(stage_dir.glob("checkpoint-*"))
+    return (any((stage_dir / name).exists() for name in (TRACKER, STAGE_DONE))
+            or any(stage_dir.glob("checkpoint-*")))
 
 
 def frozen_omitted(folder: str | Path) -> list[str] | None:
-    """The frozen tensors a weights folder leaves out (re-read from the base model), or None when it holds all.
+    """The frozen tensors a weights folder leaves out (re-read from the base model), or None when it holds
+    all.
 
     Raises DataError when `cipr_frozen.json` is not a JSON object with an `omitted` list of names.
     """
@@ -165,7 +170,8 @@ def frozen_omitted(folder: str | Path) -> list[str] | None:
     try:
         omitted = data["omitted"]
     except (KeyError, TypeError) as e:
-        raise DataError(f"not a record of left-out frozen tensors ({type(e).__name__}: {e})", file=str(path)) from e
+        raise DataError(f"not a record of left-out frozen tensors ({type(e).__name__}: {e})",
+                        file=str(path)) from e
     if not isinstance(omitted, list) or not all(isinstance(k, str) for k in omitted):
         raise DataError("`omitted` must be a list of tensor names", file=str(path), field="omitted")
     return omitted
@@ -213,7 +219,8 @@ def _whole_parameters(model: Any) -> Any:
 
 
 def apply_trainable(model: Any, folder: str | Path) -> None:
-    """Load the trainable tensors of `folder` (one with `cipr_frozen.json`) over `model`, which holds the base.
+    """Load the trainable tensors of `folder` (one with `cipr_frozen.json`) over `model`, which holds the
+    base.
 
     The tensors of the folder and the names it lists as left out must together be exactly the model's
     state dict; otherwise (another model, or another `freeze_bottom_layers`) DataError says which differ.
@@ -226,12 +233,15 @@ def apply_trainable(model: Any, folder: str | Path) -> None:
         with _whole_parameters(model):
             result = model.load_state_dict(tensors, strict=False)
     except RuntimeError as e:  # a tensor of another shape
-        raise DataError(f"its trainable tensors do not fit the base model loaded under them ({e}): load it with "
-                        f"the model config of the run that wrote it", file=str(folder)) from e
+        raise DataError(f"its trainable tensors do not fit the base model loaded under them ({e}): load it "
+                        f"with the model config of the run that wrote it", file=str(folder)) from e
     missing, unexpected = set(result.missing_keys), set(result.unexpected_keys)
     if unexpected or missing != set(omitted):
-        detail = [f"{what}: {', '.join(sorted(keys)[:6])}{' ...' if len(keys) > 6 else ''}" for what, keys in (
-            ("not in the model", unexpected), ("in neither the folder nor its frozen list", missing - set(omitted)),
-            ("listed as frozen but saved or absent from the model", set(omitted) - missing)) if keys]
-        raise DataError(f"its trainable tensors do not fit the base model loaded under them ({'; '.join(detail)}): "
-                        f"load it with the model config of the run that wrote it", file=str(folder))
+        detail = [f"{what}: {', '.join(sorted(keys)[:6])}{' ...' if len(keys) > 6 else ''}"
+                  for what, keys in (("not in the model", unexpected),
+                                     ("in neither the folder nor its frozen list", missing - set(omitted)),
+                                     ("listed as frozen but saved or absent from the model",
+                                      set(omitted) - missing)) if keys]
+        raise DataError(f"its trainable tensors do not fit the base model loaded under them "
+                        f"({'; '.join(detail)}): load it with the model config of the run that wrote it",
+                        file=str(folder))

@@ -49,7 +49,8 @@ class NonFiniteLossError(RuntimeError):
 
 
 class UnsafeOutputError(CiprError, ValueError):
-    """An output path that would overwrite or delete an input, a parent of one, or a folder we did not create."""
+    """An output path that would overwrite or delete an input, a parent of one, or a folder we did not
+    create."""
 
 
 def debug_enabled(argv: list[str] | None = None) -> bool:
@@ -58,7 +59,8 @@ def debug_enabled(argv: list[str] | None = None) -> bool:
     return "--debug" in args or os.environ.get("CIPR_DEBUG", "").lower() in ("1", "true", "yes")
 
 
-USER_ERRORS = (CiprError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError)
+USER_ERRORS = (CiprError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
+               PermissionError)
 
 
 def user_message(e: BaseException) -> str | None:

@@ -184,7 +184,8 @@ def decode_text(data: bytes, file: str | Path) -> str:
 
 
 def read_text(path: str | Path) -> str:
-    """The text of `path`, decoded as strict UTF-8 (`decode_text`); a missing file raises FileNotFoundError."""
+    """The text of `path`, decoded as strict UTF-8 (`decode_text`); a missing file raises
+    FileNotFoundError."""
     return decode_text(Path(path).read_bytes(), path)
 
 
@@ -222,7 +223,8 @@ def complete_lines(path: str | Path, *, cut: bool) -> bytes:
     if data and not data.endswith(b"\n"):
         end = data.rfind(b"\n") + 1
         if cut:
-            log.warning("%s: cutting a torn last line (%d bytes) left by an interrupted run", path, len(data) - end)
+            log.warning("%s: cutting a torn last line (%d bytes) left by an interrupted run", path,
+                        len(data) - end)
             with path.open("r+b") as f:
                 f.truncate(end)
         data = data[:end]

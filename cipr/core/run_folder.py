@@ -42,7 +42,8 @@ def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any], sections: Seque
     None); without, the top-level keys. `recorded_only` compares only the keys both sides hold (a
     field added since that run started, or a record `new` does not decide, is not a change).
     """
-    pairs = [(f"{s}.", old.get(s) or {}, new.get(s) or {}) for s in sections] if sections else [("", old, new)]
+    pairs = ([(f"{s}.", old.get(s) or {}, new.get(s) or {}) for s in sections] if sections
+             else [("", old, new)])
     changed: dict[str, tuple[Any, Any]] = {}
     for prefix, a, b in pairs:
         keys = [k for k in b if k in a] if recorded_only else sorted(set(a) | set(b))
@@ -52,8 +53,8 @@ def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any], sections: Seque
     return changed
 
 
-def check_config(run_dir: Path, config: Mapping[str, Any], sections: Sequence[str], started: Callable[[], bool],
-                 *, option: str = "trainer.run_dir") -> None:
+def check_config(run_dir: Path, config: Mapping[str, Any], sections: Sequence[str],
+                 started: Callable[[], bool], *, option: str = "trainer.run_dir") -> None:
     """Refuse `run_dir` when its config.json differs from `config` in `sections` and `started()` says
     it holds progress (a checkpoint or a finished stage); `option` names the setting to change."""
     previous = run_dir / CONFIG_JSON
@@ -61,8 +62,9 @@ def check_config(run_dir: Path, config: Mapping[str, Any], sections: Sequence[st
         return
     differing = list(changed_keys(read_json(previous), config, sections))
     if differing and started():
-        raise ConfigError(f"{run_dir} holds a run started with a different config ({', '.join(differing[:8])}); "
-                          f"resuming it would mix two runs. Choose another {option} or delete that folder.")
+        raise ConfigError(f"{run_dir} holds a run started with a different config "
+                          f"({', '.join(differing[:8])}); resuming it would mix two runs. Choose another "
+                          f"{option} or delete that folder.")
 
 
 def write_config(run_dir: Path, config: Mapping[str, Any]) -> None:
@@ -73,7 +75,8 @@ def write_config(run_dir: Path, config: Mapping[str, Any]) -> None:
     write_text_atomic(run_dir / CONFIG_YAML, yaml.safe_dump(dict(config), sort_keys=False))
 
 
-def prepare(run_dir: Path, config: Mapping[str, Any], sections: Sequence[str], started: Callable[[], bool]) -> bool:
+def prepare(run_dir: Path, config: Mapping[str, Any], sections: Sequence[str],
+            started: Callable[[], bool]) -> bool:
     """On the main process: create `run_dir`, refuse a different run in it, record `config`.
 
     Returns whether this process is the main one (the one that writes metrics and summaries).

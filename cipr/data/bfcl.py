@@ -112,11 +112,12 @@ def bfcl_prompt_tool(tool: Tool, language: str) -> Tool:
             note = f" This is {lang} {declared} type parameter in string representation."
         if declared in NESTED_TYPES and isinstance(p.get("items"), Mapping):
             element = p.pop("items")
-            note += (f" The list elements are of type {element.get('x-bfcl-type', element.get('type', 'any'))}; "
+            note += (f" The list elements are of type "
+                     f"{element.get('x-bfcl-type', element.get('type', 'any'))}; "
                      "they are not in string representation.")
         if language == "javascript" and declared == "dict" and "properties" in p:
-            note += (" The dictionary entries have the following schema; they are not in string representation. "
-                     + json.dumps(p.pop("properties")))
+            note += (" The dictionary entries have the following schema; they are not in string "
+                     "representation. " + json.dumps(p.pop("properties")))
         p["description"] = str(p.get("description", "")) + note
         p["type"] = "string"
         properties[name] = p
@@ -203,7 +204,8 @@ def _load_partition(base: Path, part: str, report: BfclReport) -> list[Example]:
         out.append(_example(q, answer, part, language, str(qpath), str(apath), report))
     orphans = [a for a in answers if a not in seen]
     if orphans:
-        raise DataError(f"{len(orphans)} answer(s) without a question", file=str(apath), item=orphans[0], field="id")
+        raise DataError(f"{len(orphans)} answer(s) without a question", file=str(apath), item=orphans[0],
+                        field="id")
     return out
 
 
@@ -216,8 +218,8 @@ def _messages(q: Mapping[str, Any], file: str) -> tuple[Message, ...]:
     out = []
     for i, m in enumerate(turns[0]):
         if not isinstance(m, dict) or m.get("role") not in _ROLES or not isinstance(m.get("content"), str):
-            raise DataError(f"message must have a role in {_ROLES} and string content, got {m!r}"[:300], file=file,
-                            item=q["id"], field=f"question[0][{i}]")
+            raise DataError(f"message must have a role in {_ROLES} and string content, got {m!r}"[:300],
+                            file=file, item=q["id"], field=f"question[0][{i}]")
         out.append(Message(m["role"], m["content"]))
     return tuple(out)
 
@@ -231,44 +233,49 @@ def _interface(q: Mapping[str, Any], language: str, file: str) -> Interface:
     for i, fn in enumerate(functions):
         where = f"function[{i}]"
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise DataError("a function needs a non-empty string name", file=file, item=q["id"], field=f"{where}.name")
+            raise DataError("a function needs a non-empty string name", file=file, item=q["id"],
+                            field=f"{where}.name")
         if fn["name"] in names:
-            raise DataError(f"duplicate tool name {fn['name']!r}", file=file, item=q["id"], field=f"{where}.name")
+            raise DataError(f"duplicate tool name {fn['name']!r}", file=file, item=q["id"],
+                            field=f"{where}.name")
         names.add(fn["name"])
-        params = normalize_schema(fn.get("parameters"), language=language, where=f"{where}.parameters", file=file,
-                                  item=q["id"])
+        params = normalize_schema(fn.get("parameters"), language=language, where=f"{where}.parameters",
+                                  file=file, item=q["id"])
         tools.append(Tool(fn["name"], str(fn.get("description") or ""), params))
     return Interface(tuple(tools))
 
 
-def _example(q: Mapping[str, Any], answer: Mapping[str, Any], part: str, language: str, qfile: str, afile: str,
-             report: BfclReport) -> Example:
+def _example(q: Mapping[str, Any], answer: Mapping[str, Any], part: str, language: str, qfile: str,
+             afile: str, report: BfclReport) -> Example:
     qid = q["id"]
     messages = _messages(q, qfile)
     interface = _interface(q, language, qfile)
     truth = answer.get("ground_truth")
     if not isinstance(truth, list) or not truth:
-        raise DataError("ground_truth must be a non-empty list of calls", file=afile, item=qid, field="ground_truth")
+        raise DataError("ground_truth must be a non-empty list of calls", file=afile, item=qid,
+                        field="ground_truth")
     anomalies: list[tuple[str, str, str]] = []
     reference: list[Call] = []
     accepted: list[dict[str, tuple[Any, ...]]] = []
     for i, entry in enumerate(truth):
         where = f"ground_truth[{i}]"
         if not isinstance(entry, dict) or len(entry) != 1:
-            raise DataError("a reference call must be an object with one tool name", file=afile, item=qid, field=where)
+            raise DataError("a reference call must be an object with one tool name", file=afile, item=qid,
+                            field=where)
         (name, args), = entry.items()
         tool = interface.get(name)
         if tool is None:
             raise DataError(f"the reference calls {name!r}, which the item does not declare "
-                            f"(declared: {', '.join(interface.names)})", file=afile, item=qid, field=f"{where}.{name}")
+                            f"(declared: {', '.join(interface.names)})", file=afile, item=qid,
+                            field=f"{where}.{name}")
         if not isinstance(args, dict):
             raise DataError("arguments must be an object", file=afile, item=qid, field=f"{where}.{name}")
         ref_args: dict[str, Any] = {}
         for arg, options in args.items():
             field_name = f"{where}.{name}.{arg}"
             if not isinstance(options, list):
-                raise DataError(f"accepted values must be a list, got {options!r}"[:200], file=afile, item=qid,
-                                field=field_name)
+                raise DataError(f"accepted values must be a list, got {options!r}"[:200], file=afile,
+                                item=qid, field=field_name)
             schema = tool.properties.get(arg)
             if schema is None:
                 anomalies.append(("undeclared_argument", field_name, f"{name} does not declare {arg!r}"))
@@ -291,17 +298,17 @@ def _example(q: Mapping[str, Any], answer: Mapping[str, Any], part: str, languag
                    accepted=tuple(accepted), source="bfcl", partition=part, meta=meta)
 
 
-def _first(options: Sequence[Any], schema: Mapping[str, Any] | None, language: str, field_name: str, file: str,
-           item: str, anomalies: list[tuple[str, str, str]]) -> Any:
+def _first(options: Sequence[Any], schema: Mapping[str, Any] | None, language: str, field_name: str,
+           file: str, item: str, anomalies: list[tuple[str, str, str]]) -> Any:
     """The reference value of one argument from its accepted values, in the item's language."""
     bfcl_type = schema.get("x-bfcl-type") if schema else None
     items = schema.get("items") if schema else None
-    nested_type = items.get("x-bfcl-type") if isinstance(items, Mapping) and bfcl_type in NESTED_TYPES + ("tuple",) \
-        else None
+    nested_type = (items.get("x-bfcl-type")
+                   if isinstance(items, Mapping) and bfcl_type in NESTED_TYPES + ("tuple",) else None)
     if not options:
         if schema is None or schema.get("type") != "array":
-            raise DataError("empty accepted-values list for an argument that is not an array", file=file, item=item,
-                            field=field_name)
+            raise DataError("empty accepted-values list for an argument that is not an array", file=file,
+                            item=item, field=field_name)
         anomalies.append(("empty_accepted", field_name, "no accepted value; the reference passes []"))
         value: Any = []
     else:
@@ -316,12 +323,15 @@ def _first(options: Sequence[Any], schema: Mapping[str, Any] | None, language: s
     return write_value(value, language, bfcl_type, nested_type)
 
 
-def _unwrap_dict(value: Mapping[str, Any], field_name: str, anomalies: list[tuple[str, str, str]]) -> dict[str, Any]:
-    """A dict argument's accepted dict -> one value: each entry's first accepted value; optional entries left out."""
+def _unwrap_dict(value: Mapping[str, Any], field_name: str,
+                 anomalies: list[tuple[str, str, str]]) -> dict[str, Any]:
+    """A dict argument's accepted dict -> one value: each entry's first accepted value; optional entries left
+    out."""
     out: dict[str, Any] = {}
     for key, choices in value.items():
         if not isinstance(choices, list):
-            anomalies.append(("non_list_accepted", f"{field_name}.{key}", f"accepted value {choices!r} is not a list"))
+            anomalies.append(("non_list_accepted", f"{field_name}.{key}",
+                              f"accepted value {choices!r} is not a list"))
             out[key] = choices
         elif "" not in choices:
             out[key] = next((c for c in choices if c != ""), "") if choices else []

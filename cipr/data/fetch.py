@@ -48,8 +48,8 @@ def download_wheel(workdir: Path, *, version: str = BFCL_EVAL_VERSION, timeout: 
         raise FetchError(f"`{' '.join(cmd)}` did not finish in {timeout:.0f} s") from e
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
-        raise FetchError(f"`pip download` of bfcl-eval=={version} failed (exit {proc.returncode}); is the package "
-                         f"index reachable?\n{tail}")
+        raise FetchError(f"`pip download` of bfcl-eval=={version} failed (exit {proc.returncode}); is the "
+                         f"package index reachable?\n{tail}")
     wheels = sorted(workdir.glob("bfcl_eval-*.whl"))
     if len(wheels) != 1:
         raise FetchError(f"expected one bfcl_eval wheel in {workdir}, found {[w.name for w in wheels]}")
@@ -60,8 +60,8 @@ def verify_wheel(wheel: Path, sha256: str = BFCL_EVAL_SHA256) -> None:
     """Raise FetchError unless the wheel's SHA-256 is the pinned one."""
     got = sha256_file(wheel)
     if got != sha256:
-        raise FetchError(f"SHA-256 mismatch for {wheel.name}: got {got}, expected {sha256}. The file is not the "
-                         f"pinned bfcl-eval {BFCL_EVAL_VERSION} wheel; refusing to use it.")
+        raise FetchError(f"SHA-256 mismatch for {wheel.name}: got {got}, expected {sha256}. The file is not "
+                         f"the pinned bfcl-eval {BFCL_EVAL_VERSION} wheel; refusing to use it.")
 
 
 def extract_data(wheel: Path, target: Path) -> int:

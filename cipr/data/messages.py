@@ -149,8 +149,8 @@ def _jsonl_rows(path: Path) -> Iterator[RawRow]:
         try:
             yield RawRow(file, item, default_id, path.stem, parse_json(line, path, line=number))
         except DataError as e:
-            yield RawRow(file, item, default_id, path.stem, error=BadRow("row not valid JSON", e.reason, file=file,
-                                                                        item=item))
+            yield RawRow(file, item, default_id, path.stem,
+                         error=BadRow("row not valid JSON", e.reason, file=file, item=item))
 
 
 def _json_rows(path: Path) -> Iterator[RawRow]:
@@ -233,8 +233,8 @@ def _interface(row: Mapping[str, Any], raw: RawRow) -> Interface:
         raise raw.bad("missing tools", "missing 'tools' (give [] for a row without tools)", "tools")
     tools = _json_field(tools, raw, "tools", "tools not valid JSON")
     if not isinstance(tools, list):
-        raise raw.bad("malformed tool", f"'tools' must be a list of function schemas, got {type(tools).__name__}",
-                      "tools")
+        raise raw.bad("malformed tool",
+                      f"'tools' must be a list of function schemas, got {type(tools).__name__}", "tools")
     out: list[Tool] = []
     for k, entry in enumerate(tools):
         try:
@@ -243,8 +243,8 @@ def _interface(row: Mapping[str, Any], raw: RawRow) -> Interface:
             raise raw.bad("malformed tool", e.reason, f"tools[{k}]") from None
     interface = Interface(tuple(out))
     if interface.duplicate_names():
-        raise raw.bad("duplicate tool name", f"declares tool names more than once: {list(interface.duplicate_names())}",
-                      "tools")
+        raise raw.bad("duplicate tool name",
+                      f"declares tool names more than once: {list(interface.duplicate_names())}", "tools")
     return interface
 
 
@@ -259,7 +259,8 @@ def _content(value: Any, raw: RawRow, field: str) -> str:
                   field)
 
 
-def _calls(value: Any, interface: Interface, raw: RawRow, field: str, ids: dict[str, str]) -> tuple[Call, ...]:
+def _calls(value: Any, interface: Interface, raw: RawRow, field: str,
+           ids: dict[str, str]) -> tuple[Call, ...]:
     """An assistant turn's `tool_calls`; records each call id's tool name in `ids`."""
     if value is None:
         return ()
@@ -271,7 +272,8 @@ def _calls(value: Any, interface: Interface, raw: RawRow, field: str, ids: dict[
         if not isinstance(tc, Mapping):
             raise raw.bad("malformed call", "a call must be an object", where)
         if tc.get("type", "function") != "function":
-            raise raw.bad("unsupported call type", f"call type {tc.get('type')!r} is not 'function'", f"{where}.type")
+            raise raw.bad("unsupported call type", f"call type {tc.get('type')!r} is not 'function'",
+                          f"{where}.type")
         fn = tc.get("function", tc)
         if "function" in tc:
             where += ".function"
@@ -288,8 +290,8 @@ def _calls(value: Any, interface: Interface, raw: RawRow, field: str, ids: dict[
         if args is None:
             args = {}
         if not isinstance(args, Mapping):
-            raise raw.bad("arguments not an object", f"arguments must be a JSON object, got {type(args).__name__}",
-                          f"{where}.arguments")
+            raise raw.bad("arguments not an object",
+                          f"arguments must be a JSON object, got {type(args).__name__}", f"{where}.arguments")
         if isinstance(tc.get("id"), str):
             ids[tc["id"]] = name
         calls.append(Call(name, dict(args)))
@@ -302,8 +304,8 @@ def _tool_name(m: Mapping[str, Any], before: Sequence[Message], interface: Inter
     name, call_id = m.get("name"), m.get("tool_call_id")
     if name is not None:
         if not isinstance(name, str) or name not in interface:
-            raise raw.bad("tool result from undeclared tool", f"names {name!r}, which 'tools' does not declare",
-                          f"{field}.name")
+            raise raw.bad("tool result from undeclared tool",
+                          f"names {name!r}, which 'tools' does not declare", f"{field}.name")
         return name
     if call_id is not None:
         if call_id not in ids:
@@ -326,12 +328,13 @@ def _messages(row: Mapping[str, Any], interface: Interface, raw: RawRow) -> list
             raise raw.bad("malformed message", "a message must be an object", where)
         role = ROLES.get(m.get("role")) if isinstance(m.get("role"), str) else None
         if role is None:
-            raise raw.bad("unknown role", f"role {m.get('role')!r} is not one of system, user, assistant, tool",
-                          f"{where}.role")
+            raise raw.bad("unknown role", f"role {m.get('role')!r} is not one of system, user, assistant, "
+                          "tool", f"{where}.role")
         content = _content(m.get("content"), raw, f"{where}.content")
         if role != "assistant" and m.get("tool_calls"):
             raise raw.bad("malformed call", f"a {role} message carries tool_calls", f"{where}.tool_calls")
-        calls = _calls(m.get("tool_calls"), interface, raw, f"{where}.tool_calls", ids) if role == "assistant" else ()
+        calls = (_calls(m.get("tool_calls"), interface, raw, f"{where}.tool_calls", ids)
+                 if role == "assistant" else ())
         if role == "assistant" and not calls and not content.strip():
             raise raw.bad("empty assistant turn", "an assistant turn with neither tool_calls nor text", where)
         name = _tool_name(m, out, interface, ids, raw, where) if role == "tool" else None
@@ -369,7 +372,8 @@ def row_examples(raw: RawRow) -> tuple[list[Example], int]:
     """The Examples of one row (module docstring) and its number of tools; BadRow when it is malformed."""
     rid, interface, messages, turns = _parse_row(raw)
     examples = [Example(id=f"{rid}_m{j}", messages=tuple(messages[:j]), interface=interface,
-                        reference=messages[j].calls, response=None if messages[j].calls else messages[j].content,
+                        reference=messages[j].calls,
+                        response=None if messages[j].calls else messages[j].content,
                         source=SOURCE, partition=raw.partition,
                         meta={"file": raw.file, "item": raw.item, "row_id": rid, "turn": j,
                               "content": messages[j].content})
@@ -394,8 +398,8 @@ def checked_path(path: str | None, what: str, option: str) -> Path:
     source) needs `option` to be when it is unset or names nothing."""
     found = Path(path).expanduser() if path else None
     if found is None or not found.exists():
-        raise ConfigError(f"{what} needs {option}=FILE_OR_DIR (a {', '.join(SUFFIXES)} file of messages + tools "
-                          f"rows, or a folder of them or saved by datasets); "
+        raise ConfigError(f"{what} needs {option}=FILE_OR_DIR (a {', '.join(SUFFIXES)} file of messages + "
+                          f"tools rows, or a folder of them or saved by datasets); "
                           f"{'it is not set' if found is None else f'{found} does not exist'}")
     return found
 
@@ -438,8 +442,8 @@ def load_messages(path: str | Path, *, on_bad_row: OnBadRow = "raise", unit: Uni
         out.examples.extend(examples)
         out.tools_per_row.append(tools)
     if out.skipped:
-        log.warning("%s: skipped %d of %d rows (on_bad_row=skip): %s", path, sum(out.skipped.values()), out.rows,
-                    dict(out.skipped))
+        log.warning("%s: skipped %d of %d rows (on_bad_row=skip): %s", path, sum(out.skipped.values()),
+                    out.rows, dict(out.skipped))
     return out
 
 
@@ -453,7 +457,8 @@ def messages_stats(data: MessagesData) -> dict[str, Any]:
         "examples": len(data.examples),
         "call_examples": sum(per_turn.values()),
         "no_call_examples": sum(1 for e in data.examples if not e.reference),
-        "tools_per_row": {"min": min(tools), "mean": round(mean(tools), 3), "max": max(tools)} if tools else None,
+        "tools_per_row": ({"min": min(tools), "mean": round(mean(tools), 3), "max": max(tools)}
+                          if tools else None),
         "calls_per_turn": {str(k): per_turn[k] for k in sorted(per_turn)},
         "parallel_turns": sum(n for k, n in per_turn.items() if k > 1),
         "skipped_rows": dict(sorted(data.skipped.items())),

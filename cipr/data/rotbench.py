@@ -61,7 +61,8 @@ def parse_answer(text: str, *, file: str = "<answer>", item: str | None = None,
     except json.JSONDecodeError as e:
         raise DataError(f"Action Input is not valid JSON: {e}", file=file, item=item, field=field) from e
     if not isinstance(args, dict):
-        raise DataError(f"Action Input is not a JSON object: {raw[:200]!r}", file=file, item=item, field=field)
+        raise DataError(f"Action Input is not a JSON object: {raw[:200]!r}", file=file, item=item,
+                        field=field)
     thought = text[:text.find("Action:")]
     thought = thought.removeprefix("Thought:").strip()
     return Call(name, args), thought
@@ -92,7 +93,8 @@ def parse_system(text: str, *, file: str, item: str) -> tuple[Interface, str, st
 def _example(obj: Any, i: int, file: str, split: str, level: str, strict: bool) -> Example:
     ex_id = f"rotbench/{split}/{level}/{i:03d}"
     if not isinstance(obj, Mapping) or not isinstance(obj.get("conversations"), list):
-        raise DataError("item is not {id, conversations, scenario}", file=file, item=ex_id, field="conversations")
+        raise DataError("item is not {id, conversations, scenario}", file=file, item=ex_id,
+                        field="conversations")
     conv = obj["conversations"]
     for j, turn in enumerate(conv):
         if not isinstance(turn, Mapping) or "from" not in turn or "value" not in turn:

@@ -462,7 +462,8 @@ def generate_synthetic(n: int, seed: int = 0, *, tools_per_example: tuple[int, i
         raise ValueError("fractions must be in [0, 1] and parallel_fraction + no_call_fraction <= 1")
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    options = (lo, hi, parallel_fraction, no_call_fraction, same_domain_distractors, tuple(tools), tuple(exclude))
+    options = (lo, hi, parallel_fraction, no_call_fraction, same_domain_distractors, tuple(tools),
+               tuple(exclude))
     if split == "train":
         return [_one(i, seed, *options) for i in range(n)]
     trained = {_item_key(_one(i, seed, *options)) for i in range(TRAIN_GUARD)}

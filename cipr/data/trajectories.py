@@ -48,7 +48,8 @@ def _records(path: Path) -> list[Any]:
     return data
 
 
-def _assistant_turn(text: str, fmt: CallFormat, interface: Interface, path: Path, rid: str, j: int) -> Message:
+def _assistant_turn(text: str, fmt: CallFormat, interface: Interface, path: Path, rid: str,
+                    j: int) -> Message:
     """A gpt turn as a Message: its thought and its one action when it has an `Action:` line, else text."""
     if not _ACTION_LINE.search(text):
         return Message("assistant", text)
@@ -59,15 +60,18 @@ def _assistant_turn(text: str, fmt: CallFormat, interface: Interface, path: Path
                         f"{parsed.error or f'{len(parsed.calls)} actions'}", **where)
     call = parsed.calls[0]
     if call.name not in interface:
-        raise DataError(f"action {call.name!r} is not declared (declared: {', '.join(interface.names)})", **where)
+        raise DataError(f"action {call.name!r} is not declared (declared: {', '.join(interface.names)})",
+                        **where)
     return Message("assistant", parsed.think or "", (call,))
 
 
-def _agentinstruct(rec: Mapping[str, Any], path: Path, idx: int, interface: Interface, fmt: CallFormat) -> Example:
+def _agentinstruct(rec: Mapping[str, Any], path: Path, idx: int, interface: Interface,
+                   fmt: CallFormat) -> Example:
     rid = str(rec.get("id", idx))
     turns = rec.get("conversations")
     if not isinstance(turns, list) or not turns:
-        raise DataError("'conversations' must be a non-empty list", file=str(path), item=rid, field="conversations")
+        raise DataError("'conversations' must be a non-empty list", file=str(path), item=rid,
+                        field="conversations")
     msgs = []
     for j, t in enumerate(turns):
         role = _ROLES.get(t.get("from")) if isinstance(t, Mapping) else None
@@ -124,7 +128,8 @@ def toyshop_trajectories(n: int, *, seed: int = 0) -> list[Example]:
 
 
 def to_agentinstruct(examples: Iterable[Example], *, call_format: str = "webshop") -> list[dict[str, Any]]:
-    """Examples back to AgentInstruct records (for writing a trajectory file); calls rendered by the format."""
+    """Examples back to AgentInstruct records (for writing a trajectory file); calls rendered by the
+    format."""
     back = {"user": "human", "assistant": "gpt", "system": "system"}
     fmt = get_format(call_format)
 

@@ -237,8 +237,8 @@ def live_episode(policy: Policy, tokenizer: Any, env: Environment, task_id: int,
     return {"reward": 0.0, "steps": max_steps, "end": "max_steps"}
 
 
-def live_evaluate(policy: Policy, tokenizer: Any, env_factory: Callable[[], Environment], tasks: Sequence[int],
-                  fmt: CallFormat, naming: Naming, **kwargs: Any) -> dict[str, float]:
+def live_evaluate(policy: Policy, tokenizer: Any, env_factory: Callable[[], Environment],
+                  tasks: Sequence[int], fmt: CallFormat, naming: Naming, **kwargs: Any) -> dict[str, float]:
     """Mean reward, success rate (reward 1) and the share of episodes ended by each cause over `tasks`."""
     episodes = [live_episode(policy, tokenizer, env_factory(), t, fmt, naming, **kwargs) for t in tasks]
     n = max(len(episodes), 1)

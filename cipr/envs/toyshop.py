@@ -76,9 +76,9 @@ class ToyShop:
     def __post_init__(self) -> None:
         rng = random.Random(self.seed)
         self.catalog = [
-            Product(f"B{rng.randrange(16**8):08X}", rng.choice(_TYPES), rng.choice(_COLORS), rng.choice(_MATERIALS),
-                    round(rng.uniform(5, 120), 2), tuple(sorted(rng.sample(_SIZES, rng.randint(1, 4)),
-                                                               key=_SIZES.index)))
+            Product(f"B{rng.randrange(16**8):08X}", rng.choice(_TYPES), rng.choice(_COLORS),
+                    rng.choice(_MATERIALS), round(rng.uniform(5, 120), 2),
+                    tuple(sorted(rng.sample(_SIZES, rng.randint(1, 4)), key=_SIZES.index)))
             for _ in range(self.n_products)
         ]
 
@@ -89,7 +89,8 @@ class ToyShop:
         return Task(p.kind, p.color, rng.choice(p.sizes), round(p.price + rng.uniform(1, 30), 0))
 
     def reset(self, task_id: int) -> str:
-        self._task, self._page, self._results, self._item, self._size = self.task(task_id), "start", [], None, None
+        (self._task, self._page, self._results, self._item,
+         self._size) = self.task(task_id), "start", [], None, None
         return f"WebShop [SEP] Instruction: [SEP] {self._task.instruction} [SEP] Search"
 
     def _search(self, query: str) -> str:
@@ -107,7 +108,8 @@ class ToyShop:
 
     def reward(self, product: Product, size: str | None) -> float:
         t = self._task
-        hits = [product.kind == t.kind, product.color == t.color, size == t.size, product.price <= t.max_price]
+        hits = [product.kind == t.kind, product.color == t.color, size == t.size,
+                product.price <= t.max_price]
         return sum(hits) / len(hits)
 
     def step(self, call: Call) -> StepResult:
@@ -131,7 +133,8 @@ class ToyShop:
                     self._size = arg
                     return StepResult(self._item_page(), 0.0, False)
                 if arg == "Buy Now":
-                    return StepResult("Thank you for shopping with us!", self.reward(self._item, self._size), True)
+                    return StepResult("Thank you for shopping with us!", self.reward(self._item, self._size),
+                                      True)
         return StepResult("Invalid action!", 0.0, False, valid=False)
 
     def expert(self, task_id: int, *, seed: int = 0, max_steps: int = 10) -> tuple[list[Message], float]:

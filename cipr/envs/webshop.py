@@ -21,8 +21,8 @@ from cipr.envs.toyshop import ACTIONS
 from cipr.tools.interface import Call, Interface
 
 INSTALL_HINT = ("WebShop is not installed: clone https://github.com/princeton-nlp/WebShop, run its setup.sh "
-                "(product data and search index) and `pip install -e .` there, so that `web_agent_site` imports; "
-                "or evaluate on ToyShop (algo.eval.live_env=toyshop)")
+                "(product data and search index) and `pip install -e .` there, so that `web_agent_site` "
+                "imports; or evaluate on ToyShop (algo.eval.live_env=toyshop)")
 
 
 class WebShopMissing(ImportError):
@@ -42,7 +42,8 @@ class WebShopEnv:
 
     interface: Interface = ACTIONS
 
-    def __init__(self, observation_mode: str = "text", num_products: int | None = None, **kwargs: Any) -> None:
+    def __init__(self, observation_mode: str = "text", num_products: int | None = None,
+                 **kwargs: Any) -> None:
         self._env = _text_env_class()(observation_mode=observation_mode, num_products=num_products, **kwargs)
 
     def reset(self, task_id: int) -> str:

@@ -93,7 +93,8 @@ def load_examples(cfg: EvalConfig) -> list[Example]:
         b = cfg.benchmark
         try:
             options = SyntheticConfig(n=b.n, seed=cfg.seed, tools_per_example=tuple(b.tools_per_example),  # type: ignore[arg-type]
-                                      parallel_fraction=b.parallel_fraction, no_call_fraction=b.no_call_fraction,
+                                      parallel_fraction=b.parallel_fraction,
+                                      no_call_fraction=b.no_call_fraction,
                                       same_domain_distractors=b.same_domain_distractors, tools=tuple(b.tools))
         except ValueError as e:
             raise ConfigError(f"benchmark.{e}") from None
@@ -166,7 +167,8 @@ def build_items(examples: Sequence[Example], perts: Sequence[tuple[str, str]], n
                     except (DataError, ValueError, KeyError) as e:
                         report.skip(pert, ex.id, str(e))
                         continue
-                    items.append(make_shown_item(ex, shown, names="canonical", perturbation=pert, group=group))
+                    items.append(make_shown_item(ex, shown, names="canonical", perturbation=pert,
+                                                 group=group))
                 continue
             if pert in AFTER_ADAPTER:  # renamed after canonicalization: the adapter would undo it
                 for n in names_list:
@@ -187,7 +189,8 @@ def build_items(examples: Sequence[Example], perts: Sequence[tuple[str, str]], n
                 for n in names_list:
                     if order != "original" and n == "original":
                         continue
-                    items.append(make_item(ex, perturbed, names=n, perturbation=pert, group=group, order=order))
+                    items.append(make_item(ex, perturbed, names=n, perturbation=pert, group=group,
+                                           order=order))
     return items
 
 

@@ -45,8 +45,8 @@ def compare_runs(run_a: str | Path, run_b: str | Path, config: ReportConfig | No
     lay = layout(rec_a + rec_b, config, meta_a.get("perturbations", []))
     sa, sb = item_scores(rec_a, lay, config), item_scores(rec_b, lay, config)
     out: dict[str, Any] = {"a": str(run_a), "b": str(run_b), "model_a": meta_a.get("model"),
-                           "model_b": meta_b.get("model"), "types": list(lay.types), "groups": list(lay.groups),
-                           "names": {}}
+                           "model_b": meta_b.get("model"), "types": list(lay.types),
+                           "groups": list(lay.groups), "names": {}}
     for names in [n for n in sa if n in sb]:
         a, b = sa[names], sb[names]
         entry: dict[str, Any] = {
@@ -64,7 +64,8 @@ def compare_runs(run_a: str | Path, run_b: str | Path, config: ReportConfig | No
                 entry["gap"] = paired(gap_b, gap_a, config)
         out["names"][names] = entry
     if not out["names"]:
-        raise DataError(f"the runs share no tool names setting ({sorted(sa)} vs {sorted(sb)})", file=str(run_b))
+        raise DataError(f"the runs share no tool names setting ({sorted(sa)} vs {sorted(sb)})",
+                        file=str(run_b))
     if not any(v["n"] for e in out["names"].values() for v in e["types"].values()):
         raise DataError(f"the runs share no (item, perturbation) pair to compare ({run_a} vs {run_b})",
                         file=str(run_b))
@@ -83,10 +84,12 @@ def render_comparison(cmp: Mapping[str, Any]) -> str:
            "Differences in accuracy points (B − A), 95% CIs paired over items."]
     for names, e in cmp["names"].items():
         rows = [[t, fmt(v, signed=True), str(v["n"]), str(v["unpaired"])] for t, v in e["types"].items()]
-        rows += [[f"**{g}**", fmt(v, signed=True), str(v["n"]), str(v["unpaired"])] for g, v in e["groups"].items()]
+        rows += [[f"**{g}**", fmt(v, signed=True), str(v["n"]), str(v["unpaired"])]
+                 for g, v in e["groups"].items()]
         for k in ("mean", "gap"):
             if k in e:
-                rows.append([f"**{k.capitalize()}**", fmt(e[k], signed=True), str(e[k]["n"]), str(e[k]["unpaired"])])
+                rows.append([f"**{k.capitalize()}**", fmt(e[k], signed=True), str(e[k]["n"]),
+                             str(e[k]["unpaired"])])
         out += ["", f"## {names} names", "", table(["", "B − A", "paired n", "unpaired"], rows)]
     if cmp.get("consistency"):
         from cipr.eval.consistency_metric import render_consistency_comparison
@@ -129,7 +132,8 @@ def plot_comparison(cmp: Mapping[str, Any], path: str | Path) -> Path:
     return path
 
 
-def write_comparison(run_a: str | Path, run_b: str | Path, out_dir: str | Path | None = None) -> dict[str, Any]:
+def write_comparison(run_a: str | Path, run_b: str | Path,
+                     out_dir: str | Path | None = None) -> dict[str, Any]:
     """compare.json, compare.md and compare.png in `out_dir` (default: `<run_b>/compare_<run_a name>`)."""
     cmp = compare_runs(run_a, run_b)
     out = Path(out_dir) if out_dir else Path(run_b) / f"compare_{Path(run_a).resolve().name}"

@@ -63,7 +63,8 @@ log = logging.getLogger(__name__)
 
 CONSISTENCY = "consistency.jsonl"
 METRICS = ("kl", "argmax_agree", "added_mass", "action_acc_ref", "action_acc_pert")
-SCALE = {"kl": 1.0, "argmax_agree": 100.0, "added_mass": 100.0, "action_acc_ref": 100.0, "action_acc_pert": 100.0}
+SCALE = {"kl": 1.0, "argmax_agree": 100.0, "added_mass": 100.0, "action_acc_ref": 100.0,
+         "action_acc_pert": 100.0}
 UNITS = {"kl": "nats", "argmax_agree": "%", "added_mass": "%", "action_acc_ref": "%", "action_acc_pert": "%"}
 LABELS = {"kl": "KL(unperturbed ‖ perturbed)", "argmax_agree": "argmax agreement",
           "added_mass": "mass on added tools", "action_acc_ref": "action accuracy, unperturbed",
@@ -127,10 +128,12 @@ def pair_consistency(p_ref: torch.Tensor, p_pert: torch.Tensor, segments: torch.
     for key, probs, target in (("action_acc_ref", ref, target_ref), ("action_acc_pert", pert, target_pert)):
         if target is not None:
             if target.shape != segments.shape:
-                raise ValueError(f"{key} targets must be [D] = [{segments.shape[0]}], got {tuple(target.shape)}")
+                raise ValueError(f"{key} targets must be [D] = [{segments.shape[0]}], "
+                                 f"got {tuple(target.shape)}")
             scored[key] = (probs.argmax(-1) == target).to(dtype)
             scored[key + "/n"] = (target >= 0).to(dtype)
-    counts = torch.zeros(num_pairs, dtype=dtype).index_add(0, segments, torch.ones_like(segments, dtype=dtype))
+    counts = torch.zeros(num_pairs, dtype=dtype).index_add(0, segments,
+                                                           torch.ones_like(segments, dtype=dtype))
     has_added = torch.zeros(num_pairs, dtype=dtype).index_add(0, segments, added.any(-1).to(dtype)) > 0
 
     def mean(values: torch.Tensor) -> torch.Tensor:
@@ -141,7 +144,8 @@ def pair_consistency(p_ref: torch.Tensor, p_pert: torch.Tensor, segments: torch.
     for key in ("action_acc_ref", "action_acc_pert"):
         if key in scored:  # over the scored decisions only (target -1: not scored)
             n = torch.zeros(num_pairs, dtype=dtype).index_add(0, segments, scored[key + "/n"])
-            hits = torch.zeros(num_pairs, dtype=dtype).index_add(0, segments, scored[key] * scored[key + "/n"])
+            hits = torch.zeros(num_pairs, dtype=dtype).index_add(0, segments,
+                                                                 scored[key] * scored[key + "/n"])
             out[key] = torch.where(n > 0, hits / n.clamp(min=1), torch.full_like(n, float("nan")))
     out["added_mass"] = torch.where(has_added, out["added_mass"], torch.full_like(counts, float("nan")))
     out["decisions"] = counts
@@ -188,7 +192,8 @@ def make_pair(source: Example, item: EvalItem, seed: int) -> ConsistencyPair:
     _, corr = apply_perturbation(source, item.perturbation, seed=seed, names=names, order=item.order)
     shown = item.shown
     if len(corr) != len(shown.interface):
-        raise ValueError(f"the correspondence has {len(corr)} tools, the shown interface {len(shown.interface)}")
+        raise ValueError(f"the correspondence has {len(corr)} tools, "
+                         f"the shown interface {len(shown.interface)}")
     reference = canonicalize(source)[0] if item.names == "canonical" else source
     position = _first_positions(corr.source_names or source.interface.names)
     ref_position = _first_positions(source.interface.names)
@@ -308,8 +313,8 @@ def measure(model: Any, tokenizer: Any, fmt: CallFormat, pairs: Sequence[Consist
     for k, (pair, (r, q)) in enumerate(zip(pairs, sides, strict=True)):
         ref, pert = probs[r], probs[q]
         if ref.shape[0] != pert.shape[0]:
-            records.append(_record(pair.item, skipped=f"{ref.shape[0]} decisions unperturbed, {pert.shape[0]} "
-                                                      f"perturbed"))
+            records.append(_record(pair.item, skipped=f"{ref.shape[0]} decisions unperturbed, "
+                                                      f"{pert.shape[0]} perturbed"))
             continue
         keep.append(k)
         p_ref.append(_pad(ref, width))
@@ -336,7 +341,8 @@ def measure(model: Any, tokenizer: Any, fmt: CallFormat, pairs: Sequence[Consist
 def run_consistency(items: Sequence[EvalItem], examples: Iterable[Example], model: Any, tokenizer: Any,
                     fmt: CallFormat, out_dir: str | Path, config: ConsistencyConfig, seed: int,
                     progress: bool = True) -> dict[str, int]:
-    """Append the records of every item not yet in `out_dir/consistency.jsonl` (a progress bar per pair); counts."""
+    """Append the records of every item not yet in `out_dir/consistency.jsonl` (a progress bar per pair);
+    counts."""
     from tqdm import tqdm
 
     path = Path(out_dir) / CONSISTENCY
@@ -348,7 +354,8 @@ def run_consistency(items: Sequence[EvalItem], examples: Iterable[Example], mode
     model.eval()
     written = 0
     try:
-        with path.open("a", encoding="utf-8") as f, tqdm(total=len(pairs), desc=f"consistency {Path(out_dir).name}",
+        with path.open("a", encoding="utf-8") as f, tqdm(total=len(pairs),
+                                                         desc=f"consistency {Path(out_dir).name}",
                                                          unit="pair", disable=not progress) as bar:
             for it, reason in skipped:
                 f.write(json.dumps(_record(it, skipped=reason), ensure_ascii=False) + "\n")
@@ -361,7 +368,8 @@ def run_consistency(items: Sequence[EvalItem], examples: Iterable[Example], mode
                 bar.update(len(chunk))
     finally:
         model.train(was_training)
-    log.info("consistency: %d items read, %d skipped, %d already in %s", written, len(skipped), len(done), path)
+    log.info("consistency: %d items read, %d skipped, %d already in %s", written, len(skipped), len(done),
+             path)
     return {"read": written, "skipped": len(skipped), "already_done": len(done)}
 
 
@@ -374,13 +382,15 @@ def read_records(run_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def item_values(records: Sequence[Mapping[str, Any]], lay: Any) -> dict[str, dict[str, Any]]:
-    """names -> metric -> {"types": type -> item -> value, "groups": group -> item -> value, "mean": item -> value}."""
+    """names -> metric -> {"types": type -> item -> value, "groups": group -> item -> value,
+    "mean": item -> value}."""
     raw: dict[tuple[str, str, str, str], list[float]] = defaultdict(list)
     for r in records:
         for m in METRICS:
             if r.get(m) is not None:
                 raw[(r["names"], m, r["perturbation"], r["id"])].append(float(r[m]))
-    types: dict[str, dict[str, dict[str, dict[str, float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))
+    types: dict[str, dict[str, dict[str, dict[str, float]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(dict)))
     for (names, m, t, item), v in raw.items():
         types[names][m][t][item] = math.fsum(v) / len(v)
     out: dict[str, dict[str, Any]] = {}
@@ -425,11 +435,13 @@ def summarize_consistency(records: Sequence[Mapping[str, Any]], config: ReportCo
         v = values[names]
         entry: dict[str, Any] = {"types": {}, "groups": {}, "mean": {}}
         for t in lay.types:
-            row = {m: _estimate(v[m]["types"][t], m, config) for m in METRICS if t in v.get(m, {}).get("types", {})}
+            row = {m: _estimate(v[m]["types"][t], m, config) for m in METRICS
+                   if t in v.get(m, {}).get("types", {})}
             if row:
                 entry["types"][t] = {"group": lay.group_of[t], **row}
         for g in lay.groups:
-            row = {m: _estimate(v[m]["groups"][g], m, config) for m in METRICS if g in v.get(m, {}).get("groups", {})}
+            row = {m: _estimate(v[m]["groups"][g], m, config) for m in METRICS
+                   if g in v.get(m, {}).get("groups", {})}
             if row:
                 entry["groups"][g] = row
         entry["mean"] = {m: _estimate(v[m]["mean"], m, config) for m in METRICS if v.get(m, {}).get("mean")}
@@ -455,7 +467,8 @@ def render_consistency(cons: Mapping[str, Any]) -> str:
     """report.md's consistency section: per names, rows = metrics, columns = groups and Mean."""
     groups = list(cons["groups"])
     out = ["", "## Held-out consistency (teacher-forced reference response)", "",
-           f"{cons['n_measured']} items read; KL in nats, agreement and mass in %, 95% half-widths over items."]
+           f"{cons['n_measured']} items read; KL in nats, agreement and mass in %, "
+           "95% half-widths over items."]
     if cons["skipped"]:
         out.append("Skipped (reasons in consistency.jsonl): "
                    + ", ".join(f"{k} {n}" for k, n in cons["skipped"].items()) + ".")
@@ -463,7 +476,8 @@ def render_consistency(cons: Mapping[str, Any]) -> str:
         rows = [[LABELS[m]] + [format_cell(e["groups"].get(g, {}).get(m), m) for g in groups]
                 + [format_cell(e["mean"].get(m), m)] for m in METRICS]
         out += ["", f"### {names} names", "", table(["", *groups, "Mean"], rows)]
-        type_rows = [[t, v["group"], *(format_cell(v.get(m), m) for m in METRICS)] for t, v in e["types"].items()]
+        type_rows = [[t, v["group"], *(format_cell(v.get(m), m) for m in METRICS)]
+                     for t, v in e["types"].items()]
         out += ["", table(["type", "group", *(LABELS[m] for m in METRICS)], type_rows)]
     out.append("")
     return "\n".join(out)
@@ -479,7 +493,8 @@ def attach(run_dir: str | Path, summary: dict[str, Any], config: ReportConfig) -
 
 
 def compare_consistency(run_a: str | Path, run_b: str | Path, config: ReportConfig) -> dict[str, Any] | None:
-    """B − A per names, metric, type, group and Mean, paired over items (None unless both runs have records)."""
+    """B − A per names, metric, type, group and Mean, paired over items (None unless both runs have
+    records)."""
     rec_a, rec_b = read_records(run_a), read_records(run_b)
     if not rec_a or not rec_b:
         return None
@@ -495,7 +510,8 @@ def compare_consistency(run_a: str | Path, run_b: str | Path, config: ReportConf
                 continue
 
             def diff(x: Mapping[Any, float], y: Mapping[Any, float], metric: str = m) -> dict[str, Any]:
-                est, unpaired = paired_difference(x, y, method=config.mean_method, confidence=config.confidence)
+                est, unpaired = paired_difference(x, y, method=config.mean_method,
+                                                  confidence=config.confidence)
                 return {**est.to_json(scale=SCALE[metric]), "unpaired": unpaired}
 
             entry[m] = {"types": {t: diff(b["types"][t], a["types"][t]) for t in lay.types

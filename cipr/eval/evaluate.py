@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 
 
 def load_model(cfg: EvalConfig) -> tuple[Any, Any]:
-    """(model, tokenizer) for the HF backend, loaded as `cfg` says (`cipr.runtime.model.load_inference_model`)."""
+    """(model, tokenizer) for the HF backend, loaded as `cfg` says
+    (`cipr.runtime.model.load_inference_model`)."""
     return load_inference_model(cfg.model, device=cfg.device, dtype=cfg.dtype, threads=cfg.threads,
                                 attn_implementation=cfg.attn_implementation)
 
@@ -99,10 +100,12 @@ def report_config(cfg: EvalConfig) -> ReportConfig:
 
 
 def previous_meta(out_dir: Path, cfg: EvalConfig) -> dict[str, Any]:
-    """run.json of the run `out_dir` holds ({} when it holds no results); ConfigError if `cfg` differs from it."""
+    """run.json of the run `out_dir` holds ({} when it holds no results); ConfigError if `cfg` differs from
+    it."""
     path = out_dir / RUN_META
     has_results = (out_dir / RESULTS).is_file() and (out_dir / RESULTS).stat().st_size > 0
-    old: dict[str, Any] = read_json(path) if path.exists() and has_results else {}  # no results: a failed start
+    # no results: a failed start
+    old: dict[str, Any] = read_json(path) if path.exists() and has_results else {}
     clash = changed_keys(old, cfg.meta(), recorded_only=True)
     if clash:
         detail = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in clash.items())
@@ -144,7 +147,8 @@ def evaluate(cfg: EvalConfig, *, model: Any = None, tokenizer: Any = None, backe
     apply_manifest(cfg)  # an exported model's call format and tool naming (cipr-export's manifest)
     out_dir = Path(cfg.out_dir)
     try:
-        fmt = resolve_format(cfg.call_format, tokenizer if tokenizer is not None else _template_tokenizer(cfg))
+        fmt = resolve_format(cfg.call_format,
+                             tokenizer if tokenizer is not None else _template_tokenizer(cfg))
     except ValueError as e:
         raise ConfigError(f"format={cfg.call_format!r}: {e}") from None
     items, perts, build_report = build(cfg)
@@ -156,9 +160,11 @@ def evaluate(cfg: EvalConfig, *, model: Any = None, tokenizer: Any = None, backe
     if not cfg.generate:
         return _consistency_only(cfg, items, fmt, out_dir, model, tokenizer)
     backend = backend or make_backend(cfg, fmt, model, tokenizer)
-    rcfg = RunnerConfig(chunk_size=cfg.chunk_size, strict_parse=cfg.benchmark.strict_parse, progress=cfg.progress)
+    rcfg = RunnerConfig(chunk_size=cfg.chunk_size, strict_parse=cfg.benchmark.strict_parse,
+                        progress=cfg.progress)
     stats = run_items(items, backend, fmt, scorer_for(cfg), out_dir, rcfg)
-    log.info("evaluated %d, skipped %d already done, %d correct", stats.evaluated, stats.skipped, stats.correct)
+    log.info("evaluated %d, skipped %d already done, %d correct", stats.evaluated, stats.skipped,
+             stats.correct)
     if cfg.consistency.enabled:
         _consistency(cfg, items, backend, fmt, out_dir)
     from cipr.eval.consistency_metric import attach
@@ -182,8 +188,8 @@ def _consistency_only(cfg: EvalConfig, items: list[Any], fmt: CallFormat, out_di
     from cipr.eval.report import REPORT, SUMMARY, report_config_from_meta
 
     if cfg.benchmark.name == "rotbench":
-        raise ConfigError("consistency.enabled=true reads held-out correspondences, which RoTBench's levels lack; "
-                          "use bfcl, synthetic, toolrl_test or messages")
+        raise ConfigError("consistency.enabled=true reads held-out correspondences, which RoTBench's levels "
+                          "lack; use bfcl, synthetic, toolrl_test or messages")
     if model is None:
         model, tokenizer = load_model(cfg)
     with reader_attention(model):
@@ -193,8 +199,8 @@ def _consistency_only(cfg: EvalConfig, items: list[Any], fmt: CallFormat, out_di
     summary = {**{k: v for k, v in meta.items() if k != "report"},
                "consistency": summarize_consistency(read_records(out_dir), report_config_from_meta(meta))}
     write_json_atomic(out_dir / SUMMARY, summary)
-    write_text_atomic(out_dir / REPORT, f"# Consistency of {cfg.model} on {cfg.benchmark.name} (no generation)\n"
-                      + render_consistency(summary["consistency"]))
+    write_text_atomic(out_dir / REPORT, f"# Consistency of {cfg.model} on {cfg.benchmark.name} "
+                      "(no generation)\n" + render_consistency(summary["consistency"]))
     return summary
 
 
@@ -204,15 +210,16 @@ def _consistency(cfg: EvalConfig, items: list[Any], backend: Backend, fmt: CallF
     from cipr.eval.consistency_metric import run_consistency
 
     if cfg.benchmark.name == "rotbench":
-        raise ConfigError("consistency.enabled=true reads held-out correspondences, which RoTBench's levels lack; "
-                          "use bfcl, synthetic, toolrl_test or messages")
+        raise ConfigError("consistency.enabled=true reads held-out correspondences, which RoTBench's levels "
+                          "lack; use bfcl, synthetic, toolrl_test or messages")
     if isinstance(backend, HFBackend):
         model, tokenizer = backend.model, backend.tokenizer
     elif cfg.resolved_backend == "vllm":
         model, tokenizer = load_model(cfg)
     else:
         raise ConfigError(f"consistency.enabled=true reads the model's token probabilities: backend="
-                          f"{cfg.resolved_backend} gives none; use backend=hf or vllm (HF loads it for the read)")
+                          f"{cfg.resolved_backend} gives none; use backend=hf or vllm "
+                          "(HF loads it for the read)")
     with reader_attention(model):
         run_consistency(items, load_examples(cfg), model, tokenizer, fmt, out_dir, cfg.consistency, cfg.seed,
                         cfg.progress)

@@ -30,14 +30,14 @@ def make_item(original: Example, perturbed: Example, *, names: str, perturbation
     whatever tool now carries that name (the costlier equivalent, after a cost perturbation).
     """
     if names == "original":
-        return EvalItem(original.id, original.partition, names, perturbation, group, order, perturbed, perturbed,
-                        None, tuple(original.reference))
+        return EvalItem(original.id, original.partition, names, perturbation, group, order, perturbed,
+                        perturbed, None, tuple(original.reference))
     if names != "canonical":
         raise ValueError(f"names must be one of {NAMES}, got {names!r}")
     shown, nmap = canonicalize(perturbed)
     familiar = tuple(nmap.rename(c) for c in original.reference)
-    return EvalItem(original.id, original.partition, names, perturbation, group, order, shown, perturbed, nmap,
-                    familiar)
+    return EvalItem(original.id, original.partition, names, perturbation, group, order, shown, perturbed,
+                    nmap, familiar)
 
 
 def make_shown_item(original: Example, shown: Example, *, names: str, perturbation: str, group: str,

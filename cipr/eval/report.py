@@ -2,7 +2,7 @@
 
 Aggregation (all accuracies in percent in the outputs):
 - An item's score for one perturbation type is its correctness averaged over the tool orders it was
-  run in (the paper: "each cost and latency entry averages the two tool orders"); a type's accuracy
+  run in (the paper's cost and latency entries average the two tool orders); a type's accuracy
   is the mean of those scores (Wilson interval when every score is 0 or 1, see `cipr.eval.stats`).
   Every order also gets its own accuracy.
 - A group (a column of Table 1) in `item_mean` mode (BFCL: every type is applied to the same items)
@@ -218,7 +218,8 @@ def summarize(records: Sequence[Mapping[str, Any]], config: ReportConfig = Repor
             types_p = {t: _est(_mean_of(sub, config)) for t in out_types
                        if (sub := {i: v for i, v in sc["types"][t].items() if i in ids})}
             groups_p = {g: _est(_mean_of(sub, config)) for g, v in sc["groups"].items()
-                        if (sub := {u: x for u, x in v.items() if (u[1] if isinstance(u, tuple) else u) in ids})}
+                        if (sub := {u: x for u, x in v.items()
+                                    if (u[1] if isinstance(u, tuple) else u) in ids})}
             parts[part] = {"n_items": len(ids), "types": types_p, "groups": groups_p}
         entry["partitions"] = parts
         entry["taxonomy"] = {
@@ -285,7 +286,8 @@ def render_markdown(summary: Mapping[str, Any], title: str | None = None) -> str
     if build.get("skipped") or build.get("not_applicable"):
         skipped = ", ".join(f"{t} {n}" for t, n in build.get("skipped", {}).items())
         out += [""] + ([f"Items a perturbation could not be applied to (reasons in run.json): {skipped}."]
-                       if skipped else []) + [f"Not applicable: {x}." for x in build.get("not_applicable", [])]
+                       if skipped else []) + [f"Not applicable: {x}."
+                                              for x in build.get("not_applicable", [])]
     # Table 1 shape: one row per tool names; columns = groups, Mean, Gap.
     cols = groups + (["Mean", "Gap"] if any("mean" in summary["names"][n] for n in names_list) else [])
     rows = []
@@ -301,10 +303,11 @@ def render_markdown(summary: Mapping[str, Any], title: str | None = None) -> str
     rows = []
     for g in groups:
         for t in summary["groups"][g]:
-            rows.append([t, g] + [fmt(summary["names"][n]["types"].get(t, {}).get("accuracy")) for n in names_list])
+            rows.append([t, g] + [fmt(summary["names"][n]["types"].get(t, {}).get("accuracy"))
+                                  for n in names_list])
         if len(summary["groups"][g]) > 1:
-            rows.append([f"**{pooled_or_mean} {g}**", g] + [fmt(summary["names"][n]["groups"].get(g, {}).get("accuracy"))
-                                                 for n in names_list])
+            rows.append([f"**{pooled_or_mean} {g}**", g]
+                        + [fmt(summary["names"][n]["groups"].get(g, {}).get("accuracy")) for n in names_list])
     diff = summary.get("canonical_minus_original")
     header = ["Perturbation", "Group", *names_list]
     if diff:
@@ -319,8 +322,9 @@ def render_markdown(summary: Mapping[str, Any], title: str | None = None) -> str
     # multi-type group (the pooled corrupted levels).
     if len(summary["types"]) <= 8:
         multi = [g for g in groups if len(summary["groups"][g]) > 1]
-        header = ["Tool names", *summary["types"], *(f"{g} (pooled)" if summary["config"]["group_mode"] == "pool"
-                                                    else f"{g} (mean)" for g in multi)]
+        header = ["Tool names", *summary["types"],
+                  *(f"{g} (pooled)" if summary["config"]["group_mode"] == "pool" else f"{g} (mean)"
+                    for g in multi)]
         rows = [[n] + [fmt(summary["names"][n]["types"].get(t, {}).get("accuracy")) for t in summary["types"]]
                 + [fmt(summary["names"][n]["groups"].get(g, {}).get("accuracy")) for g in multi]
                 for n in names_list]
@@ -354,7 +358,8 @@ def render_markdown(summary: Mapping[str, Any], title: str | None = None) -> str
     for n in names_list:
         parts = summary["names"][n]["partitions"]
         if len(parts) > 1:
-            rows = [[p, str(v["n_items"])] + [fmt(v["groups"].get(g)) for g in groups] for p, v in parts.items()]
+            rows = [[p, str(v["n_items"])] + [fmt(v["groups"].get(g)) for g in groups]
+                    for p, v in parts.items()]
             out += ["", f"## By partition ({n} names)", "", table(["Partition", "items", *groups], rows)]
     out.append("")
     return "\n".join(out)

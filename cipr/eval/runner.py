@@ -135,7 +135,8 @@ def _keys(data: bytes, path: Path) -> set[Key]:
         try:
             keys.add(record_key(parse_json(line, path, line=i)))
         except DataError as e:
-            raise DataError(f"line {i} is not a result record: {e.reason}", file=str(path), field="results") from e
+            raise DataError(f"line {i} is not a result record: {e.reason}", file=str(path),
+                            field="results") from e
         except (KeyError, TypeError) as e:
             raise DataError(f"line {i} is not a result record: {e}", file=str(path), field="results") from e
     return keys
@@ -152,9 +153,9 @@ def check_same_selection(items: Sequence[EvalItem], out_dir: str | Path) -> None
     if foreign:
         example = sorted(foreign)[0]
         raise ConfigError(f"{path} already holds {len(foreign)} results this run does not select (e.g. item "
-                          f"{example[0]!r}, names {example[1]}, perturbation {example[2]}): it was written by a larger "
-                          f"or different run. Rerun with the same or a larger selection (limit, partitions, "
-                          f"perturbations, names), or use a new out_dir")
+                          f"{example[0]!r}, names {example[1]}, perturbation {example[2]}): it was written "
+                          f"by a larger or different run. Rerun with the same or a larger selection "
+                          f"(limit, partitions, perturbations, names), or use a new out_dir")
 
 
 def translate(calls: Sequence[Call], name_map: NameMap | None) -> tuple[tuple[Call, ...], tuple[str, ...]]:
@@ -192,9 +193,9 @@ def evaluate_one(item: EvalItem, gen: Generation, fmt: CallFormat, scorer: Score
         except Exception as e:  # noqa: BLE001 - recorded and counted, never ends the run
             correct, error, detail = False, "scorer_error", f"{type(e).__name__}: {e}"
     taxonomy = classify(interface=item.target.interface, reference=item.target.reference, calls=translated,
-                        correct=correct, parse_ok=(parse.ok or not config.strict_parse) and error != "parse_failure",
-                        undeclared=undeclared,
-                        backend_error=gen.error is not None, config=config.taxonomy)
+                        correct=correct,
+                        parse_ok=(parse.ok or not config.strict_parse) and error != "parse_failure",
+                        undeclared=undeclared, backend_error=gen.error is not None, config=config.taxonomy)
     return {
         "id": item.id, "partition": item.partition, "names": item.names, "perturbation": item.perturbation,
         "group": item.group, "order": item.order,
@@ -240,7 +241,8 @@ def run_items(items: Sequence[EvalItem], backend: Backend, fmt: CallFormat, scor
         for n_chunk, chunk in enumerate(_chunks(pending, config.chunk_size)):
             gens = backend.generate([GenRequest(it.shown, familiar=it.familiar) for it in chunk])
             if len(gens) != len(chunk):
-                raise RuntimeError(f"backend {backend.name} returned {len(gens)} outputs for {len(chunk)} items")
+                raise RuntimeError(f"backend {backend.name} returned {len(gens)} outputs "
+                                   f"for {len(chunk)} items")
             for it, gen in zip(chunk, gens, strict=True):
                 rec = evaluate_one(it, gen, fmt, scorer, config)
                 f.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")

@@ -18,13 +18,13 @@ Classes, checked in this order (the first that applies wins):
   given the correct tool.
 - `other`: incorrect for a reason none of the above names (e.g. a text answer judged wrong).
 
-"Once the annotation is removed" is not defined further by the paper. Here an annotation is any
-bracketed span (`[...]`, `(...)`, `{...}`, `<...>`) or sentence that mentions a cost or latency word
+"Once the annotation is removed" is not defined further by the paper. Here an annotation is any bracketed span
+(`[...]`, `(...)`, `{...}`, `<...>`) or sentence that mentions a cost or latency word
 (`TaxonomyConfig.annotation_pattern`); both descriptions lose them and are compared as lower-case word
-sequences (punctuation and spacing ignored). As a second test, two descriptions whose word-level diff
-holds only numbers, units, punctuation and cost/latency words are also the same (an annotation
-sentence appended to a description without a final period is not a sentence of its own). A description sentence of the original tool that happens to mention cost is
-removed from both sides alike, so it cannot create a difference.
+sequences (punctuation and spacing ignored). As a second test, two descriptions whose word-level diff holds
+only numbers, units, punctuation and cost/latency words are also the same (an annotation sentence appended to
+a description without a final period is not a sentence of its own). A description sentence of the original
+tool that happens to mention cost is removed from both sides alike, so it cannot create a difference.
 """
 
 from __future__ import annotations

@@ -115,10 +115,10 @@ class TemplateFormat(CallFormat):
     def chat(self, messages: Sequence[Message], interface: Interface, *,
              native_tools: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
         if not native_tools:
-            raise ValueError(f"call format {self.name!r} writes the tools only through the chat template's `tools=`, "
-                             f"which is off here: the tokenizer's template takes none (use the model's own, "
-                             f"model.chat_template={self.templates}), or an OpenAI server is asked without them "
-                             f"(openai.native_tools=true); else pick another call format")
+            raise ValueError(f"call format {self.name!r} writes the tools only through the chat template's "
+                             "`tools=`, which is off here: the tokenizer's template takes none (use the "
+                             f"model's own, model.chat_template={self.templates}), or an OpenAI server is "
+                             "asked without them (openai.native_tools=true); else pick another call format")
         return self.template_messages(messages), (interface.to_openai() if len(interface) else None)
 
     @abstractmethod
@@ -150,7 +150,8 @@ def leading_think(text: str) -> LeadingThink:
         return LeadingThink()
     j = text.find(THINK_END, i + len(THINK))
     if j < 0:
-        return LeadingThink(text[i + len(THINK):].strip(), None, f"<think> at char {i} is never closed by </think>")
+        return LeadingThink(text[i + len(THINK):].strip(), None,
+                            f"<think> at char {i} is never closed by </think>")
     return LeadingThink(text[i + len(THINK):j].strip(), j + len(THINK_END))
 
 
@@ -171,10 +172,12 @@ class ThinkScan:
 
 
 def native_message(m: Message) -> dict[str, Any]:
-    """A message as a chat template's `messages` entry: calls as OpenAI `tool_calls` (arguments as objects)."""
+    """A message as a chat template's `messages` entry: calls as OpenAI `tool_calls` (arguments as
+    objects)."""
     d: dict[str, Any] = {"role": m.role, "content": m.content}
     if m.calls:
-        d["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": to_plain(c.arguments)}}
+        d["tool_calls"] = [{"type": "function",
+                            "function": {"name": c.name, "arguments": to_plain(c.arguments)}}
                            for c in m.calls]
     if m.name is not None:
         d["name"] = m.name

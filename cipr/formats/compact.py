@@ -25,8 +25,8 @@ from cipr.formats.hermes import HermesFormat
 from cipr.tools.interface import Interface, Tool
 
 HEAD = "\n\nTools:"
-TAIL = ("\n\nCall a tool with <tool_call>\n{\"name\": <tool name>, \"arguments\": <arguments as a JSON object>}"
-        "\n</tool_call>")
+TAIL = ("\n\nCall a tool with <tool_call>\n"
+        "{\"name\": <tool name>, \"arguments\": <arguments as a JSON object>}\n</tool_call>")
 
 
 def _argument(name: str, schema: Any) -> str:

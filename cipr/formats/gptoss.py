@@ -1,4 +1,5 @@
-"""gpt-oss (harmony) call format: a call is a message addressed `to=functions.<name>`, tools through the template.
+"""gpt-oss (harmony) call format: a call is a message addressed `to=functions.<name>`, tools through the
+template.
 
 OpenAI's gpt-oss chat template (TRL's `gptoss.jinja`) takes `tools=` and writes them as a TypeScript-like
 `namespace functions` in the developer message. Its generation prompt is `<|start|>assistant`, and an
@@ -129,7 +130,8 @@ def _scan(text: str) -> _Scan:
         h = text.find(MESSAGE, pos)
         if h < 0:
             s.errors.append(f"message at char {pos} has no <|message|>" if text[pos:].strip() else
-                            "empty response" if not s.messages else f"<|start|>assistant at char {pos} opens no message")
+                            "empty response" if not s.messages else
+                            f"<|start|>assistant at char {pos} opens no message")
             break
         kind, name = _header(text[pos:h], pos, s)
         if kind is None:
@@ -140,7 +142,8 @@ def _scan(text: str) -> _Scan:
         if kind == "call":
             stop = _arguments(text, msg, body, s)
             if stop < n and not any(text.startswith(t, stop) for t in _TERMINATORS):
-                s.errors.append(f"unexpected text after the arguments of {name!r} at char {stop}: {text[stop:stop + 40]!r}")
+                s.errors.append(f"unexpected text after the arguments of {name!r} at char {stop}: "
+                                f"{text[stop:stop + 40]!r}")
                 break
         else:
             stops = [k for k in (text.find(t, body) for t in _TERMINATORS) if k >= 0]
@@ -158,7 +161,8 @@ def _scan(text: str) -> _Scan:
         terminator = next(t for t in _TERMINATORS if text.startswith(t, stop))
         expected = {"call": (CALL,), "analysis": (END,), "final": (RETURN, END)}[kind]
         if terminator not in expected:
-            s.errors.append(f"the {kind} message at char {pos} is closed by {terminator}, not {' or '.join(expected)}")
+            s.errors.append(f"the {kind} message at char {pos} is closed by {terminator}, not "
+                            f"{' or '.join(expected)}")
         pos = stop + len(terminator)
         if pos >= n:
             break
@@ -179,7 +183,8 @@ def _scan(text: str) -> _Scan:
 def _check(text: str, what: str) -> None:
     for tag in CONTROL:
         if tag in text:
-            raise ValueError(f"gpt-oss format: the {what} text contains {tag!r}, so it could not be parsed back")
+            raise ValueError(f"gpt-oss format: the {what} text contains {tag!r}, so it could not be parsed "
+                             "back")
 
 
 @dataclass(frozen=True)
@@ -190,7 +195,8 @@ class GptOssFormat(TemplateFormat):
     templates = "gptoss"
 
     def template_messages(self, messages: Sequence[Message]) -> list[dict[str, Any]]:
-        """An earlier turn's parallel calls become one assistant message each (the template renders one a turn)."""
+        """An earlier turn's parallel calls become one assistant message each (the template renders one a
+        turn)."""
         out: list[dict[str, Any]] = []
         for m in messages:
             out.append(native_message(Message(m.role, m.content, m.calls[:1], m.name)))
@@ -199,14 +205,15 @@ class GptOssFormat(TemplateFormat):
 
     def render_target(self, calls: Sequence[Call], *, response: str | None = None,
                       think: str | None = None) -> str:
-        """Analysis message (reasoning, or a call turn's text), then one call message per call or the final one."""
+        """Analysis message (reasoning, or a call turn's text), then one call message per call or the final
+        one."""
         for text, what in ((think, "think"), (response, "response")):
             _check(text or "", what)
         analysis = think
         if calls:
             if response and think:
-                raise ValueError("gpt-oss format: a turn with calls takes text or reasoning, not both (the template "
-                                 "writes either into its analysis message)")
+                raise ValueError("gpt-oss format: a turn with calls takes text or reasoning, not both (the "
+                                 "template writes either into its analysis message)")
             analysis = think or response or None
         out = f"{CHANNEL}analysis{MESSAGE}{analysis}{END}{START}" if analysis is not None else ""
         if not calls:
@@ -214,8 +221,8 @@ class GptOssFormat(TemplateFormat):
         for c in calls:
             if not c.name or any(ch.isspace() for ch in c.name) or any(tag in c.name for tag in CONTROL):
                 raise ValueError(f"gpt-oss format: the tool name {c.name!r} cannot sit in a message header")
-        return out + START.join(f"{RECIPIENT}{c.name}{CHANNEL}commentary json{MESSAGE}{dumps(c.arguments)}{CALL}"
-                          for c in calls)
+        return out + START.join(f"{RECIPIENT}{c.name}{CHANNEL}commentary json{MESSAGE}"
+                                f"{dumps(c.arguments)}{CALL}" for c in calls)
 
     def parse(self, text: str) -> ParseResult:
         s = _scan(text)

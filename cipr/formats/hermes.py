@@ -120,7 +120,8 @@ def _scan(text: str) -> _Scan:
                 after += 1
             close, again = text.find(_CALL_END, after), text.find(_CALL, after)
             if close > after and (again < 0 or close < again):
-                s.errors.append(f"unexpected text after the call at char {after}: {text[after:close].strip()[:60]!r}")
+                s.errors.append(f"unexpected text after the call at char {after}: "
+                                f"{text[after:close].strip()[:60]!r}")
         else:
             close, again = text.find(_CALL_END, body), text.find(_CALL, body)
             content = text[body:close if close >= 0 and (again < 0 or close < again) else
@@ -178,7 +179,8 @@ class HermesFormat(CallFormat):
             if m.role == "system":
                 out.append({"role": "system", "content": m.content + (section if k == 0 else "")})
             elif m.role == "assistant":
-                out.append({"role": "assistant", "content": self.render_target(m.calls, response=m.content or None)})
+                out.append({"role": "assistant",
+                            "content": self.render_target(m.calls, response=m.content or None)})
             elif m.role == "tool":
                 block = f"<tool_response>\n{m.content}\n</tool_response>"
                 if k > 0 and messages[k - 1].role == "tool":
@@ -195,7 +197,8 @@ class HermesFormat(CallFormat):
 
     def render_target(self, calls: Sequence[Call], *, response: str | None = None,
                       think: str | None = None) -> str:
-        """`<think>\\n..\\n</think>\\n\\n` (if any), the response text, then one `<tool_call>` block per call."""
+        """`<think>\\n..\\n</think>\\n\\n` (if any), the response text, then one `<tool_call>` block per
+        call."""
         text = ""
         if think is not None:
             _check_text(think, (THINK_END,), "think")
@@ -239,4 +242,5 @@ class HermesFormat(CallFormat):
 def _check_text(text: str, tags: Sequence[str], what: str) -> None:
     for tag in tags:
         if tag in text:
-            raise ValueError(f"Hermes format: the {what} text contains {tag!r}, so it could not be parsed back")
+            raise ValueError(f"Hermes format: the {what} text contains {tag!r}, so it could not be parsed "
+                             "back")

@@ -43,7 +43,8 @@ def name_text(name: str, *, ascii: bool = False) -> str:
 
 def call_object(call: Call, args_key: str, *, ascii: bool = False) -> str:
     """One call as a single-line JSON object: `{"name": ..., "<args_key>": {...}}`."""
-    return "{" + f'"name": {dumps(call.name, ascii=ascii)}, "{args_key}": {dumps(call.arguments, ascii=ascii)}' + "}"
+    return ("{" + f'"name": {dumps(call.name, ascii=ascii)}, '
+            f'"{args_key}": {dumps(call.arguments, ascii=ascii)}' + "}")
 
 
 @dataclass(frozen=True)

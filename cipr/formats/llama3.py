@@ -1,4 +1,5 @@
-"""Llama 3.1 / 3.2 call format: a bare `{"name": ..., "parameters": {...}}` object per call, tools through the template.
+"""Llama 3.1 / 3.2 call format: a bare `{"name": ..., "parameters": {...}}` object per call, tools through the
+template.
 
 Meta's chat templates (TRL's `llama3_1.jinja` and `llama3_2.jinja`) take `tools=` and write them, as indented
 JSON after an instruction, into the first user message (`tools_in_user_message`, true by default). An
@@ -122,7 +123,8 @@ class Llama3JsonFormat(TemplateFormat):
     templates = "llama3_1 or llama3_2"
 
     def template_messages(self, messages: Sequence[Message]) -> list[dict[str, Any]]:
-        """Parallel calls of an earlier turn go in as their target text (the template takes one call a turn)."""
+        """Parallel calls of an earlier turn go in as their target text (the template takes one call a
+        turn)."""
         return [{"role": "assistant", "content": self.render_target(m.calls)} if len(m.calls) > 1
                 else native_message(m) for m in messages]
 
@@ -134,8 +136,8 @@ class Llama3JsonFormat(TemplateFormat):
         text = response or ""
         head = text.lstrip()
         if head.startswith(("{", PYTHON_TAG)) or any(tag in text for tag in _SPECIALS):
-            raise ValueError(f"Llama 3 format: the response text {text[:40]!r} would not parse back as a text answer "
-                             f"(it starts with '{{' or holds a control token)")
+            raise ValueError(f"Llama 3 format: the response text {text[:40]!r} would not parse back as a "
+                             f"text answer (it starts with '{{' or holds a control token)")
         return text
 
     def parse(self, text: str) -> ParseResult:

@@ -62,7 +62,8 @@ _MARKER = re.compile(r"(?m)^(" + "|".join(re.escape(m) for m in _MARKERS) + ")")
 
 ROTBENCH_INSTRUCTION = """You are an expert in using tools to handle real-time queries from users.
 First I will give you the task description, and your task start.
-At each step, your task is to give your thought to analyze the current state, decide the next step, with a function call to actually execute your step.
+At each step, your task is to give your thought to analyze the current state, decide the next step, with a \
+function call to actually execute your step.
 After the call, you will get the call result, and you are now in a new state.
 Then you will analyze your status now, then decide what to do next...
 After many (Thought-call) pairs, you finally perform the task, then you can give your final answer.
@@ -75,10 +76,13 @@ Action Input: <The parameters for the tool>
 Remember:
 1. You should ALWAYS think about what to do, but all the thought is short, at most in 3 sentences.
 2. The action to take should be one of the given tools below.
-3. The "Action Input" needs to provide a dict similar to {parameter_1: value_1, parameter_2: value_2} to call action.
-4. Always use the "finish" tool upon task completion. The final answer should be comprehensive enough for the user. If the task is unmanageable, use the "finish" tool and respond with "I cannot handle the task".
+3. The "Action Input" needs to provide a dict similar to {parameter_1: value_1, parameter_2: value_2} to \
+call action.
+4. Always use the "finish" tool upon task completion. The final answer should be comprehensive enough for \
+the user. If the task is unmanageable, use the "finish" tool and respond with "I cannot handle the task".
 
-Task description: You should use tools to help handle the real time user queries. Specifically, you have access of the following tools:
+Task description: You should use tools to help handle the real time user queries. Specifically, you have \
+access of the following tools:
 """
 ROTBENCH_END = "\n\nLet's Begin!"
 
@@ -136,7 +140,8 @@ class _ReAct(CallFormat):
         """The format's instruction with the tools as the system prompt; earlier turns as ReAct text."""
         extra = "\n\n".join(m.content for m in messages if m.role == "system" and m.content)
         system = self.instruction(interface)
-        out: list[dict[str, Any]] = [{"role": "system", "content": f"{extra}\n\n{system}" if extra else system}]
+        out: list[dict[str, Any]] = [{"role": "system",
+                                      "content": f"{extra}\n\n{system}" if extra else system}]
         for m in messages:
             if m.role == "system":
                 continue
@@ -337,7 +342,8 @@ def _single_argument(call: Call) -> str:
         raise ValueError(f"webshop format: an action takes one argument, {call.name!r} got {sorted(args)}")
     value = next(iter(args.values()), "")
     if not isinstance(value, str) or "\n" in value:
-        raise ValueError(f"webshop format: the argument of {call.name!r} must be a one-line string, got {value!r}")
+        raise ValueError(f"webshop format: the argument of {call.name!r} must be a one-line string, "
+                         f"got {value!r}")
     return value
 
 

@@ -42,7 +42,8 @@ class Family:
     markers: tuple[str | re.Pattern[str], ...]
 
     def matches(self, template: str) -> bool:
-        return all((m in template) if isinstance(m, str) else m.search(template) is not None for m in self.markers)
+        return all((m in template) if isinstance(m, str) else m.search(template) is not None
+                   for m in self.markers)
 
     def describe(self) -> str:
         markers = " + ".join(m if isinstance(m, str) else '"arguments"' for m in self.markers)
@@ -78,8 +79,8 @@ def template_text(tokenizer: Any) -> str:
     if isinstance(template, dict):
         template = template.get("tool_use") or "\n".join(v for v in template.values() if isinstance(v, str))
     if not template:
-        raise ValueError("format=auto reads the call format from the tokenizer's chat template, and it has none: "
-                         "set model.chat_template or name the format")
+        raise ValueError("format=auto reads the call format from the tokenizer's chat template, and it has "
+                         "none: set model.chat_template or name the format")
     return template
 
 
@@ -88,16 +89,18 @@ def detect_format(tokenizer_or_template: Any) -> str:
 
     Raises ValueError naming what was found when no family, or more than one, matches.
     """
-    template = tokenizer_or_template if isinstance(tokenizer_or_template, str) else template_text(tokenizer_or_template)
+    template = (tokenizer_or_template if isinstance(tokenizer_or_template, str)
+                else template_text(tokenizer_or_template))
     found = [f for f in FAMILIES if f.matches(template)]
     if len(found) == 1:
         return found[0].format
     known = "; ".join(f.describe() for f in FAMILIES)
     if found:
-        raise ValueError(f"format=auto: the chat template matches several call formats ({', '.join(f.format for f in found)}); "
-                         f"name one instead")
+        raise ValueError(f"format=auto: the chat template matches several call formats "
+                         f"({', '.join(f.format for f in found)}); name one instead")
     markers = [f"{m} ({why})" for m, why in CALL_MARKERS.items() if m in template]
     held = ", ".join(markers) if markers else "none of the known call markers"
     reads = "reads `tools`" if re.search(r"\btools\b", template) else "never reads `tools` (no tool support)"
-    raise ValueError(f"format=auto: the chat template matches no call format here (found: {held}; it {reads}). "
-                     f"Known families: {known}. Name the format instead (model.call_format=... / format=...)")
+    raise ValueError(f"format=auto: the chat template matches no call format here (found: {held}; it "
+                     f"{reads}). Known families: {known}. Name the format instead "
+                     "(model.call_format=... / format=...)")

@@ -8,10 +8,10 @@ A target is `<think> ... </think>` followed by a `<tool_call>` block holding one
     {"name": "GetNews", "parameters": {"page": "1"}}
     </tool_call>
 
-The prompt reproduces ToolRL's data byte for byte (checked on the 80 rows of `rlla_4k/test.parquet`
-and the 400 items of `rlla_sft.json`, targets included): a system prompt with ToolRL's instruction and the tools listed as
-`1. Name: ...\\nDescription: ...\\nParameters: {...}`, and one user message holding the whole dialogue
-as `**Dialogue Records History**` followed by `<user> ... </user>`, earlier assistant turns in the
+The prompt reproduces ToolRL's data byte for byte (checked on the 80 rows of `rlla_4k/test.parquet` and the
+400 items of `rlla_sft.json`, targets included): a system prompt with ToolRL's instruction and the tools
+listed as `1. Name: ...\\nDescription: ...\\nParameters: {...}`, and one user message holding the whole
+dialogue as `**Dialogue Records History**` followed by `<user> ... </user>`, earlier assistant turns in the
 target format and tool results as `<obs> ... </obs>`. ToolRL's chat has no native tool support.
 
 Choices ToolRL leaves open, made here:
@@ -31,15 +31,15 @@ Choices ToolRL leaves open, made here:
 - `think` and `response` are stripped of surrounding whitespace by `parse` (rendering adds one space
   inside the tags, as ToolRL does).
 
-Parsing is sequential, so tag names mentioned inside the reasoning (ToolRL's SFT thoughts do that) do
-not count: a leading `<think>` block up to the first `</think>` (a missing one is reported, and the
-rest is still read), then `<tool_call>` and `<response>` blocks. Each call object is read with the
-JSON decoder, so tags inside argument strings stay text; a `</tool_call>` right after the object on
-the same line closes the block, an object spread over several lines is read but reported. It reports (never raises) a missing or unclosed tag, a second `<tool_call>` or
-`<response>` block, text outside the tags, blocks out of order, an empty block, and per call line
-invalid JSON (with its position), a missing or non-string name, missing or non-object `parameters`.
-`calls` holds every call line that is valid on its own. Extra keys in a call object are ignored, as
-ToolRL's reward does.
+Parsing is sequential, so tag names mentioned inside the reasoning (ToolRL's SFT thoughts do that) do not
+count: a leading `<think>` block up to the first `</think>` (a missing one is reported, and the rest is still
+read), then `<tool_call>` and `<response>` blocks. Each call object is read with the JSON decoder, so tags
+inside argument strings stay text; a `</tool_call>` right after the object on the same line closes the block,
+an object spread over several lines is read but reported. It reports (never raises) a missing or unclosed tag,
+a second `<tool_call>` or `<response>` block, text outside the tags, blocks out of order, an empty block, and
+per call line invalid JSON (with its position), a missing or non-string name, missing or non-object
+`parameters`. `calls` holds every call line that is valid on its own. Extra keys in a call object are ignored,
+as ToolRL's reward does.
 
 Decisions (where ∅ sits): the first call line opens at `<tool_call>` with opener
 `<tool_call>\\n{"name": "`; each further line opens at its `{` with opener `{"name": "`; the name is
@@ -70,15 +70,16 @@ RESPONSE_THINK = "I should directly respond to the user's need."
 HISTORY_HEADER = "**Dialogue Records History**"
 BLOCK_OPENER = "<tool_call>\n" + CALL_NAME_OPENER
 
-INSTRUCTION_HEAD = ("You are a helpful multi-turn dialogue assistant capable of leveraging tool calls to solve "
-                    "user tasks and provide structured chat responses.\n\n**Available Tools**\n"
+INSTRUCTION_HEAD = ("You are a helpful multi-turn dialogue assistant capable of leveraging tool calls to "
+                    "solve user tasks and provide structured chat responses.\n\n**Available Tools**\n"
                     "In your response, you can use the following tools:\n")
 INSTRUCTION_TAIL = """
 
 **Steps for Each Turn**
 1. **Think:** Recall relevant context and analyze the current user goal.
 2. **Decide on Tool Usage:** If a tool is needed, specify the tool and its parameters.
-3. **Respond Appropriately:** If a response is needed, generate one while maintaining consistency across user queries.
+3. **Respond Appropriately:** If a response is needed, generate one while maintaining consistency across \
+user queries.
 
 **Output Format**
 ```plaintext
@@ -92,9 +93,14 @@ INSTRUCTION_TAIL = """
 ```
 
 **Important Notes**
-1. You must always include the `<think>` field to outline your reasoning. Provide at least one of `<tool_call>` or `<response>`. Decide whether to use `<tool_call>` (possibly multiple times), `<response>`, or both.
-2. You can invoke multiple tool calls simultaneously in the `<tool_call>` fields. Each tool call should be a JSON object with a "name" field and an "parameters" field containing a dictionary of parameters. If no parameters are needed, leave the "parameters" field an empty dictionary.
-3. Refer to the previous dialogue records in the history, including the user's queries, previous `<tool_call>`, `<response>`, and any tool feedback noted as `<obs>` (if exists)."""
+1. You must always include the `<think>` field to outline your reasoning. Provide at least one of \
+`<tool_call>` or `<response>`. Decide whether to use `<tool_call>` (possibly multiple times), `<response>`, \
+or both.
+2. You can invoke multiple tool calls simultaneously in the `<tool_call>` fields. Each tool call should be a \
+JSON object with a "name" field and an "parameters" field containing a dictionary of parameters. If no \
+parameters are needed, leave the "parameters" field an empty dictionary.
+3. Refer to the previous dialogue records in the history, including the user's queries, previous \
+`<tool_call>`, `<response>`, and any tool feedback noted as `<obs>` (if exists)."""
 
 _CALLS, _CALLS_END = "<tool_call>", "</tool_call>"
 _RESP, _RESP_END = "<response>", "</response>"
@@ -294,13 +300,15 @@ class ToolRLFormat(CallFormat):
 
     def render_target(self, calls: Sequence[Call], *, response: str | None = None,
                       think: str | None = None) -> str:
-        """`<think> .. </think>` then the `<tool_call>` block and/or `<response>` (an empty one if neither)."""
+        """`<think> .. </think>` then the `<tool_call>` block and/or `<response>` (an empty one if
+        neither)."""
         if think is None:
             think = CALL_THINK if calls else RESPONSE_THINK
         _check_text(think, THINK_END, "think")
         parts = [f"{THINK} {think} {THINK_END}"]
         if calls:
-            parts.append(_CALLS + "\n" + "\n".join(call_object(c, "parameters", ascii=True) for c in calls) + "\n" + _CALLS_END)
+            parts.append(_CALLS + "\n" + "\n".join(call_object(c, "parameters", ascii=True) for c in calls)
+                         + "\n" + _CALLS_END)
         if response is not None or not calls:
             _check_text(response or "", _RESP_END, "response")
             parts.append(f"{_RESP} {response or ''} {_RESP_END}")
@@ -333,7 +341,8 @@ class ToolRLFormat(CallFormat):
 
 def _check_text(text: str, closing: str, what: str) -> None:
     if closing in text:
-        raise ValueError(f"ToolRL format: the {what} text contains {closing!r}, so it could not be parsed back")
+        raise ValueError(f"ToolRL format: the {what} text contains {closing!r}, so it could not be parsed "
+                         "back")
 
 
 def _observation(messages: Sequence[Message]) -> str:

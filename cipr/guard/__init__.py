@@ -1,6 +1,7 @@
 """Inference-time guard: a versioned tool contract, a validator with structured reports, bounded
 repair with candidate-set retry, the naive-retry and tool-list baselines, an audit log, drift
-metrics and evaluation, and a release-gate interface diff (reference/000 and 001, SchemaShield-Lite)."""
+metrics and evaluation, and a release-gate interface diff (Hemimy's guide and the
+SchemaShield-Lite study, docs/references.md)."""
 
 from cipr.guard.audit import AuditLog, AuditRecord, read_audit
 from cipr.guard.backend import FunctionBackend, ScriptedBackend

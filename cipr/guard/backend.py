@@ -43,7 +43,8 @@ class Request:
     def of(cls, request: GenRequest) -> Request:
         ex = request.example
         tools = tuple(ex.interface.to_openai()) if len(ex.interface) else None
-        return cls(tuple(m.to_dict() for m in ex.messages), tools, request.tool_choice, request.max_new_tokens)
+        return cls(tuple(m.to_dict() for m in ex.messages), tools, request.tool_choice,
+                   request.max_new_tokens)
 
 
 def word_usage(request: Request, reply: str) -> Usage:

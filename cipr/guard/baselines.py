@@ -17,7 +17,8 @@ from __future__ import annotations
 from cipr.guard.session import GuardSession
 from cipr.tools.interface import Call
 
-TOOL_LIST_TEMPLATE = "Your previous tool call was invalid. The available tools are: {names}. Please try again."
+TOOL_LIST_TEMPLATE = ("Your previous tool call was invalid. The available tools are: {names}. "
+                      "Please try again.")
 
 
 def naive_retry_messages(session: GuardSession) -> list[dict]:

@@ -5,8 +5,8 @@ the moment. A changed tool list (an MCP `notifications/tools/list_changed`, a ne
 through `ContractSnapshot.refresh`, which produces a *new* version: tools that were already
 authorized take their new declarations, tools that disappeared are dropped, and tools listed for
 the first time stay out unless the caller names them in `authorize=` (they are reported in
-`pending`). A refresh therefore never authorizes a tool by itself (000: "a list-change signal
-prompts refresh, not blanket authorization of newly listed tools").
+`pending`). A refresh therefore never authorizes a tool by itself (the guide, docs/references.md: a changed
+list triggers a refresh, never a blanket authorization of the tools it newly lists).
 
 The version is the SHA-256 of the canonical JSON of the ordered tool list (names, descriptions and
 schemas, keys sorted) and of the pending names: any change to the listed tools, reordering and a
@@ -118,7 +118,8 @@ def _reference_problem(schema: Mapping[str, Any]) -> str | None:
             if key in node:
                 return f"{key} at {path} is not supported in a tool contract"
         if "$id" in node and node is not schema:
-            return f"a nested $id at {path} is not supported in a tool contract (it moves the base of references)"
+            return (f"a nested $id at {path} is not supported in a tool contract "
+                    "(it moves the base of references)")
         ref = node.get("$ref")
         if ref is not None:
             if not isinstance(ref, str):
@@ -241,7 +242,8 @@ class ContractSnapshot:
         pending = tuple(dict.fromkeys(t.name for t in listed if t.name not in allowed))
         for t in kept:
             check_tool_schema(t, where=where)
-        return ContractSnapshot(tools=kept, version=contract_hash(kept, pending), parent=self.version, pending=pending)
+        return ContractSnapshot(tools=kept, version=contract_hash(kept, pending), parent=self.version,
+                                pending=pending)
 
     def to_json(self) -> dict[str, Any]:
         return {"version": self.version, "parent": self.parent, "pending": list(self.pending),

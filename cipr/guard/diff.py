@@ -19,16 +19,16 @@ what the reference accepts is not compared, so any change blocks), `invalid_sche
 that cannot be a contract: a remote or dangling `$ref`, nesting beyond the limit, not a valid
 schema; see `cipr.guard.contract.schema_problem`), and `added_tool` (a tool unlike any existing one).
 
-Choices the spec leaves open:
-- Renames are found by matching, not by names: an old and a new tool that are both unmatched by
-  name pair up when `0.6 * description similarity + 0.4 * schema similarity >= rename_threshold`
-  (greedy, best pairs first). A renamed parameter must keep its type; pairs are scored by
-  description similarity and enum equality. Text similarity is difflib's ratio over lowercase
-  words. An added tool overlaps an existing one when their descriptions' overlap (the share of
-  the shorter one's words the other contains in order) reaches `overlap_threshold`: a distractor
-  that embeds an existing description in a sentence about another operation overlaps fully. A renamed tool's parameters are still compared, so a rename that also narrows a type
-  reports both.
-- A new tool that overlaps nothing is a new capability. 000 treats new capabilities and side
+Choices the guide (docs/references.md) leaves open:
+- Renames are found by matching, not by names: an old and a new tool that are both unmatched by name pair up
+  when `0.6 * description similarity + 0.4 * schema similarity >= rename_threshold` (greedy, best pairs
+  first). A renamed parameter must keep its type; pairs are scored by description similarity and enum
+  equality. Text similarity is difflib's ratio over lowercase words. An added tool overlaps an existing one
+  when their descriptions' overlap (the share of the shorter one's words the other contains in order) reaches
+  `overlap_threshold`: a distractor that embeds an existing description in a sentence about another operation
+  overlaps fully. A renamed tool's parameters are still compared, so a rename that also narrows a type reports
+  both.
+- A new tool that overlaps nothing is a new capability. The guide treats new capabilities and side
   effects as authorization changes, and a contract refresh never authorizes a tool by itself, so
   by default it is a contract change (`added_tool_is_contract=False` makes it drift).
 - Type comparison treats `integer` as a subset of `number` and a schema without `type` as any
@@ -144,7 +144,8 @@ class DiffReport:
         lines += ["| category | kind | tool | path | old | new | detail |", "|---|---|---|---|---|---|---|"]
         for c in sorted(self.changes, key=lambda c: (c.category != CONTRACT, c.tool, c.path)):
             cells = [c.category, c.kind, c.tool, c.path, _cell(c.old), _cell(c.new), c.detail]
-            lines.append("| " + " | ".join(str(x).replace("|", "\\|").replace("\n", " ") for x in cells) + " |")
+            lines.append("| " + " | ".join(str(x).replace("|", "\\|").replace("\n", " ") for x in cells)
+                         + " |")
         return "\n".join(lines) + "\n"
 
 
@@ -224,7 +225,8 @@ def tool_similarity(a: Tool, b: Tool) -> float:
     return 0.6 * text_similarity(a.description, b.description) + 0.4 * _schema_similarity(a, b)
 
 
-def _pair(old: Sequence[str], new: Sequence[str], score: Any, threshold: float) -> list[tuple[str, str, float]]:
+def _pair(old: Sequence[str], new: Sequence[str], score: Any,
+          threshold: float) -> list[tuple[str, str, float]]:
     scored = sorted(((score(o, n), i, j) for i, o in enumerate(old) for j, n in enumerate(new)),
                     key=lambda x: (-x[0], x[1], x[2]))
     used_o: set[int] = set()
@@ -285,10 +287,12 @@ def _compare_schema(tool: str, path: str, old: Any, new: Any, cfg: DiffConfig) -
             out.append(_change("changed_type", tool, path, sorted(to), sorted(tn)))
     out += _compare_enum(tool, path, old, new)
     for key in CONSTRAINT_KEYS:
-        if key == "additionalProperties" and (isinstance(old.get(key), Mapping) or isinstance(new.get(key), Mapping)):
+        if key == "additionalProperties" and (isinstance(old.get(key), Mapping)
+                                              or isinstance(new.get(key), Mapping)):
             out += _compare_schema(tool, f"{path}{{}}", old.get(key), new.get(key), cfg)
         elif old.get(key) != new.get(key):
-            out.append(_change("changed_constraint", tool, f"{path}", {key: old.get(key)}, {key: new.get(key)}))
+            out.append(_change("changed_constraint", tool, f"{path}", {key: old.get(key)},
+                               {key: new.get(key)}))
     if "properties" in old or "properties" in new:
         out += _compare_properties(tool, path, old, new, cfg)
     if isinstance(old.get("items"), Mapping) and isinstance(new.get("items"), Mapping):
@@ -334,7 +338,8 @@ def _compare_properties(tool: str, path: str, old: Mapping[str, Any], new: Mappi
         elif o in ro and n not in rn:
             out.append(_change("became_optional", tool, where, "required", "optional"))
         so, sn = po[o] if isinstance(po[o], Mapping) else {}, pn[n] if isinstance(pn[n], Mapping) else {}
-        if " ".join(str(so.get("description", "")).split()) != " ".join(str(sn.get("description", "")).split()):
+        if (" ".join(str(so.get("description", "")).split())
+                != " ".join(str(sn.get("description", "")).split())):
             out.append(_change("reworded_parameter_description", tool, where, so.get("description"),
                                sn.get("description")))
         out += _compare_schema(tool, where, so, sn, cfg)
@@ -349,13 +354,13 @@ def diff_interfaces(old: Interface | Sequence[Tool], new: Interface | Sequence[T
     for label, tools in (("old", old_tools), ("new", new_tools)):
         dup = [n for i, n in enumerate(t.name for t in tools) if n in [t.name for t in tools[:i]]]
         if dup:
-            raise DataError(f"duplicate tool name(s) {sorted(set(dup))}: a release list must name each tool once",
-                            file=f"<{label}>", field="name")
+            raise DataError(f"duplicate tool name(s) {sorted(set(dup))}: a release list must name each "
+                            "tool once", file=f"<{label}>", field="name")
     problems = {t.name: schema_problem(t.parameters) for t in new_tools}
     for t in old_tools:
         if nesting_depth(t.parameters, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
-            raise DataError(f"parameters nest deeper than {MAX_SCHEMA_DEPTH} levels", file="<old>", item=t.name,
-                            field="parameters")
+            raise DataError(f"parameters nest deeper than {MAX_SCHEMA_DEPTH} levels", file="<old>",
+                            item=t.name, field="parameters")
     by_old = {t.name: t for t in old_tools}
     by_new = {t.name: t for t in new_tools}
     mapping = {n: n for n in by_old if n in by_new}
@@ -363,9 +368,11 @@ def diff_interfaces(old: Interface | Sequence[Tool], new: Interface | Sequence[T
     gained = [t.name for t in new_tools if t.name not in by_old]
     changes = [_change("invalid_schema", name, "parameters", None, None, problem)
                for name, problem in problems.items() if problem is not None]
-    for o, n, s in _pair(lost, gained, lambda o, n: tool_similarity(by_old[o], by_new[n]), cfg.rename_threshold):
+    for o, n, s in _pair(lost, gained, lambda o, n: tool_similarity(by_old[o], by_new[n]),
+                         cfg.rename_threshold):
         mapping[o] = n
-        changes.append(_change("renamed_tool", o, "", o, n, f"matched by description and schema, score {s:.2f}"))
+        changes.append(_change("renamed_tool", o, "", o, n,
+                               f"matched by description and schema, score {s:.2f}"))
     for o in lost:
         if o not in mapping:
             changes.append(_change("removed_tool", o, "", o, None, "capability removed"))
@@ -382,7 +389,8 @@ def diff_interfaces(old: Interface | Sequence[Tool], new: Interface | Sequence[T
             changes.append(_change("added_tool", n, "", None, n, "new capability: needs authorization",
                                    category=CONTRACT if cfg.added_tool_is_contract else DRIFT))
     if _order_changed([t.name for t in old_tools], [t.name for t in new_tools], mapping):
-        changes.append(_change("reordered_tools", "", "", [t.name for t in old_tools], [t.name for t in new_tools]))
+        changes.append(_change("reordered_tools", "", "", [t.name for t in old_tools],
+                               [t.name for t in new_tools]))
     for o, n in mapping.items():
         to, tn = by_old[o], by_new[n]
         if " ".join(to.description.split()) != " ".join(tn.description.split()):
@@ -419,7 +427,8 @@ def _read_json(text: str, where: str, item: str | None) -> Any:
             raise  # one broken document, not several
     rows = [row for _, row in iter_jsonl(text, where)]
     if item is None:
-        raise DataError("a JSON-lines file holds several tool lists: pass the item id", file=where, field="id")
+        raise DataError("a JSON-lines file holds several tool lists: pass the item id", file=where,
+                        field="id")
     found = [r for r in rows if isinstance(r, Mapping) and r.get("id") == item]
     if not found:
         raise DataError("no row has this id", file=where, item=item, field="id")
@@ -439,14 +448,16 @@ def load_tool_list(path: str | Path, *, item: str | None = None) -> Interface:
     data = _read_json(text, where, item)
     check_entries_depth(data, where=where)
     if isinstance(data, Mapping) and item is not None and data.get("id") not in (None, item):
-        raise DataError(f"the file holds item {data.get('id')!r}, not the requested one", file=where, item=item)
+        raise DataError(f"the file holds item {data.get('id')!r}, not the requested one", file=where,
+                        item=item)
     if isinstance(data, Mapping):
         for key in ("tools", "function", "functions"):
             if isinstance(data.get(key), list):
                 data = data[key]
                 break
         else:
-            raise DataError("expected a list of tools, or an object with a 'tools' or 'function' list", file=where)
+            raise DataError("expected a list of tools, or an object with a 'tools' or 'function' list",
+                            file=where)
     if not isinstance(data, list):
         raise DataError("expected a list of tools", file=where)
     return Interface(tuple(_entry_tool(e, where, i) for i, e in enumerate(data)))

@@ -10,7 +10,7 @@ policies differ only by what the guard does. Metrics: `cipr.guard.metrics.summar
     cipr-eval model=DIR format=toolrl guard.enabled=true guard.setting=mild \\
         guard.policies=[none,naive_retry,tool_list,repair] guard.sample=study200 out_dir=runs/guard_mild
 
-Choices the spec leaves open:
+Choices the guide and study (docs/references.md) leave open:
 - `none` is no guard at all: its "after" is the drifted result itself (a validate-only gate is
   `Guard(policy="none")`, which blocks invalid calls but cannot make an item correct).
 - A reply is scored strictly, as the evaluation runner does: a reply the call format reports as
@@ -79,8 +79,8 @@ def study_sample(examples: Sequence[Example], *, per_partition: int = 50,
     for part in partitions:
         pool = [i for i, e in enumerate(examples) if e.partition == part]
         if len(pool) < per_partition:
-            raise DataError(f"partition {part!r} has {len(pool)} items, fewer than the {per_partition} to sample",
-                            field="partition")
+            raise DataError(f"partition {part!r} has {len(pool)} items, fewer than the {per_partition} "
+                            "to sample", field="partition")
         chosen = sorted(random.Random(f"{seed}:{part}").sample(pool, per_partition))
         out.extend(examples[i] for i in chosen)
     return out
@@ -95,7 +95,8 @@ class GuardEvalConfig:
       and harms are measured against it.
     - `sample`: study200 (the study's 200 items, `study_sample`) | full (all 2,501 BFCL items).
     - `shard`: "K/N", every N-th item from K (one process per shard); None: all.
-    - `budget`: new tokens of each guard model call; `candidate_retry`, `cards`: `cipr.guard.guard.GuardConfig`.
+    - `budget`: new tokens of each guard model call; `candidate_retry`, `cards`:
+      `cipr.guard.guard.GuardConfig`.
     - `enabled`: whether `cipr-eval` runs this evaluation instead of the accuracy one.
     The seed and the task turns' token bound are the evaluation's own (`seed`, `max_new_tokens` of cipr-eval).
     """
@@ -111,7 +112,8 @@ class GuardEvalConfig:
 
     def __post_init__(self) -> None:
         if self.setting not in SETTINGS:
-            raise ConfigError(f"unknown drift setting {self.setting!r}; expected one of {', '.join(SETTINGS)}")
+            raise ConfigError(f"unknown drift setting {self.setting!r}; "
+                              f"expected one of {', '.join(SETTINGS)}")
         bad = [p for p in self.policies if p not in POLICIES]
         if bad:
             raise ConfigError(f"unknown guard policies {bad}; expected some of {', '.join(POLICIES)}")
@@ -136,11 +138,12 @@ class GuardEvalConfig:
             raise ConfigError(f"shard must be K/N with 0 <= K < N, got {self.shard!r}")
         return k, n
 
-    def identity(self, call_format: Any = None, *, seed: int = 0, max_new_tokens: int = 512) -> dict[str, Any]:
+    def identity(self, call_format: Any = None, *, seed: int = 0,
+                 max_new_tokens: int = 512) -> dict[str, Any]:
         """What run.json records, and what a resumed run must match."""
-        return {"setting": self.setting, "perturbation": SETTINGS[self.setting], "policies": list(self.policies),
-                "seed": seed, "max_new_tokens": max_new_tokens, "budget": self.budget,
-                "candidate_retry": self.candidate_retry, "cards": self.cards,
+        return {"setting": self.setting, "perturbation": SETTINGS[self.setting],
+                "policies": list(self.policies), "seed": seed, "max_new_tokens": max_new_tokens,
+                "budget": self.budget, "candidate_retry": self.candidate_retry, "cards": self.cards,
                 "call_format": getattr(call_format, "name", None) if call_format is not None else "json"}
 
 
@@ -170,8 +173,10 @@ class GuardEvalResult:
 
 
 def _generate(backend: Backend, examples: Sequence[Example], max_tokens: int) -> list[tuple[str, Usage]]:
-    """(text, tokens) of one task turn per example, in one batch (a failed item is empty text, scored wrong)."""
-    return [(g.text, g.usage) for g in backend.generate([GenRequest(e, max_new_tokens=max_tokens) for e in examples])]
+    """(text, tokens) of one task turn per example, in one batch (a failed item is empty text, scored
+    wrong)."""
+    return [(g.text, g.usage)
+            for g in backend.generate([GenRequest(e, max_new_tokens=max_tokens) for e in examples])]
 
 
 def _strict_calls(text: str, call_format: Any) -> tuple[Call, ...] | None:
@@ -266,8 +271,8 @@ def _open_folder(out: Path, meta: dict[str, Any], ids: Sequence[str], say: Calla
             raise UnsafeOutputError(f"{meta_path} is not a run description we wrote ({why}); use a new out "
                                     "folder") from e
         if not isinstance(old, dict) or old.get("kind") != RUN_KIND:
-            raise UnsafeOutputError(f"{out} holds another kind of run ({RUN_META} is not a guard evaluation's); "
-                                    "use a new out folder")
+            raise UnsafeOutputError(f"{out} holds another kind of run ({RUN_META} is not a guard "
+                                    "evaluation's); use a new out folder")
     rows = _read_lines(out / RESULTS)
     audit = _read_lines(out / AUDIT)
     if old is None and (rows or audit):
@@ -275,9 +280,11 @@ def _open_folder(out: Path, meta: dict[str, Any], ids: Sequence[str], say: Calla
                                 "this run can resume; use a new out folder")
     if old is not None and (rows or audit) and old.get("config") != meta:
         had = old.get("config") if isinstance(old.get("config"), dict) else {}
-        detail = "; ".join(f"{k}: {had.get(k)!r} there, {v!r} now" for k, v in meta.items() if had.get(k) != v)
-        raise ConfigError(f"{out} holds a guard evaluation with another configuration ({detail or 'unreadable'}); "
-                          "use a new out folder, or the same options to resume it")
+        detail = "; ".join(f"{k}: {had.get(k)!r} there, {v!r} now" for k, v in meta.items()
+                           if had.get(k) != v)
+        raise ConfigError(f"{out} holds a guard evaluation with another configuration "
+                          f"({detail or 'unreadable'}); use a new out folder, "
+                          "or the same options to resume it")
     done: dict[str, dict[str, Any]] = {}
     for i, row in enumerate(rows):
         if not isinstance(row.get("id"), str) or not isinstance(row.get("policies"), dict) \
@@ -288,7 +295,8 @@ def _open_folder(out: Path, meta: dict[str, Any], ids: Sequence[str], say: Calla
     extra = [i for i in done if i not in set(ids)]
     if extra:
         raise ConfigError(f"{out} holds results for {len(extra)} item(s) this run does not ask for (e.g. "
-                          f"{extra[0]!r}: another sample, shard or limit); use a new out folder or the same options")
+                          f"{extra[0]!r}: another sample, shard or limit); use a new out folder or the same "
+                          "options")
     if write:  # every check passed: this folder is ours
         for name in (RESULTS, AUDIT):
             _cut_torn_line(out / name, say)
@@ -309,8 +317,9 @@ def _outcome(policy: str, row: Mapping[str, Any]) -> ItemOutcome:
     """An item's outcome under `policy`, read back from its results row."""
     p = row["policies"][policy]
     return ItemOutcome(row["id"], drift=row["drift_correct"], guard=p["correct"], status=p["status"],
-                       triggered=p["triggered"], guard_tokens=p["guard_tokens"], drift_tokens=row["drift_tokens"],
-                       added_latency_s=p["latency_s"], clean=row["clean_correct"])
+                       triggered=p["triggered"], guard_tokens=p["guard_tokens"],
+                       drift_tokens=row["drift_tokens"], added_latency_s=p["latency_s"],
+                       clean=row["clean_correct"])
 
 
 def check_out_dir(out_dir: str | Path, examples: Sequence[Example], config: GuardEvalConfig, *,
@@ -361,7 +370,8 @@ def evaluate_guard(examples: Sequence[Example], backend: Backend, config: GuardE
         try:
             snapshot = ContractSnapshot.from_tools(dex.interface, where=f"<{SETTINGS[cfg.setting]}>")
         except DataError as e:
-            raise DataError(f"the drifted interface has an invalid schema: {e}", item=ex.id, field="interface") from e
+            raise DataError(f"the drifted interface has an invalid schema: {e}", item=ex.id,
+                            field="interface") from e
         for policy in cfg.policies:
             if policy == "none":
                 ok, status, triggered, tokens, latency, calls = drift_ok, "none", False, 0, 0.0, None

@@ -155,9 +155,9 @@ class Guard:
         shown = tuple(visible) if visible is not None else self.snapshot.tools
         record = AuditRecord(contract_version=self.snapshot.version, policy=cfg.policy, budget=cfg.budget,
                              item_id=item_id, original_usage=proposal_usage)
-        session = GuardSession(self.snapshot, self.validator, self.backend, self.call_format, cfg.budget, record,
-                               self.snapshot.visible(shown), frozenset(t.name for t in shown), _chat(messages),
-                               [t.to_openai() for t in shown])
+        session = GuardSession(self.snapshot, self.validator, self.backend, self.call_format, cfg.budget,
+                               record, self.snapshot.visible(shown), frozenset(t.name for t in shown),
+                               _chat(messages), [t.to_openai() for t in shown])
         calls, text = self._proposal(proposed)
         record.original_text = text
         record.original_calls = [call_to_json(c) for c in calls]
@@ -193,8 +193,8 @@ class Guard:
             if cfg.policy == "none":
                 fixed, decision = None, UNRESOLVED
             else:
-                fixed, decision = repair_protocol(session, call, report, i, use_candidate_retry=cfg.candidate_retry,
-                                                  cards=cfg.cards)
+                fixed, decision = repair_protocol(session, call, report, i,
+                                                  use_candidate_retry=cfg.candidate_retry, cards=cfg.cards)
             record.decisions.append({"call_index": i, "decision": decision,
                                      "final": call_to_json(fixed) if fixed is not None else None})
             if fixed is None:

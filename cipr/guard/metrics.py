@@ -93,7 +93,8 @@ def latency_stats(latencies: Sequence[float]) -> dict[str, float]:
     if not latencies:
         return {"p50": 0.0, "p95": 0.0, "mean": 0.0}
     arr = np.asarray(latencies, dtype=float)
-    return {"p50": float(np.percentile(arr, 50)), "p95": float(np.percentile(arr, 95)), "mean": float(arr.mean())}
+    return {"p50": float(np.percentile(arr, 50)), "p95": float(np.percentile(arr, 95)),
+            "mean": float(arr.mean())}
 
 
 def summarize(items: Sequence[ItemOutcome]) -> dict[str, Any]:

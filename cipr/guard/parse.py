@@ -13,8 +13,8 @@ JSON values, else every JSON value embedded in the text; objects with `name` (or
 calls, lists are several calls, and a reply that is one bare JSON object with neither key is
 read as the arguments of a nameless call.
 
-`attempted` says whether the reply tried to make a call at all (a call parsed, the format reported
-a malformed call, or the text has `<tool_call>` or opens a JSON object with a key: `{"`). A plain text answer is not an
+`attempted` says whether the reply tried to make a call at all (a call parsed, the format reported a malformed
+call, or the text has `<tool_call>` or opens a JSON object with a key: `{"`). A plain text answer is not an
 attempt; the guard lets it through unless it is configured to require a call.
 """
 
@@ -104,7 +104,8 @@ def parse_json_calls(text: str) -> ParsedReply:
             found = _calls_from(values, whole=True)
             calls.extend(found or [Call("", {})])
         bad = sum(1 for b in blocks if not _calls_from(_json_values(b), whole=True))
-        return ParsedReply(tuple(calls), True, f"{bad} <tool_call> block(s) hold no parseable call" if bad else None)
+        return ParsedReply(tuple(calls), True,
+                           f"{bad} <tool_call> block(s) hold no parseable call" if bad else None)
     stripped = text.strip()
     values = _json_values(stripped)
     whole = len(values) == 1 and stripped[:1] in "{[" and stripped[-1:] in "}]"

@@ -11,7 +11,7 @@
 - Every reply is validated again; what is still invalid ends `unresolved` and is never executed.
 
 The expected tool is never an input (non-oracle): only the validator's report and the visible
-contract guide the repair. Choices the spec leaves open:
+contract guide the repair. Choices the guide and study (docs/references.md) leave open:
 - Task context is the conversation without system messages: the system prompt is where the
   (drifted) tool list was rendered, and the card replaces it.
 - A repair reply without a name is read as a call to the tool under repair (the prompt and the
@@ -110,8 +110,8 @@ def candidate_retry(session: GuardSession, call: Call, report: ValidationReport,
     names = [t.name for t in session.candidates]
     context = task_context(session.messages)
     parsed, _ = session.ask("candidate_retry", candidate_messages(context, session.candidates, call, report),
-                            tools=[t.to_openai() for t in _unique(session.candidates)], tool_choice="required",
-                            call_index=index)
+                            tools=[t.to_openai() for t in _unique(session.candidates)],
+                            tool_choice="required", call_index=index)
     if not parsed.calls or not parsed.calls[0].name:
         return None
     chosen = parsed.calls[0]

@@ -43,8 +43,9 @@ class GuardSession:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
 
-    def ask(self, kind: str, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None,
-            tool_choice: str | None, call_index: int | None) -> tuple[ParsedReply, ValidationReport | None]:
+    def ask(self, kind: str, messages: Sequence[Mapping[str, Any]], *,
+            tools: Sequence[Mapping[str, Any]] | None, tool_choice: str | None,
+            call_index: int | None) -> tuple[ParsedReply, ValidationReport | None]:
         """One model call: generate, parse, validate the first parsed call, record the step.
 
         A backend that raises (out of memory, a dropped connection, a prompt the call format cannot
@@ -57,7 +58,8 @@ class GuardSession:
         start = time.perf_counter()
         error = None
         try:
-            text, usage = ask(self.backend, messages, tools=tools, tool_choice=tool_choice, max_tokens=self.budget)
+            text, usage = ask(self.backend, messages, tools=tools, tool_choice=tool_choice,
+                              max_tokens=self.budget)
         except Exception as e:  # noqa: BLE001 - a failed model call is recorded and leaves the call unresolved
             text, usage, error = "", Usage(), f"{type(e).__name__}: {e}"
         latency = time.perf_counter() - start
@@ -75,7 +77,8 @@ class GuardSession:
         for call in calls:
             if call.name and call.name not in self.snapshot:
                 after = call.name in self.listed or call.name in self.snapshot.pending
-                self.record.security.append(SecurityEvent(stage, call_index, call.name, "not_in_contract", after))
+                self.record.security.append(SecurityEvent(stage, call_index, call.name, "not_in_contract",
+                                                          after))
 
     def authorize(self, call: Call, allowed: Sequence[str], *, stage: str, call_index: int | None,
                   reason: str = "not_a_candidate") -> bool:

@@ -9,7 +9,7 @@ object; the arguments satisfy the tool's JSON Schema under Draft 2020-12 (`jsons
 `Draft202012Validator`): required, unknown arguments, type, enum/const, nested objects and arrays,
 and any other keyword the schema uses (minimum, pattern, ...) reported as `constraint`.
 
-Choices the spec leaves open:
+Choices the guide and study (docs/references.md) leave open:
 - Unknown arguments: tool schemas rarely say `additionalProperties: false`, yet a renamed parameter
   shows up exactly as an unknown argument. With `strict_unknown=True` (default) every object
   schema that declares `properties` and says nothing about `additionalProperties` is closed (the
@@ -210,8 +210,9 @@ def _issues_from_errors(errors: list[ValidationError]) -> list[ValidationIssue]:
             for name in error.validator_value:
                 if name not in error.instance:
                     sub = props.get(name, {})
-                    issues.append(ValidationIssue(f"{path}.{name}", MISSING_REQUIRED, describe_type(sub), None,
-                                                  f"required argument {name!r} ({describe_type(sub)}) is missing"))
+                    issues.append(ValidationIssue(
+                        f"{path}.{name}", MISSING_REQUIRED, describe_type(sub), None,
+                        f"required argument {name!r} ({describe_type(sub)}) is missing"))
         elif kind == "additionalProperties":
             declared = list((error.schema.get("properties") or {}).keys())
             patterns = list((error.schema.get("patternProperties") or {}).keys())
@@ -221,11 +222,12 @@ def _issues_from_errors(errors: list[ValidationError]) -> list[ValidationIssue]:
                     continue
                 issues.append(ValidationIssue(
                     f"{path}.{key}", UNKNOWN_ARGUMENT, absent, error.instance[key],
-                    f"argument {key!r} is not declared; declared and not given: {', '.join(absent) or 'none'}"))
+                    f"argument {key!r} is not declared; declared and not given: "
+                    f"{', '.join(absent) or 'none'}"))
         elif kind == "type":
             issues.append(ValidationIssue(path, WRONG_TYPE, error.validator_value, error.instance,
-                                          f"expected {error.validator_value}, got {_json_type(error.instance)} "
-                                          f"{_short(error.instance)}"))
+                                          f"expected {error.validator_value}, "
+                                          f"got {_json_type(error.instance)} {_short(error.instance)}"))
         elif kind in ("enum", "const"):
             allowed = list(error.validator_value) if kind == "enum" else [error.validator_value]
             issues.append(ValidationIssue(path, ENUM_MISMATCH, allowed, error.instance,
@@ -284,7 +286,8 @@ class CallValidator:
                ) -> tuple[ValidationIssue, ...]:
         if isinstance(validator, str):
             return (ValidationIssue("arguments", CONTRACT_ERROR, None, None,
-                                    f"the contract's schema for {tool.name!r} cannot be checked: {validator}"),)
+                                    f"the contract's schema for {tool.name!r} cannot be checked: "
+                                    f"{validator}"),)
         if nesting_depth(arguments, MAX_ARGUMENT_DEPTH) > MAX_ARGUMENT_DEPTH:
             return (ValidationIssue("arguments", CONSTRAINT, {"max_depth": MAX_ARGUMENT_DEPTH}, None,
                                     f"arguments nest deeper than {MAX_ARGUMENT_DEPTH} levels"),)
@@ -310,7 +313,8 @@ class CallValidator:
         if not isinstance(call.arguments, Mapping):
             return ValidationReport(call, version, call.name, (ValidationIssue(
                 "arguments", ARGUMENTS_NOT_OBJECT, "object", call.arguments,
-                f"arguments must be a JSON object, got {_json_type(call.arguments)} {_short(call.arguments)}"),))
+                f"arguments must be a JSON object, got {_json_type(call.arguments)} "
+                f"{_short(call.arguments)}"),))
         best: tuple[ValidationIssue, ...] | None = None
         for tool, validator in candidates:
             issues = self._check(tool, validator, call.arguments)
@@ -321,6 +325,7 @@ class CallValidator:
         return ValidationReport(call, version, call.name, best or ())
 
 
-def validate_call(call: Call, snapshot: ContractSnapshot, config: ValidatorConfig | None = None) -> ValidationReport:
+def validate_call(call: Call, snapshot: ContractSnapshot,
+                  config: ValidatorConfig | None = None) -> ValidationReport:
     """One-off validation (build a `CallValidator` to check many calls against one snapshot)."""
     return CallValidator(snapshot, config).validate(call)

@@ -48,7 +48,8 @@ def renormalized(probs: torch.Tensor) -> torch.Tensor:
 
 def kl_rows(reference: torch.Tensor, other: torch.Tensor, *, direction: Direction = "forward",
             eps: float = 1e-6) -> torch.Tensor:
-    """Per-row KL between [N, A] distributions: KL(reference || other) ("forward") or KL(other || reference)."""
+    """Per-row KL between [N, A] distributions: KL(reference || other) ("forward") or
+    KL(other || reference)."""
     if reference.shape != other.shape or reference.dim() != 2:
         raise ValueError(f"expected two [N, A] tensors of one shape, got {tuple(reference.shape)} and "
                          f"{tuple(other.shape)}")

@@ -1,4 +1,5 @@
-"""Index tensors that feed the consistency losses (`cipr.method.consistency`) from a micro-batch's rollouts: pure.
+"""Index tensors that feed the consistency losses (`cipr.method.consistency`) from a micro-batch's rollouts:
+pure.
 
 A micro-batch holds B responses (rows b = 0..B-1); each belongs to a pair (`pair_ids[b]`), is on the
 canonical or the perturbed side of it (`sides[b]`), and has decisions or not (`has_decisions[b]`).
@@ -25,7 +26,8 @@ SIDES = ("canonical", "perturbed")
 
 @dataclass(frozen=True)
 class SideIndex:
-    """One side's decisions, their responses and the responses' pair groups (shapes in the module docstring)."""
+    """One side's decisions, their responses and the responses' pair groups (shapes in the module
+    docstring)."""
 
     rows: list[int]
     decisions: torch.Tensor
@@ -43,7 +45,8 @@ class RolloutIndex:
 
 def decision_rows(responses: Sequence[int], sequence: Sequence[int], device: torch.device | str | None = None
                   ) -> torch.Tensor:
-    """[D'] long: the decisions (rows of the decision table) whose response is one of `responses`, in order."""
+    """[D'] long: the decisions (rows of the decision table) whose response is one of `responses`, in
+    order."""
     chosen = set(responses)
     return torch.tensor([d for d, b in enumerate(sequence) if b in chosen], dtype=torch.long, device=device)
 
@@ -57,8 +60,8 @@ def rollout_index(pair_ids: Sequence[int], sides: Sequence[str], has_decisions: 
     one are left out. Returns None for the index when no pair is complete.
     """
     if not len(pair_ids) == len(sides) == len(has_decisions):
-        raise ValueError(f"pair_ids, sides and has_decisions need one entry per response, got {len(pair_ids)}, "
-                         f"{len(sides)} and {len(has_decisions)}")
+        raise ValueError("pair_ids, sides and has_decisions need one entry per response, got "
+                         f"{len(pair_ids)}, {len(sides)} and {len(has_decisions)}")
     unknown = set(sides) - set(SIDES)
     if unknown:
         raise ValueError(f"sides must be 'canonical' or 'perturbed', got {sorted(unknown)}")

@@ -62,7 +62,8 @@ def _words(texts: Sequence[str]) -> set[str]:
     return {w for t in texts for w in re.findall(r"\w+", t)}
 
 
-def fresh_names(tools: Sequence[str], config: RelabelConfig, rng: random.Random, avoid: set[str]) -> list[str]:
+def fresh_names(tools: Sequence[str], config: RelabelConfig, rng: random.Random,
+                avoid: set[str]) -> list[str]:
     """One new name per tool under `config.scheme` (`cipr.perturb.renaming.fresh_names`)."""
     return _fresh_names(tools, config.scheme, rng, avoid, width=config.width, pool=config.pool)
 
@@ -76,7 +77,8 @@ def relabel(prompt: str, response: str, tools: Sequence[str], fmt: CallFormat,
     """
     config = config or RelabelConfig()
     if len(set(tools)) != len(tools):
-        raise ValueError(f"tool names repeat ({', '.join(sorted(t for t in set(tools) if list(tools).count(t) > 1))}): "
+        raise ValueError(f"tool names repeat "
+                         f"({', '.join(sorted(t for t in set(tools) if list(tools).count(t) > 1))}): "
                          f"relabeling needs one name per tool")
     rng = random.Random(config.seed if seed is None else seed)
     avoid = _words([prompt, response]) - set(tools)

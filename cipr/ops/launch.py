@@ -43,7 +43,8 @@ FORWARDED_SIGNALS = ("SIGTERM", "SIGINT")
 
 def accelerate_command(num_processes: int, port: int, accelerate_config: str | None, argv: Sequence[str],
                        module: str = "cipr.cli.train") -> list[str]:
-    """`python -m accelerate.commands.launch ... -m <module> <argv>` for `num_processes` processes on this node."""
+    """`python -m accelerate.commands.launch ... -m <module> <argv>` for `num_processes` processes on this
+    node."""
     if num_processes < 1:
         from cipr.core.errors import ConfigError
 
@@ -103,7 +104,8 @@ def leave_process_group() -> None:
     """End this process's part of a multi-process run cleanly: a gloo process group left to interpreter exit
     sometimes aborted a finished run ("terminate called without an active exception", exit status -6). A
     colocated vLLM engine destroys its own groups, and the default one, when it shuts down at exit (destroying
-    the default group first made that shutdown fail with "Invalid process group specified"), so then it is left."""
+    the default group first made that shutdown fail with "Invalid process group specified"), so then it is
+    left."""
     import torch.distributed as dist
 
     if "vllm" in sys.modules:
@@ -115,7 +117,8 @@ def leave_process_group() -> None:
 
 def run_entry(container: dict[str, Any], parse: Callable[[dict[str, Any]], Any], train: Callable[[Any], Any],
               artifacts: str, argv: Sequence[str] | None = None) -> int:
-    """Parse a resolved config, re-launch it as `launcher.num_processes` processes or train it; the exit status.
+    """Parse a resolved config, re-launch it as `launcher.num_processes` processes or train it; the exit
+    status.
 
     0 done (or preempted after a save: rerun to resume), 2 bad input: a configuration error (nothing
     was started), or a missing or damaged input file, one line naming it (`cipr.core.errors`; CIPR_DEBUG=1
@@ -141,8 +144,8 @@ def run_entry(container: dict[str, Any], parse: Callable[[dict[str, Any]], Any],
             check_run_dir(trainer.run_dir)
         launcher = config.launcher
         if launcher.num_processes > 1 and "LOCAL_RANK" not in os.environ:
-            cmd = accelerate_command(launcher.num_processes, launcher.main_process_port, launcher.accelerate_config,
-                                     sys.argv[1:] if argv is None else argv)
+            cmd = accelerate_command(launcher.num_processes, launcher.main_process_port,
+                                     launcher.accelerate_config, sys.argv[1:] if argv is None else argv)
             log.info("launching %d processes: %s", launcher.num_processes, " ".join(cmd))
             return run_launcher(cmd)
         run_dir = train(config)

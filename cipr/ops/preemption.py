@@ -70,7 +70,8 @@ def severity(reason: str | None) -> int:
 class PreemptionFlag:
     """Set by the registered signals (or, when polled, by the notice file); read at step boundaries."""
 
-    def __init__(self, signals: Iterable[str] = ("SIGUSR1", "SIGUSR2", "SIGTERM"), notice_file: str | None = None) -> None:
+    def __init__(self, signals: Iterable[str] = ("SIGUSR1", "SIGUSR2", "SIGTERM"),
+                 notice_file: str | None = None) -> None:
         self.received: str | None = None
         self.notice_file = notice_file or None
         self._previous: dict[int, object] = {}
@@ -146,7 +147,8 @@ class PreemptionCallback(TrainerCallback):
 
     def __init__(self, config: PreemptionConfig | None = None) -> None:
         self.config = config or PreemptionConfig()
-        notice = self.config.notice_file if self.config.notice_file is not None else os.environ.get(NOTICE_ENV)
+        notice = (self.config.notice_file if self.config.notice_file is not None
+                  else os.environ.get(NOTICE_ENV))
         self.flag = PreemptionFlag(self.config.signals, notice)
         self.decision = NONE
         self.requeued = False
@@ -161,7 +163,8 @@ class PreemptionCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._agree(args):
-            log.warning("stop requested (%s): saving at step %d and stopping", self.flag.received, state.global_step)
+            log.warning("stop requested (%s): saving at step %d and stopping", self.flag.received,
+                        state.global_step)
             control.should_save = True
             control.should_training_stop = True
         return control
@@ -175,7 +178,8 @@ class PreemptionCallback(TrainerCallback):
                 and not self.requeued:
             self.requeued = True
             if handler is not None:  # submitit's: it requeues through its own bookkeeping, then exits
-                log.warning("handing %s to the handler installed before training, now that the run is saved", reason)
+                log.warning("handing %s to the handler installed before training, now that the run is saved",
+                            reason)
                 handler(getattr(signal, reason), None)
             else:
                 self.requeued = requeue_slurm_job()

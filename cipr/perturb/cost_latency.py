@@ -110,7 +110,8 @@ def new_name(name: str, spec: CostLatencySpec, rng: random.Random, taken: set[st
     return unique(name + rng.choice(NEUTRAL_SUFFIXES), name, taken)
 
 
-def apply_cost_latency(draft: Draft, rng: random.Random, spec: CostLatencySpec, order: str = "original") -> None:
+def apply_cost_latency(draft: Draft, rng: random.Random, spec: CostLatencySpec,
+                       order: str = "original") -> None:
     """Split every called tool into a renamed correct tool and a costlier equivalent keeping its name,
     then append the explicit or implicit request to the query."""
     if order not in ORDERS:
@@ -126,7 +127,8 @@ def apply_cost_latency(draft: Draft, rng: random.Random, spec: CostLatencySpec, 
         e.tool = correct
         role = "costlier" if spec.kind == "cost" else "slower"
         draft.insert(i + 1 if order == "original" else i, Entry(costly, (), e.sources[0], role, {}))
-        draft.notes.append(f"{original.name} -> {correct.name} ({low}); {role} equivalent keeps the name ({high})")
+        draft.notes.append(f"{original.name} -> {correct.name} ({low}); {role} equivalent keeps the name "
+                           f"({high})")
     request = rng.choice(EXPLICIT_REQUESTS[spec.kind] if spec.version == "explicit" else IMPLICIT_REQUESTS)
     query = draft.query.rstrip()
     draft.set_query(f"{query} {request}" if query else request)

@@ -212,7 +212,8 @@ class Draft:
     def rename_in_text(self, mapping: Mapping[str, str]) -> None:
         """Replace whole-identifier tool names in free text: the messages and the descriptions of every
         tool and argument (used by relabeling, which renames everywhere)."""
-        self.messages = [Message(m.role, rewrite_text(m.content, mapping), m.calls, m.name) for m in self.messages]
+        self.messages = [Message(m.role, rewrite_text(m.content, mapping), m.calls, m.name)
+                         for m in self.messages]
         for e in self.entries:
             e.tool = rewrite_tool_text(e.tool, mapping)
 

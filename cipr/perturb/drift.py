@@ -1,4 +1,4 @@
-"""Held-out interface drift (the repair study, reference 000/001), plus the three types it never tested.
+"""Held-out interface drift (the drift-repair study, docs/references.md), plus three types it never tested.
 
 Single types (each applied once per called tool unless said otherwise):
 - `stale_examples`: the called tool's description gains an example call whose field names are
@@ -58,7 +58,8 @@ FILLER_VALUES = ("default", "other", "unspecified", "auto", "standard")
 ENUM_STYLES = ("prefix", "code", "option")
 
 SIBLINGS: tuple[tuple[str, str, bool], ...] = (
-    ("_history", "Lists past requests made to the following operation instead of performing it: {desc}", True),
+    ("_history", "Lists past requests made to the following operation instead of performing it: "
+                 "{desc}", True),
     ("_preview", "Validates the inputs of the following operation and returns a preview without "
                  "performing it: {desc}", True),
     ("_status", "Checks the status of an earlier request to the following operation: {desc}", False),
@@ -163,7 +164,8 @@ def add_stale_example(draft: Draft, entry: Entry, stale: dict[str, str | None], 
     example = {names.get(a, a): _placeholder(props.get(a, {})) for a in shown}
     text = f"{tool.description.strip()} Example: {json.dumps(example, ensure_ascii=False)}".strip()
     entry.tool = Tool(tool.name, text, tool.parameters)
-    draft.notes.append(f"stale example in {tool.name}: " + ", ".join(f"{v!r} for {k!r}" for k, v in names.items()))
+    draft.notes.append(f"stale example in {tool.name}: "
+                       + ", ".join(f"{v!r} for {k!r}" for k, v in names.items()))
 
 
 def rename_parameter(draft: Draft, entry: Entry, arg: str, rng: random.Random) -> str:
@@ -334,7 +336,8 @@ def _map_literal(value: Any, table: dict[Any, Any], schema: dict[str, Any], lang
     if language == "python" or not bfcl_type or not isinstance(value, str):
         return _map_value(value, table)
     items = schema.get("items")
-    nested = items.get("x-bfcl-type") if isinstance(items, dict) and bfcl_type in NESTED_TYPES + ("tuple",) else None
+    nested = (items.get("x-bfcl-type")
+              if isinstance(items, dict) and bfcl_type in NESTED_TYPES + ("tuple",) else None)
     parsed = read_value(value, language, bfcl_type, nested)
     mapped = _map_value(parsed, table)
     return value if mapped == parsed else write_value(mapped, language, bfcl_type, nested)

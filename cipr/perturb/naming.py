@@ -75,7 +75,8 @@ def abbreviate(name: str, taken: Collection[str] = ()) -> str:
     toks = words(name)
     out = "".join(abbreviate_word(t) if is_word(t) else t for t in toks)
     if out == name or out in taken:
-        out = "".join(t[0] + re.sub(r"[aeiouAEIOU]", "", t[1:]) if is_word(t) and len(t) > 2 else t for t in toks)
+        out = "".join(t[0] + re.sub(r"[aeiouAEIOU]", "", t[1:]) if is_word(t) and len(t) > 2 else t
+                      for t in toks)
     return unique(out, name, taken)
 
 

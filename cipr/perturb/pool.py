@@ -19,7 +19,8 @@ from cipr.tools.interface import Tool
 
 def _tool(name: str, description: str, props: dict[str, tuple[str, str]], required: list[str]) -> Tool:
     return Tool(name, description, {"type": "object",
-                                    "properties": {k: {"type": t, "description": d} for k, (t, d) in props.items()},
+                                    "properties": {k: {"type": t, "description": d}
+                                                   for k, (t, d) in props.items()},
                                     "required": required})
 
 
@@ -29,14 +30,16 @@ UNRELATED_TOOLS: tuple[Tool, ...] = (
            "body": ("string", "Text of the message.")}, ["phone_number", "body"]),
     _tool("translate_text", "Translates a passage of text into a target language.",
           {"text": ("string", "The text to translate."),
-           "target_language": ("string", "ISO 639-1 code of the target language.")}, ["text", "target_language"]),
+           "target_language": ("string", "ISO 639-1 code of the target language.")},
+          ["text", "target_language"]),
     _tool("book_meeting_room", "Reserves a meeting room in the office for a time slot.",
           {"room_id": ("string", "Identifier of the room."), "start_time": ("string", "ISO 8601 start time."),
            "duration_minutes": ("integer", "Length of the booking in minutes.")}, ["room_id", "start_time"]),
     _tool("get_stock_quote", "Returns the latest trading price of a listed company's stock.",
           {"ticker": ("string", "Stock ticker symbol, e.g. AAPL.")}, ["ticker"]),
     _tool("play_song", "Starts playback of a song on the user's music player.",
-          {"title": ("string", "Title of the song."), "artist": ("string", "Name of the performer.")}, ["title"]),
+          {"title": ("string", "Title of the song."), "artist": ("string", "Name of the performer.")},
+          ["title"]),
     _tool("set_thermostat", "Sets the target temperature of a smart home thermostat.",
           {"degrees": ("number", "Target temperature."), "zone": ("string", "Heating zone of the house.")},
           ["degrees"]),
@@ -84,7 +87,8 @@ UNRELATED_TOOLS: tuple[Tool, ...] = (
           ["topic"]),
     _tool("convert_audio_format", "Converts an audio file to another encoding.",
           {"audio_path": ("string", "Path of the audio file."),
-           "target_format": ("string", "Target encoding, e.g. mp3 or flac.")}, ["audio_path", "target_format"]),
+           "target_format": ("string", "Target encoding, e.g. mp3 or flac.")},
+          ["audio_path", "target_format"]),
     _tool("start_vacuum_robot", "Starts the robot vacuum cleaner in a room.",
           {"room": ("string", "Room to clean.")}, ["room"]),
     _tool("get_tide_times", "Returns high and low tide times for a coastal station.",

@@ -1,10 +1,10 @@
 """Every perturbation type by name: its group, a one-line description, and the function applying it.
 
-`PERTURBATIONS[name] = (group, description, function)`, where `function(example, *, seed, names,
-order) -> (Example, Correspondence)`. Groups are those of the paper's Table 1
-(`typos_distractors`, `cost_latency_explicit`, `cost_latency_implicit`, `in_distribution`), plus
-`drift` for the repair study's types, which Table 1 does not report, `renaming` (`renaming.py`) and `shown`
-(`shown.py`: a look-alike, paraphrase or reordering of the interface the model sees, after the adapter). RoTBench's level re-application
+`PERTURBATIONS[name] = (group, description, function)`, where `function(example, *, seed, names, order) ->
+(Example, Correspondence)`. Groups are those of the paper's Table 1 (`typos_distractors`,
+`cost_latency_explicit`, `cost_latency_implicit`, `in_distribution`), plus `drift` for the repair study's
+types, which Table 1 does not report, `renaming` (`renaming.py`) and `shown` (`shown.py`: a look-alike,
+paraphrase or reordering of the interface the model sees, after the adapter). RoTBench's level re-application
 pairs two files and lives in `cipr.perturb.rotbench`.
 
 Every function draws from `random.Random` seeded with (seed, item id, type name), so a type is a
@@ -74,7 +74,8 @@ PERTURBATIONS: dict[str, tuple[str, str, Apply]] = {
 }
 
 _STYLE_TEXT = {"tag": "as a tag", "nl": "in natural language", "abbrev": "as a tag, correct tool abbreviated"}
-_VERSION_TEXT = {"explicit": "query asks for the {better} tool", "implicit": "query asks to describe the tools first"}
+_VERSION_TEXT = {"explicit": "query asks for the {better} tool",
+                 "implicit": "query asks to describe the tools first"}
 for _version in cost_latency.VERSIONS:
     for _kind in cost_latency.KINDS:
         for _style in cost_latency.STYLES:
@@ -94,8 +95,10 @@ PERTURBATIONS["in_distribution"] = (
 _DRIFT: dict[str, tuple[str, Callable[[Draft, random.Random], None]]] = {
     "drift_stale_examples": ("each called tool's description shows an example with a stale field name",
                              drift.stale_examples),
-    "drift_renamed_parameters": ("one passed argument of each called tool renamed", drift.renamed_parameters),
-    "drift_distractors": ("a sibling tool with an overlapping description per called tool", drift.distractors),
+    "drift_renamed_parameters": ("one passed argument of each called tool renamed",
+                                 drift.renamed_parameters),
+    "drift_distractors": ("a sibling tool with an overlapping description per called tool",
+                          drift.distractors),
     "drift_type_narrowing": ("a passed argument narrowed: number -> integer or free string -> enum",
                              drift.narrow_type),
     "drift_enum_replacement": ("the enum values of a passed argument respelled, reference rewritten",
@@ -111,20 +114,24 @@ for _name, (_desc, _fn) in _DRIFT.items():
     PERTURBATIONS[_name] = ("drift", _desc, _held_out(_name, _no_order(_fn)))
 
 PERTURBATIONS["relabel_function"] = (
-    "in_distribution", "every tool renamed to a fresh function_XX id, the rescoring term's relabeling (after the adapter)",
+    "in_distribution",
+    "every tool renamed to a fresh function_XX id, the rescoring term's relabeling (after the adapter)",
     lambda ex, *, seed, names="canonical", order="original": renaming.rename_all(
         ex, seed=seed, names=names, scheme="function", perturbation="relabel_function"))
 PERTURBATIONS["relabel_random"] = (
-    "renaming", "every tool renamed to fn_ + 6 random characters, a name shape never trained on (after the adapter)",
+    "renaming",
+    "every tool renamed to fn_ + 6 random characters, a name shape never trained on (after the adapter)",
     lambda ex, *, seed, names="original", order="original": renaming.rename_all(
         ex, seed=seed, names=names, scheme="random", perturbation="relabel_random"))
 
-_SHOWN_TEXT = {"lookalike_shown": "an unrelated tool named like each called tool's shown name (after the adapter)",
+_SHOWN_TEXT = {"lookalike_shown": "an unrelated tool named like each called tool's shown name "
+                                  "(after the adapter)",
                "paraphrase": "every tool description reworded (after the adapter)",
                "reorder": "the tools in a new order, names kept (after the adapter)"}
 for _name, _text in _SHOWN_TEXT.items():
     PERTURBATIONS[_name] = ("shown", _text, lambda ex, *, seed, names="original", order="original", n=_name:
-                            shown.after_adapter(ex, seed=seed, names=names, perturbation=n, build=shown.BUILDERS[n]))
+                            shown.after_adapter(ex, seed=seed, names=names, perturbation=n,
+                                                build=shown.BUILDERS[n]))
 
 ORDERED_TYPES = tuple(n for n in PERTURBATIONS if n.startswith(("cost_", "latency_")))
 HELD_OUT = tuple(n for n, (group, _, _) in PERTURBATIONS.items() if group != "in_distribution")

@@ -6,13 +6,13 @@
 - `relabel_random`: names of `fn_` and six random letters and digits, a shape no training interface
   has (group `renaming`, held out).
 
-Unlike the other held-out types these apply to the interface as the model sees it: under canonical
-names the example is canonicalized first and the fresh names replace the canonical ids, bypassing
-the adapter (which would map any renaming back to the same ids, making the type a no-op). Tool names
-are replaced as whole identifiers in the messages and in the tools' and arguments' descriptions too;
-argument names, the rest of the text and the tool order stay. The Correspondence maps each new name to the original tool it renames, and its
-arguments to the original argument names, as every other type's does (under canonical names through
-the canonicalization's map: canonical tool i is original tool i).
+Unlike the other held-out types these apply to the interface as the model sees it: under canonical names the
+example is canonicalized first and the fresh names replace the canonical ids, bypassing the adapter (which
+would map any renaming back to the same ids, making the type a no-op). Tool names are replaced as whole
+identifiers in the messages and in the tools' and arguments' descriptions too; argument names, the rest of the
+text and the tool order stay. The Correspondence maps each new name to the original tool it renames, and its
+arguments to the original argument names, as every other type's does (under canonical names through the
+canonicalization's map: canonical tool i is original tool i).
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ def fresh_names(tools: Sequence[str], scheme: Scheme, rng: random.Random, avoid:
             prefix = "function_" if scheme == "function" else "tool_"
             numbers = [k for k in range(1, pool + 1) if f"{prefix}{k:0{width}d}" not in avoid]
             if len(numbers) < n:
-                raise ValueError(f"the {scheme!r} scheme has {len(numbers)} free names for {n} tools: raise the pool "
-                                 f"(now {pool})")
+                raise ValueError(f"the {scheme!r} scheme has {len(numbers)} free names for {n} tools: raise "
+                                 f"the pool (now {pool})")
             names = [f"{prefix}{k:0{width}d}" for k in rng.sample(numbers, n)]
         elif scheme == "random":
             alphabet = string.ascii_lowercase + string.digits

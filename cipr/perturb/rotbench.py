@@ -7,13 +7,12 @@ to those ids the corruption the shipped file applied to the original names, deri
 position from the shipped record against the clean one (RoTBench's levels keep each tool, its
 description and each parameter schema at its position and corrupt only names):
 
-- tool names: unchanged; a *permutation* of the clean names (heavy, union: names shuffled among the
-  tools) -> the same permutation of the canonical ids; a *reversed* name (medium) -> the reversed id;
-  an *edited* name (slight: characters inserted, omitted or substituted; at the union level told
-  apart from a random string by a similarity ratio >= 0.5 with the clean name, see `classify`) -> the same number of random single-
-  character edits per character (Levenshtein distance / length, at least one) applied to the id,
-  seeded by (seed, item, position); a *random string* (medium) -> the same random string, which
-  owes nothing to the name it replaced.
+- tool names: unchanged; a *permutation* of the clean names (heavy, union: names shuffled among the tools) ->
+  the same permutation of the canonical ids; a *reversed* name (medium) -> the reversed id; an *edited* name
+  (slight: characters inserted, omitted or substituted; at the union level told apart from a random string by
+  a similarity ratio >= 0.5 with the clean name, see `classify`) -> the same number of random single-character
+  edits per character (Levenshtein distance / length, at least one) applied to the id, seeded by (seed, item,
+  position); a *random string* (medium) -> the same random string, which owes nothing to the name it replaced.
 - parameter names, per tool: the same four cases against the clean parameter names (permutation:
   heavy's shuffled parameter names, each schema staying at its position), plus heavy's *added*
   mandatory parameter with a random name (the same name, schema and required flag are added).
@@ -60,8 +59,8 @@ def levenshtein(a: str, b: str) -> int:
 
 # The single-name corruptions each level's definition allows (Ye et al., 2024): slight edits
 # characters, medium reverses names or draws random strings; union draws from the other levels.
-LEVEL_KINDS = {"slight": ("edited",), "medium": ("reversed", "random"), "heavy": ("reversed", "random", "edited"),
-               "union": ("reversed", "random", "edited")}
+LEVEL_KINDS = {"slight": ("edited",), "medium": ("reversed", "random"),
+               "heavy": ("reversed", "random", "edited"), "union": ("reversed", "random", "edited")}
 
 
 def classify(clean: str, shipped: str, level: str = "union") -> str:
@@ -136,8 +135,8 @@ def _corrupt_names(clean: Sequence[str], shipped: Sequence[str], ids: Sequence[s
     return out, kinds
 
 
-def align_parameters(clean: Tool, shipped: Tool, *, where: str = "") -> tuple[list[tuple[int, int]], list[str],
-                                                                              list[str]]:
+def align_parameters(clean: Tool, shipped: Tool, *,
+                     where: str = "") -> tuple[list[tuple[int, int]], list[str], list[str]]:
     """Which shipped parameter sits in which clean parameter's slot.
 
     Returns (pairs of (clean index, shipped index), shipped names added, clean names dropped). Slots
@@ -176,8 +175,8 @@ def reapply_level(clean: Example, shipped: Example, *, seed: int = 0) -> tuple[E
     where = shipped.id
     ct, st = list(clean.interface), list(shipped.interface)
     if len(ct) != len(st) or any(a.description != b.description for a, b in zip(ct, st, strict=True)):
-        raise DataError(f"does not line up with its clean record {clean.id} (tool count or descriptions differ)",
-                        item=where, field="interface")
+        raise DataError(f"does not line up with its clean record {clean.id} (tool count or descriptions "
+                        f"differ)", item=where, field="interface")
     rng = random.Random(f"{seed}\x1f{shipped.id}\x1frotbench")
     n = len(ct)
     ids = [canonical_tool_id(i, n) for i in range(n)]
@@ -229,7 +228,8 @@ def reapply_level(clean: Example, shipped: Example, *, seed: int = 0) -> tuple[E
             meta[key] = names[first[meta[key]]]
     meta["perturbation"] = {"name": f"rotbench_{shipped.meta.get('level', 'level')}_canonical",
                             "names": "canonical", "clean_id": clean.id, "seed": seed, "notes": notes}
-    example = shipped.with_(messages=tuple(msg(m) for m in shipped.messages), interface=Interface(tuple(tools)),
+    example = shipped.with_(messages=tuple(msg(m) for m in shipped.messages),
+                            interface=Interface(tuple(tools)),
                             reference=tuple(call(c) for c in shipped.reference),
                             alternatives=tuple(tuple(call(c) for c in alt) for alt in shipped.alternatives),
                             meta=meta)
@@ -244,7 +244,8 @@ def shipped_correspondence(clean: Example, shipped: Example) -> Correspondence:
     """The correspondence of a shipped level record to its clean record (position i is clean tool i)."""
     ct, st = list(clean.interface), list(shipped.interface)
     if len(ct) != len(st):
-        raise DataError(f"does not line up with its clean record {clean.id}", item=shipped.id, field="interface")
+        raise DataError(f"does not line up with its clean record {clean.id}", item=shipped.id,
+                        field="interface")
     args = []
     for c, s in zip(ct, st, strict=True):
         cp, sp = list(c.properties), list(s.properties)

@@ -32,7 +32,8 @@ from cipr.tools.interface import Example, Tool
 
 SYNONYMS: dict[str, tuple[str, ...]] = {
     "get": ("retrieve", "fetch", "obtain"), "retrieve": ("get", "fetch"), "fetch": ("get", "retrieve"),
-    "find": ("look up", "search for", "locate"), "search": ("look up", "query"), "list": ("enumerate", "show"),
+    "find": ("look up", "search for", "locate"), "search": ("look up", "query"),
+    "list": ("enumerate", "show"),
     "create": ("make", "add", "set up"), "send": ("deliver", "dispatch"), "convert": ("translate", "change"),
     "calculate": ("compute", "work out"), "compute": ("calculate", "work out"), "book": ("reserve",),
     "delete": ("remove", "erase"), "update": ("modify", "change"), "check": ("verify", "inspect"),

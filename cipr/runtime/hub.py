@@ -26,7 +26,8 @@ def downloads_allowed() -> bool:
 
 
 def stay_offline() -> None:
-    """Set HF_HUB_OFFLINE=1 (and TRANSFORMERS_OFFLINE=1) unless the user chose otherwise; call before HF imports."""
+    """Set HF_HUB_OFFLINE=1 (and TRANSFORMERS_OFFLINE=1) unless the user chose otherwise; call before HF
+    imports."""
     if not downloads_allowed():
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -34,7 +35,8 @@ def stay_offline() -> None:
 
 def looks_like_path(name: str) -> bool:
     """Whether `name` can only be a filesystem path, not a hub id (module docstring)."""
-    if name.startswith(("/", ".", "~")) or name.count("/") > 1 or name.endswith("/") or os.sep != "/" and os.sep in name:
+    if (name.startswith(("/", ".", "~")) or name.count("/") > 1 or name.endswith("/")
+            or os.sep != "/" and os.sep in name):
         return True
     first = name.split("/", 1)[0]
     return "/" in name and Path(first).is_dir()
@@ -51,17 +53,19 @@ def in_cache(repo_id: str, revision: str | None = None) -> bool:
 
 
 def resolve_model(name: str, *, option: str = "model", revision: str | None = None) -> str:
-    """The folder or hub id to load `name` from; ConfigError when it is neither a folder nor usable offline."""
+    """The folder or hub id to load `name` from; ConfigError when it is neither a folder nor usable
+    offline."""
     path = Path(name).expanduser()
     if path.is_dir():
         return str(path)
     if path.exists():
-        raise ConfigError(f"{option}={name!r} is a file: give the folder that holds config.json and the weights")
+        raise ConfigError(f"{option}={name!r} is a file: give the folder that holds config.json and the "
+                          "weights")
     if looks_like_path(name):
         raise ConfigError(f"{option}={name!r}: no such folder (check the path; give the folder that holds "
                           f"config.json and the weights)")
     if downloads_allowed() or in_cache(name, revision):
         return name
-    raise ConfigError(f"{option}={name!r} is neither a local folder nor a model in the local Hugging Face cache; "
-                      f"downloads are off: give a folder, download it once (`hf download {name}`), or allow "
-                      f"downloads with {OPT_IN}")
+    raise ConfigError(f"{option}={name!r} is neither a local folder nor a model in the local Hugging Face "
+                      f"cache; downloads are off: give a folder, download it once (`hf download {name}`), or "
+                      f"allow downloads with {OPT_IN}")

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
 
 class GrowingLayer(DynamicLayer):
-    """`DynamicLayer` with an over-allocated buffer: `keys`/`values` are views of its first `length` positions."""
+    """`DynamicLayer` with an over-allocated buffer: `keys`/`values` are views of its first `length`
+    positions."""
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
@@ -68,8 +69,10 @@ class GrowingLayer(DynamicLayer):
                 for new, old in enumerate(idx):  # new <= old, ascending: no source is overwritten before read
                     if new != old:
                         self._key_buffer[new, :, :self._length].copy_(self._key_buffer[old, :, :self._length])
-                        self._value_buffer[new, :, :self._length].copy_(self._value_buffer[old, :, :self._length])
-                self._key_buffer, self._value_buffer = self._key_buffer[:len(idx)], self._value_buffer[:len(idx)]
+                        self._value_buffer[new, :, :self._length].copy_(
+                            self._value_buffer[old, :, :self._length])
+                self._key_buffer, self._value_buffer = (self._key_buffer[:len(idx)],
+                                                        self._value_buffer[:len(idx)])
             else:
                 self._key_buffer = self._key_buffer[indices, ...]
                 self._value_buffer = self._value_buffer[indices, ...]
@@ -86,7 +89,8 @@ class GrowingLayer(DynamicLayer):
 
 
 def growing_cache(config: Any) -> DynamicCache:
-    """A `DynamicCache` for `config` whose full-attention layers are `GrowingLayer`s (sliding ones unchanged)."""
+    """A `DynamicCache` for `config` whose full-attention layers are `GrowingLayer`s (sliding ones
+    unchanged)."""
     cache = DynamicCache(config=config)
     cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
@@ -113,7 +117,8 @@ class _RowLayer(DynamicLayer):
             raise RuntimeError("a LeftPaddedBatch row cache takes one prefill forward; decode with batch()")
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        self.keys, self.values = self.batch._write(self.layer, self.row, key_states, value_states, self.offset)
+        self.keys, self.values = self.batch._write(self.layer, self.row, key_states, value_states,
+                                                   self.offset)
         self.written = True
         return self.keys, self.values
 
@@ -138,8 +143,8 @@ class LeftPaddedBatch:
 
         probe = DynamicCache(config=config)
         if not lengths or any(type(layer) is not DynamicLayer for layer in probe.layers):
-            raise ValueError("LeftPaddedBatch needs prompts and a model whose cache layers are all DynamicLayer "
-                             "(full attention)")
+            raise ValueError("LeftPaddedBatch needs prompts and a model whose cache layers are all "
+                             "DynamicLayer (full attention)")
         self.config, self.lengths = config, list(lengths)
         self.width = max(self.lengths)
         self.capacity = max(capacity, self.width)
@@ -161,7 +166,8 @@ class LeftPaddedBatch:
             raise ValueError(f"row {i}: a prefix of {prefix[0][0].shape[-2]} positions for a prompt of "
                              f"{self.lengths[i]} tokens; it must leave the forward at least one")
         cache = DynamicCache(config=self.config)
-        cache.layers = [_RowLayer(self, j, i, None if prefix is None else prefix[j]) for j in range(self.num_layers)]
+        cache.layers = [_RowLayer(self, j, i, None if prefix is None else prefix[j])
+                        for j in range(self.num_layers)]
         return cache
 
     def states(self, i: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -170,7 +176,8 @@ class LeftPaddedBatch:
         if self.filled[i] != self.num_layers:
             raise ValueError(f"row {i}: {self.filled[i]} of {self.num_layers} layers prefilled")
         start = self.width - self.lengths[i]
-        return [(k[i, :, start:self.width], v[i, :, start:self.width]) for k, v in self.buffers]  # type: ignore[misc]
+        return [(k[i, :, start:self.width], v[i, :, start:self.width])  # type: ignore[misc]
+                for k, v in self.buffers]
 
     def _write(self, j: int, i: int, keys: torch.Tensor, values: torch.Tensor,
                offset: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,8 +185,8 @@ class LeftPaddedBatch:
         the row's positions 0..offset+L. Positions before the prompt are zeroed with the first write."""
         n = self.lengths[i]
         if keys.shape[0] != 1 or keys.shape[-2] == 0 or offset + keys.shape[-2] > n:
-            raise ValueError(f"row {i} holds one sequence of {n} tokens; got keys of shape {tuple(keys.shape)} "
-                             f"after {offset} cached")
+            raise ValueError(f"row {i} holds one sequence of {n} tokens; got keys of shape "
+                             f"{tuple(keys.shape)} after {offset} cached")
         if self.buffers[j] is None:
             self.buffers[j] = self._buffers(j, keys, values)
         k_buf, v_buf = self.buffers[j]

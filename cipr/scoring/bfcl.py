@@ -64,8 +64,8 @@ from cipr.tools.interface import Call, Example, Tool
 ERROR_CLASSES = ("no_call", "wrong_count", "wrong_name", "missing_argument", "extra_argument", "wrong_type",
                  "wrong_value", "parse_failure")
 
-PYTHON_TYPES: dict[str, type] = {"string": str, "integer": int, "float": float, "boolean": bool, "array": list,
-                                 "tuple": list, "dict": dict, "any": str}
+PYTHON_TYPES: dict[str, type] = {"string": str, "integer": int, "float": float, "boolean": bool,
+                                 "array": list, "tuple": list, "dict": dict, "any": str}
 _TYPES = {"python": PYTHON_TYPES, "java": JAVA_TYPES, "javascript": JS_TYPES}
 # The BFCL type a schema without a (known) x-bfcl-type gets from its JSON Schema type, per language.
 _FROM_JSON = {
@@ -91,8 +91,9 @@ class BfclVerdict:
 _Error = tuple[str, str]  # (error class, detail)
 
 
-def score_bfcl(predicted_calls: Sequence[Call] | ParseResult, example: Example, *, parse_error: str | None = None,
-               any_declaration: bool = True, nested_any_values: bool = True) -> BfclVerdict:
+def score_bfcl(predicted_calls: Sequence[Call] | ParseResult, example: Example, *,
+               parse_error: str | None = None, any_declaration: bool = True,
+               nested_any_values: bool = True) -> BfclVerdict:
     """The verdict on `predicted_calls` for a BFCL-style example (see the module docstring).
 
     `any_declaration=False` validates against the first declaration of the reference's tool name
@@ -138,14 +139,15 @@ def _answers(example: Example) -> list[list[tuple[str, Mapping[str, Sequence[Any
         main = exact(example.reference)
     else:
         if len(example.accepted) != len(example.reference):
-            raise DataError(f"{len(example.accepted)} accepted-values maps for {len(example.reference)} reference "
-                            "calls", item=example.id, field="accepted")
+            raise DataError(f"{len(example.accepted)} accepted-values maps for {len(example.reference)} "
+                            "reference calls", item=example.id, field="accepted")
         main = [(c.name, acc) for c, acc in zip(example.reference, example.accepted, strict=True)]
     return [main] + [exact(alt) for alt in example.alternatives]
 
 
-def _match_all(calls: Sequence[Call], answer: Sequence[tuple[str, Mapping[str, Sequence[Any]]]], example: Example,
-               language: str, any_declaration: bool, nested_any_values: bool) -> _Error | None:
+def _match_all(calls: Sequence[Call], answer: Sequence[tuple[str, Mapping[str, Sequence[Any]]]],
+               example: Example, language: str, any_declaration: bool,
+               nested_any_values: bool) -> _Error | None:
     """None if the calls match the answer one to one (any order); else the error of an unmatched call."""
     errors: list[list[_Error | None]] = []
     tools_of: list[Sequence[Tool]] = []
@@ -156,8 +158,8 @@ def _match_all(calls: Sequence[Call], answer: Sequence[tuple[str, Mapping[str, S
                             item=example.id, field="reference")
         tools_of.append(tools if any_declaration else tools[:1])
         untyped = frozenset(a for a in accepted if not any(a in t.properties for t in tools))
-        errors.append([_check_declarations(c, name, accepted, tools_of[-1], language, nested_any_values, untyped)
-                       for c in calls])
+        errors.append([_check_declarations(c, name, accepted, tools_of[-1], language, nested_any_values,
+                                           untyped) for c in calls])
     match = _max_matching([[e is None for e in row] for row in errors])
     if all(m is not None for m in match):
         return None
@@ -175,11 +177,14 @@ def _match_all(calls: Sequence[Call], answer: Sequence[tuple[str, Mapping[str, S
     return err[0], f"{where}: {err[1]}"
 
 
-def _closeness(call: Call, accepted: Mapping[str, Sequence[Any]], tools: Sequence[Tool], language: str) -> int:
-    """How many of the call's arguments have an accepted value (to say which reference a wrong call missed)."""
+def _closeness(call: Call, accepted: Mapping[str, Sequence[Any]], tools: Sequence[Tool],
+               language: str) -> int:
+    """How many of the call's arguments have an accepted value (to say which reference a wrong call
+    missed)."""
     props = tools[0].properties
     return sum(1 for arg, value in call.arguments.items()
-               if arg in accepted and check_value(arg, value, tuple(accepted[arg]), props.get(arg), language) is None)
+               if arg in accepted and check_value(arg, value, tuple(accepted[arg]), props.get(arg),
+                                                  language) is None)
 
 
 def _max_matching(ok: list[list[bool]]) -> list[int | None]:
@@ -206,7 +211,8 @@ def _check_declarations(call: Call, name: str, accepted: Mapping[str, Sequence[A
                         language: str, nested_any_values: bool, untyped: frozenset[str]) -> _Error | None:
     first: _Error | None = None
     for tool in tools:
-        err = check_call(call, name, accepted, tool, language, nested_any_values=nested_any_values, untyped=untyped)
+        err = check_call(call, name, accepted, tool, language, nested_any_values=nested_any_values,
+                         untyped=untyped)
         if err is None:
             return None
         first = first or err
@@ -242,7 +248,8 @@ def check_call(call: Call, name: str, accepted: Mapping[str, Sequence[Any]], too
             return err
     for arg, options in accepted.items():
         if arg not in args and "" not in options:
-            return "missing_argument", f"missing argument {arg!r} (no optional marker among its accepted values)"
+            return ("missing_argument",
+                    f"missing argument {arg!r} (no optional marker among its accepted values)")
     return None
 
 
@@ -290,7 +297,8 @@ def check_value(arg: str, value: Any, accepted: tuple[Any, ...], schema: Mapping
         value = float(value)
     ok, is_variable = _type_check(value, accepted, expected, nested_expected if accepted else None)
     if not ok:
-        return "wrong_type", f"argument {arg!r}: expected type {declared}, got {type(value).__name__} {value!r}"
+        return ("wrong_type",
+                f"argument {arg!r}: expected type {declared}, got {type(value).__name__} {value!r}")
     if not accepted:
         return _empty_accepted(arg, value)
     if not is_variable:
@@ -334,7 +342,8 @@ def _answer_type(accepted: Sequence[Any]) -> type | None:
     return None
 
 
-def _type_check(value: Any, accepted: Sequence[Any], expected: type, nested: type | None) -> tuple[bool, bool]:
+def _type_check(value: Any, accepted: Sequence[Any], expected: type,
+                nested: type | None) -> tuple[bool, bool]:
     """(type ok, is a variable name) as BFCL's `type_checker`: exact types, one level into lists.
 
     A value whose type differs from the declared one but equals the accepted values' type is a

@@ -32,8 +32,8 @@ JAVA_TYPES: dict[str, type] = {
     "Queue": list, "Stack": list, "String": str, "any": str,
 }
 JS_TYPES: dict[str, type] = {
-    "String": str, "integer": int, "float": float, "Bigint": int, "Boolean": bool, "dict": dict, "array": list,
-    "any": str,
+    "String": str, "integer": int, "float": float, "Bigint": int, "Boolean": bool, "dict": dict,
+    "array": list, "any": str,
 }
 # Collection types whose element type BFCL reads from `items`.
 NESTED_TYPES = ("Array", "ArrayList", "array")
@@ -48,7 +48,8 @@ _JS_BIGINT = re.compile(r"^-?\d+n$")
 
 # ----------------------------------------------------------------------------------------- Java
 
-def read_java(text: str, java_type: str, nested_type: str | None = None, *, nested_any_values: bool = True) -> Any:
+def read_java(text: str, java_type: str, nested_type: str | None = None, *,
+              nested_any_values: bool = True) -> Any:
     """The value of Java source `text` for a parameter of `java_type` (BFCL's `java_type_converter`)."""
     if java_type in ("byte", "short", "integer"):
         return int(text) if _INT.match(text) else text
@@ -98,7 +99,8 @@ def _java_array(text: str, nested_type: str | None, nested_any_values: bool) -> 
     m = re.search(r"new\s+\w+\[\]\s*\{(.*?)\}", text)
     if not m:
         return text
-    return [_java_element(p.strip(), nested_type, nested_any_values) for p in m.group(1).split(",") if p.strip()]
+    return [_java_element(p.strip(), nested_type, nested_any_values)
+            for p in m.group(1).split(",") if p.strip()]
 
 
 def _java_hashmap(text: str) -> Any:
@@ -136,7 +138,8 @@ def write_java(value: Any, java_type: str, nested_type: str | None = None) -> st
         if java_type == "Array":
             return f"new {_JAVA_ARRAY_ELEMENT.get(nested_type or 'any', 'Object')}[]{{{', '.join(elements)}}}"
         box = _JAVA_BOXED.get(nested_type or "any", "Object")
-        return f"new ArrayList<{box}>(Arrays.asList({', '.join(elements)}))" if elements else "new ArrayList<>()"
+        return (f"new ArrayList<{box}>(Arrays.asList({', '.join(elements)}))" if elements
+                else "new ArrayList<>()")
     if java_type in ("HashMap", "Hashtable") and isinstance(value, Mapping):
         puts = " ".join(f"put({json.dumps(str(k))}, {java_literal(v)});" for k, v in value.items())
         return f"new HashMap<String, Object>() {{{{ {puts} }}}}" if puts else "new HashMap<>()"
@@ -150,9 +153,11 @@ def write_java(value: Any, java_type: str, nested_type: str | None = None) -> st
 
 
 _JAVA_ARRAY_ELEMENT = {"integer": "int", "long": "long", "short": "short", "byte": "byte", "float": "float",
-                       "double": "double", "boolean": "boolean", "char": "char", "String": "String", "any": "Object"}
+                       "double": "double", "boolean": "boolean", "char": "char", "String": "String",
+                       "any": "Object"}
 _JAVA_BOXED = {"integer": "Integer", "long": "Long", "short": "Short", "byte": "Byte", "float": "Float",
-               "double": "Double", "boolean": "Boolean", "char": "Character", "String": "String", "any": "Object"}
+               "double": "Double", "boolean": "Boolean", "char": "Character", "String": "String",
+               "any": "Object"}
 
 
 def _java_element_text(value: Any, nested_type: str | None, outer: str) -> str:
@@ -368,6 +373,6 @@ def read_value(text: Any, language: str, bfcl_type: str, nested_type: str | None
 
 
 __all__: Sequence[str] = (
-    "JAVA_TYPES", "JS_TYPES", "NESTED_TYPES", "java_literal", "java_value", "js_literal", "js_string", "js_value",
-    "read_java", "read_js", "read_value", "write_java", "write_js", "write_value",
+    "JAVA_TYPES", "JS_TYPES", "NESTED_TYPES", "java_literal", "java_value", "js_literal", "js_string",
+    "js_value", "read_java", "read_js", "read_value", "write_java", "write_js", "write_value",
 )

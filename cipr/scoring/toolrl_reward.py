@@ -84,11 +84,13 @@ def format_reward(completion: str, *, expects_calls: bool, expects_response: boo
     """1.0 if the stripped completion has the ground truth's shape (each of its tags once), else 0.0."""
     text = completion.strip()
     shape = (expects_calls, expects_response)
-    ok = re.search(_PATTERNS[shape], text, re.DOTALL) is not None and all(text.count(t) == 1 for t in _ONCE[shape])
+    ok = (re.search(_PATTERNS[shape], text, re.DOTALL) is not None
+          and all(text.count(t) == 1 for t in _ONCE[shape]))
     return FORMAT_MAX if ok else FORMAT_MIN
 
 
-def call_list_score(gt: Sequence[Mapping[str, Any]], pd: Sequence[Mapping[str, Any]]) -> tuple[float, dict[str, float]]:
+def call_list_score(gt: Sequence[Mapping[str, Any]],
+                    pd: Sequence[Mapping[str, Any]]) -> tuple[float, dict[str, float]]:
     """`compute_tool_call_reward` on {"name", "parameters"} dicts: (reward in [-3, 3], {"S", "S_max"}).
 
     Raises `_Malformed` where rlla.py raises (the caller turns that into -3).
@@ -152,6 +154,7 @@ def toolrl_reward(completion_text: str, reference_calls: Sequence[Call],
     `expects_response` whether it has a `<response>` block. Returns (total, {"format",
     "correctness", "status", ...}).
     """
-    fmt = format_reward(completion_text, expects_calls=bool(reference_calls), expects_response=expects_response)
+    fmt = format_reward(completion_text, expects_calls=bool(reference_calls),
+                        expects_response=expects_response)
     corr, m = correctness_reward(completion_text, reference_calls)
     return fmt + corr, {"format": fmt, "correctness": corr, **m}

@@ -50,7 +50,8 @@ def wire_call(call: Call, call_id: str | None = None) -> dict[str, Any]:
     """A Call as an OpenAI `tool_calls` entry (arguments as a JSON string)."""
     args = call.arguments
     text = json.dumps(dict(args) if isinstance(args, Mapping) else args, ensure_ascii=False)
-    return {"id": call_id or new_call_id(), "type": "function", "function": {"name": call.name, "arguments": text}}
+    return {"id": call_id or new_call_id(), "type": "function",
+            "function": {"name": call.name, "arguments": text}}
 
 
 @dataclass
@@ -69,7 +70,8 @@ class OpenAIChatBackend:
         key = os.environ.get(self.api_key_env, "")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._httpx = httpx
-        self._client = httpx.Client(base_url=self.base_url.rstrip("/") + "/", headers=headers, timeout=self.timeout_s)
+        self._client = httpx.Client(base_url=self.base_url.rstrip("/") + "/", headers=headers,
+                                    timeout=self.timeout_s)
 
     def models(self) -> list[str]:
         if self.model_name:
@@ -79,8 +81,8 @@ class OpenAIChatBackend:
             r.raise_for_status()
             return [m["id"] for m in r.json().get("data", [])]
         except (self._httpx.HTTPError, ValueError, KeyError) as e:
-            raise ApiError(502, f"backend {self.base_url} did not list its models: {e}", type="upstream_error",
-                           code="backend_unavailable") from e
+            raise ApiError(502, f"backend {self.base_url} did not list its models: {e}",
+                           type="upstream_error", code="backend_unavailable") from e
 
     def complete(self, body: Mapping[str, Any]) -> dict[str, Any]:
         payload = dict(body)
@@ -97,14 +99,14 @@ class OpenAIChatBackend:
             except ValueError:
                 detail = r.text
             status = 502 if r.status_code >= 500 else r.status_code
-            raise ApiError(status, f"backend {self.base_url} answered HTTP {r.status_code}: {str(detail)[:500]}",
-                           type="upstream_error", code="backend_error")
+            raise ApiError(status, f"backend {self.base_url} answered HTTP {r.status_code}: "
+                           f"{str(detail)[:500]}", type="upstream_error", code="backend_error")
         try:
             data = r.json()
             data["choices"][0]["message"]
         except (ValueError, KeyError, IndexError, TypeError) as e:
-            raise ApiError(502, f"backend {self.base_url} sent a malformed completion: {e}", type="upstream_error",
-                           code="backend_error") from e
+            raise ApiError(502, f"backend {self.base_url} sent a malformed completion: {e}",
+                           type="upstream_error", code="backend_error") from e
         return data
 
 
@@ -113,8 +115,9 @@ class HFChatBackend:
 
     name = "hf"
 
-    def __init__(self, model: Any, tokenizer: Any, *, call_format: str = "hermes", model_name: str = "embedded",
-                 max_new_tokens: int = 512, completions_url: str | None = None) -> None:
+    def __init__(self, model: Any, tokenizer: Any, *, call_format: str = "hermes",
+                 model_name: str = "embedded", max_new_tokens: int = 512,
+                 completions_url: str | None = None) -> None:
         from cipr.formats import resolve_format
         from cipr.runtime.backends import CompletionsBackend, HFBackend
         from cipr.runtime.generation import GreedyConfig
@@ -124,8 +127,8 @@ class HFChatBackend:
             self.generator: Any = HFBackend(model, tokenizer, self.format,
                                             GreedyConfig(batch_size=1, max_new_tokens=max_new_tokens))
         else:
-            self.generator = CompletionsBackend(completions_url, tokenizer, self.format, model_name=model_name,
-                                                max_new_tokens=max_new_tokens)
+            self.generator = CompletionsBackend(completions_url, tokenizer, self.format,
+                                                model_name=model_name, max_new_tokens=max_new_tokens)
         self.tokenizer = tokenizer
         self.model_name = model_name if completions_url is None else self.generator.model_name
         self.max_new_tokens = max_new_tokens

@@ -71,7 +71,8 @@ def _rename_call(tool_call: Mapping[str, Any], rename: Any) -> dict[str, Any]:
     return out
 
 
-def canonical_request(body: Mapping[str, Any], rewrite: RewriteText = "identifiers") -> tuple[dict[str, Any], NameMap]:
+def canonical_request(body: Mapping[str, Any],
+                      rewrite: RewriteText = "identifiers") -> tuple[dict[str, Any], NameMap]:
     """The request under canonical ids, and the map back (see the module docstring)."""
     interface, nmap = canonicalize_interface(request_interface(body))
     fwd = nmap.forward

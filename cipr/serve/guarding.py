@@ -34,15 +34,15 @@ def reply_text(message: Mapping[str, Any]) -> str:
     for tc in message.get("tool_calls") or ():
         fn = tc.get("function", {})
         args = _arguments(fn.get("arguments"))
-        parts.append("<tool_call>\n" + json.dumps({"name": fn.get("name", ""),
-                                                    "arguments": args if args is not None else fn.get("arguments")},
-                                                   ensure_ascii=False) + "\n</tool_call>")
+        call = {"name": fn.get("name", ""), "arguments": args if args is not None else fn.get("arguments")}
+        parts.append("<tool_call>\n" + json.dumps(call, ensure_ascii=False) + "\n</tool_call>")
     return "\n".join(p for p in parts if p)
 
 
 @dataclass
 class ChatGuardBackend:
-    """A `cipr.runtime.backends.Backend` over a chat backend; `base` holds the request's other fields (model, ...)."""
+    """A `cipr.runtime.backends.Backend` over a chat backend; `base` holds the request's other fields
+    (model, ...)."""
 
     backend: ChatBackend
     base: Mapping[str, Any]
@@ -65,7 +65,8 @@ class ChatGuardBackend:
         data = self.backend.complete(body)
         usage = data.get("usage") or {}
         return Generation(reply_text(data["choices"][0]["message"]),
-                          usage=Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)))
+                          usage=Usage(int(usage.get("prompt_tokens") or 0),
+                                      int(usage.get("completion_tokens") or 0)))
 
     def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
         return [self._one(r) for r in requests]
@@ -82,7 +83,8 @@ def proposed_calls(message: Mapping[str, Any]) -> list[Call]:
 
 
 def guard_turn(policy: str, body: Mapping[str, Any], message: Mapping[str, Any], backend: ChatBackend, *,
-               audit: AuditLog, budget: int, item_id: str | None = None) -> tuple[dict[str, Any], GuardOutcome]:
+               audit: AuditLog, budget: int,
+               item_id: str | None = None) -> tuple[dict[str, Any], GuardOutcome]:
     """Guard one assistant turn of a request `body` (in the model's namespace): the message with only
     the calls the guard lets through, and the guard's outcome."""
     snapshot = ContractSnapshot.from_openai(body.get("tools") or [], where="<request tools>")
@@ -103,5 +105,6 @@ def guard_info(outcome: GuardOutcome, policy: str) -> dict[str, Any]:
     """What the client is told about the guard's decision (the full record is in the audit log)."""
     rec = outcome.record
     return {"policy": policy, "status": outcome.status, "contract_version": rec.contract_version,
-            "refused": list(outcome.refused), "decisions": rec.decisions, "original_calls": rec.original_calls,
-            "final_calls": rec.final_calls, "tokens": rec.usage.to_json()}
+            "refused": list(outcome.refused), "decisions": rec.decisions,
+            "original_calls": rec.original_calls, "final_calls": rec.final_calls,
+            "tokens": rec.usage.to_json()}

@@ -66,7 +66,8 @@ class _Handler(BaseHTTPRequestHandler):
         names, endpoint = route(self.path)
         length = int(self.headers.get("Content-Length") or 0)
         if length > MAX_BODY_BYTES:
-            self._error(ApiError(413, f"request body of {length} bytes exceeds {MAX_BODY_BYTES}", code="too_large"))
+            self._error(ApiError(413, f"request body of {length} bytes exceeds {MAX_BODY_BYTES}",
+                                 code="too_large"))
             self.close_connection = True
             return
         raw = self.rfile.read(length) if length else b""
@@ -104,7 +105,8 @@ class CiprHTTPServer(ThreadingHTTPServer):
         return f"http://{host}:{port}"
 
 
-def start(service: ChatService, host: str = "127.0.0.1", port: int = 0) -> tuple[CiprHTTPServer, threading.Thread]:
+def start(service: ChatService, host: str = "127.0.0.1",
+          port: int = 0) -> tuple[CiprHTTPServer, threading.Thread]:
     """A server on (host, port) (0: a free port) serving in a background thread; stop it with `stop`."""
     server = CiprHTTPServer(service, host, port)
     thread = threading.Thread(target=server.serve_forever, name="cipr-serve", daemon=True)

@@ -49,7 +49,8 @@ def _check_content(content: Any, where: str) -> None:
         raise bad_request(f"{where} must be a string, null or a list of content parts", where, "invalid_type")
     for j, part in enumerate(content):
         if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
-            raise bad_request(f"{where}[{j}] must be an object with a 'type'", f"{where}[{j}]", "invalid_type")
+            raise bad_request(f"{where}[{j}] must be an object with a 'type'", f"{where}[{j}]",
+                              "invalid_type")
 
 
 def _check_tool_calls(calls: Any, where: str) -> None:
@@ -74,7 +75,8 @@ def _check_tool_calls(calls: Any, where: str) -> None:
         try:
             json.loads(args or "{}")
         except json.JSONDecodeError as e:
-            raise bad_request(f"{at}.function.arguments is not valid JSON: {e}", f"{at}.function.arguments") from e
+            raise bad_request(f"{at}.function.arguments is not valid JSON: {e}",
+                              f"{at}.function.arguments") from e
 
 
 def check_messages(messages: Any) -> None:
@@ -92,7 +94,8 @@ def check_messages(messages: Any) -> None:
         _check_content(m.get("content"), f"{at}.content")
         if m.get("tool_calls") is not None:
             if role != "assistant":
-                raise bad_request(f"{at}.tool_calls is only allowed on assistant messages", f"{at}.tool_calls")
+                raise bad_request(f"{at}.tool_calls is only allowed on assistant messages",
+                                  f"{at}.tool_calls")
             _check_tool_calls(m["tool_calls"], f"{at}.tool_calls")
         if m.get("name") is not None and not isinstance(m["name"], str):
             raise bad_request(f"{at}.name must be a string", f"{at}.name", "invalid_type")
@@ -114,7 +117,8 @@ def check_tools(tools: Any) -> None:
         if not isinstance(fn.get("name"), str) or not fn["name"]:
             raise bad_request(f"{at}.function.name must be a non-empty string", f"{at}.function.name")
         params = fn.get("parameters")
-        if params is not None and (not isinstance(params, Mapping) or params.get("type", "object") != "object"):
+        if params is not None and (not isinstance(params, Mapping)
+                                   or params.get("type", "object") != "object"):
             raise bad_request(f"{at}.function.parameters must be a JSON Schema of type object",
                               f"{at}.function.parameters")
         props = (params or {}).get("properties")
@@ -135,17 +139,19 @@ def check_tool_choice(choice: Any, tools: Sequence[Mapping[str, Any]] | None) ->
         return
     if isinstance(choice, str):
         if choice not in TOOL_CHOICE_WORDS:
-            raise bad_request(f"tool_choice must be one of {', '.join(TOOL_CHOICE_WORDS)} or a function object",
-                              "tool_choice")
+            raise bad_request(f"tool_choice must be one of {', '.join(TOOL_CHOICE_WORDS)} or a function "
+                              "object", "tool_choice")
         if choice == "required" and not tools:
             raise bad_request("tool_choice 'required' needs tools", "tool_choice")
         return
     name = tool_choice_name(choice)
-    if not isinstance(choice, Mapping) or choice.get("type", "function") != "function" or not isinstance(name, str):
+    if (not isinstance(choice, Mapping) or choice.get("type", "function") != "function"
+            or not isinstance(name, str)):
         raise bad_request("tool_choice must be a word or {'type': 'function', 'function': {'name': ...}}",
                           "tool_choice")
     if name not in {t["function"]["name"] for t in tools or ()}:
-        raise bad_request(f"tool_choice names {name!r}, which tools does not declare", "tool_choice.function.name")
+        raise bad_request(f"tool_choice names {name!r}, which tools does not declare",
+                          "tool_choice.function.name")
 
 
 def check_request(body: Any) -> None:
@@ -156,8 +162,8 @@ def check_request(body: Any) -> None:
         raise bad_request("model must be a non-empty string", "model",
                           "missing_required_parameter" if "model" not in body else "invalid_value")
     if body.get("stream"):
-        raise bad_request("streaming is not supported by cipr-serve: send stream=false (or omit it); the reply "
-                          "comes as one chat.completion object", "stream", "unsupported_value")
+        raise bad_request("streaming is not supported by cipr-serve: send stream=false (or omit it); "
+                          "the reply comes as one chat.completion object", "stream", "unsupported_value")
     n = body.get("n", 1)
     if n not in (None, 1):
         raise bad_request("cipr-serve returns one choice per request: n must be 1", "n", "unsupported_value")
@@ -167,7 +173,8 @@ def check_request(body: Any) -> None:
 
 
 def completion(model: str, message: Mapping[str, Any], *, finish_reason: str,
-               usage: Mapping[str, Any] | None = None, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+               usage: Mapping[str, Any] | None = None,
+               extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A `chat.completion` object with one choice."""
     out: dict[str, Any] = {
         "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),

@@ -69,7 +69,8 @@ class ServeConfig:
 class ChatService:
     """The adapter and the guard in front of a chat backend (see the module docstring)."""
 
-    def __init__(self, backend: ChatBackend, config: ServeConfig | None = None, audit: AuditLog | None = None) -> None:
+    def __init__(self, backend: ChatBackend, config: ServeConfig | None = None,
+                 audit: AuditLog | None = None) -> None:
         self.backend, self.config = backend, config or ServeConfig()
         self.audit = audit if audit is not None else AuditLog(self.config.audit)
 
@@ -97,24 +98,27 @@ class ChatService:
         if self.config.guard != "off" and message.get("tool_calls"):
             attempted = len(message["tool_calls"])
             try:
-                message, outcome = guard_turn(self.config.guard, shown, message, self.backend, audit=self.audit,
-                                              budget=self.config.guard_budget, item_id=data.get("id"))
+                message, outcome = guard_turn(self.config.guard, shown, message, self.backend,
+                                              audit=self.audit, budget=self.config.guard_budget,
+                                              item_id=data.get("id"))
             except DataError as e:
                 raise ApiError(400, f"the guard cannot read the request's tools: {e}", param="tools") from e
             info["guard"] = guard_info(outcome, self.config.guard)
             if attempted and not outcome.calls:
                 raise ApiError(502, f"the guard ({self.config.guard}) blocked every call of the model's turn "
-                               f"(status {outcome.status}; refused tools: {', '.join(outcome.refused) or 'none'})",
+                               f"(status {outcome.status}; refused tools: "
+                               f"{', '.join(outcome.refused) or 'none'})",
                                type="upstream_error", code="guard_blocked", extra={"guard": info["guard"]})
         undeclared = undeclared_names(message, declared)
         if undeclared:
-            raise ApiError(502, f"the model called {', '.join(map(repr, undeclared))}, which the request's tools "
-                           f"do not declare{' (canonical ids)' if nmap else ''}; the call is not executed",
-                           type="upstream_error", code="undeclared_tool",
+            raise ApiError(502, f"the model called {', '.join(map(repr, undeclared))}, which the request's "
+                           f"tools do not declare{' (canonical ids)' if nmap else ''}; the call is not "
+                           "executed", type="upstream_error", code="undeclared_tool",
                            extra={"undeclared": undeclared, "model_message": message, "names": names})
         if nmap is not None:
             message = translate_reply(message, nmap, rewrite)
-        finish = "tool_calls" if message.get("tool_calls") else data["choices"][0].get("finish_reason") or "stop"
+        finish = ("tool_calls" if message.get("tool_calls")
+                  else data["choices"][0].get("finish_reason") or "stop")
         if finish == "tool_calls" and not message.get("tool_calls"):
             finish = "stop"
         return completion(body["model"], message, finish_reason=finish, usage=_usage(data.get("usage")),

@@ -94,15 +94,16 @@ def tau2_section(summary: Mapping[str, Any], times: Mapping[str, Mapping[str, An
         for domain, p in parts.items():
             t = times.get(f"{names}/{domain}", {})
             rows.append([names, domain, str(p["n_items"]), fmt(p["types"].get("original")),
-                         f"{t.get('mean_s', 0):.1f}", ", ".join(f"{k} {v}" for k, v in t.get("classes", {}).items())])
+                         f"{t.get('mean_s', 0):.1f}",
+                         ", ".join(f"{k} {v}" for k, v in t.get("classes", {}).items())])
         rows.append([names, "**all**", str(sum(p["n_items"] for p in parts.values())),
                      fmt(e["types"].get("original", {}).get("accuracy")), "", ""])
     out = ["", "## τ²-bench pass rate (reward 1), 95% Wilson intervals", "",
            table(["Tool names", "Domain", "tasks", "pass rate (%)", "s / task", "classes"], rows)]
     gap = (summary.get("canonical_minus_original") or {}).get("types", {}).get("original")
     if gap:
-        out += ["", f"Paired gap canonical − original over {gap['n']} tasks both arms ran: {fmt(gap, signed=True)} "
-                    f"points ({gap['unpaired']} unpaired)."]
+        out += ["", f"Paired gap canonical − original over {gap['n']} tasks both arms ran: "
+                    f"{fmt(gap, signed=True)} points ({gap['unpaired']} unpaired)."]
     for reason, keys in skips.items():
         out += ["", f"Skipped ({len(keys)}): {reason}."]
     return "\n".join(out) + "\n"
@@ -119,7 +120,8 @@ def convert(out_dir: str | Path, meta: Mapping[str, Any]) -> dict[str, Any]:
     tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in results))
     tmp.replace(out / RESULTS)
     skips = skipped(records)
-    run_meta = {**meta, "benchmark": "tau2", "perturbations": ["original"], "groups": {"original": "original"},
+    run_meta = {**meta, "benchmark": "tau2", "perturbations": ["original"],
+                "groups": {"original": "original"},
                 "names": sorted({r["names"] for r in results}, key=["original", "canonical"].index),
                 "tau2_skipped": {reason: len(keys) for reason, keys in skips.items()},
                 "report": {"original": "original", "group_mode": "item_mean", "mean_groups": None}}

@@ -71,8 +71,8 @@ class GoldReplayBackend:
                         shown: list[dict[str, Any]]) -> Call:
         target = next((t["function"] for t in shown if t["function"].get("description") == description), None)
         if target is None:
-            raise ApiError(500, f"gold agent: no tool in the request has the description {description[:80]!r}",
-                           type="server_error", code="gold_agent")
+            raise ApiError(500, f"gold agent: no tool in the request has the description "
+                           f"{description[:80]!r}", type="server_error", code="gold_agent")
         names = list(target["parameters"]["properties"])
         return Call(target["name"], {names[arg_order.index(k)]: v for k, v in arguments.items()})
 
@@ -93,5 +93,6 @@ class GoldReplayBackend:
             message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [wire_call(call)]}
             return completion("gold", message, finish_reason="tool_calls")
         said = " ".join(str(x) for x in self._communicate[f"{domain}/{task_id}"])
-        return completion("gold", {"role": "assistant", "content": f"Your request is handled. {said}".strip()},
+        return completion("gold",
+                          {"role": "assistant", "content": f"Your request is handled. {said}".strip()},
                           finish_reason="stop")

@@ -50,8 +50,9 @@ def _quiet() -> None:
     from loguru import logger
 
     logger.remove()
+    # litellm has no price for our models
     logger.add(sys.stderr, level=os.environ.get("CIPR_TAU2_LOG_LEVEL", "WARNING"),
-               filter=lambda record: "isn't mapped yet" not in record["message"])  # litellm has no price for our models
+               filter=lambda record: "isn't mapped yet" not in record["message"])
 
 
 def needs_judge(task: Any) -> bool:
@@ -111,8 +112,8 @@ def run_task(task: Any, spec: dict[str, Any]) -> dict[str, Any]:
     rec.update(reward=float(info.reward) if info else 0.0,
                termination_reason=str(getattr(sim.termination_reason, "value", sim.termination_reason)),
                error=None, error_code=None, duration_s=time.perf_counter() - start,
-               n_messages=len(sim.messages),
-               n_tool_calls=sum(len(m.tool_calls or []) for m in sim.messages if getattr(m, "tool_calls", None)),
+               n_messages=len(sim.messages), n_tool_calls=sum(len(m.tool_calls or []) for m in sim.messages
+                                                              if getattr(m, "tool_calls", None)),
                reward_info=json.loads(info.model_dump_json()) if info else None,
                simulation_id=sim.id)
     sims = spec.get("sims")

@@ -98,14 +98,14 @@ def tau2_data(config: Tau2Config) -> Path:
 
     root = data_root(config.data_root)
     if not (root / "tau2" / "domains").is_dir():
-        raise MissingInputError("no τ² data (tau2/domains) under the data root; set data_root= or CIPR_DATA_ROOT",
-                                file=str(root / "tau2"))
+        raise MissingInputError("no τ² data (tau2/domains) under the data root; set data_root= or "
+                                "CIPR_DATA_ROOT", file=str(root / "tau2"))
     return root
 
 
 GUIDELINES = ("simulation_guidelines.md", "simulation_guidelines_tools.md")
-PLACEHOLDER = ("Placeholder guidelines of the scripted user of cipr.tau2.gold, which answers from a script and "
-               "never reads its system prompt.\n")
+PLACEHOLDER = ("Placeholder guidelines of the scripted user of cipr.tau2.gold, which answers from a script "
+               "and never reads its system prompt.\n")
 
 
 def user_guidelines(config: Tau2Config, root: Path, out_dir: Path) -> Path:
@@ -120,8 +120,8 @@ def user_guidelines(config: Tau2Config, root: Path, out_dir: Path) -> Path:
     for name in GUIDELINES:
         if not (folder / name).is_file():
             raise MissingInputError(
-                f"τ²'s user simulator reads {name} (upstream tau2-bench data/tau2/user_simulator/{name}), which "
-                f"is not in {folder}: add that folder beside tau2/domains or pass user_guidelines=DIR",
+                f"τ²'s user simulator reads {name} (upstream tau2-bench data/tau2/user_simulator/{name}), "
+                f"which is not in {folder}: add that folder beside tau2/domains or pass user_guidelines=DIR",
                 file=str(folder / name))
     return folder
 
@@ -162,10 +162,12 @@ def served(config: Tau2Config, out_dir: Path, root: Path, backend: Any = None) -
         from cipr.serve.command import ServeCommand, build_backend
 
         backend = build_backend(ServeCommand(backend=config.backend, model_name=config.model_name,
-                                             call_format=config.call_format, max_new_tokens=config.max_new_tokens,
-                                             threads=config.threads, tokenizer=config.tokenizer))
+                                             call_format=config.call_format,
+                                             max_new_tokens=config.max_new_tokens, threads=config.threads,
+                                             tokenizer=config.tokenizer))
     service = ChatService(backend, ServeConfig(guard=config.guard, guard_budget=config.guard_budget,
-                                               audit=str(out_dir / "audit.jsonl") if config.guard != "off" else None))
+                                               audit=str(out_dir / "audit.jsonl")
+                                               if config.guard != "off" else None))
     server, thread = start(service)
     try:
         yield server.url, config.model_name or backend.models()[0]
@@ -174,9 +176,9 @@ def served(config: Tau2Config, out_dir: Path, root: Path, backend: Any = None) -
 
 
 def _llm(model: str, url: str, config: Tau2Config) -> dict[str, Any]:
-    return {"model": f"openai/{model}", "args": {"api_base": url, "api_key": os.environ.get("OPENAI_API_KEY", "none"),
-                                                 "temperature": config.temperature,
-                                                 "num_retries": config.num_retries}}
+    return {"model": f"openai/{model}",
+            "args": {"api_base": url, "api_key": os.environ.get("OPENAI_API_KEY", "none"),
+                     "temperature": config.temperature, "num_retries": config.num_retries}}
 
 
 def spec_for(config: Tau2Config, out_dir: Path, url: str, model: str, names: str, domain: str, trial: int,
@@ -226,7 +228,8 @@ def run_tau2(config: Tau2Config, backend: Any = None) -> dict[str, Any]:
                         subprocess.run([str(python), str(HARNESS), str(spec_path)], env=env, check=True,
                                        timeout=config.timeout_s)
                     except subprocess.TimeoutExpired:
-                        log.warning("τ² harness passed timeout_s=%s; rerun the command to continue", config.timeout_s)
+                        log.warning("τ² harness passed timeout_s=%s; rerun the command to continue",
+                                    config.timeout_s)
                     except subprocess.CalledProcessError as e:
                         raise RuntimeError(f"the τ² harness failed (exit {e.returncode}) on {spec_path}; its "
                                            "output is above") from e

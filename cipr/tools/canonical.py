@@ -1,10 +1,10 @@
 """Canonicalization adapter: neutral tool and argument ids, applied everywhere, and translation back.
 
 Every tool name becomes `function_01`, `function_02`, ... by position; every argument name becomes
-`arg_01`, ... numbered within its tool by the order of its `properties`. Descriptions (but for the
-tool names they mention), types, required flags, enums and argument values stay. The same mapping is applied to every reference to
-those names: reference calls, BFCL accepted-values lists, alternatives, calls in earlier turns, tool
-messages' names, and mentions in text (below).
+`arg_01`, ... numbered within its tool by the order of its `properties`. Descriptions (but for the tool names
+they mention), types, required flags, enums and argument values stay. The same mapping is applied to every
+reference to those names: reference calls, BFCL accepted-values lists, alternatives, calls in earlier turns,
+tool messages' names, and mentions in text (below).
 
 Choices the paper leaves open (documented here, configurable where it matters):
 - Only top-level argument names are renamed; nested object properties keep their names, since they
@@ -221,8 +221,8 @@ def apply_name_map(example: Example, interface: Interface, nmap: NameMap,
 
     accepted = None
     if example.accepted is not None:
-        accepted = tuple(_rename_accepted(a, c.name, nmap) for a, c in zip(example.accepted, example.reference,
-                                                                           strict=True))
+        accepted = tuple(_rename_accepted(a, c.name, nmap)
+                         for a, c in zip(example.accepted, example.reference, strict=True))
     return example.with_(
         messages=tuple(msg(m) for m in example.messages),
         interface=rewrite_interface_text(interface, fwd, rewrite),

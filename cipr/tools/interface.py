@@ -58,17 +58,20 @@ class Tool:
                 "inputSchema": copy.deepcopy(dict(self.parameters))}
 
     @classmethod
-    def from_openai(cls, entry: Mapping[str, Any], *, where: str = "<tools>", item: str | None = None) -> Tool:
+    def from_openai(cls, entry: Mapping[str, Any], *, where: str = "<tools>",
+                    item: str | None = None) -> Tool:
         fn = entry.get("function", entry) if isinstance(entry, Mapping) else None
         if not isinstance(fn, Mapping):
             raise DataError("tool entry is not an object", file=where, item=item, field="tools")
         return cls._build(fn.get("name"), fn.get("description", ""), fn.get("parameters"), where, item)
 
     @classmethod
-    def from_mcp(cls, entry: Mapping[str, Any], *, where: str = "<tools/list>", item: str | None = None) -> Tool:
+    def from_mcp(cls, entry: Mapping[str, Any], *, where: str = "<tools/list>",
+                 item: str | None = None) -> Tool:
         if not isinstance(entry, Mapping):
             raise DataError("tool entry is not an object", file=where, item=item, field="tools")
-        return cls._build(entry.get("name"), entry.get("description", ""), entry.get("inputSchema"), where, item)
+        return cls._build(entry.get("name"), entry.get("description", ""), entry.get("inputSchema"), where,
+                          item)
 
     @classmethod
     def _build(cls, name: Any, description: Any, parameters: Any, where: str, item: str | None) -> Tool:
@@ -78,8 +81,8 @@ class Tool:
         if parameters is None:
             parameters = {"type": "object", "properties": {}}
         if not isinstance(parameters, Mapping) or parameters.get("type", "object") != "object":
-            raise DataError(f"parameters of tool {name!r} must be a JSON Schema object, got {parameters!r}"[:300],
-                            file=where, item=item, field=f"{name}.parameters")
+            raise DataError(f"parameters of tool {name!r} must be a JSON Schema object, "
+                            f"got {parameters!r}"[:300], file=where, item=item, field=f"{name}.parameters")
         params = copy.deepcopy(dict(parameters))
         params.setdefault("type", "object")
         params.setdefault("properties", {})
@@ -148,7 +151,8 @@ class Interface:
                  item: str | None = None) -> Interface:
         tools = result.get("tools") if isinstance(result, Mapping) else result
         if not isinstance(tools, Sequence):
-            raise DataError("an MCP tools/list result needs a 'tools' list", file=where, item=item, field="tools")
+            raise DataError("an MCP tools/list result needs a 'tools' list", file=where, item=item,
+                            field="tools")
         return cls(tuple(Tool.from_mcp(t, where=where, item=item) for t in tools))
 
 

@@ -83,7 +83,8 @@ def normalize_schema(schema: Any, *, language: str = "python", where: str = "par
                         file=file, item=item, field=where)
     top = schema.get("type", "object")
     if top not in ("dict", "object"):
-        raise DataError(f"parameters must have type dict/object, got {top!r}", file=file, item=item, field=where)
+        raise DataError(f"parameters must have type dict/object, got {top!r}", file=file, item=item,
+                        field=where)
     out = _normalize(schema, _DIALECTS[language], where, file, item)
     out["type"] = "object"
     out.setdefault("properties", {})
@@ -107,16 +108,18 @@ def _normalize(node: Any, dialect: Mapping[str, str | None], where: str, file: s
     for key, value in node.items():
         if key == "properties":
             if not isinstance(value, Mapping):
-                raise DataError("properties must be an object", file=file, item=item, field=f"{where}.properties")
-            out[key] = {name: _normalize(sub, dialect, f"{where}.{name}", file, item) for name, sub in value.items()}
+                raise DataError("properties must be an object", file=file, item=item,
+                                field=f"{where}.properties")
+            out[key] = {name: _normalize(sub, dialect, f"{where}.{name}", file, item)
+                        for name, sub in value.items()}
         elif key == "items" and isinstance(value, Mapping):
             out[key] = _normalize(value, dialect, f"{where}[]", file, item)
         elif key == "additionalProperties" and isinstance(value, Mapping):
             out[key] = _normalize(value, dialect, f"{where}{{}}", file, item)
         elif key == "required":
             if not isinstance(value, list) or not all(isinstance(r, str) for r in value):
-                raise DataError(f"required must be a list of names, got {value!r}"[:200], file=file, item=item,
-                                field=f"{where}.required")
+                raise DataError(f"required must be a list of names, got {value!r}"[:200], file=file,
+                                item=item, field=f"{where}.required")
             out[key] = list(value)
         elif key != "type":
             out[key] = copy.deepcopy(value)

@@ -1,4 +1,5 @@
-"""Training: SFT warm start, GRPO (ToolRL recipe), multi-interface, masking, CIPR and self-distillation, by config.
+"""Training: SFT warm start, GRPO (ToolRL recipe), multi-interface, masking, CIPR and self-distillation,
+by config.
 
 One module per concept:
 - `config`: TrainConfig, the run config, its per-algorithm sections, and the refusal of ignored options.

@@ -100,8 +100,8 @@ def stage_done(stage_dir: str | Path) -> dict[str, Any] | None:
         raise DataError(f"{e.reason}: delete it to finish the stage again from its latest checkpoint",
                         file=str(path)) from e
     if not isinstance(data, dict):
-        raise DataError("expected a JSON object: delete it to finish the stage again from its latest checkpoint",
-                        file=str(path))
+        raise DataError("expected a JSON object: delete it to finish the stage again from its latest "
+                        "checkpoint", file=str(path))
     return data
 
 
@@ -122,12 +122,12 @@ def resolve_resume(mode: str, stage_dir: str | Path) -> str | None:
         return None
     path = Path(mode)
     if not (path / "trainer_state.json").is_file():
-        raise ConfigError(f"trainer.resume={mode!r} is not a checkpoint folder (no trainer_state.json); use auto, "
-                          f"never, or a checkpoint-<step> folder")
+        raise ConfigError(f"trainer.resume={mode!r} is not a checkpoint folder (no trainer_state.json); "
+                          f"use auto, never, or a checkpoint-<step> folder")
     problem = checkpoint_problem(path)
     if problem is not None:
-        raise ConfigError(f"trainer.resume={mode!r}: the checkpoint {problem}; give another checkpoint-<step> "
-                          f"folder, or trainer.resume=auto")
+        raise ConfigError(f"trainer.resume={mode!r}: the checkpoint {problem}; give another "
+                          f"checkpoint-<step> folder, or trainer.resume=auto")
     return str(path)
 
 
@@ -161,9 +161,9 @@ def check_finite(loss: torch.Tensor, step: int, parts: dict[str, float] | None =
         return
     detail = ", ".join(f"{k}={v:.4g}" for k, v in (parts or {}).items())
     raise NonFiniteLossError(
-        f"the loss is {value} at optimizer step {step + 1}{f' ({detail})' if detail else ''}; training stopped "
-        f"before applying it, and the last tracked checkpoint is intact. Lower the learning rate or the "
-        f"consistency weights, or check the data of this step.")
+        f"the loss is {value} at optimizer step {step + 1}{f' ({detail})' if detail else ''}; training "
+        f"stopped before applying it, and the last tracked checkpoint is intact. Lower the learning rate or "
+        f"the consistency weights, or check the data of this step.")
 
 
 _INDEXED_CPU = False
@@ -173,9 +173,10 @@ def restore_indexed_cpu_locations() -> None:
     """Let `torch.load(map_location="cpu:N")` restore tensors (once per process).
 
     accelerate gives each CPU process of a multi-process run the device `cpu:<local rank>`, and transformers
-    loads the optimizer state of a resumed run with `map_location=args.device` there; torch's own deserializers
-    know only "cpu", so a DDP resume on CPU processes failed with "don't know how to restore data location ...
-    (tagged with cpu:0)". This registers the missing one through torch's public `register_package`."""
+    loads the optimizer state of a resumed run with `map_location=args.device` there; torch's own
+    deserializers know only "cpu", so a DDP resume on CPU processes failed with "don't know how to restore
+    data location ... (tagged with cpu:0)". This registers the missing one through torch's public
+    `register_package`."""
     global _INDEXED_CPU
     if _INDEXED_CPU:
         return
@@ -199,10 +200,11 @@ class CheckpointMixin:
     def load_extra_state(self, state: dict[str, Any]) -> None:
         saved = state.get("sampler")
         sampler = getattr(self, "_cipr_sampler", None)
-        if saved and sampler is not None and (saved["seed"], saved["num_rows"]) != (sampler.seed, sampler.num_rows):
-            raise ConfigError(f"the checkpoint was written with data seed {saved['seed']} over {saved['num_rows']} "
-                              f"rows, this run has seed {sampler.seed} over {sampler.num_rows}: resume with the "
-                              f"same data config, or start a new run_dir")
+        if (saved and sampler is not None
+                and (saved["seed"], saved["num_rows"]) != (sampler.seed, sampler.num_rows)):
+            raise ConfigError(f"the checkpoint was written with data seed {saved['seed']} over "
+                              f"{saved['num_rows']} rows, this run has seed {sampler.seed} over "
+                              f"{sampler.num_rows}: resume with the same data config, or start a new run_dir")
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         super()._save_checkpoint(model, trial)  # type: ignore[misc]
@@ -233,14 +235,15 @@ class CheckpointMixin:
             folder.mkdir(parents=True, exist_ok=True)
             write_json_atomic(folder / FROZEN, {
                 "omitted": sorted(frozen),
-                "why": "frozen parameters (model.freeze_bottom_layers): training does not change them; they are "
-                       "re-read from the base model the run config names (cipr.core.checkpoints)"})
+                "why": "frozen parameters (model.freeze_bottom_layers): training does not change them; "
+                       "they are re-read from the base model the run config names (cipr.core.checkpoints)"})
         else:
             (folder / FROZEN).unlink(missing_ok=True)
         super()._save(str(folder), state_dict=state_dict)  # type: ignore[misc]
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
-        """Resume the weights; a checkpoint without its frozen tensors goes over the model as loaded (the base)."""
+        """Resume the weights; a checkpoint without its frozen tensors goes over the model as loaded (the
+        base)."""
         if model is None and frozen_omitted(resume_from_checkpoint) is not None:
             log.info("loading the trainable tensors of %s over the base model", resume_from_checkpoint)
             apply_trainable(self.model, resume_from_checkpoint)  # type: ignore[attr-defined]

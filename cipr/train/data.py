@@ -58,14 +58,14 @@ Side = Literal["canonical", "perturbed", "single"]
 class DataConfig:
     """Where training prompts come from and how they are prepared (module docstring).
 
-    `n` (how many examples; 0 = all of a file) and `seed` (held-out split, masking, perturbation)
-    mean the same for every source, so they sit here and not in a source's options; the synthetic
-    source hands them with `tools_per_example`, `parallel_fraction`, `no_call_fraction`,
-    `same_domain_distractors`, `tools` (a narrower catalog) and `exclude` (tools and templates held back)
-    to the generator's own config (`cipr.data.synthetic.SyntheticConfig`,
-    which owns the defaults and their checks). `perturbation_seed` draws the perturbed copies (twins,
-    relabeling, order; None: `seed`), so runs can share their examples and differ in their copies. `on_bad_row` (`raise` or `skip`) is the messages
-    source's (`cipr.data.messages.load_messages`); the other sources always raise.
+    `n` (how many examples; 0 = all of a file) and `seed` (held-out split, masking, perturbation) mean the
+    same for every source, so they sit here and not in a source's options; the synthetic source hands them
+    with `tools_per_example`, `parallel_fraction`, `no_call_fraction`, `same_domain_distractors`, `tools` (a
+    narrower catalog) and `exclude` (tools and templates held back) to the generator's own config
+    (`cipr.data.synthetic.SyntheticConfig`, which owns the defaults and their checks). `perturbation_seed`
+    draws the perturbed copies (twins, relabeling, order; None: `seed`), so runs can share their examples and
+    differ in their copies. `on_bad_row` (`raise` or `skip`) is the messages source's
+    (`cipr.data.messages.load_messages`); the other sources always raise.
     """
 
     source: Literal["synthetic", "toolrl", "toolrl_sft", "messages"] = "synthetic"
@@ -129,7 +129,8 @@ class PromptSet:
         """A copy without the training units (a prompt, or a pair) holding a prompt over `max_tokens`
         tokens, counted in `skipped`; rows renumbered. The GRPO counterpart of verl's
         `filter_overlong_prompts`, applied to whole pairs so a copy never loses its canonical row."""
-        lengths = [len(ids) for ids in tokenizer([r.prompt for r in self.records], add_special_tokens=False)["input_ids"]]
+        lengths = [len(ids) for ids in tokenizer([r.prompt for r in self.records],
+                                                 add_special_tokens=False)["input_ids"]]
         keep: list[PromptRecord] = []
         skipped = Counter(self.skipped)
         for start in range(0, len(self.records), self.unit_size):
@@ -175,7 +176,8 @@ def check_source(cfg: DataConfig) -> Path | None:
         raise ConfigError(f"data.on_bad_row={cfg.on_bad_row} applies to data.source=messages only; remove it")
     if cfg.source == "synthetic":
         if cfg.path is not None:
-            raise ConfigError("data.path is not used by data.source=synthetic (it generates its examples); remove it")
+            raise ConfigError("data.path is not used by data.source=synthetic "
+                              "(it generates its examples); remove it")
         try:
             synthetic_config(cfg)
         except ValueError as e:
@@ -191,8 +193,8 @@ def check_source(cfg: DataConfig) -> Path | None:
     if path is None or not path.is_file():
         hint = ""
         if cfg.source == "toolrl":
-            hint = (" ToolRL's 3,920-row train.parquet is not in the shared data: pass data.path=<your copy>, or "
-                    "data.path=<data root>/toolrl/rlla_4k/test.parquet for a smoke run.")
+            hint = (" ToolRL's 3,920-row train.parquet is not in the shared data: pass data.path=<your copy>,"
+                    " or data.path=<data root>/toolrl/rlla_4k/test.parquet for a smoke run.")
         raise ConfigError(f"data.source={cfg.source} needs the file {path}, which does not exist.{hint} "
                           f"Set data.path (or CIPR_DATA_ROOT).")
     return path
@@ -268,12 +270,12 @@ def _record(row: int, pair_id: int, side: Side, example: Example, fmt: CallForma
             twin_of: Sequence[str | None] = ()) -> PromptRecord:
     prompt = fmt.render_prompt(tokenizer, example.messages, example.interface)
     target = fmt.render_target(example.reference, response=example.response, think=think)
-    return PromptRecord(row, pair_id, side, example, prompt, target, tuple(classes), tuple(twins), num_actions,
-                        tuple(twin_of) or (None,) * len(classes))
+    return PromptRecord(row, pair_id, side, example, prompt, target, tuple(classes), tuple(twins),
+                        num_actions, tuple(twin_of) or (None,) * len(classes))
 
 
-def build_prompts(examples: Sequence[Example], cfg: DataConfig, *, names: str, perturbed: bool, fmt: CallFormat,
-                  tokenizer: Any, skipped: Mapping[str, int] | None = None) -> PromptSet:
+def build_prompts(examples: Sequence[Example], cfg: DataConfig, *, names: str, perturbed: bool,
+                  fmt: CallFormat, tokenizer: Any, skipped: Mapping[str, int] | None = None) -> PromptSet:
     """Render every usable example under `names` (paired with its perturbed copy when `perturbed`);
     `skipped`: what the loader skipped (`load_source`), carried into `PromptSet.skipped`."""
     if perturbed and names != "canonical":
@@ -299,10 +301,12 @@ def build_prompts(examples: Sequence[Example], cfg: DataConfig, *, names: str, p
         n = len(example.interface)
         side: Side = "canonical" if perturbed else "single"
         if index in held_out:
-            evals.append(_record(len(evals), index, side, example, fmt, tokenizer, range(n), [False] * n, n, think))
+            evals.append(_record(len(evals), index, side, example, fmt, tokenizer, range(n), [False] * n, n,
+                                 think))
             continue
         if not perturbed:
-            train.append(_record(len(train), index, side, example, fmt, tokenizer, range(n), [False] * n, n, think))
+            train.append(_record(len(train), index, side, example, fmt, tokenizer, range(n), [False] * n, n,
+                                 think))
             continue
         from cipr.perturb.training import perturb_for_training
 
@@ -328,10 +332,10 @@ def build_prompts(examples: Sequence[Example], cfg: DataConfig, *, names: str, p
         total = n + added
         written = {src[0]: corr.names[i] for i, src in enumerate(corr.sources) if src}
         twin_of = [written.get(corr.twin_of[i]) if twins[i] else None for i in range(len(corr))]
-        train.append(_record(len(train), index, "canonical", example, fmt, tokenizer, range(n), [False] * n, total,
-                             think))
-        train.append(_record(len(train), index, "perturbed", copy, fmt, tokenizer, classes, twins, total, None,
-                             twin_of))
+        train.append(_record(len(train), index, "canonical", example, fmt, tokenizer, range(n), [False] * n,
+                             total, think))
+        train.append(_record(len(train), index, "perturbed", copy, fmt, tokenizer, classes, twins, total,
+                             None, twin_of))
     if not train:
         raise DataError(f"no training examples left out of {len(examples)} (held out {len(evals)}; skipped "
                         f"{dict(skipped)}): raise data.n or lower data.eval_examples", file=cfg.source)

@@ -79,7 +79,8 @@ from cipr.train.rollout import (
 from cipr.train.sampler import PairedRepeatSampler
 
 
-def shuffle_units(batch: dict[str, Any], unit_rows: int, generator: torch.Generator | None = None) -> dict[str, Any]:
+def shuffle_units(batch: dict[str, Any], unit_rows: int,
+                  generator: torch.Generator | None = None) -> dict[str, Any]:
     """Permute a generation batch in blocks of `unit_rows` consecutive rows (whole groups/pairs)."""
     first = next(v for v in batch.values() if v is not None and (isinstance(v, list) or v.ndim > 0))
     rows = len(first)
@@ -100,8 +101,8 @@ def shuffle_units(batch: dict[str, Any], unit_rows: int, generator: torch.Genera
 
 def completion_logps(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
                      temperature: float, compute_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probabilities [B, C] of the last C = `logits_to_keep` tokens of `input_ids` [B, T] at `temperature`,
-    and their entropies [B, C] if asked, from logits at those positions only.
+    """Log-probabilities [B, C] of the last C = `logits_to_keep` tokens of `input_ids` [B, T] at
+    `temperature`, and their entropies [B, C] if asked, from logits at those positions only.
 
     TRL's fused head scores every position of the sequence (prompt included) where Triton is absent,
     to keep tile shapes fixed for compilers: on CPU that is the whole sequence's vocabulary projection
@@ -127,8 +128,8 @@ def action_entropy(probs: torch.Tensor) -> torch.Tensor:
 class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
     """GRPO with paired interfaces and CIPR's consistency terms (module docstring)."""
 
-    def __init__(self, *args: Any, prompts: PromptSet, scorer: RolloutScorer, algo: AlgoConfig, fmt: CallFormat,
-                 relabel_config: RelabelConfig | None = None, fold_allowed: bool = True,
+    def __init__(self, *args: Any, prompts: PromptSet, scorer: RolloutScorer, algo: AlgoConfig,
+                 fmt: CallFormat, relabel_config: RelabelConfig | None = None, fold_allowed: bool = True,
                  share_prefill: bool = True, vllm_enforce_eager: bool | None = None,
                  sample_log: Callable[[int, list[dict[str, Any]]], None] | None = None,
                  samples_per_step: int = 0, **kwargs: Any) -> None:
@@ -157,7 +158,8 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
     def _init_trl(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """TRL's constructor, with the vLLM adjustments of `cipr.train.rollout` around it.
 
-        Before: the policy's folder is checked to be one vLLM can load (the embedded model's is its converted copy).
+        Before: the policy's folder is checked to be one vLLM can load (the embedded model's is its converted
+        copy).
         During: a colocated engine is built with `enforce_eager` (`vllm_enforce_eager`; null: eager on CPU).
         After: the colocated engine receives weights through `reload_weights` (any dtype), and vLLM
         stops at the policy's eos ids. A vllm_server run on a machine without CUDA stops at TRL's
@@ -173,7 +175,8 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
                 super().__init__(*args, reward_funcs=[self.scorer], **kwargs)
         except NotImplementedError as e:
             if use_vllm and train_args.vllm_mode == "server":
-                raise server_sync_error(getattr(getattr(self, "accelerator", None), "device", "cpu"), e) from e
+                device = getattr(getattr(self, "accelerator", None), "device", "cpu")
+                raise server_sync_error(device, e) from e
             raise
         if self.use_vllm:
             use_reload_weights(self.vllm_generation)
@@ -219,7 +222,8 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
             torch.cuda.synchronize()
 
     def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
-        """TRL's micro-step; logs `time/backward`, its wall time outside generation, scoring and the loss forward."""
+        """TRL's micro-step; logs `time/backward`, its wall time outside generation, scoring and the loss
+        forward."""
         self._timed_seconds = 0.0
         start = time.perf_counter()
         out = super().training_step(model, inputs, num_items_in_batch)
@@ -232,7 +236,8 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
             output = super()._generate_and_score_completions(inputs)
             rollouts = list(self.scorer.last)
             if len(rollouts) != len(inputs):
-                raise RuntimeError(f"the reward function scored {len(rollouts)} completions for {len(inputs)} rows")
+                raise RuntimeError(f"the reward function scored {len(rollouts)} completions "
+                                   f"for {len(inputs)} rows")
             output["cipr_rollout"] = rollouts
             if self.model.training:
                 self._log_rollouts(rollouts)
@@ -251,24 +256,28 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         perturbed = [r for r in rollouts if records[r.row].side == "perturbed"]
         calls = sum(len(r.calls) for r in perturbed)
         if perturbed:
-            metrics["rollout/twin_call_rate"].append(sum(r.twin_calls for r in perturbed) / calls if calls else 0.0)
+            metrics["rollout/twin_call_rate"].append(sum(r.twin_calls for r in perturbed) / calls
+                                                     if calls else 0.0)
         if self._sample_log is not None and self._samples_per_step > 0:
             self._sample_log(self.state.global_step + 1, [
-                {"pair_id": records[r.row].pair_id, "side": records[r.row].side, "id": records[r.row].example.id,
+                {"pair_id": records[r.row].pair_id, "side": records[r.row].side,
+                 "id": records[r.row].example.id,
                  "reference": [c.name for c in records[r.row].example.reference], "completion": r.text,
                  "ended": r.ended, "calls": [c.name for c in r.calls], "twin_calls": r.twin_calls,
                  "format": r.format, "correctness": r.correctness}
                 for r in rollouts[:self._samples_per_step]])
 
     # -- generation ------------------------------------------------------------------------------
-    def _generate_single_turn(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,
-                              has_tool_images: bool = False) -> Any:
-        """HF generation that runs each distinct prompt's prefill once (see `cipr.runtime.generation.sample_shared_prefill`).
+    def _generate_single_turn(self, prompt_ids: Any, images: Any, multimodal_fields: Any,
+                              num_generations: int, has_tool_images: bool = False) -> Any:
+        """HF generation that runs each distinct prompt's prefill once (see
+        `cipr.runtime.generation.sample_shared_prefill`).
 
         vLLM, continuous batching, multimodal inputs and `rollout.share_prompt_prefill=false` use TRL's path.
         """
         with self._timed("generate"):
-            return self._generate_runs(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+            return self._generate_runs(prompt_ids, images, multimodal_fields, num_generations,
+                                       has_tool_images)
 
     def _generate_runs(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,
                        has_tool_images: bool) -> Any:
@@ -281,15 +290,18 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
                                           gather_deepspeed3_params=self.args.ds3_gather_for_generation,
                                           generation_kwargs=self.generation_kwargs,
                                           gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs)
-              as unwrapped, torch.no_grad(), self._dist.summon_full_params(self.model_wrapped, recurse=False)):
+              as unwrapped, torch.no_grad(),
+              self._dist.summon_full_params(self.model_wrapped, recurse=False)):
             completions = sample_shared_prefill(unwrapped, runs, self._tokenizer.pad_token_id,
-                                                  self.eos_token_ids, self.generation_config, self.accelerator.device)
+                                                self.eos_token_ids, self.generation_config,
+                                                self.accelerator.device)
         return completions, None
 
     # -- losses ----------------------------------------------------------------------------------
     @contextlib.contextmanager
     def given_task_logps(self, logps: torch.Tensor) -> Iterator[None]:
-        """For the `_compute_loss` call inside: the completion-token log-probs [B, C] are `logps`, not a forward."""
+        """For the `_compute_loss` call inside: the completion-token log-probs [B, C] are `logps`, not a
+        forward."""
         if self._given_task_logps is not None:
             raise RuntimeError("given_task_logps does not nest: one set of log-probabilities per loss call")
         self._given_task_logps = logps
@@ -298,9 +310,11 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         finally:
             self._given_task_logps = None
 
-    def _get_per_token_logps_and_entropies(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                                           logits_to_keep: int, *args: Any, **kwargs: Any) -> Any:
-        """TRL's token scoring, or inside `given_task_logps` the given log-probs (entropies NaN: not computed).
+    def _get_per_token_logps_and_entropies(self, model: Any, input_ids: torch.Tensor,
+                                           attention_mask: torch.Tensor, logits_to_keep: int, *args: Any,
+                                           **kwargs: Any) -> Any:
+        """TRL's token scoring, or inside `given_task_logps` the given log-probs
+        (entropies NaN: not computed).
 
         Off Triton devices (CPU), text-only batches are scored by `completion_logps` (completion positions
         only), in TRL's micro-batches; the rest goes to TRL.
@@ -309,13 +323,14 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         if logps is None:
             if self._score_completions_only(model, args, kwargs):
                 size = kwargs.get("batch_size") or input_ids.size(0)
-                parts = [completion_logps(model, input_ids[i:i + size], attention_mask[i:i + size], logits_to_keep,
-                                          self.temperature, bool(kwargs.get("compute_entropy")))
+                parts = [completion_logps(model, input_ids[i:i + size], attention_mask[i:i + size],
+                                          logits_to_keep, self.temperature,
+                                          bool(kwargs.get("compute_entropy")))
                          for i in range(0, input_ids.size(0), size)]
                 entropies = torch.cat([e for _, e in parts]) if kwargs.get("compute_entropy") else None
                 return torch.cat([lp for lp, _ in parts]), entropies, None
-            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
-                                                              *args, **kwargs)
+            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask,
+                                                              logits_to_keep, *args, **kwargs)
         if logps.shape != (input_ids.size(0), logits_to_keep):
             raise RuntimeError(f"given log-probabilities {tuple(logps.shape)} do not match the scored batch "
                                f"({input_ids.size(0)}, {logits_to_keep})")
@@ -328,7 +343,8 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
 
         if args or kwargs.get("compute_aux_loss") or _use_triton(torch.device(self.accelerator.device)):
             return False
-        if any(v is not None for k, v in kwargs.items() if k not in ("batch_size", "compute_entropy", "compute_aux_loss")):
+        if any(v is not None for k, v in kwargs.items()
+               if k not in ("batch_size", "compute_entropy", "compute_aux_loss")):
             return False
         unwrapped = self.accelerator.unwrap_model(model)
         base = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped  # PEFT
@@ -362,7 +378,8 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
 
     def _task_logps(self, model: Any, inputs: dict[str, Any], logps: torch.Tensor, rows: Sequence[bool]
                     ) -> torch.Tensor:
-        """Completion-token log-probs [B, C]: the folded read's where a row matched, TRL's forward elsewhere."""
+        """Completion-token log-probs [B, C]: the folded read's where a row matched, TRL's forward
+        elsewhere."""
         width = inputs["completion_ids"].size(1)
         if logps.size(1) < width:
             logps = torch.nn.functional.pad(logps, (0, width - logps.size(1)))
@@ -412,8 +429,8 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         check_finite(loss, self.state.global_step, parts)
         return loss
 
-    def _consistency(self, model: Any, rollouts: Sequence[Rollout], probs: torch.Tensor, sequence: torch.Tensor,
-                     num_actions: int) -> tuple[torch.Tensor, dict[str, float]]:
+    def _consistency(self, model: Any, rollouts: Sequence[Rollout], probs: torch.Tensor,
+                     sequence: torch.Tensor, num_actions: int) -> tuple[torch.Tensor, dict[str, float]]:
         """λ_rescore·KL_rescore + λ_rollout·KL_rollout for one micro-batch, and its metrics."""
         records = self.prompt_set.records
         algo = self.algo
@@ -448,9 +465,9 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         if index is None:
             return None, metrics
         canon, pert = index.canonical, index.perturbed
-        value, kl_metrics = rollout_kl(exact(probs[canon.decisions]), canon.segments, exact(probs[pert.decisions]),
-                                       pert.segments, canon_groups=canon.groups, pert_groups=pert.groups,
-                                       detach_reference=self.algo.detach_reference)
+        value, kl_metrics = rollout_kl(exact(probs[canon.decisions]), canon.segments,
+                                       exact(probs[pert.decisions]), pert.segments, canon_groups=canon.groups,
+                                       pert_groups=pert.groups, detach_reference=self.algo.detach_reference)
         kl_metrics.update(metrics)
         return value, kl_metrics
 
@@ -471,7 +488,8 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
                 failures += 1
                 continue
             response = rel.response + (self.processing_class.eos_token if r.ended else "")
-            queries.append(ActionQuery(rel.prompt, response, rel.relabeled_decisions, rel.tools, record.classes))
+            queries.append(ActionQuery(rel.prompt, response, rel.relabeled_decisions, rel.tools,
+                                       record.classes))
             kept.append(b)
         metrics = {"relabel_failures": float(failures)}
         if not queries:
@@ -480,8 +498,8 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
             relabeled = read_actions(model, self.processing_class, queries, num_actions)
         p_canon = probs[decision_rows(kept, seq, device=probs.device)]
         if p_canon.shape != relabeled.probs.shape:
-            raise RuntimeError(f"relabeled decisions {tuple(relabeled.probs.shape)} do not match the canonical ones "
-                               f"{tuple(p_canon.shape)}")
+            raise RuntimeError(f"relabeled decisions {tuple(relabeled.probs.shape)} do not match "
+                               f"the canonical ones {tuple(p_canon.shape)}")
         value, kl_metrics = rescoring_kl(exact(p_canon), exact(relabeled.probs), relabeled.sequence,
                                          detach_reference=self.algo.detach_reference)
         metrics.update(kl_metrics)
@@ -501,8 +519,8 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         self._buffered_inputs = state.get("buffered_inputs")
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        clean = {k: v for k, v in self._metrics["train"].items() if not all(isinstance(x, float) and math.isnan(x)
-                                                                               for x in v)}
+        clean = {k: v for k, v in self._metrics["train"].items()
+                 if not all(isinstance(x, float) and math.isnan(x) for x in v)}
         self._metrics["train"].clear()
         self._metrics["train"].update(clean)
         super().log(logs, start_time)

@@ -84,8 +84,8 @@ def _clean(value: Any) -> Any:
 class MetricsWriter:
     """Appends metric records to `metrics.jsonl` (rank 0 only) and mirrors them to wandb."""
 
-    def __init__(self, run_dir: str | Path, wandb: WandbOptions | None = None, config: dict[str, Any] | None = None,
-                 enabled: bool = True) -> None:
+    def __init__(self, run_dir: str | Path, wandb: WandbOptions | None = None,
+                 config: dict[str, Any] | None = None, enabled: bool = True) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.samples_path = Path(run_dir) / "rollouts.jsonl"
         self.enabled = enabled
@@ -177,7 +177,8 @@ class MetricsCallback(TrainerCallback):
         record["memory/peak_gb"] = peak_memory_gb()
         self.writer.write(record)
         if self.print_metrics:
-            short = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in record.items() if k != "time"}
+            short = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in record.items()
+                     if k != "time"}
             print(json.dumps(short), flush=True)
         self._t0 = None
         return control

@@ -109,8 +109,9 @@ class RolloutScorer:
                                rollout.format, rollout.correctness))
         return out
 
-    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], completion_ids: Sequence[Sequence[int]],
-                 row_id: Sequence[int], log_metric: Any = None, **_: Any) -> list[float]:
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any],
+                 completion_ids: Sequence[Sequence[int]], row_id: Sequence[int], log_metric: Any = None,
+                 **_: Any) -> list[float]:
         self.last = self.score(completion_ids, row_id)
         if log_metric is not None and self.last:
             n = len(self.last)

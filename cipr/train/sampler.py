@@ -30,8 +30,8 @@ class PairedRepeatSampler(Sampler[int]):
         if unit_size < 1 or num_generations < 1 or units_per_batch < 1 or repeat_count < 1:
             raise ValueError("unit_size, num_generations, units_per_batch and repeat_count must be >= 1")
         if len(data_source) % unit_size:
-            raise ValueError(f"the dataset has {len(data_source)} rows, not a multiple of the unit size {unit_size} "
-                             f"(each canonical row must be followed by its perturbed copy)")
+            raise ValueError(f"the dataset has {len(data_source)} rows, not a multiple of the unit size "
+                             f"{unit_size} (each canonical row must be followed by its perturbed copy)")
         self.num_rows = len(data_source)
         self.unit_size = unit_size
         self.num_generations = num_generations
@@ -73,7 +73,8 @@ class PairedRepeatSampler(Sampler[int]):
                             yield row
 
     def __len__(self) -> int:
-        return self.num_batches * self.units_per_batch * self.unit_size * self.num_generations * self.repeat_count
+        return (self.num_batches * self.units_per_batch * self.unit_size * self.num_generations
+                * self.repeat_count)
 
     def state_dict(self) -> dict[str, int]:
         """The data-order state (saved beside each checkpoint)."""

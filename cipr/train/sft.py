@@ -41,5 +41,5 @@ def build_sft_trainer(model: Any, tokenizer: Any, records: Sequence[PromptRecord
     """An SFT trainer over `records` with TrainingArguments fields `args` (see `schedule.common_args`)."""
     config = SFTConfig(**args, max_length=max_length, completion_only_loss=True, packing=False,
                        remove_unused_columns=True)
-    return WarmStartTrainer(model=model, args=config, train_dataset=sft_dataset(records), processing_class=tokenizer,
-                            callbacks=list(callbacks))
+    return WarmStartTrainer(model=model, args=config, train_dataset=sft_dataset(records),
+                            processing_class=tokenizer, callbacks=list(callbacks))

@@ -4,7 +4,8 @@
     distributed=ddp     data parallel: every process holds the whole model, gradients are all-reduced
     distributed=fsdp    FSDP2 (`torch.distributed.fsdp.fully_shard`), full sharding: parameters,
                         gradients and optimizer state split across the processes
-    distributed=zero2   DeepSpeed ZeRO-2: optimizer state and gradients split (`pip install -e '.[distributed]'`)
+    distributed=zero2   DeepSpeed ZeRO-2: optimizer state and gradients split
+                        (`pip install -e '.[distributed]'`)
     distributed=zero3   DeepSpeed ZeRO-3: parameters split too
 
 The strategy reaches the Trainer as TrainingArguments (`trainer_arguments`: `fsdp`/`fsdp_config`, or
@@ -58,16 +59,18 @@ def validate_distributed(cfg: DistributedConfig) -> None:
     if cfg.strategy in ("zero2", "zero3"):
         stage = ((cfg.deepspeed or {}).get("zero_optimization") or {}).get("stage")
         if stage != int(cfg.strategy[-1]):
-            raise ConfigError(f"distributed.strategy={cfg.strategy} needs distributed.deepspeed.zero_optimization.stage="
-                              f"{cfg.strategy[-1]} (got {stage}); use distributed={cfg.strategy}")
+            raise ConfigError(
+                f"distributed.strategy={cfg.strategy} needs distributed.deepspeed.zero_optimization.stage="
+                f"{cfg.strategy[-1]} (got {stage}); use distributed={cfg.strategy}")
         zero = (cfg.deepspeed or {}).get("zero_optimization") or {}
         if stage == 3 and not zero.get("stage3_gather_16bit_weights_on_model_save", False):
-            raise ConfigError("distributed.deepspeed.zero_optimization.stage3_gather_16bit_weights_on_model_save must "
-                              "be true: each stage's final/ (read by the next stage, cipr-export and cipr-eval) needs "
-                              "whole weights, which ZeRO-3 gathers only with it")
+            raise ConfigError(
+                "distributed.deepspeed.zero_optimization.stage3_gather_16bit_weights_on_model_save must be "
+                "true: each stage's final/ (read by the next stage, cipr-export and cipr-eval) needs whole "
+                "weights, which ZeRO-3 gathers only with it")
     elif cfg.deepspeed is not None:
-        raise ConfigError(f"distributed.deepspeed is set but distributed.strategy={cfg.strategy}: use distributed=zero2 "
-                          f"or distributed=zero3")
+        raise ConfigError(f"distributed.deepspeed is set but distributed.strategy={cfg.strategy}: use "
+                          f"distributed=zero2 or distributed=zero3")
     if (cfg.strategy == "fsdp") != (cfg.fsdp is not None):
         raise ConfigError(f"distributed.strategy={cfg.strategy} with distributed.fsdp "
                           f"{'unset' if cfg.fsdp is None else 'set'}: use distributed=fsdp for FSDP")
@@ -87,7 +90,8 @@ def trainer_arguments(cfg: DistributedConfig) -> dict[str, Any]:
 
 
 def asked_strategy(strategy: str, env: Mapping[str, str]) -> tuple[str, int]:
-    """(strategy, processes) a run asks for: `distributed=`, else the accelerate config's, and `WORLD_SIZE`."""
+    """(strategy, processes) a run asks for: `distributed=`, else the accelerate config's,
+    and `WORLD_SIZE`."""
     world = int(env.get("WORLD_SIZE", "1"))
     if strategy == "none":
         if env.get("ACCELERATE_USE_FSDP", "").lower() == "true":
@@ -103,16 +107,17 @@ def strategy_mismatch(asked: str, asked_processes: int, ran: str, ran_processes:
     """Why the run that was built is not the one asked for (None when it is). Strategies as in `Strategy`."""
     if ran_processes != asked_processes:
         return (f"the launcher started {asked_processes} processes (WORLD_SIZE) but this one sees a group of "
-                f"{ran_processes}: the processes did not form one group (check the rendezvous address and port)")
+                f"{ran_processes}: the processes did not form one group "
+                "(check the rendezvous address and port)")
     if asked in SHARDED and asked_processes == 1:
         return (f"distributed={asked} shards over several processes, and this run has one: launch it with "
                 f"launcher.num_processes=N (N > 1)")
     if asked == "ddp" and asked_processes == 1:
         return "distributed=ddp with one process: launch it with launcher.num_processes=N (N > 1)"
     if ran != asked:
-        return (f"asked for distributed={asked} on {asked_processes} processes, but accelerate built {ran}: it "
-                f"drops FSDP and DeepSpeed without a word where it cannot run them (on CPU processes, or on one "
-                f"process); run {asked} on GPUs, or use distributed=ddp here")
+        return (f"asked for distributed={asked} on {asked_processes} processes, but accelerate built {ran}: "
+                f"it drops FSDP and DeepSpeed without a word where it cannot run them (on CPU processes, or "
+                f"on one process); run {asked} on GPUs, or use distributed=ddp here")
     return None
 
 
@@ -148,19 +153,21 @@ def check_strategy(accelerator: Any, strategy: str, env: Mapping[str, str] | Non
 
 
 def sharded(strategy: str, env: Mapping[str, str] | None = None) -> bool:
-    """Whether this run's weights are split across processes (FSDP2, ZeRO-3): outside the training step a model
-    is then whole only after reloading a saved `final/` (held-out probes, the next stage, an evaluation)."""
+    """Whether this run's weights are split across processes (FSDP2, ZeRO-3): outside the training step a
+    model is then whole only after reloading a saved `final/` (held-out probes, the next stage, an
+    evaluation)."""
     asked, processes = asked_strategy(strategy, os.environ if env is None else env)
     return asked in ("fsdp", "zero3") and processes > 1
 
 
 def reset_accelerator_state() -> None:
-    """Forget the previous stage's accelerator (its DeepSpeed or FSDP plugin) before the next Trainer is built.
+    """Forget the previous stage's accelerator (its DeepSpeed or FSDP plugin) before the next
+    Trainer is built.
 
     accelerate keeps one AcceleratorState per process and refuses a second Accelerator with a DeepSpeed plugin
-    ("You cannot pass in a `deepspeed_plugin` when creating a second `Accelerator`"), which a warm start followed
-    by GRPO under ZeRO builds; transformers' own hyperparameter search resets it the same way. The process group
-    (PartialState) is kept."""
+    ("You cannot pass in a `deepspeed_plugin` when creating a second `Accelerator`"), which a warm start
+    followed by GRPO under ZeRO builds; transformers' own hyperparameter search resets it the same way. The
+    process group (PartialState) is kept."""
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state()

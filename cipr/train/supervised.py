@@ -55,8 +55,10 @@ from cipr.train.sft import WarmStartTrainer
 ROW = "row_id"
 
 
-def canonical_queries(records: Sequence[PromptRecord], fmt: CallFormat, suffix: str = "") -> list[ActionQuery]:
-    """The action queries of the reference targets (+ `suffix`, e.g. the end-of-turn token) under their prompts."""
+def canonical_queries(records: Sequence[PromptRecord], fmt: CallFormat,
+                      suffix: str = "") -> list[ActionQuery]:
+    """The action queries of the reference targets (+ `suffix`, e.g. the end-of-turn token) under their
+    prompts."""
     return [ActionQuery.from_format(fmt, r.prompt, r.target + suffix, r.tools, r.classes) for r in records]
 
 
@@ -71,7 +73,8 @@ def reference_classes(query: ActionQuery, num_actions: int) -> list[int]:
 
 def action_nll(probs: torch.Tensor, targets: torch.Tensor, segments: torch.Tensor, *, eps: float = 1e-12
                ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Cross-entropy of action distributions at the reference's choices, averaged per response, then over them.
+    """Cross-entropy of action distributions at the reference's choices, averaged per response,
+    then over them.
 
     Shapes: probs [D, A] (∅ last, rows sum to 1), targets [D] (long, the reference's column, -1 = not scored),
     segments [D] (long, the response of each decision). Returns a scalar (a zero that keeps the graph when
@@ -87,7 +90,8 @@ def action_nll(probs: torch.Tensor, targets: torch.Tensor, segments: torch.Tenso
     nll = -torch.log(p.gather(1, t[:, None]).squeeze(1).clamp_min(eps))
     ids, inverse = torch.unique(seg, return_inverse=True)
     sums = torch.zeros(len(ids), dtype=nll.dtype, device=nll.device).index_add(0, inverse, nll)
-    counts = torch.zeros(len(ids), dtype=nll.dtype, device=nll.device).index_add(0, inverse, torch.ones_like(nll))
+    counts = torch.zeros(len(ids), dtype=nll.dtype, device=nll.device).index_add(0, inverse,
+                                                                                 torch.ones_like(nll))
     value = (sums / counts).mean()
     return value, {"action/nll": float(value.detach()), "action/scored": float(keep.sum()),
                    "action/accuracy": float((p.argmax(-1) == t).double().mean())}
@@ -124,14 +128,15 @@ def rescoring_term(model: Any, tokenizer: Any, records: Sequence[PromptRecord], 
     if p_canon is None:
         with torch.no_grad() if detach_reference else torch.enable_grad():
             p_canon = read_actions(model, tokenizer, canonical_queries(records, fmt), num_actions).probs
-    counts = [len(ActionQuery.from_format(fmt, r.prompt, r.target, r.tools, r.classes).decisions) for r in records]
+    counts = [len(ActionQuery.from_format(fmt, r.prompt, r.target, r.tools, r.classes).decisions)
+              for r in records]
     starts = [sum(counts[:i]) for i in range(len(records))]
     rows = [starts[i] + j for i in kept for j in range(counts[i])]
     p_canon = p_canon[torch.tensor(rows, dtype=torch.long, device=p_canon.device)]
     reading = read_actions(model, tokenizer, relabeled, num_actions)
     if p_canon.shape != reading.probs.shape:
-        raise RuntimeError(f"relabeled decisions {tuple(reading.probs.shape)} do not match the canonical ones "
-                           f"{tuple(p_canon.shape)}")
+        raise RuntimeError(f"relabeled decisions {tuple(reading.probs.shape)} do not match "
+                           f"the canonical ones {tuple(p_canon.shape)}")
     value, kl_metrics = rescoring_kl(renormalized(p_canon), renormalized(reading.probs), reading.sequence,
                                      detach_reference=detach_reference)
     metrics.update(kl_metrics)
@@ -146,8 +151,9 @@ class SupervisedTrainer(WarmStartTrainer):
     """
 
     def __init__(self, *, records: Sequence[PromptRecord], fmt: CallFormat, unit_size: int,
-                 rescore_weight: float | None = None, action_weight: float = 0.0, detach_reference: bool = True,
-                 relabel_config: RelabelConfig | None = None, **kwargs: Any) -> None:
+                 rescore_weight: float | None = None, action_weight: float = 0.0,
+                 detach_reference: bool = True, relabel_config: RelabelConfig | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.records = list(records)
         self.fmt = fmt
@@ -166,7 +172,8 @@ class SupervisedTrainer(WarmStartTrainer):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """Each process records its own micro-batches' metrics; they are pooled over the processes before TRL
-        averages them, so a logged consistency KL or action accuracy is the whole step's, not rank 0's share."""
+        averages them, so a logged consistency KL or action accuracy is the whole step's, not rank 0's
+        share."""
         if self.accelerator.num_processes > 1:
             from accelerate.utils import gather_object
 
@@ -185,7 +192,8 @@ class SupervisedTrainer(WarmStartTrainer):
 
     def _accumulated(self, term: torch.Tensor, num_items_in_batch: Any) -> torch.Tensor:
         """A per-micro-batch mean scaled as the Trainer scales its loss: it divides by the accumulation steps
-        only when the model does not take `num_items_in_batch` (else the token loss is a sum over all steps)."""
+        only when the model does not take `num_items_in_batch` (else the token loss is a sum over all
+        steps)."""
         if self.model_accepts_loss_kwargs and num_items_in_batch is not None:
             return term / self.current_gradient_accumulation_steps
         return term
@@ -196,27 +204,30 @@ class SupervisedTrainer(WarmStartTrainer):
         tokenizer = self.processing_class
         queries = canonical_queries(batch, self.fmt, tokenizer.eos_token or "")
         num_actions = max(r.num_actions for r in batch)
-        reading = read_actions(model, tokenizer, queries, num_actions, ActionReaderConfig(response_logprobs=True))
+        reading = read_actions(model, tokenizer, queries, num_actions,
+                               ActionReaderConfig(response_logprobs=True))
         mask = reading.response_mask
         total = -(reading.response_logprobs * mask).sum()
-        targets = torch.tensor([c for q in queries for c in reference_classes(q, num_actions)], dtype=torch.long,
-                               device=reading.probs.device)
+        targets = torch.tensor([c for q in queries for c in reference_classes(q, num_actions)],
+                               dtype=torch.long, device=reading.probs.device)
         ce, metrics = action_nll(reading.probs, targets, reading.sequence)
         self._log({"token_loss": float(total.detach() / mask.sum().clamp(min=1)), **metrics})
         action = self._accumulated(self.action_weight * ce.to(total.dtype), num_items_in_batch)
         return self._token_loss(total, mask.sum(), num_items_in_batch) + action, reading
 
     def _token_loss(self, total: torch.Tensor, count: torch.Tensor, num_items_in_batch: Any) -> torch.Tensor:
-        """The token loss scaled as the Trainer scales a model's own: the sum over the target tokens of the whole
-        step (`num_items_in_batch`: every accumulation step and, with `average_tokens_across_devices`, every
-        process) times the processes, whose gradients DDP, FSDP and ZeRO average. Two processes then train like
-        one on the same global batch, whatever each one's token count; else the micro-batch's mean."""
+        """The token loss scaled as the Trainer scales a model's own: the sum over the target tokens of the
+        whole step (`num_items_in_batch`: every accumulation step and, with `average_tokens_across_devices`,
+        every process) times the processes, whose gradients DDP, FSDP and ZeRO average. Two processes then
+        train like one on the same global batch, whatever each one's token count; else the micro-batch's
+        mean."""
         if self.model_accepts_loss_kwargs and num_items_in_batch is not None:
             processes = self.accelerator.num_processes if self.args.average_tokens_across_devices else 1
             return total * processes / num_items_in_batch
         return total / count.clamp(min=1)
 
-    def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False, num_items_in_batch: Any = None) -> Any:
+    def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> Any:
         rows = inputs.pop(ROW).tolist()
         batch = [self.records[r] for r in rows]
         p_canon = None
@@ -235,10 +246,10 @@ class SupervisedTrainer(WarmStartTrainer):
         loss = out[0] if return_outputs else out
         canonical = [r for r in batch if r.side == "canonical"]
         seeds = [(self.args.seed * 1_000_003 + self.state.global_step) * 100_003 + r.row for r in canonical]
-        value, metrics = rescoring_term(model, self.processing_class, canonical, self.fmt, self.relabel_config, seeds,
-                                        detach_reference=self.detach_reference,
-                                        p_canon=p_canon.detach() if p_canon is not None and self.detach_reference
-                                        else p_canon)
+        value, metrics = rescoring_term(model, self.processing_class, canonical, self.fmt,
+                                        self.relabel_config, seeds, detach_reference=self.detach_reference,
+                                        p_canon=p_canon.detach()
+                                        if p_canon is not None and self.detach_reference else p_canon)
         self._log(metrics, "consistency/")
         if value is None:
             return out
@@ -258,10 +269,11 @@ def collate_with_rows(collator: Any) -> Any:
     return collate
 
 
-def build_supervised_trainer(model: Any, tokenizer: Any, records: Sequence[PromptRecord], args: dict[str, Any],
-                             max_length: int | None, *, fmt: CallFormat, unit_size: int,
+def build_supervised_trainer(model: Any, tokenizer: Any, records: Sequence[PromptRecord],
+                             args: dict[str, Any], max_length: int | None, *, fmt: CallFormat, unit_size: int,
                              rescore_weight: float | None = None, action_weight: float = 0.0,
-                             detach_reference: bool = True, callbacks: Sequence[Any] = ()) -> SupervisedTrainer:
+                             detach_reference: bool = True,
+                             callbacks: Sequence[Any] = ()) -> SupervisedTrainer:
     """A supervised trainer over `records` (TrainingArguments fields `args`, see `schedule.common_args`)."""
     from datasets import Dataset
     from trl import SFTConfig

@@ -69,14 +69,14 @@ def validate_shared(cfg: Any) -> None:
     """Checks before any work: the naming, and the shared folder's identity when it has one."""
     ws = cfg.trainer.warm_start
     if ws.names is not None and ws.names not in NAMINGS:
-        raise ConfigError(f"trainer.warm_start.names={ws.names!r}; choose one of {', '.join(NAMINGS)} (or null: "
-                          f"the algorithm's own prompts)")
+        raise ConfigError(f"trainer.warm_start.names={ws.names!r}; choose one of {', '.join(NAMINGS)} "
+                          f"(or null: the algorithm's own prompts)")
     if not ws.shared_dir:
         return
     if ws.names is None:
-        raise ConfigError("trainer.warm_start.shared_dir needs trainer.warm_start.names (original, canonical, "
-                          "masked or mixed): a warm start shared by several algorithms cannot use one of their "
-                          "namings")
+        raise ConfigError("trainer.warm_start.shared_dir needs trainer.warm_start.names (original, "
+                          "canonical, masked or mixed): a warm start shared by several algorithms cannot use "
+                          "one of their namings")
     path = Path(ws.shared_dir).expanduser() / IDENTITY
     if path.is_file():
         old = _flat(read_json(path))
@@ -112,8 +112,9 @@ def claim(cfg: Any) -> Iterator[None]:
         yield
         return
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ConfigError(f"the shared warm start {shared} is not finished and this run has several processes: "
-                          f"train it first with one process (the same command with launcher.num_processes=1)")
+        raise ConfigError(f"the shared warm start {shared} is not finished and this run has several "
+                          f"processes: train it first with one process "
+                          f"(the same command with launcher.num_processes=1)")
     folder = Path(shared).expanduser()
     folder.mkdir(parents=True, exist_ok=True)
     with (folder / LOCK).open("a") as lock:
@@ -139,11 +140,12 @@ def _interleave(sets: Sequence[PromptSet]) -> PromptSet:
                      [dataclasses.replace(r, row=i) for i, r in enumerate(evals)], 1, skipped)
 
 
-def warm_start_prompts(cfg: Any, examples: Sequence[Any], fmt: Any, tokenizer: Any, default: PromptSet) -> PromptSet:
+def warm_start_prompts(cfg: Any, examples: Sequence[Any], fmt: Any, tokenizer: Any,
+                       default: PromptSet) -> PromptSet:
     """The warm start's SFT rows: `default` (the algorithm's prompts) unless `warm_start.names` is set."""
     names = cfg.trainer.warm_start.names
     if names is None:
         return default
     namings = ("original", "canonical") if names == "mixed" else (names,)
-    return _interleave([build_prompts(examples, cfg.data, names=n, perturbed=False, fmt=fmt, tokenizer=tokenizer)
-                        for n in namings])
+    return _interleave([build_prompts(examples, cfg.data, names=n, perturbed=False, fmt=fmt,
+                                      tokenizer=tokenizer) for n in namings])

@@ -38,7 +38,8 @@ def token_texts(tokenizer: Any) -> list[str | None]:
     texts = _TEXTS.get(tokenizer)
     if texts is None:
         added = set(tokenizer.added_tokens_decoder)
-        decoded = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], clean_up_tokenization_spaces=False)
+        decoded = tokenizer.batch_decode([[i] for i in range(len(tokenizer))],
+                                         clean_up_tokenization_spaces=False)
         texts = _TEXTS[tokenizer] = [None if i in added else s for i, s in enumerate(decoded)]
     return texts
 
@@ -47,7 +48,8 @@ def starting_with(tokenizer: Any, rest: str) -> list[int]:
     """Ids of the ordinary tokens whose text starts with `rest`."""
     cache = _STARTING.setdefault(tokenizer, {})
     if rest not in cache:
-        cache[rest] = [i for i, s in enumerate(token_texts(tokenizer)) if s is not None and s.startswith(rest)]
+        cache[rest] = [i for i, s in enumerate(token_texts(tokenizer))
+                       if s is not None and s.startswith(rest)]
     return cache[rest]
 
 
@@ -123,7 +125,8 @@ def read_actions_bruteforce(model: Any, tokenizer: Any, queries: Sequence[Action
             ctx = q.response[:d.start]
             head = ctx + d.opener
             own = [_tokens(tokenizer, head + n + d.name_suffix) for n in q.written]
-            variants = [[_tokens(tokenizer, head + n + d.name_suffix + c) for c in CONTINUATIONS[1:]] for n in q.written]
+            variants = [[_tokens(tokenizer, head + n + d.name_suffix + c) for c in CONTINUATIONS[1:]]
+                        for n in q.written]
             everything = [t for group in zip(own, variants, strict=True) for t in (group[0], *group[1])]
             head_tokens = _tokens(tokenizer, head)
             branch = shared_boundary([response, _tokens(tokenizer, ctx), head_tokens, *everything], len(ctx))
@@ -135,7 +138,8 @@ def read_actions_bruteforce(model: Any, tokenizer: Any, queries: Sequence[Action
             scores, log_open = [], None
             for name, tokens, group in zip(q.written, own, variants, strict=True):
                 text = head + name + d.name_suffix
-                stop, rest = _closed(tokenizer, text, tokens, shared_boundary([tokens, *group], len(head + name)))
+                stop, rest = _closed(tokenizer, text, tokens,
+                                     shared_boundary([tokens, *group], len(head + name)))
                 ids = prompt + list(_before(tokens, stop))
                 logp = _log_probs(model, ids)
                 scores.append(_path_score(tokenizer, logp, ids, shared, len(ids), rest))

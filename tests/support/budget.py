@@ -17,8 +17,10 @@ def budget_verdict(left: float, seconds: float, after: str | None, left_out: set
     """None when the test fits, else the one-line reason it is skipped. `left`: seconds before the deadline;
     `left_out`: the names earlier verdicts skipped."""
     if after is not None and after in left_out:
-        return f"time budget: it needs {after}, which the time budget left out (run it without CIPR_TEST_DEADLINE)"
+        return (f"time budget: it needs {after}, which the time budget left out (run it without "
+                "CIPR_TEST_DEADLINE)")
     if left < slowest * seconds:
-        return (f"time budget: {left:.0f} s left before CIPR_TEST_DEADLINE; this test took {seconds:.0f} s on a "
-                f"2-core AMD EPYC (AVX2) and may take {slowest:g}x that on a slower one. Run it without the deadline")
+        return (f"time budget: {left:.0f} s left before CIPR_TEST_DEADLINE; this test took {seconds:.0f} s "
+                f"on a 2-core AMD EPYC (AVX2) and may take {slowest:g}x that on a slower one. Run it without "
+                "the deadline")
     return None

@@ -19,8 +19,8 @@ def free_port() -> int:
 
 def accelerate_launch(*script_and_args: str, processes: int = 2, port: int | None = None,
                       extra: tuple[str, ...] = ()) -> list[str]:
-    """The command line that runs `script_and_args` on `processes` processes through `accelerate launch`
-    (the project's DDP accelerate config, a fresh rendezvous port unless `port`, then `extra` launch flags)."""
+    """The command line that runs `script_and_args` on `processes` processes through `accelerate launch` (the
+    project's DDP accelerate config, a fresh rendezvous port unless `port`, then `extra` launch flags)."""
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIG),
             *extra, "--num_processes", str(processes), "--main_process_port", str(port or free_port()),
             *script_and_args]

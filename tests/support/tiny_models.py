@@ -22,10 +22,12 @@ QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "
 
 _CORPUS = [
     '<tool_call>\n{"name": "function_01", "arguments": {"arg_01": "Paris"}}\n</tool_call>',
-    '<think>I should call a tool.</think>\n<tool_call>\n{"name": "get_weather", "parameters": {"city": "Rome"}}\n</tool_call>',
+    '<think>I should call a tool.</think>\n<tool_call>\n'
+    '{"name": "get_weather", "parameters": {"city": "Rome"}}\n</tool_call>',
     "<response>The answer is 42.</response>",
     "Thought: I need to search.\nAction: search[red shoes]\nAction Input: {\"query\": \"red shoes\"}",
-    "You are a helpful assistant with access to the following tools. function_02 function_03 function_10 arg_02",
+    "You are a helpful assistant with access to the following tools. function_02 function_03 function_10 "
+    "arg_02",
     "The user asks about the weather in Paris tomorrow; the forecast tool returns temperature and rain.",
     "Name: calculate_area Description: Computes the area of a triangle. Parameters: base, height (integer).",
 ]
@@ -53,16 +55,19 @@ class TemplateFamily:
 
 _QWEN = TemplateFamily(tuple(QWEN_SPECIALS), "<|im_end|>", "<|endoftext|>")
 _LLAMA = TemplateFamily(
-    ("<|finetune_right_pad_id|>", "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-     "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"), "<|eot_id|>", "<|finetune_right_pad_id|>", "<|begin_of_text|>",
+    ("<|finetune_right_pad_id|>", "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+     "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"), "<|eot_id|>",
+    "<|finetune_right_pad_id|>", "<|begin_of_text|>",
     ('{"name": "get_weather", "parameters": {"city": "Rome"}}; {"name": "function_1", "parameters": {}}',
-     "Given the following functions, please respond with a JSON for a function call with its proper arguments.",
+     "Given the following functions, please respond with a JSON for a function call with its proper "
+     "arguments.",
      "Environment: ipython\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024"))
 _GPTOSS = TemplateFamily(
-    ("<|endoftext|>", "<|startoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>",
-     "<|return|>", "<|call|>"), "<|return|>", "<|endoftext|>", "<|startoftext|>",
+    ("<|endoftext|>", "<|startoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>",
+     "<|constrain|>", "<|return|>", "<|call|>"), "<|return|>", "<|endoftext|>", "<|startoftext|>",
     (' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Rome"}<|call|>',
-     "<|channel|>analysis<|message|>I need the weather.<|end|><|start|>assistant<|channel|>final<|message|>Sunny.",
+     "<|channel|>analysis<|message|>I need the weather.<|end|>"
+     "<|start|>assistant<|channel|>final<|message|>Sunny.",
      "namespace functions {\n// Get the weather.\ntype get_weather = (_: {\ncity: string,\n}) => any;\n}"))
 TEMPLATE_FAMILIES: dict[str, TemplateFamily] = {"qwen2_5": _QWEN, "qwen3": _QWEN, "llama3_1": _LLAMA,
                                                 "llama3_2": _LLAMA, "gptoss": _GPTOSS}
@@ -75,7 +80,8 @@ def trl_template(name: str) -> str:
 
 
 def tiny_tokenizer(vocab_size: int = 512, extra_corpus: Sequence[str] = (), template: str = "qwen2_5"):
-    """A byte-level BPE tokenizer (PreTrainedTokenizerFast) with a template family's specials and chat template.
+    """A byte-level BPE tokenizer (PreTrainedTokenizerFast) with a template family's specials and chat
+    template.
 
     `extra_corpus` adds training text (e.g. `MERGED_CLOSERS_CORPUS`); the default tokenizer has none.
     `template`: a key of `TEMPLATE_FAMILIES` (default Qwen2.5, the tokenizer every other test uses).
@@ -102,9 +108,9 @@ def tiny_model(tokenizer=None, *, hidden_size: int = 64, layers: int = 2, seed: 
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = tokenizer or tiny_tokenizer()
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=2048, tie_word_embeddings=True,
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden_size,
+                         intermediate_size=2 * hidden_size, num_hidden_layers=layers, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True,
                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
@@ -123,7 +129,8 @@ def save_tiny(path: str | Path, seed: int = 0) -> Path:
 
 @contextlib.contextmanager
 def attention_as(model, name: str) -> Iterator[None]:
-    """The block runs with the model's attention implementation set to `name`, then the old one is restored."""
+    """The block runs with the model's attention implementation set to `name`, then the old one is
+    restored."""
     before = model.config._attn_implementation
     model.set_attn_implementation(name)
     try:
