@@ -1,0 +1,147 @@
+"""The transfer experiment (cipr/experiments/transfer.py, transfer_analysis.py): its statistics by hand
+values, its splits, the λ = 0 identity on the arms' own path, and (integration) the whole command on a tiny
+model."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from safetensors.torch import load_file
+from support.tiny_models import save_tiny
+
+from cipr.experiments.transfer import (
+    Point,
+    TransferConfig,
+    compose_train,
+    heldout_exclude,
+    point_overrides,
+    transfer_items,
+)
+from cipr.experiments.transfer_analysis import analyze, decision, matrix, paired_t, two_way_bootstrap
+
+
+def test_paired_t_by_hand():
+    out = paired_t([1.0, 2.0, 3.0, 4.0])  # mean 2.5, sd 1.2910, t(0.975, 3) = 3.1824
+    half = 3.182446 * 1.290994 / 2
+    assert out["mean"] == 2.5 and out["n"] == 4
+    assert out["low"] == pytest.approx(2.5 - half, rel=1e-5)
+    assert out["high"] == pytest.approx(2.5 + half, rel=1e-5)
+    assert out["t"] == pytest.approx(2.5 / (1.290994 / 2), rel=1e-5)
+
+
+def test_decision_rule():
+    assert decision(-0.05, -0.01) == "shown"
+    assert decision(-0.02, 0.04) == "bounded"
+    assert decision(-0.05, 0.01) == "inconclusive"
+    assert decision(-0.029, -0.001) == "shown"  # both hold: shown comes first
+
+
+def test_two_way_bootstrap_is_the_mean_and_widens_with_either_spread():
+    flat = np.full((12, 50), -0.02)
+    out = two_way_bootstrap(flat, draws=200)
+    assert out["mean"] == pytest.approx(-0.02) and out["low"] == pytest.approx(-0.02) and out["high"] == \
+        pytest.approx(-0.02)
+    rng = np.random.default_rng(1)
+    seeds = flat + rng.normal(0, 0.05, (12, 1))
+    items = flat + rng.normal(0, 0.05, (1, 50))
+    w_seeds, w_items = (two_way_bootstrap(m, draws=400) for m in (seeds, items))
+    assert w_seeds["high"] - w_seeds["low"] > 0.02 and w_items["high"] - w_items["low"] > 0.01
+
+
+def _records(effect: float, seeds: int = 4, items: int = 6) -> list[dict]:
+    out = []
+    for arm in ("multi_interface", "cipr"):
+        for s in range(seeds):
+            for i in range(items):
+                kl = 0.2 + 0.01 * i + 0.003 * s + (effect if arm == "cipr" else 0.0)
+                for kind in ("relabel_random", "relabel_function"):
+                    out.append({"arm": arm, "seed": s, "id": f"x{i}", "split": "near" if i < 3 else "hard",
+                            "perturbation": kind, "kl": kl, "action_acc_ref": 1.0,
+                            "action_acc_pert": 1.0})
+    return out
+
+
+def test_analysis_recovers_a_planted_effect_and_names_the_decision():
+    meta = {"design": {"primary": "relabel_random", "heldin": "relabel_function",
+                       "types": ["relabel_random", "relabel_function"],
+                       "items": {"near": [1, 2, 3], "hard": [4, 5, 6]}}}
+    shown = analyze(_records(-0.05), meta)
+    assert shown["primary"]["mean"] == pytest.approx(-0.05) and shown["decision"] == "shown"
+    assert shown["arms"]["cipr"]["seeds"] == [0, 1, 2, 3] and len(shown["arms"]["cipr"]["primary_kl"]) == 4
+    assert shown["two_way"]["mean"] == pytest.approx(-0.05) and shown["outcome"]["P0_shown"]
+    assert shown["by_split"]["near"]["items"] == 3 and shown["robust"]["log_kl"]["mean"] < 0
+    rng = np.random.default_rng(0)
+    noisy = _records(0.0)
+    for r in noisy:
+        r["kl"] += float(rng.normal(0, 0.1)) ** 2
+    assert analyze(noisy, meta)["decision"] in ("bounded", "inconclusive")
+    seeds, items, by_arm = matrix(noisy, "kl", "relabel_random", "hard")
+    assert seeds == [0, 1, 2, 3] and items == ["x3", "x4", "x5"] and by_arm["cipr"].shape == (4, 3)
+
+
+def test_the_sweep_holds_the_drawn_held_out_split_and_the_items_respect_it(tmp_path):
+    cfg = compose_train(point_overrides(TransferConfig(out_dir=str(tmp_path)), Point("cipr", 3)))
+    assert list(cfg.data.exclude) == heldout_exclude()
+    assert cfg.algo.name == "cipr" and cfg.algo.rescore_weight == 1.0 and cfg.algo.action_weight == 1.0
+    assert cfg.trainer.seed == 3 and cfg.data.perturbation_seed == 3
+    items = transfer_items(cfg.data, 6, eval_seed=5)
+    held_tools = {e for e in cfg.data.exclude if "#" not in e}
+    held_templates = {tuple(e.split("#")) for e in cfg.data.exclude if "#" in e}
+    for e in items["hard"]:
+        ((tool, k),) = e.meta["templates"]
+        assert tool in held_tools or (tool, str(k)) in held_templates
+    for e in items["near"]:
+        ((tool, k),) = e.meta["templates"]
+        assert tool not in held_tools and (tool, str(k)) not in held_templates
+        assert not set(e.interface.names) & held_tools
+    assert len(items["near"]) == len(items["hard"]) == 6
+
+
+def test_lambda_zero_cipr_trains_like_multi_interface_on_the_arms_own_path(tmp_path):
+    """The experiment's own configs (action_weight 1, per-seed copies, held-out split), CIPR at λ = 0."""
+    tiny = save_tiny(tmp_path / "tiny")
+    train = {"model": "tiny", "model.name_or_path": str(tiny), "trainer.max_steps": 2,
+             "trainer.save_steps": 2, "trainer.warm_start.steps": 0, "data.n": 16,
+             "logging.progress_bar": False}
+    runs = {}
+    for arm, weight in (("multi_interface", 1.0), ("cipr", 0.0)):
+        config = TransferConfig(out_dir=str(tmp_path / arm), rescore_weight=weight, train=train)
+        from cipr.train.run import run
+
+        runs[arm] = run(compose_train(point_overrides(config, Point(arm, 1))))
+    a, b = (load_file(str(r / "supervised" / "final" / "model.safetensors")) for r in runs.values())
+    assert a.keys() == b.keys() and all(np.array_equal(a[k].numpy(), b[k].numpy()) for k in a)
+    lines = [json.loads(x) for x in (runs["cipr"] / "metrics.jsonl").read_text().splitlines()]
+    assert any("consistency/rescore/kl" in r for r in lines)  # the zero-weight term was computed
+
+
+@pytest.mark.integration
+def test_the_command_trains_reads_reports_and_recomputes(tmp_path, one_thread):
+    from cipr.cli.transfer import main
+
+    tiny = save_tiny(tmp_path / "tiny")
+    out, report = tmp_path / "out", tmp_path / "report"
+    args = ["run", "seeds=[0,1]", "items_per_split=3", "secondary_items=1", "eval_seed=1", f"out_dir={out}",
+            f"report_dir={report}", "train.model=tiny", f"train.model.name_or_path={tiny}",
+            "train.trainer.max_steps=2", "train.trainer.warm_start.steps=2",
+            "train.logging.progress_bar=false"]
+    assert main([*args, "run_seeds=[0]", "report=false"]) == 0 and not report.exists()
+    assert sorted(p.name for p in (out / "records").iterdir()) == ["cipr_s0.json", "cipr_s0.jsonl",
+                                                                     "multi_interface_s0.json",
+                                                                     "multi_interface_s0.jsonl"]
+    assert not (out / "points" / "cipr_s0" / "supervised" / "final").exists()  # weights dropped once read
+    assert main(args) == 0  # the second piece: seed 1 only, then the report over both
+    data = json.loads((report / "cpu_transfer.json").read_text())
+    assert data["arms"]["cipr"]["seeds"] == [0, 1] and data["n_items"] == 6
+    assert set(data["splits"]) == {"near", "hard"}
+    assert data["decision"] in ("shown", "bounded", "inconclusive")
+    records = (report / "cpu_transfer_records.jsonl").read_text().splitlines()
+    types = {json.loads(x)["perturbation"] for x in records}
+    assert types == set(TransferConfig().types)
+    assert all(math.isfinite(v) for v in data["primary"]["per_seed"])
+    before = (report / "cpu_transfer.md").read_text()
+    assert main(["report", f"report_dir={report}"]) == 0
+    assert (report / "cpu_transfer.md").read_text() == before
