@@ -151,10 +151,10 @@ def test_hf_batch_failure_is_retried_per_item(tiny_model, tiny_tokenizer):
     backend = HFBackend(tiny_model, tiny_tokenizer, FMT, GreedyConfig(batch_size=2, max_new_tokens=4))
     real = backend.greedy.run
 
-    def flaky(prompts, limits=None):
+    def flaky(prompts, limits=None, stops=None):
         if len(prompts) > 1 or "Oslo" in tiny_tokenizer.decode(prompts[0]):
             raise RuntimeError("out of memory")
-        return real(prompts, limits)
+        return real(prompts, limits, stops)
 
     backend.greedy.run = flaky
     out = backend.generate([GenRequest(ex("Rome?")), GenRequest(ex("Oslo"))])
@@ -355,3 +355,18 @@ def test_cpu_kv_cache_is_sized_from_the_run_not_the_machine():
     assert cpu_kv_cache_bytes(smol, 4096, 16) == (46_080 * 4096 * 16, 4096)
     assert cpu_kv_cache_bytes(smol, None, 1) == (46_080 * 8192, 8192)
     assert cpu_kv_cache_bytes(smol, 64, 1) == (FLOOR_BYTES, 64)
+
+
+def test_a_stopped_request_leaves_the_batch_and_the_others_go_on(sharp_model, tiny_tokenizer):
+    """`GenRequest.stop` (a client that went away) ends its row at the next step; the rest are unchanged."""
+    backend = HFBackend(sharp_model, tiny_tokenizer, FMT, GreedyConfig(batch_size=4, max_new_tokens=12))
+    clean = backend.generate(REQS)
+    asked = {"n": 0}
+
+    def after_three() -> bool:
+        asked["n"] += 1
+        return asked["n"] > 3
+
+    out = backend.generate([GenRequest(REQS[0].example, stop=after_three), *REQS[1:]])
+    assert [g.text for g in out[1:]] == [g.text for g in clean[1:]]
+    assert out[0].usage.completion_tokens <= 4 < clean[0].usage.completion_tokens

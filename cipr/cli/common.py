@@ -1,12 +1,11 @@
 """The one command-line style: `cipr-NAME [VERB] key=value ...`, read into the command's config dataclass.
 
-Values use Hydra's override grammar (lists `[a,b]`, `null`, quoted strings, dotted keys for nested sections),
-read by the strict loader (`cipr.core.config.from_overrides`: an unknown key gets a "did you mean", a wrong
-type or a value outside a `Literal` is refused). `--help` (also `VERB --help`) lists every option with its
-default and a one-line description (the field's bullet in its class docstring, else its trailing comment),
-then the command's examples (its module docstring). Bad input ends with one line on stderr and exit status 2;
-`--debug` (or CIPR_DEBUG=1) shows the traceback. cipr-train and cipr-eval are Hydra applications: the same
-grammar, plus config groups and multiruns.
+Values use Hydra's override grammar (lists `[a,b]`, `null`, quoted strings, dotted keys), read by the
+strict loader (`cipr.core.config.from_overrides`). `--help` (also `VERB --help`) lists every option with
+its default and description (its class-docstring bullet, else its trailing comment), then the module
+docstring's examples. Bad input ends with one line on stderr and exit status 2; `--debug` (or
+CIPR_DEBUG=1) shows the traceback. cipr-train and cipr-eval are Hydra applications (same grammar, plus
+config groups and multiruns).
 """
 
 from __future__ import annotations

@@ -10,10 +10,9 @@ Examples (CPU; the same anywhere, no GPU involved):
     cipr-data list-perturbations
     cipr-data trajectories n=64 seed=0 out=toyshop.json   # ToyShop expert trajectories (AgentInstruct)
 
-Each exported line: id, messages, tools (OpenAI function format), reference_calls (under the written
-interface; BFCL keeps its accepted-values lists in `accepted`), name_map (written name -> original
-name), and with `perturb=`: perturbation, order, correspondence (written tool name -> original tool
-name, or null for an added tool).
+Each exported line: id, messages, tools (OpenAI format), reference_calls (written interface; BFCL's
+accepted values in `accepted`), name_map (written -> original name), and with `perturb=`: perturbation,
+order, correspondence (written tool -> original tool, null for an added one).
 
 The data root is `data_root=DIR` (as for cipr-eval), default $CIPR_DATA_ROOT or ../shared/data.
 `cipr-data VERB --help` lists a verb's options.

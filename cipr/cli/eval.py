@@ -6,9 +6,9 @@ Examples. One CPU (embedded SmolLM2-135M, a small BFCL slice, both tool namings)
 The inference-time guard's drift evaluation (policies none|naive_retry|tool_list|repair; `none` always runs):
     cipr-eval guard.enabled=true guard.setting=mild guard.sample=study200 limit=20 \\
         max_new_tokens=128 out_dir=evals/guard_mild
-  one GPU: the same with model=DIR device=cuda batch_size=32; several GPUs or Slurm: one process per setting
-  or per shard, each with its own out_dir, e.g. `srun --gpus=1 cipr-eval guard.enabled=true ...
-  guard.shard=$SLURM_PROCID/$SLURM_NTASKS out_dir=evals/guard_$SLURM_PROCID`.
+  one GPU: add model=DIR device=cuda batch_size=32; several GPUs or Slurm: one process per setting or
+  shard, e.g. `srun --gpus=1 cipr-eval guard.enabled=true ... guard.shard=$SLURM_PROCID/$SLURM_NTASKS
+  out_dir=evals/guard_$SLURM_PROCID`.
 One GPU:
     cipr-eval model=exports/q3b_cipr benchmark=bfcl names=[canonical] batch_size=32 max_new_tokens=4096 \\
         out_dir=evals/q3b_cipr_bfcl                      # HF, batched

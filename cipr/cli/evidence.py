@@ -1,15 +1,13 @@
 """`cipr-evidence [key=value ...]`: the evidence experiment in one command (cipr/experiments/evidence.py,
 docs/results/cpu_evidence.md).
 
-It trains every point of `configs/train/sweep/cpu_evidence.yaml` (baseline, multi-interface and CIPR in the
-supervised regime, seeds 0-2, from one shared warm start), exports and evaluates each on held-out synthetic
-items (action KL and accuracy under the held-in relabeling and the held-out types; full-call accuracy on the
-original interface), and writes OUT/cpu_evidence.json, cpu_evidence_tables.md and cpu_evidence.png.
-Rerunning resumes: finished trainings and evaluations are skipped, a killed one continues from its last
-checkpoint.
+It trains every point of `configs/train/sweep/cpu_evidence.yaml` (baseline, multi-interface and CIPR,
+supervised regime, seeds 0-2, one shared warm start), exports and evaluates each on held-out synthetic
+items, and writes OUT/cpu_evidence.json, cpu_evidence_tables.md and cpu_evidence.png. Rerunning
+resumes: finished work is skipped, a killed training continues from its last checkpoint.
 
 Examples:
-    one CPU (the committed run; about 90 minutes on 2 cores, see the report for the measured time):
+    one CPU (the committed run; its measured time is in the report):
         cipr-evidence
     a λ sweep beside the main arms (adds cipr_lambda<λ> points):
         cipr-evidence lambdas=[0.1]

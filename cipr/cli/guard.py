@@ -1,21 +1,18 @@
 """`cipr-guard diff old=OLD new=NEW [report=PATH]`: the release gate for tool interfaces.
 
-Example (CPU, well under a second, the same on any machine):
+Examples (CPU, the same on any machine):
     cipr-guard diff old=tools_v1.json new=tools_v2.json report=reports/gate.md
     cipr-guard diff old=bfcl_v1.jsonl new=bfcl_v2.jsonl item=simple_python_0 added_tool_is_contract=false
 
 OLD and NEW are JSON files holding a tool list: OpenAI `tools` (wrapped or bare functions), an MCP
 `tools/list` result or its `tools` array, or a BFCL question / `cipr-data export` row (then, for a
 JSON-lines file, `item=ID` picks the row). The markdown report goes to stdout, and with `report=PATH`
-to PATH with the JSON report beside it (PATH with the suffix `.json`; a PATH ending in `.json` gets the
-JSON, and the markdown goes beside it with `.md`). Reports are written to a temporary name and renamed,
-and never over an input.
+to PATH with the JSON beside it (suffix `.json`; a PATH ending in `.json` gets the JSON, the markdown
+`.md`), written atomically and never over an input.
 
 Exit status, as `diff`'s: 0 when the contract is unchanged (every change is drift), 1 when it changed
-(any contract change: a deployment pipeline stops on it), 2 on trouble: bad input or usage (a missing or
-unreadable file, a file that is not UTF-8 or not JSON, a tool list of the wrong shape, a bad threshold, an
-output path that is a folder or an input), where one line on stderr says which file, item and field, and
-what to do (`--debug` or `CIPR_DEBUG=1` shows the traceback instead).
+(a deployment pipeline stops on it), 2 on bad input or usage, with one line on stderr naming the
+file, item and field and what to do (`--debug` or `CIPR_DEBUG=1` shows the traceback).
 
 The guard's drift evaluation on BFCL is an option of cipr-eval: `cipr-eval guard.enabled=true ...`.
 """

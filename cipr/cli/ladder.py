@@ -1,7 +1,5 @@
 """`cipr-ladder sweep_dir=DIR [eval.KEY=VALUE ...]`: export, evaluate and compare every finished point of a
-ladder sweep (`cipr-train -m +sweep=ladder`), and write SWEEP_DIR/ladder/ladder.md, ladder.json and
-ladder.png (cipr/experiments/ladder.py). Rerunning it evaluates only what is new; unfinished points are
-listed.
+ladder sweep into SWEEP_DIR/ladder/ (cipr/experiments/ladder.py); a rerun evaluates only what is new.
 
 Examples. The whole comparison, one CPU (the embedded SmolLM2-135M, synthetic data; both commands resume):
     cipr-train -m +sweep=ladder algo=grpo,multi_interface,cipr trainer.seed=0

@@ -1,10 +1,9 @@
 """`cipr-train`: train a tool-calling policy with SFT, GRPO (ToolRL), multi-interface, masking, CIPR or
 self-distillation (algo=distill), all on one engine (`cipr.train.run`).
 
-Hydra composes `configs/train/train.yaml` with the groups model/, data/, algo/, rollout/,
-trainer/, logging/, distributed/, launcher/ and experiment/ (each Hydra command has its own folder
-under configs/, `configs/eval/` for `cipr-eval`, so one command's groups never capture the other's
-options, e.g. `cipr-eval`'s top-level `model=`).
+Hydra composes `configs/train/train.yaml` with the groups model/, data/, algo/, rollout/, trainer/,
+logging/, distributed/, launcher/ and experiment/ (each Hydra command has its own configs/ folder, so
+one command's groups never capture the other's options).
 
     one CPU (the README's main job: embedded SmolLM2-135M, synthetic data, SFT warm start + CIPR):
         cipr-train
@@ -22,11 +21,10 @@ options, e.g. `cipr-eval`'s top-level `model=`).
         sbatch --gres=gpu:8 slurm/train.sbatch experiment=qwen25_3b_cipr launcher.num_processes=8 \\
             trainer.run_dir=runs/qwen25_3b_cipr
 
-Rerunning a command continues its run folder from the latest complete checkpoint
-(`trainer.resume=auto`); a damaged latest checkpoint is reported and the previous complete one is
-used. Exit status: 0 done (or preempted after a save), 2 bad input (a configuration error: nothing was
-started; or a missing or damaged input, named on one line; `--debug` or CIPR_DEBUG=1 shows the
-traceback), 3 non-finite loss (the last checkpoint is intact).
+Rerunning continues the run folder from the latest complete checkpoint (`trainer.resume=auto`; a
+damaged one is reported and the previous used). Exit status: 0 done (or preempted after a save), 2 bad
+input, named on one line (`--debug` or CIPR_DEBUG=1 shows the traceback), 3 non-finite loss (the last
+checkpoint is intact).
 """
 
 from __future__ import annotations
@@ -44,8 +42,7 @@ CONFIG_DIR = TRAIN_CONFIG_DIR
 
 def relaunch_command(num_processes: int, port: int, accelerate_config: str | None,
                      argv: list[str]) -> list[str]:
-    """The `accelerate launch` command that runs this CLI once per process on this node
-    (`cipr.ops.launch`)."""
+    """The `accelerate launch` command running this CLI once per process on this node (`cipr.ops.launch`)."""
     from cipr.ops.launch import accelerate_command
 
     return accelerate_command(num_processes, port, accelerate_config, argv)

@@ -115,11 +115,8 @@ def _read_tracker(tracker: Path) -> tuple[Path, int] | None:
 
 def latest_complete(stage_dir: str | Path) -> Path | None:
     """The checkpoint to resume a stage from: the tracked one, or when it is damaged the newest earlier
-    complete one.
-
-    None when nothing was tracked (the stage starts over). Raises DataError naming the damaged
-    checkpoint when no complete one is left.
-    """
+    complete one; None when nothing was tracked (the stage starts over), DataError naming the damaged one when
+    none is left."""
     stage_dir = Path(stage_dir)
     tracker = stage_dir / TRACKER
     if not tracker.is_file():
@@ -150,8 +147,7 @@ def latest_complete(stage_dir: str | Path) -> Path | None:
 
 
 def has_checkpoints(stage_dir: str | Path) -> bool:
-    """Whether a stage folder holds a tracker, any step folder or a finished stage (a run was started
-    there)."""
+    """Whether a stage folder holds a tracker, a step folder or a finished stage (a run started there)."""
     stage_dir = Path(stage_dir)
     return (any((stage_dir / name).exists() for name in (TRACKER, STAGE_DONE))
             or any(stage_dir.glob("checkpoint-*")))
@@ -159,10 +155,7 @@ def has_checkpoints(stage_dir: str | Path) -> bool:
 
 def frozen_omitted(folder: str | Path) -> list[str] | None:
     """The frozen tensors a weights folder leaves out (re-read from the base model), or None when it holds
-    all.
-
-    Raises DataError when `cipr_frozen.json` is not a JSON object with an `omitted` list of names.
-    """
+    all; DataError when `cipr_frozen.json` is not an object with an `omitted` list of names."""
     path = Path(folder) / FROZEN
     if not path.is_file():
         return None
@@ -220,11 +213,8 @@ def _whole_parameters(model: Any) -> Any:
 
 def apply_trainable(model: Any, folder: str | Path) -> None:
     """Load the trainable tensors of `folder` (one with `cipr_frozen.json`) over `model`, which holds the
-    base.
-
-    The tensors of the folder and the names it lists as left out must together be exactly the model's
-    state dict; otherwise (another model, or another `freeze_bottom_layers`) DataError says which differ.
-    """
+    base; with the names the folder lists as left out they must make up exactly the model's state dict, else
+    (another model or `freeze_bottom_layers`) DataError says which differ."""
     omitted = frozen_omitted(folder)
     if omitted is None:
         raise DataError(f"holds full weights (no {FROZEN}): load it as a model folder", file=str(folder))

@@ -49,8 +49,7 @@ class NonFiniteLossError(RuntimeError):
 
 
 class UnsafeOutputError(CiprError, ValueError):
-    """An output path that would overwrite or delete an input, a parent of one, or a folder we did not
-    create."""
+    """An output path that would overwrite or delete an input, a parent of one, or a folder not ours."""
 
 
 def debug_enabled(argv: list[str] | None = None) -> bool:
@@ -78,11 +77,9 @@ def report(program: str, e: BaseException) -> None:
 
 
 def pop_debug_flag(argv: list[str] | None = None) -> list[str]:
-    """Remove `--debug` from `argv` (default: sys.argv, in place) and set CIPR_DEBUG=1 when it was there.
-
-    For Hydra commands, which would read `--debug` as an unknown option; the variable reaches any
-    process the command starts.
-    """
+    """Remove `--debug` from `argv` (default: sys.argv, in place), setting CIPR_DEBUG=1 when it was there:
+    Hydra commands would read it as an unknown option, and the variable reaches any process the command
+    starts."""
     args = sys.argv if argv is None else argv
     if "--debug" in args:
         args[:] = [a for a in args if a != "--debug"]
@@ -92,10 +89,8 @@ def pop_debug_flag(argv: list[str] | None = None) -> list[str]:
 
 @contextlib.contextmanager
 def cli_errors(program: str, debug: bool | None = None) -> Iterator[None]:
-    """Run a command's body: a `CiprError` or an unreadable file becomes `program: message` and exit 2.
-
-    Anything else is a bug and keeps its traceback. With `debug`, nothing is caught.
-    """
+    """Run a command's body: a `CiprError` or an unreadable file becomes `program: message` and exit 2;
+    anything else is a bug and keeps its traceback. With `debug`, nothing is caught."""
     if debug if debug is not None else debug_enabled():
         yield
         return

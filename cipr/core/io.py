@@ -58,11 +58,8 @@ def make_temp_dir(parent: Path, prefix: str) -> Path:
 
 @contextlib.contextmanager
 def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO[Any]]:
-    """Open a temporary file next to `path`; on success it is synced and renamed over `path`.
-
-    On an exception the temporary file is removed and `path` is untouched. An existing file keeps its
-    mode; a new one gets the umask's.
-    """
+    """Open a temporary file next to `path`, synced and renamed over `path` on success, removed on an
+    exception (`path` untouched). An existing file keeps its mode; a new one gets the umask's."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -136,11 +133,8 @@ def check_not_source(out: str | Path, *, sources: Iterable[str | Path] = (), opt
 
 def check_output_dir(out: str | Path, *, sources: Iterable[str | Path] = (), marker: str,
                      overwrite: bool = False, option: str = "out_dir") -> Path:
-    """The resolved output folder, or UnsafeOutputError (module docstring).
-
-    A source, or a folder holding one, is never a target, `overwrite` or not. An existing non-empty
-    folder is refused unless `overwrite` is given and the folder carries `marker`.
-    """
+    """The resolved output folder, or UnsafeOutputError: a source or a folder holding one is never a target;
+    an existing non-empty folder is refused unless `overwrite` is given and it carries `marker`."""
     path = check_not_source(out, sources=sources, option=option)
     if path.is_dir() and any(path.iterdir()):
         if not overwrite:
@@ -184,8 +178,7 @@ def decode_text(data: bytes, file: str | Path) -> str:
 
 
 def read_text(path: str | Path) -> str:
-    """The text of `path`, decoded as strict UTF-8 (`decode_text`); a missing file raises
-    FileNotFoundError."""
+    """The text of `path`, decoded as strict UTF-8 (`decode_text`); FileNotFoundError when missing."""
     return decode_text(Path(path).read_bytes(), path)
 
 
@@ -234,10 +227,9 @@ def complete_lines(path: str | Path, *, cut: bool) -> bytes:
 def read_jsonl(path: str | Path, *, torn: Literal["error", "skip", "cut"] = "error") -> list[Any]:
     """The values of the non-blank lines of `path`, a JSON-lines file (`iter_jsonl`).
 
-    `torn` says what becomes of a last line without a newline, as a writer killed mid-line leaves:
-    "error" reads it like any other line, "skip" leaves it out, "cut" also cuts it off the file (a file
-    this run appends to). With "skip" or "cut" a missing file reads as empty; with "error" it raises
-    FileNotFoundError.
+    `torn`, for a last line without a newline (a writer killed mid-line): "error" reads it like any other,
+    "skip" leaves it out, "cut" also cuts it off the file (one this run appends to). With "skip" or "cut" a
+    missing file reads as empty; with "error" it raises FileNotFoundError.
     """
     data = Path(path).read_bytes() if torn == "error" else complete_lines(path, cut=torn == "cut")
     return [value for _, value in iter_jsonl(decode_text(data, path), path)]

@@ -77,10 +77,8 @@ def write_config(run_dir: Path, config: Mapping[str, Any]) -> None:
 
 def prepare(run_dir: Path, config: Mapping[str, Any], sections: Sequence[str],
             started: Callable[[], bool]) -> bool:
-    """On the main process: create `run_dir`, refuse a different run in it, record `config`.
-
-    Returns whether this process is the main one (the one that writes metrics and summaries).
-    """
+    """On the main process: create `run_dir`, refuse a different run in it, record `config`. Returns whether
+    this process is the main one (which writes metrics and summaries)."""
     main = is_main_process()
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -92,11 +92,11 @@ _LANGUAGE_NAME = {"java": "Java", "javascript": "JavaScript"}
 def bfcl_prompt_tool(tool: Tool, language: str) -> Tool:
     """The tool as BFCL shows it to a model (its `add_language_specific_hint_to_function_doc`).
 
-    The description gets BFCL's language note. For Java and JavaScript, whose calls pass source
-    literals in strings, every top-level parameter becomes `"type": "string"` with BFCL's hint on its
-    declared type (`x-bfcl-type` is kept, so the scorer still reads the declared type); array element
-    types and JavaScript dict entries move into the description, as BFCL does. Prompt renderers that
-    want BFCL's presentation call this on each tool; the Example keeps the typed schema.
+    The description gets BFCL's language note. For Java and JavaScript, whose calls pass source literals in
+    strings, every top-level parameter becomes `"type": "string"` with BFCL's hint on its declared type
+    (`x-bfcl-type` kept for the scorer); array element types and JavaScript dict entries move into the
+    description, as BFCL does. Renderers that want BFCL's presentation call this per tool; the Example keeps
+    the typed schema.
     """
     description = tool.description + _LANGUAGE_HINT[language]
     if language == "python":
@@ -131,11 +131,9 @@ def bfcl_dir(root: str | Path | None = None) -> Path:
 
 def load_bfcl(root: str | Path | None = None, partitions: Iterable[str] | None = None, *,
               report: BfclReport | None = None) -> list[Example]:
-    """The BFCL v4 items with a reference answer, in PARTITIONS order (or the given partitions).
-
-    `root` is the data root holding `bfcl_v4/` (default: `cipr.data.paths.data_root()`). Pass a
-    BfclReport as `report` to receive the counts, skips and anomalies.
-    """
+    """The BFCL v4 items with a reference answer, in PARTITIONS order (or the given partitions), from the data
+    root `root` (default `cipr.data.paths.data_root()`); a BfclReport `report` receives the counts, skips and
+    anomalies."""
     base = bfcl_dir(root)
     names = list(PARTITIONS) if partitions is None else list(partitions)
     unknown = [p for p in names if p not in PARTITIONS]
@@ -325,8 +323,7 @@ def _first(options: Sequence[Any], schema: Mapping[str, Any] | None, language: s
 
 def _unwrap_dict(value: Mapping[str, Any], field_name: str,
                  anomalies: list[tuple[str, str, str]]) -> dict[str, Any]:
-    """A dict argument's accepted dict -> one value: each entry's first accepted value; optional entries left
-    out."""
+    """A dict argument's accepted dict -> one value: each entry's first accepted one, optional ones out."""
     out: dict[str, Any] = {}
     for key, choices in value.items():
         if not isinstance(choices, list):

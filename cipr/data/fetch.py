@@ -86,11 +86,9 @@ def extract_data(wheel: Path, target: Path) -> int:
 
 def fetch_bfcl(dest: str | Path, *, overwrite: bool = False, wheel: str | Path | None = None,
                sha256: str = BFCL_EVAL_SHA256) -> Path:
-    """Write BFCL v4 to `<dest>/bfcl_v4/` from the pinned bfcl-eval wheel; returns that folder.
-
-    `wheel` uses an already downloaded wheel file instead of calling pip (it is verified all the same).
-    Raises FetchError on a failed download, a hash mismatch, or an existing `bfcl_v4/` without `overwrite`.
-    """
+    """Write BFCL v4 to `<dest>/bfcl_v4/` from the pinned bfcl-eval wheel (`wheel`: a downloaded one, verified
+    all the same); returns that folder. FetchError on a failed download, a hash mismatch, or an existing
+    `bfcl_v4/` without `overwrite`."""
     dest = Path(dest)
     target = dest / "bfcl_v4"
     if target.exists() and not overwrite:

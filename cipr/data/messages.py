@@ -1,7 +1,7 @@
 """Tool-calling conversations in the ecosystem's common shape: rows of `messages` + `tools`.
 
-The convention of TRL's conversational datasets, OpenAI's chat API and most tool-calling sets on the
-Hub, so a researcher can bring their own data (`data.source=messages`, `benchmark=messages`):
+The convention of TRL's conversational datasets, OpenAI's chat API and most tool-calling sets on the Hub, so a
+researcher can bring their own data (`data.source=messages`, `benchmark=messages`):
 
     {"id": "...",                                   # optional
      "tools": [{"type": "function", "function": {"name", "description", "parameters"}}, ...],
@@ -11,59 +11,51 @@ Hub, so a researcher can bring their own data (`data.source=messages`, `benchmar
                         "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
                   {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "..."}]}
 
-Inputs (`load_messages(path)`): a `.jsonl` file (one row a line), a `.json` file (a list of rows), a
-`.parquet` file, a folder written by `datasets.Dataset.save_to_disk` (or `DatasetDict`, read split by
-split), or a folder of such files (read in sorted path order, subfolders included). Also accepted:
-a bare tool `{"name", "description", "parameters"}`, a bare call `{"name", "arguments"}`, `tools`
-stored as a JSON string (what Hub datasets do to keep schemas out of Arrow columns), arguments as a
-JSON string or an object, the `developer` role (read as `system`), and `content` as a list of
+Inputs (`load_messages(path)`): a `.jsonl` file, a `.json` list of rows, a `.parquet` file, a `datasets`
+`save_to_disk` folder (a `DatasetDict` split by split), or a folder of such files (sorted path order,
+subfolders included). Also accepted: a bare tool `{"name", "description", "parameters"}`, a bare call
+`{"name", "arguments"}`, `tools` as a JSON string (as Hub datasets keep schemas out of Arrow columns),
+arguments as a JSON string or an object, the `developer` role (read as `system`), and `content` as a list of
 `{"type": "text", "text": ...}` parts (joined by newlines).
 
 What becomes an `Example` (choices):
-- Every assistant turn after the row's first user message is a decision, so each becomes one
-  Example: its prompt is every message before it (system, user, earlier assistant turns with their
-  calls, tool results), its reference the turn's calls in order (parallel calls included, arguments
-  parsed from JSON strings). A turn without calls is an Example whose answer makes no call:
-  reference empty, `response` = the turn's text. So a multi-turn row gives one Example per
-  assistant turn, the final answer after a tool result included (declining to call is a decision).
-- The text an assistant turn writes beside its calls stays in the prompt of later turns; for the
-  turn's own Example it is kept in `meta["content"]`, not in the target (the call format writes its
-  own reasoning).
-- A tool message's name (`Message.name`, which canonicalization renames) is its `name`, else the
-  name of the earlier call whose `id` equals its `tool_call_id`, else the name of the single call of
-  the assistant turn before it (None when that turn made several). Call ids themselves are not kept:
-  `Message` and `Call` have no id field, and the call formats do not render them.
-- Assistant turns before the first user message (a greeting) are context only, and messages after
-  the last assistant turn have no target and are not used.
-- Ids: the row's `id` when it has one (a string or an integer), else `<file stem>_<i>`, i the row's
-  0-based position in its file (blank lines of a JSON-lines file not counted), the same in every format;
-  an Example's id is `<row id>_m<j>`, j the index of its assistant turn in `messages`. Partition: the
-  file's stem (the split's name in a saved DatasetDict). `meta`: file, item (`line 3`, `row 3`),
-  row_id, turn (j), content.
-- Self-distillation trains on whole conversations instead (`unit="conversation"`,
-  `row_conversation`): one Example per row, id the row id, holding every message through the last
-  assistant turn (a greeting before the first user message included), no reference: its assistant
-  turns, calls and text, are the demonstration the teacher and the student read. The same rows and
-  the same checks: a row is a trajectory exactly when it is usable as examples.
+- Every assistant turn after the row's first user message is a decision and one Example: its prompt every
+  message before it, its reference the turn's calls in order (parallel calls included, arguments parsed from
+  JSON strings). A turn without calls (declining to call is a decision, a final answer after a tool result
+  included) has an empty reference and `response` = its text.
+- The text an assistant turn writes beside its calls stays in the prompt of later turns; for the turn's own
+  Example it is kept in `meta["content"]`, not in the target (the call format writes its own reasoning).
+- A tool message's name (`Message.name`, which canonicalization renames) is its `name`, else that of the
+  earlier call whose `id` is its `tool_call_id`, else that of the single call of the assistant turn before it
+  (None when that turn made several). Call ids are not kept: `Message` and `Call` have no id field, and the
+  call formats do not render them.
+- Assistant turns before the first user message (a greeting) are context only; messages after the last
+  assistant turn have no target and are not used.
+- Ids: the row's `id` (a string or an integer), else `<file stem>_<i>`, i the row's 0-based position in its
+  file (blank lines of a JSON-lines file not counted); an Example's id is `<row id>_m<j>`, j the index of its
+  assistant turn in `messages`. Partition: the file's stem (the split's name in a saved DatasetDict). `meta`:
+  file, item (`line 3`, `row 3`), row_id, turn (j), content.
+- Self-distillation trains on whole conversations instead (`unit="conversation"`, `row_conversation`): one
+  Example per row, id the row id, every message through the last assistant turn (a greeting included), no
+  reference: its assistant turns are the demonstration. Same rows and checks: a row is a trajectory exactly
+  when it is usable as examples.
 
-Bad rows (`BadRow`, a `DataError` naming the file, the line of a JSON-lines file or the index of
-a row elsewhere, and the field, e.g. `messages[2].tool_calls[0].function.arguments: not valid
-JSON`): a line that is not JSON; a row that is not an object; missing `messages` or `tools` (give
-`[]` for a row without tools); a malformed or duplicated tool; a message that is not an object or
-has another role; non-text content; `tool_calls` outside an assistant turn or not a list; a call
-without a name, of a type other than `function`, naming a tool `tools` does not declare, or whose
-arguments are not valid JSON or not an object; a tool message naming an undeclared tool or an
-unknown `tool_call_id`; an assistant turn with neither calls nor text; a row with no assistant turn
-after a user message; an id used by an earlier row. By default the first one raises; with
-`on_bad_row="skip"` each is counted under its short reason (`BadRow.kind`) in
-`MessagesData.skipped`, logged, and skipped; nothing is dropped silently. Argument names are not
-checked against the schema (a scorer reports an undeclared argument as wrong).
+Bad rows (`BadRow`, a `DataError` naming the file, the line of a JSON-lines file or the index of a row
+elsewhere, and the field, e.g. `messages[2].tool_calls[0].function.arguments: not valid JSON`): a line that is
+not JSON; a row that is not an object; missing `messages` or `tools` (`[]` for a row without tools); a
+malformed or duplicated tool; a message that is not an object or has another role; non-text content;
+`tool_calls` outside an assistant turn or not a list; a call without a name, of a type other than `function`,
+naming an undeclared tool, or whose arguments are not valid JSON or not an object; a tool message naming an
+undeclared tool or an unknown `tool_call_id`; an assistant turn with neither calls nor text; a row with no
+assistant turn after a user message; an id used by an earlier row. By default the first one raises; with
+`on_bad_row="skip"` each is counted under its short reason (`BadRow.kind`) in `MessagesData.skipped`, logged,
+and skipped; nothing is dropped silently. Argument names are not checked against the schema (a scorer reports
+an undeclared argument as wrong).
 
-Columnar inputs (parquet, saved datasets): Arrow stores a column of objects as one struct type
-unioned over all rows, so a key one row lacks reads back as null there. Null-valued keys are
-therefore dropped from rows read from those files (a JSON source keeps them as written). The union
-can also reorder an object's keys (argument order decides canonical argument ids) and fails on
-values of mixed types, so store `tools` and `arguments` as JSON strings in columnar files.
+Columnar inputs (parquet, saved datasets): Arrow stores a column of objects as one struct type unioned over
+all rows, so a key one row lacks reads back as null: null-valued keys are dropped from rows read from those
+files (JSON keeps them). The union can also reorder an object's keys (argument order decides canonical
+argument ids) and fails on mixed types, so store `tools` and `arguments` as JSON strings in columnar files.
 """
 
 from __future__ import annotations
@@ -101,11 +93,9 @@ class BadRow(DataError):
 
 @dataclass
 class MessagesData:
-    """What one load read: the examples, how many rows, and the bad rows skipped (by reason).
-
-    `tools_per_row` holds the number of declared tools of each row used; `skip_details` the first
-    few full messages of each skip reason (for `cipr-data stats source=messages`).
-    """
+    """What one load read: the examples, how many rows, the bad rows skipped (by reason), `tools_per_row`
+    (declared tools of each row used) and `skip_details` (the first few messages of each skip reason, for
+    `cipr-data stats`)."""
 
     examples: list[Example] = field(default_factory=list)
     rows: int = 0

@@ -1,30 +1,30 @@
 """RoTBench (Junjie-Ye/RoTBench, `Data/`): First_Turn and Third_Turn at five noise levels, as Examples.
 
-Each file is a JSON list of `{"id", "conversations", "scenario"}`. The first conversation turn is the
-system prompt; it embeds the tool list as one JSON array (`[{"name", "description", "parameters"}]`)
-between a fixed preamble and `\\n\\nLet's Begin!`. The last turn (`from: assistant`) is a list of
-accepted answers, each `Thought:\\nAction: <name>\\nAction Input: {json}`. Third_Turn items carry two
-earlier assistant turns, each followed by a `function` result (or a `user` reply to ask_to_user).
-Noisy levels perturb tool and argument names in the prompt, and the gold answers use those names.
-Counts: First_Turn clean/slight/medium/heavy/union 105/210/210/210/105, Third_Turn 70/140/140/140/70,
-seven scenarios (TG, RS, DU, PL, AM, IR, FT) in equal shares.
+Each file is a JSON list of `{"id", "conversations", "scenario"}`. The first turn is the system prompt,
+embedding the tool list as one JSON array (`[{"name", "description", "parameters"}]`) between a fixed preamble
+and `\\n\\nLet's Begin!`. The last turn (`from: assistant`) lists the accepted answers, each
+`Thought:\\nAction: <name>\\nAction Input: {json}`. Third_Turn items carry two earlier assistant turns, each
+followed by a `function` result (or a `user` reply to ask_to_user). Noisy levels perturb tool and argument
+names in the prompt, and the gold answers use those names. Counts: First_Turn clean/slight/medium/heavy/union
+105/210/210/210/105, Third_Turn 70/140/140/140/70, seven scenarios (TG, RS, DU, PL, AM, IR, FT) in equal
+shares.
 
 Choices:
-- The system prompt is not a Message (it embeds the tool list, which the Interface carries); its text
-  before and after the array is in `meta["system_prefix"]`/`meta["system_suffix"]`, so
-  `prefix + render_tool_list(interface) + suffix` reproduces it (checked by a test on every item).
-- The user turn keeps its text verbatim (including RoTBench's trailing `\\nBegin!\\n`).
-- Earlier assistant turns become assistant messages with one call and the thought as content;
-  `function` turns become tool messages named after the preceding call.
-- `reference` is the first accepted answer's call, `alternatives` the others (in file order). Gold
-  values "None" (RoTBench's "any value") are kept as they are; the scorer drops those keys.
-- RoTBench's scorer treats the last two declared tools as `finish` and `ask_to_user` whatever their
-  names are at a noisy level, so their names are recorded in `meta["finish_tool"]`/`meta["ask_tool"]`
-  (robust to later perturbation of the interface).
-- Ids repeat inside noisy files (each query appears under two noise draws), so an Example's id is
-  `rotbench/<split>/<level>/<position>`; the original id is `meta["original_id"]`.
-- The source's F1 toolkit declares `drivers` twice (38 items over all files). Those items are kept,
-  the duplicate noted in `meta["issues"]` and counted by `rotbench_stats`; `strict=True` raises.
+- The system prompt is not a Message (its tool list is the Interface); its text before and after the array is
+  in `meta["system_prefix"]`/`meta["system_suffix"]`, so `prefix + render_tool_list(interface) + suffix`
+  reproduces it (tested on every item).
+- The user turn keeps its text verbatim (RoTBench's trailing `\\nBegin!\\n` included).
+- Earlier assistant turns become assistant messages with one call and the thought as content; `function` turns
+  become tool messages named after the preceding call.
+- `reference` is the first accepted answer's call, `alternatives` the others (file order). Gold values "None"
+  (RoTBench's "any value") are kept; the scorer drops those keys.
+- RoTBench's scorer treats the last two declared tools as `finish` and `ask_to_user` whatever their names at a
+  noisy level, so their names are recorded in `meta["finish_tool"]`/`meta["ask_tool"]` (robust to later
+  perturbation).
+- Ids repeat inside noisy files (each query under two noise draws), so an Example's id is
+  `rotbench/<split>/<level>/<position>`, the original in `meta["original_id"]`.
+- The source's F1 toolkit declares `drivers` twice (38 items over all files): kept, noted in `meta["issues"]`
+  and counted by `rotbench_stats`; `strict=True` raises.
 """
 
 from __future__ import annotations

@@ -1,29 +1,27 @@
 """A seeded procedural generator of tool-calling Examples over a catalog of realistic tools.
 
-It feeds the CPU demo job (SFT warm start, then GRPO on a 135M model) and tests, so every query
-states the values its reference calls need: each string or number argument appears verbatim in the
-query (lists as comma-separated items), and enum or boolean arguments that a template implies are
-fixed by its wording ("Dim the kitchen lights to 40 percent" -> action "dim"). Which tool to call
-follows from the request; distractor tools share the domain about half the time, so the choice is not
-trivial, but templates of same-domain tools ask for different things.
+It feeds the CPU demo job (SFT warm start, then GRPO on a 135M model) and tests, so every query states the
+values its reference calls need: string and number arguments appear verbatim (lists as comma-separated items),
+and enum or boolean arguments a template implies are fixed by its wording ("Dim the kitchen lights to 40
+percent" -> action "dim"). The tool to call follows from the request; distractors share the domain about half
+the time, so the choice is not trivial, but templates of same-domain tools ask for different things.
 
-Catalog: `synthetic_catalog.yaml`, shipped in this package and checked when first read (`catalog`):
-56 tools over 15 domains (weather, travel, finance, calendar, email, maps, shopping, math, files,
-media, news, language, fitness, home, food), each with a real description and a JSON Schema (types,
-required, enums, bounds, patterns), one or more query templates, and a phrase for what it does (used
-when a request cannot be served); then the values arguments are drawn from and the small talk.
+Catalog: `synthetic_catalog.yaml`, shipped in this package and checked when first read (`catalog`): 56 tools
+over 15 domains, each with a real description, a JSON Schema (types, required, enums, bounds, patterns), query
+templates and a phrase for what it does (used when a request cannot be served); then the value tables and the
+small talk.
 
 Kinds of examples:
 - `single`: one call.
-- `parallel`: two or three calls in one turn, either the same tool with different values or
-  different tools (possibly from different domains); the query joins the requests.
-- `no_call` (with a `response`): small talk / general knowledge that needs no tool, or a request
-  whose tool (and every tool of its domain) is absent from the interface, answered by saying so.
+- `parallel`: two or three calls in one turn, the same tool with different values or different tools (possibly
+  of different domains); the query joins the requests.
+- `no_call` (with a `response`): small talk that needs no tool, or a request whose tool (and its whole domain)
+  is absent from the interface, answered by saying so.
 
-Determinism: example i of seed s uses `random.Random(f"cipr-synthetic:{s}:{i}")` (string seeds are
-hashed with SHA-512, independent of PYTHONHASHSEED), so the output is a function of (n, seed,
-options), and `generate_synthetic(n, s)` is a prefix of `generate_synthetic(m, s)` for m > n. The
-kind of each example is drawn with the given fractions, so counts per kind vary around them.
+Determinism: example i of seed s uses `random.Random(f"cipr-synthetic:{s}:{i}")` (hashed with SHA-512,
+independent of PYTHONHASHSEED), so the output is a function of (n, seed, options), and `generate_synthetic(n,
+s)` is a prefix of `generate_synthetic(m, s)` for m > n. Kinds are drawn with the given fractions, so counts
+per kind vary around them.
 """
 
 from __future__ import annotations
@@ -124,7 +122,7 @@ def _read(source: Traversable) -> _Catalog:
 
     where = str(source)
     try:
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's when built with it: 10x faster
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's when built with it (faster)
         raw = yaml.load(source.read_text(encoding="utf-8"), Loader=loader)
     except yaml.YAMLError as e:
         raise DataError(f"not valid YAML: {e}", file=where) from None
@@ -320,12 +318,11 @@ class SyntheticConfig:
 def restricted_catalog(tools: Sequence[str], size: int = 1, exclude: Sequence[str] = ()
                        ) -> tuple[CatalogTool, ...]:
     """The catalog's tools named in `tools` (empty: the whole catalog), less those `exclude` holds back, in
-    catalog order.
+    catalog order: a narrower task family.
 
-    A narrower task family: every example calls and lists only these tools. `exclude` entries are a tool
-    name (never called nor listed) or `tool#k` (that tool's k-th query template, counted from 0, never
-    used; the tool stays). ValueError for an unknown name or template, a tool left without a template, or
-    fewer tools than an interface's `size`.
+    `exclude` entries are a tool name (never called nor listed) or `tool#k` (that tool's k-th query template,
+    from 0, never used; the tool stays). ValueError for an unknown name or template, a tool left without a
+    template, or fewer tools than an interface's `size`.
     """
     cat = catalog()
     known = {c.tool.name: c for c in cat}
@@ -432,23 +429,18 @@ def generate_synthetic(n: int, seed: int = 0, *, tools_per_example: tuple[int, i
                        exclude: Sequence[str] = (), split: str = "train") -> list[Example]:
     """`n` synthetic Examples, deterministic in (n, seed, options, split).
 
-    - `split`: "train" (training data, `cipr-train data=synthetic`) or "test" (the evaluation's
-      `benchmark=synthetic`). The test split draws from its own random stream and drops every item whose
-      query and reference calls equal one of the first `TRAIN_GUARD` training items of the same seed
-      (the template space is small: about a quarter of a separate stream's items repeat a training
-      item, the fixed chit-chat no-call items among them), so no test item was trained on under any
-      `data.n` up to that bound. Test ids are `synthetic-test-<seed>-<stream index>`.
-    - `tools_per_example`: inclusive range of the interface size (raised to the number of tools a
-      parallel example needs).
-    - `parallel_fraction`, `no_call_fraction`: probabilities of the parallel and no-call kinds; the
-      rest are single calls.
-    - `same_domain_distractors`: probability that each distractor is drawn from the needed tools'
-      domains (harder negatives) rather than from the whole catalog.
-    - `tools`: catalog tool names the examples are restricted to (empty: the whole catalog), a narrower
-      task family (`restricted_catalog`).
-    - `exclude`: tools and single templates (`tool#k`) held back: no example lists such a tool or writes
-      its query with such a template (`restricted_catalog`), e.g. training data for a test split whose
-      (tool, template) pairs were never trained on. `meta["templates"]` records each call's (tool, k).
+    - `split`: "train" (`cipr-train data=synthetic`) or "test" (`benchmark=synthetic`). The test split draws
+      from its own random stream and drops every item whose query and reference calls equal one of the first
+      `TRAIN_GUARD` training items of the same seed (the template space is small: about a quarter of a
+      separate stream's items repeat a training item, the chit-chat no-call items among them), so no test item
+      was trained on for any `data.n` up to that bound. Test ids are `synthetic-test-<seed>-<stream index>`.
+    - `tools_per_example`: inclusive range of the interface size (raised to what a parallel example needs).
+    - `parallel_fraction`, `no_call_fraction`: probabilities of the parallel and no-call kinds; the rest are
+      single calls.
+    - `same_domain_distractors`: probability that each distractor comes from the needed tools' domains (harder
+      negatives) rather than the whole catalog.
+    - `tools`, `exclude`: `restricted_catalog`; e.g. training data for a test split whose (tool, template)
+      pairs were never trained on. `meta["templates"]` records each call's (tool, k).
     """
     lo, hi = tools_per_example
     if n < 0:

@@ -1,39 +1,36 @@
 """ToolRL (qiancheng0/ToolRL, `dataset/`): the verl RL parquet and the raw SFT JSON, as Examples.
 
-Both files hold the same three texts per item: an `instruction` (system prompt listing the tools as
-`1. Name: ...\\nDescription: ...\\nParameters: {...}`), an `input` (`**Dialogue Records History**`
-followed by `<user>`, `<think>`, `<tool_call>`, `<response>` and `<obs>` blocks), and a target
+Both hold three texts per item: an `instruction` (system prompt listing the tools as
+`1. Name: ...\\nDescription: ...\\nParameters: {...}`), an `input` (`**Dialogue Records History**` then
+`<user>`, `<think>`, `<tool_call>`, `<response>` and `<obs>` blocks), and a target
 `<think>...</think>\\n<tool_call>\\n{"name": ..., "parameters": {...}}\\n...\\n</tool_call>` and/or
 `<response>...</response>`. The verl parquet stores them as `prompt` ([system, user] messages),
-`reward_model.ground_truth` and `extra_info` (index, split); the SFT JSON as a list of
-{"instruction", "input", "output"}. The 3,920-row `train.parquet` has the parquet schema and loads by
-path with `load_toolrl_parquet`.
+`reward_model.ground_truth` and `extra_info` (index, split); the SFT JSON as a list of {"instruction",
+"input", "output"}. The 3,920-row `train.parquet` loads by path with `load_toolrl_parquet`.
 
 Choices (the data leaves them open):
-- Parameters. ToolRL's dialect is `{arg: {"description", "type", "default"}}` with Python-ish type
-  strings ("int", "str, optional", "List[float]", "Callable[[float], float]"). Each becomes a JSON
-  Schema property: the type mapped to JSON Schema (`_json_type`; unknown types such as Callable stay
-  untyped), `default` kept unless it is "" (ToolRL's "no default"), and the original type string kept
-  under `x-toolrl-type` so `toolrl_parameters` can render the prompt ToolRL trained on. No argument is
-  marked required: the dialect has no such flag, and neither ", optional" nor an empty default
-  predicts it (in rlla_sft.json + test.parquet, 115 reference calls omit an argument that has
-  neither), so any rule would make real reference calls invalid.
-- The system prompt is not a Message (it embeds the tool list, which the Interface now carries). Its
-  text before and after the tool block is kept in `meta["system_prefix"]`/`meta["system_suffix"]`.
-- History: `<user>` -> user message; each assistant turn (`<think>`, `<tool_call>`, `<response>`) ->
-  one assistant message whose calls are the tool calls and content the response text (its think text
-  goes to `meta["history_think"]`, one entry per assistant message); `<obs>` -> a tool message with
-  the raw observation text, named after the turn's tool when that turn made exactly one call.
-- Target: `reference` = the calls, `response` = the response text (stripped), `meta["think"]` = the
-  reasoning, `meta["target"]` = the raw target text.
-- Bad structure (unreadable file, missing columns, a tool block or target that does not follow the
-  format, call lines that are not `{"name": str, "parameters": object}` JSON) raises `DataError`
-  naming the file, item and field. Content problems that occur in the published data are kept and
-  reported, not dropped, so the counts stay those of the files: a reference call naming a tool the
-  prompt does not declare (test.parquet 1 item, a truncated tool name; rlla_sft.json 1 item), an
-  argument the tool does not declare (rlla_sft.json 8 items, where the released target's JSON was
-  split at a comma inside a value), a tool name declared twice (rlla_sft.json 1 item). They are
-  listed in `meta["issues"]` and counted by `summarize`; `strict=True` raises on them instead.
+- Parameters. ToolRL's dialect is `{arg: {"description", "type", "default"}}` with Python-ish type strings
+  ("int", "str, optional", "List[float]", "Callable[[float], float]"). Each becomes a JSON Schema property:
+  the type mapped (`_json_type`; unknown types such as Callable stay untyped), `default` kept unless ""
+  (ToolRL's "no default"), the original type string kept under `x-toolrl-type` for `toolrl_parameters`. No
+  argument is required: the dialect has no such flag, and neither ", optional" nor an empty default predicts
+  it (115 reference calls in rlla_sft.json + test.parquet omit an argument that has neither), so any rule
+  would make real reference calls invalid.
+- The system prompt is not a Message (its tool list is the Interface); its text before and after the tool
+  block is in `meta["system_prefix"]`/`meta["system_suffix"]`.
+- History: `<user>` -> user message; each assistant turn (`<think>`, `<tool_call>`, `<response>`) -> one
+  assistant message, calls the tool calls, content the response text (think text to `meta["history_think"]`,
+  one entry per assistant message); `<obs>` -> a tool message with the raw text, named after the turn's tool
+  when that turn made exactly one call.
+- Target: `reference` = the calls, `response` = the response text (stripped), `meta["think"]` = the reasoning,
+  `meta["target"]` = the raw target text.
+- Bad structure (unreadable file, missing columns, a tool block or target off the format, call lines that are
+  not `{"name": str, "parameters": object}` JSON) raises `DataError` naming the file, item and field. Content
+  problems in the published data are kept and reported, so the counts stay those of the files: a reference
+  call to an undeclared tool (test.parquet 1 item, a truncated tool name; rlla_sft.json 1), an undeclared
+  argument (rlla_sft.json 8 items, the released target's JSON split at a comma inside a value), a tool
+  declared twice (rlla_sft.json 1). They are listed in `meta["issues"]` and counted by `summarize`;
+  `strict=True` raises instead.
 """
 
 from __future__ import annotations
@@ -137,11 +134,9 @@ def toolrl_property(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def toolrl_parameters(tool: Tool) -> dict[str, dict[str, Any]]:
-    """A Tool's parameters in ToolRL's prompt dialect `{arg: {"description", "type", "default"}}`.
-
-    Inverse of the load-time conversion: the original type string (`x-toolrl-type`) when present,
-    otherwise the JSON Schema type; `default` is "" when the schema has none.
-    """
+    """A Tool's parameters in ToolRL's dialect `{arg: {"description", "type", "default"}}`, the inverse of the
+    load-time conversion: the type string from `x-toolrl-type`, else the JSON Schema type; `default` "" when
+    the schema has none."""
     out: dict[str, dict[str, Any]] = {}
     for name, prop in tool.properties.items():
         t = prop.get("x-toolrl-type")
@@ -154,11 +149,9 @@ def toolrl_parameters(tool: Tool) -> dict[str, dict[str, Any]]:
 
 
 def render_tool_block(interface: Interface) -> str:
-    """The `1. Name: ...\nDescription: ...\nParameters: {...}` lines of a ToolRL system prompt.
-
-    `meta["system_prefix"] + render_tool_block(example.interface) + meta["system_suffix"]` gives back the
-    original instruction of every item in the released files.
-    """
+    """The `1. Name: ...\nDescription: ...\nParameters: {...}` lines of a ToolRL system prompt; with
+    `meta["system_prefix"]` and `meta["system_suffix"]` around them, the original instruction of every
+    released item."""
     return "\n".join(f"{k}. Name: {t.name}\nDescription: {t.description}\nParameters: "
                      f"{json.dumps(toolrl_parameters(t))}" for k, t in enumerate(interface, start=1))
 
@@ -314,10 +307,8 @@ def _check_ids(items: Sequence[_Item], file: str) -> None:
 
 
 def load_toolrl_parquet(path: str | Path, *, strict: bool = False) -> list[Example]:
-    """Every row of a ToolRL verl parquet (`rlla_4k/test.parquet`, 80 rows; `train.parquet`, 3,920).
-
-    Ids are `toolrl_<split>_<extra_info.index>` (the row number when extra_info lacks them).
-    """
+    """Every row of a ToolRL verl parquet (`rlla_4k/test.parquet`, 80 rows; `train.parquet`, 3,920), ids
+    `toolrl_<split>_<extra_info.index>` (the row number when extra_info lacks it)."""
     path = Path(path)
     file = str(path)
     if not path.is_file():
@@ -349,10 +340,8 @@ def load_toolrl_parquet(path: str | Path, *, strict: bool = False) -> list[Examp
 
 
 def load_toolrl_sft(path: str | Path, *, strict: bool = False) -> list[Example]:
-    """Every item of ToolRL's raw SFT JSON (`rlla_4k_raw/rlla_sft.json`, 400 items with reasoning).
-
-    Ids are `toolrl_sft_<position>`; the think text of the target is in `meta["think"]`.
-    """
+    """Every item of ToolRL's raw SFT JSON (`rlla_4k_raw/rlla_sft.json`, 400 items with reasoning), ids
+    `toolrl_sft_<position>`, the target's think text in `meta["think"]`."""
     file = str(path)
     data = read_json_list(path, "ToolRL SFT JSON", "a JSON list of {instruction, input, output}")
     items: list[_Item] = []

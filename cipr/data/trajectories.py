@@ -93,10 +93,8 @@ def _toolcalls(rec: Mapping[str, Any], path: Path, idx: int) -> Example:
 
 def load_trajectories(path: str | Path, *, interface: Interface = ACTIONS, call_format: str = "webshop"
                       ) -> list[Example]:
-    """Trajectories from a JSON/JSONL file, in either shape (told apart per record).
-
-    `interface` and `call_format` apply to AgentInstruct records (their actions and action syntax).
-    """
+    """Trajectories from a JSON/JSONL file, either shape told apart per record; `interface` and `call_format`
+    are the actions and action syntax of AgentInstruct records."""
     path = Path(path)
     fmt = get_format(call_format)
     if not path.is_file():
@@ -128,8 +126,7 @@ def toyshop_trajectories(n: int, *, seed: int = 0) -> list[Example]:
 
 
 def to_agentinstruct(examples: Iterable[Example], *, call_format: str = "webshop") -> list[dict[str, Any]]:
-    """Examples back to AgentInstruct records (for writing a trajectory file); calls rendered by the
-    format."""
+    """Examples back to AgentInstruct records (for a trajectory file), calls rendered by the format."""
     back = {"user": "human", "assistant": "gpt", "system": "system"}
     fmt = get_format(call_format)
 

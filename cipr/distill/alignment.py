@@ -1,18 +1,16 @@
 """Token alignment of two renderings of one trajectory whose action names differ (teacher vs student).
 
-The teacher reads the trajectory under the original names (`search`), the student under canonical
-ones (`function_01`). The two texts are equal except where a name was rewritten, and the names
-tokenize to different numbers of tokens, so token i of one side is not token i of the other. The
-alignment is built in two steps, both exact (no fuzzy matching):
+The teacher reads the original names (`search`), the student canonical ones (`function_01`); the texts
+are equal except where a name was rewritten, and names tokenize to different lengths, so token i of one
+side is not token i of the other. Two exact steps (no fuzzy matching):
 
 1. Segments (`segment_texts`): the two texts are scanned in lockstep. Where side a has a whole-word
    occurrence of an old name (same word boundaries as `cipr.tools.canonical.rewrite_text`: not preceded by
    a word character or `.`, not followed by a word character) and side b has its new name at the
    same point, both spans form a *name* segment; otherwise the two characters must be equal and
-   extend the current *shared* segment. Trying the rename first is safe: a name and its new name
-   differ, and the boundary rule keeps a shared word from being read as a rename. An old name that
-   was not rewritten (the word "argument" in prose when only the argument *id* changed) is shared
-   text on both sides. Texts that differ in any other way raise `AlignmentError` with the position.
+   extend the current *shared* segment (trying the rename first is safe: the names differ, and the
+   boundary rule keeps a shared word from being read as a rename). An old name that was not rewritten
+   is shared text. Texts that differ in any other way raise `AlignmentError` with the position.
 2. Tokens (`align_tokens`): a token of b is *paired* with a token of a when its char span lies inside
    one shared segment, the a-token has the span at the same offsets from that segment's start in a,
    and both have the same id. Every other token is *unpaired*: those touched by a name (SmolLM2's
@@ -20,9 +18,8 @@ alignment is built in two steps, both exact (no fuzzy matching):
    and shared text the two tokenizations cut differently around a name. Tokens whose spans repeat
    (the bytes of a split multi-byte character share one char span) pair in order of appearance.
 
-Only tokens inside the given regions (assistant turns) are considered; the loss compares the
-teacher's and the student's next-token distributions at the positions that predict paired tokens,
-and the unpaired positions where the names are written are covered by the action distributions.
+Only tokens inside the given regions (assistant turns) count; the loss compares next-token
+distributions at positions predicting paired tokens, and the action distributions cover the names.
 """
 
 from __future__ import annotations
@@ -64,10 +61,8 @@ def _whole(text: str, i: int, name: str) -> bool:
 
 
 def segment_texts(a: str, b: str, renames: Iterable[tuple[str, str]]) -> list[Segment]:
-    """Shared and name segments of texts a and b, where b is a with some `(old, new)` renames applied.
-
-    Longer old names are tried first. Raises AlignmentError where the texts differ otherwise.
-    """
+    """Shared and name segments of texts a and b, where b is a with some `(old, new)` renames applied
+    (longer old names first); AlignmentError where the texts differ otherwise."""
     by_first: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for old, new in sorted(set(renames), key=lambda p: (-len(p[0]), p)):
         if not old or not new or old == new:
@@ -104,8 +99,7 @@ def segment_texts(a: str, b: str, renames: Iterable[tuple[str, str]]) -> list[Se
 
 @dataclass(frozen=True)
 class TokenAlignment:
-    """Paired token indices (`a_index[k]` of a with `b_index[k]` of b) and the unpaired counts in the
-    regions."""
+    """Paired token indices (`a_index[k]` of a with `b_index[k]` of b) and the regions' unpaired counts."""
 
     a_index: tuple[int, ...]
     b_index: tuple[int, ...]
@@ -126,11 +120,8 @@ def align_tokens(segments: Sequence[Segment], a_ids: Sequence[int], a_offsets: S
                  b_ids: Sequence[int], b_offsets: Sequence[tuple[int, int]], *,
                  a_regions: Sequence[tuple[int, int]] | None = None,
                  b_regions: Sequence[tuple[int, int]] | None = None) -> TokenAlignment:
-    """Pair tokens of a and b that lie at the same place of the same shared segment and have the same id.
-
-    Offsets are (start, end) char spans in the texts `segments` describe; tokens outside the regions
-    (None: everywhere) are ignored. Empty spans (tokens without text) are never paired.
-    """
+    """Pair tokens of a and b at the same place of the same shared segment with the same id. Offsets are
+    char spans; tokens outside the regions (None: everywhere) and empty spans are never paired."""
     if len(a_ids) != len(a_offsets) or len(b_ids) != len(b_offsets):
         raise ValueError("every token needs one (start, end) offset")
     shared = [s for s in segments if s.kind == "shared"]

@@ -1,16 +1,13 @@
 """A trajectory's views for self-distillation, and the loss of a batch of them.
 
-For each trajectory (original names) a `DistillItem` holds, computed once: the teacher's rendering
-(original names), the student's (canonical names, `cipr.tools.canonical.canonicalize` with free text
-rewritten), their tokens and their token alignment, and the check that both renderings have the
-same decisions taking the same actions. At every step the student's canonical example is relabeled
-with fresh neutral names (seeded by step and trajectory, so each visit sees new names) for the
-rescoring consistency KL.
+A `DistillItem` holds, computed once per trajectory: the teacher's rendering (original names), the
+student's (canonical, free text rewritten), their tokens and alignment, checked to have the same
+decisions taking the same actions. At every step the student's example is relabeled with fresh
+neutral names (seeded by step and trajectory) for the rescoring KL.
 
-`batch_loss` runs, per batch, one forward of the teacher without gradient and one of the student
-with gradient (over its canonical and relabeled renderings together): each is an action read
-(`cipr.method.actions.read_actions`) whose decoder hidden states also give the next-token distributions
-at the aligned positions (`read_with_logits`), and combines the three terms (`cipr.distill.loss`).
+`batch_loss` runs one teacher forward without gradient and one student forward with gradient (canonical
+and relabeled together): each an action read whose decoder hidden states also give the next-token
+distributions at the aligned positions (`read_with_logits`); it combines the terms (`cipr.distill.loss`).
 """
 
 from __future__ import annotations
@@ -59,8 +56,7 @@ class DistillItem:
 
 
 def check_same_decisions(a: Rendered, b: Rendered, what: str) -> None:
-    """Raise UnusableTrajectory unless a and b have the same decisions taking the same actions (by
-    position)."""
+    """Raise UnusableTrajectory unless a and b have the same decisions taking the same actions."""
     def classes(r: Rendered) -> list[int | None]:
         pos = {t: i for i, t in enumerate(r.tools)}
         return [None if d.taken is None else pos.get(d.taken, -1) for d in r.decisions]
@@ -88,8 +84,7 @@ def build_item(example: Example, fmt: CallFormat, tokenizer: Any, *,
 
 def relabeled_view(item: DistillItem, fmt: CallFormat, tokenizer: Any, config: RelabelConfig, seed: int | str
                    ) -> Rendered:
-    """The student's trajectory under fresh neutral names (x̃, ỹ), decisions checked against the canonical
-    view."""
+    """The student's trajectory under fresh names (x̃, ỹ), decisions checked against the canonical view."""
     example, _ = relabel_example(item.student_example, config, seed)
     rendered = render_conversation(example, fmt, tokenizer)
     check_same_decisions(item.student, rendered, f"trajectory {item.example.id} relabeled")
@@ -123,14 +118,12 @@ def read_with_logits(model: Any, tokenizer: Any, queries: Sequence[ActionQuery],
     """Action distributions of `queries` [D, A+1] and next-token logits [P, V] at (rows, cols), in one
     forward.
 
-    The action reader's forward already runs the decoder over every query's prompt + response (its
-    packed name tries come after them), so a forward hook on the decoder keeps its last hidden
-    states, and the output head is applied at the P wanted positions: no second forward. This relies
-    on right padding (row b's token j at column j), which the reader config here sets, and is checked:
-    the hooked input ids must equal `sequences[b]` (the caller's tokenization of query b) on every
-    row given. When the check fails, the output head is not a plain projection (logit soft-capping), or
-    the model is wrapped (DDP, DeepSpeed) or sharded (FSDP2, ZeRO-3: its weights are whole only inside the
-    root forward), a separate forward of the model computes the logits instead.
+    The action reader's forward runs the decoder over every prompt + response (packed name tries after
+    them), so a hook on the decoder keeps its last hidden states and the output head is applied at the
+    P positions. This relies on right padding (set here), checked: the hooked ids must equal
+    `sequences[b]` on every row given. When the check fails, the head is not a plain projection (logit
+    soft-capping), or the model is wrapped (DDP, DeepSpeed) or sharded (FSDP2, ZeRO-3), a separate
+    forward computes the logits.
     """
     config = dataclasses.replace(reader or ActionReaderConfig(), padding_side="right")
     captured: dict[str, Any] = {}
@@ -177,12 +170,10 @@ def batch_loss(student: Any, teacher: Any, tokenizer: Any, items: Sequence[Disti
                ) -> tuple[torch.Tensor, dict[str, float]]:
     """The distillation loss of a batch: token KL + action KL (teacher → student) + λ · rescoring KL.
 
-    `token_positions` maps this batch's number of aligned positions to the token KL's divisor (a trainer
-    on several processes passes all processes' positions over their number; default: this batch's).
-
-    `teacher_context` is entered around the teacher's forwards (e.g. a LoRA student's
-    `disable_adapter`, when the teacher is the student's frozen base). `relabeled` (one per item) is
-    needed when `weights.rescore` > 0; without it the rescoring term is not computed.
+    `token_positions`: this batch's aligned positions -> the token KL's divisor (default: themselves;
+    several processes: all processes' positions over their number). `teacher_context` is entered around
+    the teacher's forwards (e.g. a LoRA student's `disable_adapter`). `relabeled` (one per item): the
+    rescoring term's input, computed only with it.
     """
     if not items:
         raise ValueError("an empty batch")

@@ -1,11 +1,9 @@
 """A trajectory rendered as one chat text: where the prompt ends, where each assistant turn is, its decisions.
 
-A trajectory is trained on all its assistant turns at once (one sequence, as SFT does on multi-turn
-data), so the text is rendered once by the call format (`CallFormat.chat`) and the chat template,
-and the assistant turns are located by rendering the conversation up to each turn with the
-generation prompt: turn k's text starts where the rendering of messages[:k] with the generation
-prompt ends. A template that rewrites earlier turns (Qwen3's reasoning stripping) breaks that
-prefix property and is refused with an error.
+A trajectory trains on all its assistant turns at once (one sequence, as multi-turn SFT), rendered
+once by the call format (`CallFormat.chat`) and the chat template; turn k's text starts where the
+rendering of messages[:k] with the generation prompt ends. A template that rewrites earlier turns
+(Qwen3's reasoning stripping) breaks that prefix property and is refused.
 
 Choices:
 - The prompt is the text through the first assistant turn's generation prompt; the response is the
@@ -71,11 +69,8 @@ def _template(tokenizer: Any, chat: list[dict[str, Any]], tools: Any, generation
 
 
 def render_conversation(example: Example, fmt: CallFormat, tokenizer: Any) -> Rendered:
-    """Render `example` (a trajectory with assistant turns) with `fmt` and the tokenizer's chat template.
-
-    Raises UnusableTrajectory when the example has no assistant turn or the template breaks the prefix
-    property, and the call format's ValueError when it cannot render a turn.
-    """
+    """Render `example` with `fmt` and the chat template. UnusableTrajectory without an assistant turn or
+    when the template breaks the prefix property; the call format's ValueError for a turn it cannot render."""
     native = supports_native_tools(tokenizer) and fmt.uses_native_tools
     chat, tools = fmt.chat(example.messages, example.interface, native_tools=native)
     assistant = [k for k, m in enumerate(chat) if m["role"] == "assistant"]
@@ -119,9 +114,8 @@ def render_conversation(example: Example, fmt: CallFormat, tokenizer: Any) -> Re
 class Tokenized:
     """Token ids of a rendering and each token's (start, end) char span in `Rendered.text`.
 
-    The prompt and the response are tokenized separately, without special tokens added, exactly as
-    the action reader (`cipr.method.actions.read_actions`) tokenizes them, so its decision plans and these
-    ids index the same sequence. `prompt_len` is the number of prompt tokens.
+    Prompt and response are tokenized separately, no special tokens added, as the action reader does, so
+    its decision plans and these ids index the same sequence; `prompt_len`: prompt tokens.
     """
 
     ids: tuple[int, ...]

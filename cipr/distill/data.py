@@ -5,11 +5,9 @@ Sources (`data.source`):
   see `cipr.data.trajectories.load_trajectories`); without a path, `n` ToyShop expert trajectories are
   generated with `seed` (`cipr.data.trajectories.toyshop_trajectories`), so the CPU run needs no data.
 - `messages` (`cipr-train algo=distill data=messages data.path=FILE_OR_DIR`): your own `messages` +
-  `tools` rows, the files and folders `data.source=messages` trains the other algorithms on, read by
-  the same reader (`cipr.data.messages.load_messages` with `unit="conversation"`): each row is one
-  trajectory, every message through its last assistant turn. `data.on_bad_row=skip` counts malformed
-  rows (`bad row: <reason>` in the run's data counts) instead of stopping at the first. The rows'
-  calls are structured, so they are rendered with the model's call format (`data.call_format` null).
+  `tools` rows, as for the other algorithms (`cipr.data.messages.load_messages`, `unit="conversation"`):
+  each row one trajectory through its last assistant turn. `data.on_bad_row=skip` counts malformed rows
+  (`bad row: <reason>`) instead of stopping. Calls are rendered with the model's call format.
 
 Choices (the paper does not say how AgentLM's trajectories were cut for distillation):
 - `max_observation_chars`: user turns (instruction page, observations) longer than this keep their
@@ -62,12 +60,9 @@ class TrajectoryDataConfig:
 
 def trajectory_section(section: Mapping[str, Any]) -> dict[str, Any]:
     """The `data` section of a composed config as `TrajectoryDataConfig` reads it (ConfigError for a source
-    other than trajectories or messages).
-
-    `data=trajectories` passes unchanged. `data=messages` is the group the other algorithms train with:
-    the call format defaults to the model's (null) and observations are kept whole
-    (`max_observation_chars` null), unless the section sets them. (Its prompt options, `perturbation`,
-    `twin_wordings`, ..., are the run config's to drop or refuse: `cipr.train.config`.)
+    other than trajectories or messages). `data=trajectories` passes unchanged; for `data=messages` the
+    call format defaults to the model's and observations are kept whole unless set (its prompt options
+    are `cipr.train.config`'s to drop or refuse).
     """
     source = section.get("source", "trajectories")
     if source not in ("trajectories", "messages"):
@@ -107,10 +102,8 @@ def check_data(cfg: TrajectoryDataConfig) -> Path | None:
 
 
 def trim(example: Example, max_observation_chars: int | None, max_turns: int | None) -> tuple[Example, int]:
-    """`example` with long user turns cut and turns past the `max_turns`-th assistant turn dropped.
-
-    Returns the trimmed example and how many user turns were cut.
-    """
+    """`example` with long user turns cut and turns past the `max_turns`-th assistant turn dropped, and
+    how many user turns were cut."""
     out: list[Message] = []
     cut = 0
     turns = 0

@@ -58,8 +58,8 @@ class EvalConfig:
     - `live_tasks`: greedy episodes per model and naming in the environment (0: offline only);
       tasks `live_first_task`, ... (ToyShop trajectories for training use tasks 0..n-1).
     - `live_env`: "toyshop" (seeded with the data seed) or "webshop" (needs `web_agent_site`).
-    - `dtype`: "bfloat16" evaluates bfloat16 copies of the teacher and the student (both alike, so the
-      comparison stays fair; faster on CPUs with bfloat16 kernels); "model" evaluates them as loaded.
+    - `dtype`: "bfloat16" evaluates bfloat16 copies of teacher and student (both alike, a fair
+      comparison); "model" evaluates them as loaded.
     """
 
     namings: tuple[str, ...] = NAMINGS
@@ -138,8 +138,7 @@ def read_rendered(model: Any, tokenizer: Any, rendered: Sequence[Rendered], fmt:
 
 
 def compare(reference: Readings, other: Readings, *, eps: float = 1e-6) -> dict[str, float]:
-    """Agreement of argmax actions and KL(reference || other) (mean per trajectory, then over
-    trajectories)."""
+    """Argmax agreement and KL(reference || other), mean per trajectory then over trajectories."""
     if reference.probs.shape != other.probs.shape or not torch.equal(reference.segments, other.segments):
         raise ValueError(f"the two readings cover different decisions: {tuple(reference.probs.shape)} vs "
                          f"{tuple(other.probs.shape)}")
@@ -157,8 +156,7 @@ def compare(reference: Readings, other: Readings, *, eps: float = 1e-6) -> dict[
 
 def offline_rows(readings: Mapping[str, Mapping[str, Readings]], reference: Readings
                  ) -> dict[str, dict[str, dict[str, float]]]:
-    """{model: {naming: compare(reference, readings[model][naming])}} (reference: the teacher, original
-    names)."""
+    """{model: {naming: compare(reference, readings[model][naming])}}."""
     return {model: {naming: compare(reference, r) for naming, r in per.items()}
             for model, per in readings.items()}
 

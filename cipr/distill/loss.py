@@ -1,9 +1,7 @@
-"""The self-distillation loss (paper §4.3, Appendix A): pure functions over tensors, each returning
-(value, metrics).
+"""The self-distillation loss (paper §4.3, Appendix A): pure functions returning (value, metrics).
 
-The task loss is the KL from the teacher (the released model under the original names) to the
-student (under canonical names). The two sides write the action names with different tokens, so it
-is taken in two parts:
+The task loss is the KL from the teacher (released model, original names) to the student (canonical
+names). The sides write action names with different tokens, so it is taken in two parts:
 
 - `token_kl`: KL(teacher || student) of the next-token distributions at the positions that predict
   a token the alignment paired (`cipr.distill.alignment`): the shared text of the assistant turns.
@@ -17,10 +15,9 @@ under canonical vs relabeled names) as `w_token · token + w_action · action + 
 Choices the paper leaves open:
 - Direction: forward KL(teacher || student), the teacher as reference (the paper's "KL from the
   released model ... to the student"); the teacher has no gradient.
-- Averaging: the token term is the mean over all paired positions of the batch (each token counts
-  once, as a token-level SFT loss does); the action term averages a trajectory's decisions first,
-  then the trajectories (the 1/n_y average of the rescoring KL), so long trajectories do not
-  dominate the decision-level signal.
+- Averaging: the token term is the mean over the batch's paired positions (as token-level SFT); the
+  action term averages a trajectory's decisions first, then trajectories (the rescoring KL's 1/n_y),
+  so long trajectories do not dominate.
 - No temperature: the student matches the teacher's distributions as they are.
 - Smoothing of the action distributions (`eps`) as in `cipr.method.consistency.kl_rows`; the token term is
   exact (both are softmaxes, never exactly zero).
@@ -41,8 +38,8 @@ def token_kl(teacher_logits: torch.Tensor, student_logits: torch.Tensor, positio
 
     Shapes: teacher_logits, student_logits [P, V]. Returns a scalar (a zero that keeps the graph when
     P = 0) and metrics `distill/token_kl` (the mean over these P), `distill/token_agree` (argmax equal),
-    `distill/tokens`. `positions`: divide the sum by this instead of P (data parallel: the positions of
-    every process over their number, so that the processes' average is the mean over all positions).
+    `distill/tokens`. `positions`: divide the sum by this instead of P (data parallel: see
+    `cipr.train.distill`).
     """
     if teacher_logits.shape != student_logits.shape or teacher_logits.dim() != 2:
         raise ValueError(f"expected two [P, V] tensors of one shape, got {tuple(teacher_logits.shape)} and "
@@ -96,11 +93,8 @@ def action_kl(p_teacher: torch.Tensor, p_student: torch.Tensor, segments: torch.
 
 def combine(terms: Mapping[str, tuple[torch.Tensor, Mapping[str, float]]], weights: Mapping[str, float]
             ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Σ weights[k] · terms[k].value over the terms, and every term's metrics plus `distill/loss`.
-
-    A term with weight 0 is left out of the sum (its metrics are still reported). Keys of `weights`
-    must be keys of `terms`.
-    """
+    """Σ weights[k] · terms[k].value, and every term's metrics plus `distill/loss`; a weight-0 term is
+    left out of the sum (metrics still reported). Keys of `weights` must be keys of `terms`."""
     missing = [k for k in weights if k not in terms]
     if missing:
         raise ValueError(f"weights for terms that were not computed: {missing}")

@@ -30,10 +30,8 @@ SWAPPED: dict[str, str] = {"search": "click", "click": "search"}
 
 def rename_example(example: Example, mapping: Mapping[str, str],
                    rewrite: RewriteText = "all") -> tuple[Example, NameMap]:
-    """`example` with tool `old` renamed `mapping[old]` everywhere (argument names kept).
-
-    Tools absent from `mapping` keep their names. Raises ValueError when the new names collide.
-    """
+    """`example` with tool `old` renamed `mapping[old]` everywhere (argument names and unmapped tools
+    kept); ValueError when new names collide."""
     new = [mapping.get(t.name, t.name) for t in example.interface]
     if len(set(new)) != len(new):
         raise ValueError(f"renaming {dict(mapping)} gives duplicate tool names {new} in example {example.id}")
@@ -69,11 +67,8 @@ def named(example: Example, naming: Naming, *, rewrite: RewriteText = "all",
 
 
 def rename_pairs(nmap: NameMap, source: Interface) -> list[tuple[str, str]]:
-    """(old, new) for every tool and argument name `nmap` changes, `source` being the old interface.
-
-    `nmap.tools[i]` pairs the new name of tool i with its old name; `nmap.arguments[new]` maps new
-    argument names to old ones. These are the spans the token alignment treats as names.
-    """
+    """(old, new) for every tool and argument name `nmap` changes (`source`: the old interface): the
+    spans the token alignment treats as names."""
     pairs: list[tuple[str, str]] = []
     for (new, old), tool in zip(nmap.tools, source, strict=True):
         if new != old:

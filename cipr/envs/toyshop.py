@@ -140,13 +140,12 @@ class ToyShop:
     def expert(self, task_id: int, *, seed: int = 0, max_steps: int = 10) -> tuple[list[Message], float]:
         """A scripted expert trajectory as messages, and its reward.
 
-        User turns carry the instruction page and then `Observation:` pages; each assistant turn is one
-        step as structured data: its thought in `content` and its action in `calls` (one
-        `Call(name, {"argument": ...})`). The text of a turn is left to the call format (`webshop`:
-        `Thought: ...\\nAction: name[argument]`), so the same trajectory renders under any action
-        names, and the action reader's openers match the text exactly. There is no system message:
-        the format's instruction, built from the interface, lists the actions. Thoughts do not name
-        the actions, so renaming them only changes the action lines and the instruction.
+        User turns carry the instruction page, then `Observation:` pages; each assistant turn is one step as
+        structured data: its thought in `content`, its action in `calls` (one
+        `Call(name, {"argument": ...})`). The text is left to the call format (`webshop`), so the trajectory
+        renders under any action names and the action reader's openers match the text exactly. No system
+        message: the format's instruction lists the actions. Thoughts do not name the actions, so renaming
+        changes only the action lines and the instruction.
         """
         rng = random.Random(seed * 7919 + task_id)
         obs = self.reset(task_id)

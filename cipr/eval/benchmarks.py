@@ -12,8 +12,8 @@ canonical names, where canonical ids follow the tool order, and in the original 
 original names (paper, Appendix C). `in_distribution` is defined on canonical names only (Table 1:
 n/a with original names): with original names it is not built, and run.json says so.
 
-An item a perturbation cannot be applied to is skipped with its reason, counted per type in
-run.json and the summary, never dropped silently.
+An item a perturbation cannot apply to is skipped with its reason, counted per type in run.json
+and the summary.
 """
 
 from __future__ import annotations
@@ -196,10 +196,9 @@ def build_items(examples: Sequence[Example], perts: Sequence[tuple[str, str]], n
 
 def build_rotbench_items(cfg: EvalConfig, levels: Sequence[tuple[str, str]], names_list: Sequence[str],
                          report: BuildReport) -> list[EvalItem]:
-    """RoTBench items per level (`limit`: the first N records of each level): the shipped file under
-    original names; under canonical names the paper's Appendix F construction
-    (`cipr.perturb.rotbench.reapply_level`: canonicalize the clean record, re-apply the level's
-    corruption), which keeps the queries and their order, so the two namings pair item by item."""
+    """RoTBench items per level (`limit`: first N records of each): the shipped file under original
+    names; under canonical names Appendix F's construction (`cipr.perturb.rotbench.reapply_level`),
+    which keeps queries and order, so the two namings pair item by item."""
     from cipr.data.rotbench import load_rotbench
     from cipr.perturb.rotbench import pair_with_clean, reapply_level
 

@@ -1,10 +1,9 @@
 """The evaluation run's configuration (`cipr-eval`, configs/eval/eval.yaml and configs/eval/benchmark/*.yaml).
 
 `EvalConfig` composes the options of the modules it drives: the benchmark (`BenchmarkConfig`), the
-backends (`GreedyConfig` fields are flat here: `batch_size`, `max_new_tokens`), the OpenAI and
-vLLM backend configs, and the report's aggregation. `eval_config_from_dict` builds it with the
-project's one strict loader (`cipr.core.config.from_dict`), so a misspelled key (with a "did you mean"),
-a wrong type or a value outside a `Literal` fails before anything loads.
+backends (`GreedyConfig` fields flat: `batch_size`, `max_new_tokens`), the OpenAI and vLLM backends,
+and the report. `eval_config_from_dict` uses the strict loader (`cipr.core.config.from_dict`): a
+misspelled key, a wrong type or a value outside a `Literal` fails before anything loads.
 """
 
 from __future__ import annotations
@@ -96,13 +95,11 @@ class EvalConfig:
     - `replay`: `reference` or `familiar` (see `cipr.eval.replay.ReplayBackend`).
     - `format`: call format name (None: the benchmark's).
     - `device` / `dtype`: `auto` = CUDA with bfloat16 when available, else CPU float32.
-    - `threads`: torch CPU threads (None: torch's default). On a CPU shared with other jobs, more
-      threads than free cores makes each generation step several times slower.
+    - `threads`: torch CPU threads (None: torch's default); keep them within the free cores.
     - `attn_implementation`: passed to `from_pretrained` (`sdpa`, `eager`, `flash_attention_2`); None or
       `auto` keeps the model's default (SDPA for most families).
-    - `generate`: false reads only the held-out consistency metric (`consistency.enabled=true`; its
-      action accuracies need no generation): no results.jsonl, and summary.json / report.md hold
-      the consistency section alone.
+    - `generate`: false reads only the held-out consistency metric (`consistency.enabled=true`): no
+      results.jsonl; summary.json / report.md hold the consistency section alone.
     """
 
     model: str = "embedded"

@@ -1,39 +1,34 @@
 """Held-out consistency read from the model: action distributions under the unperturbed and the perturbed
 interface at the decisions of one teacher-forced reference response (no generation).
 
-For an evaluation item (example, held-out perturbation, tool order, tool names) the reference response is
-the example's reference calls rendered by the benchmark's call format, once in the unperturbed interface's
-names and once in the perturbed one's (the perturbation rewrites the reference calls). `cipr.method.actions`
-reads the action distribution at every decision of both (one forward pass per sequence), each on one
-index set: unperturbed tool i is class i; a perturbed tool takes the class of the tool its correspondence
-says it is equivalent to, and an added tool (distractor, costlier or slower equivalent, training twin) a
-class of its own, so mass on it counts as disagreement. Per item:
+For an item (example, held-out perturbation, tool order, tool names) the reference response is the
+reference calls rendered by the call format, in the unperturbed and in the perturbed interface's names.
+`cipr.method.actions` reads the action distribution at every decision of both on one index set:
+unperturbed tool i is class i; a perturbed tool takes its equivalent's class, and an added tool
+(distractor, costlier or slower equivalent, training twin) a class of its own, so mass on it counts as
+disagreement. Per item:
 
 - `kl`: KL(unperturbed || perturbed) per decision (`cipr.method.consistency.kl_rows`, the training loss's
   smoothing), averaged over the response's decisions (nats).
 - `argmax_agree`: share of decisions whose most likely action (∅ included) is the same on both sides.
-- `added_mass`: mean probability the perturbed side puts on added tools (None when the perturbation
-  adds none), the mass that follows a costlier equivalent or a distractor.
+- `added_mass`: mean probability the perturbed side puts on added tools (None when it adds none).
 - `action_acc_ref` / `action_acc_pert`: share of the reference's calls whose decision has the called
-  tool's class as its most likely action (for a reference without calls: ∅ at its one decision), on the
-  unperturbed and the perturbed side.
-  This is accuracy without generation: the action the model would take at the reference decision,
-  not the correctness of a whole call (arguments included), which the runner's `correct` measures.
+  tool's class as its most likely action (a reference without calls: ∅ at its one decision), per side:
+  accuracy without generation, not of a whole call with arguments (the runner's `correct`).
 
 "Unperturbed" is the interface the model is deployed with under the item's names: the original example
 under original names, its canonicalization under canonical names (the adapter). Choices:
-- A same-name duplicate declares one name twice; the text cannot tell the declarations apart and a call
-  to the name is accepted, so both declarations take the equivalent's class (the reader splits the
-  name's mass between them): same-name types show up in `kl`, never in `added_mass`.
+- A same-name duplicate: the text cannot tell the two declarations apart and a call to the name is
+  accepted, so both take the equivalent's class (the reader splits the name's mass): same-name types
+  show up in `kl`, never in `added_mass`.
 - Items whose two responses have different numbers of decisions (a refactor that merges calls) and
   RoTBench (its levels corrupt names by construction, without a held-out correspondence) are skipped,
   each with its reason in `consistency.jsonl` and counted in the summary.
-- Aggregation follows `cipr.eval.report`: an item's value averages its tool orders, a group averages
-  its types per item, Mean averages the held-out groups per item; intervals are normal (or t) over
-  per-item values (`cipr.eval.stats.mean_estimate`), differences between runs are paired over items.
+- Aggregation follows `cipr.eval.report` (orders, types, groups and Mean per item); intervals are
+  normal (or t) over per-item values, differences between runs paired over items.
 
-`consistency.jsonl` holds one line per (id, names, perturbation, order), appended as chunks finish, so
-a rerun reads only what is missing.
+`consistency.jsonl` holds one line per (id, names, perturbation, order), appended as chunks finish; a
+rerun reads only what is missing.
 """
 
 from __future__ import annotations
@@ -341,8 +336,7 @@ def measure(model: Any, tokenizer: Any, fmt: CallFormat, pairs: Sequence[Consist
 def run_consistency(items: Sequence[EvalItem], examples: Iterable[Example], model: Any, tokenizer: Any,
                     fmt: CallFormat, out_dir: str | Path, config: ConsistencyConfig, seed: int,
                     progress: bool = True) -> dict[str, int]:
-    """Append the records of every item not yet in `out_dir/consistency.jsonl` (a progress bar per pair);
-    counts."""
+    """Append the records of every item not yet in `out_dir/consistency.jsonl`; counts."""
     from tqdm import tqdm
 
     path = Path(out_dir) / CONSISTENCY
@@ -493,8 +487,7 @@ def attach(run_dir: str | Path, summary: dict[str, Any], config: ReportConfig) -
 
 
 def compare_consistency(run_a: str | Path, run_b: str | Path, config: ReportConfig) -> dict[str, Any] | None:
-    """B − A per names, metric, type, group and Mean, paired over items (None unless both runs have
-    records)."""
+    """B − A per names, metric, type, group and Mean, paired over items (None unless both have records)."""
     rec_a, rec_b = read_records(run_a), read_records(run_b)
     if not rec_a or not rec_b:
         return None

@@ -1,15 +1,12 @@
 """One evaluation run end to end: build items, load the model and backend, run, write the report.
 
-`evaluate(cfg)` is what `cipr-eval` calls; tests and benchmarks call it with a preloaded model.
+`evaluate(cfg)` is what `cipr-eval` calls (tests and benchmarks pass a preloaded model). Models load
+through `cipr.runtime.model.load_inference_model`.
 
-Model loading: `cipr.runtime.model.load_inference_model` (embedded, a folder, a PEFT adapter merged onto
-its base, or a cached hub id).
-
-run.json in the run directory records the configuration; a rerun into the same directory must agree
-on model, benchmark, format, backend, seed, max_new_tokens, split and replay mode (else it raises
-rather than mixing two runs in one results.jsonl); it may add perturbations, names or items, but not
-select fewer than the results already there (`check_same_selection`). A run.json next to no results
-(a start that failed before its first result) does not bind the rerun.
+run.json records the configuration; a rerun into the same directory must agree on model, benchmark,
+format, backend, seed, max_new_tokens, split and replay mode (else it raises rather than mixing two
+runs); it may add perturbations, names or items, but not select fewer (`check_same_selection`). A
+run.json next to no results (a failed start) does not bind the rerun.
 """
 
 from __future__ import annotations
@@ -40,8 +37,7 @@ log = logging.getLogger(__name__)
 
 
 def load_model(cfg: EvalConfig) -> tuple[Any, Any]:
-    """(model, tokenizer) for the HF backend, loaded as `cfg` says
-    (`cipr.runtime.model.load_inference_model`)."""
+    """(model, tokenizer) for the HF backend, loaded as `cfg` says."""
     return load_inference_model(cfg.model, device=cfg.device, dtype=cfg.dtype, threads=cfg.threads,
                                 attn_implementation=cfg.attn_implementation)
 
@@ -100,8 +96,7 @@ def report_config(cfg: EvalConfig) -> ReportConfig:
 
 
 def previous_meta(out_dir: Path, cfg: EvalConfig) -> dict[str, Any]:
-    """run.json of the run `out_dir` holds ({} when it holds no results); ConfigError if `cfg` differs from
-    it."""
+    """run.json of the run in `out_dir` ({} without results); ConfigError if `cfg` differs from it."""
     path = out_dir / RUN_META
     has_results = (out_dir / RESULTS).is_file() and (out_dir / RESULTS).stat().st_size > 0
     # no results: a failed start
@@ -136,11 +131,8 @@ def write_meta(out_dir: Path, cfg: EvalConfig, perts: list[tuple[str, str]], bui
 
 def evaluate(cfg: EvalConfig, *, model: Any = None, tokenizer: Any = None, backend: Backend | None = None
              ) -> dict[str, Any]:
-    """Run the evaluation described by `cfg` into `cfg.out_dir`; returns the summary.
-
-    `backend`: an already built backend (e.g. one vLLM engine reused over several runs) instead of
-    the one `cfg` describes.
-    """
+    """Run the evaluation `cfg` describes into `cfg.out_dir`; returns the summary. `backend`: an already
+    built one (e.g. one vLLM engine reused over several runs) instead of `cfg`'s."""
     if cfg.model != "embedded" and cfg.resolved_backend in ("hf", "vllm") and model is None:
         check_whole_model(resolve_model(cfg.model))  # a missing folder, an uncached hub id or a trimmed
         # checkpoint fails here, before any output
@@ -229,11 +221,9 @@ def _consistency(cfg: EvalConfig, items: list[Any], backend: Backend, fmt: CallF
 def reader_attention(model: Any) -> Iterator[None]:
     """SDPA instead of eager-style attention for the action reader's forwards, then back.
 
-    Eager attention's one long forward over sequences and their packed tries with a tree-shaped mask
-    materializes [B, H, T, T] float32 scores and their softmax in every layer: 24 s per forward of 8
-    sequences on 2 cores, most of a consistency read's time (cProfile of `cipr-eval
-    consistency.enabled=true`). SDPA's kernel computes the same attention without those tensors. A model
-    on any other attention (SDPA, flash, a custom one) runs unchanged."""
+    Eager attention over sequences and their packed tries (tree-shaped mask) materializes [B, H, T, T]
+    float32 scores and their softmax in every layer; SDPA computes the same without them. A model on
+    any other attention runs unchanged."""
     before = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if before != "eager" or not hasattr(model, "set_attn_implementation"):
         yield

@@ -1,10 +1,9 @@
 """Evaluation items: an example under one perturbation, tool order and naming, ready for the runner.
 
-With `names="canonical"` the adapter is applied as at deployment: the perturbed interface (with its
-own, executable names) is canonicalized by `cipr.tools.canonical.canonicalize` after it is constructed, the
-model sees canonical ids, and its calls are translated back with that map and scored against the
-perturbed example. The adapter knows nothing of the perturbation (no correspondence is used), as in
-deployment, where it receives whatever interface the registry serves.
+With `names="canonical"` the adapter is applied as at deployment: the perturbed interface is
+canonicalized (`cipr.tools.canonical.canonicalize`), the model sees canonical ids, and its calls are
+translated back and scored against the perturbed example. The adapter knows nothing of the
+perturbation (no correspondence), as in deployment.
 
 RoTBench is the exception the paper makes (Appendix F): canonicalizing a shipped corrupted file would
 give a corrupted name the same id as its clean version and undo the corruption, so its canonical

@@ -1,10 +1,9 @@
 """From `results.jsonl` to `summary.json`, `report.md` and `plots/*.png` (paper Tables 1, 6 and 10).
 
 Aggregation (all accuracies in percent in the outputs):
-- An item's score for one perturbation type is its correctness averaged over the tool orders it was
-  run in (the paper's cost and latency entries average the two tool orders); a type's accuracy
-  is the mean of those scores (Wilson interval when every score is 0 or 1, see `cipr.eval.stats`).
-  Every order also gets its own accuracy.
+- An item's score for one type is its correctness averaged over its tool orders (as the paper's cost
+  and latency entries); a type's accuracy is their mean (intervals: `cipr.eval.stats`). Every order
+  also gets its own accuracy.
 - A group (a column of Table 1) in `item_mean` mode (BFCL: every type is applied to the same items)
   averages, per item, the scores of the group's types that the item was run under; its interval is
   the normal one over those per-item scores. In `pool` mode (RoTBench: each level has its own item
@@ -57,10 +56,8 @@ class ReportConfig:
 
 
 def read_results(path: str | Path) -> tuple[list[dict[str, Any]], int]:
-    """Records of a results.jsonl, and the number of unreadable lines (a torn last line after a crash).
-
-    Only a final line without a newline may be torn; a malformed line elsewhere is a DataError.
-    """
+    """Records of a results.jsonl, and the number of unreadable lines (a torn last line after a crash);
+    a malformed line elsewhere is a DataError."""
     path = Path(path)
     if not path.exists():
         return [], 0
@@ -340,7 +337,6 @@ def render_markdown(summary: Mapping[str, Any], title: str | None = None) -> str
         rows = [r + [""] * (width - len(r)) for r in rows]
         out += ["", "## By tool order", "", table(["Tool names", "Perturbation"] +
                                                     [f"order {i + 1}" for i in range(width - 2)], rows)]
-    # Taxonomy.
     rows = []
     for cls in CLASSES:
         cells = []
@@ -439,9 +435,8 @@ Section = Callable[[Path, dict[str, Any], ReportConfig], str]
 
 def write_report(run_dir: str | Path, config: ReportConfig | None = None,
                  sections: Sequence[Section] = ()) -> dict[str, Any]:
-    """Read a run directory's results.jsonl (and run.json), write summary.json, report.md, plots/.
-
-    `sections` add their parts (e.g. `cipr.eval.consistency_metric.attach`) after the accuracy tables."""
+    """Read a run directory's results.jsonl (and run.json), write summary.json, report.md, plots/;
+    `sections` (e.g. `cipr.eval.consistency_metric.attach`) add theirs after the accuracy tables."""
     run_dir = Path(run_dir)
     meta_path = run_dir / RUN_META
     meta = read_json(meta_path) if meta_path.exists() else {}

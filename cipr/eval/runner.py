@@ -1,10 +1,9 @@
 """The evaluation loop: item × perturbation × order → generate → parse → translate back → score →
 classify → one line of results.jsonl.
 
-Crash safety: each record is written and flushed as soon as its chunk is scored (a chunk is
-`chunk_size` items, a few generation batches), so a crash loses at most the chunk in flight. A rerun
-into the same directory reads the keys already present (`id`, `names`, `perturbation`, `order`) and
-evaluates only the rest; a last line torn by the crash is cut off before appending.
+Crash safety: records are flushed as each chunk (`chunk_size` items) is scored, so a crash loses at
+most the chunk in flight. A rerun reads the keys present (`id`, `names`, `perturbation`, `order`) and
+evaluates only the rest; a torn last line is cut off before appending.
 
 Robustness: parsing never raises (call-format contract); a backend failure is recorded with class
 `backend_error`; a scorer that raises on some output is recorded with error `scorer_error` and the
@@ -143,11 +142,8 @@ def _keys(data: bytes, path: Path) -> set[Key]:
 
 
 def check_same_selection(items: Sequence[EvalItem], out_dir: str | Path) -> None:
-    """Refuse a rerun that would mix runs: results in `out_dir` for units this run does not select.
-
-    A rerun may continue a run or extend it (more items, perturbations or names), so its report
-    covers what it selected; one that selects less would report the older run's units with it.
-    """
+    """Refuse a rerun that would mix runs: results in `out_dir` for units this run does not select (a
+    rerun may continue or extend a run; one selecting less would report the older run's units too)."""
     path = Path(out_dir) / RESULTS
     foreign = recorded_keys(path) - {it.key for it in items}
     if foreign:
@@ -218,10 +214,8 @@ def _chunks(seq: Sequence[EvalItem], n: int) -> Iterable[Sequence[EvalItem]]:
 def run_items(items: Sequence[EvalItem], backend: Backend, fmt: CallFormat, scorer: Scorer,
               out_dir: str | Path, config: RunnerConfig | None = None,
               on_chunk: Callable[[int], None] | None = None) -> RunStats:
-    """Evaluate every item not yet in `out_dir/results.jsonl`, appending one flushed line per item.
-
-    `on_chunk(i)` is called after chunk i is written (progress hooks; tests use it to simulate a crash).
-    """
+    """Evaluate every item not yet in `out_dir/results.jsonl`, appending one flushed line per item;
+    `on_chunk(i)` runs after chunk i is written (progress; tests simulate a crash with it)."""
     config = config or RunnerConfig()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -3,17 +3,14 @@
 Choices the paper leaves open ("95% confidence intervals over the shared item set, paired over items
 for the gap"), made here:
 - The accuracy of one perturbation type in one tool order is a proportion of independent items:
-  Wilson score interval by default (it stays inside [0, 1] and is accurate at small n and near 0 or 1,
-  where RoTBench's n = 105 and a near-zero cost-and-latency accuracy would break the normal one);
-  the normal (Wald) interval is available as `method="normal"`.
+  Wilson score interval by default (inside [0, 1], accurate at small n and near 0 or 1, e.g. RoTBench's
+  n = 105, near-zero cost-and-latency accuracy); the normal (Wald) one with `method="normal"`.
 - Anything that averages several 0/1 outcomes per item (the two tool orders of a cost-and-latency
   type, the types of a group, the mean over groups) gives one score in [0, 1] per item; its mean gets
   the normal interval over those per-item scores (`z · sd / √n`, sd with ddof = 1), or Student's t
-  with `method="t"`. An item's score is the unit of resampling, so the correlation between types on
-  the same item is respected.
-- A difference (the gap, or run B minus run A) is paired over items: the per-item differences get
-  the same normal (or t) interval. Only items present on both sides enter; the count of unpaired
-  items is returned so that a report can say how many were left out.
+  with `method="t"`. The item is the unit, so the correlation between types on one item is respected.
+- A difference (the gap, or run B minus run A) is paired over items: the per-item differences get the
+  same interval. Only items on both sides enter; the unpaired count is returned for the report.
 """
 
 from __future__ import annotations

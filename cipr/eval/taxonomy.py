@@ -18,13 +18,12 @@ Classes, checked in this order (the first that applies wins):
   given the correct tool.
 - `other`: incorrect for a reason none of the above names (e.g. a text answer judged wrong).
 
-"Once the annotation is removed" is not defined further by the paper. Here an annotation is any bracketed span
-(`[...]`, `(...)`, `{...}`, `<...>`) or sentence that mentions a cost or latency word
+"Once the annotation is removed" is not defined further by the paper. Here an annotation is any
+bracketed span (`[...]`, `(...)`, `{...}`, `<...>`) or sentence that mentions a cost or latency word
 (`TaxonomyConfig.annotation_pattern`); both descriptions lose them and are compared as lower-case word
-sequences (punctuation and spacing ignored). As a second test, two descriptions whose word-level diff holds
-only numbers, units, punctuation and cost/latency words are also the same (an annotation sentence appended to
-a description without a final period is not a sentence of its own). A description sentence of the original
-tool that happens to mention cost is removed from both sides alike, so it cannot create a difference.
+sequences. Two descriptions whose word-level diff holds only numbers, units, punctuation and
+cost/latency words are also the same (an annotation glued to a description without a final period is
+no sentence of its own). An original sentence mentioning cost is removed from both sides alike.
 """
 
 from __future__ import annotations
@@ -100,9 +99,7 @@ def _differ_only_in_annotation(a: str, b: str, kw: re.Pattern[str]) -> bool:
 
 def equivalent_descriptions(a: str, b: str, config: TaxonomyConfig = TaxonomyConfig()) -> bool:
     """Whether two descriptions are the same once cost or latency annotations are removed: equal after
-    `strip_annotation` (and not empty), or differing only in annotation tokens (numbers, units,
-    cost/latency words), which also covers an annotation sentence glued to a description that lacks
-    a final period."""
+    `strip_annotation` (and not empty), or differing only in annotation tokens (module docstring)."""
     sa, sb = strip_annotation(a, config), strip_annotation(b, config)
     if sa and sa == sb:
         return True
@@ -121,11 +118,8 @@ def is_equivalent_tool(called: str, correct: str, interface: Interface,
 def classify(*, interface: Interface, reference: Sequence[Call], calls: Sequence[Call], correct: bool,
              parse_ok: bool = True, undeclared: Sequence[str] = (), backend_error: bool = False,
              config: TaxonomyConfig = TaxonomyConfig()) -> str:
-    """The taxonomy class of one response (see the module docstring for the order of the checks).
-
-    `interface`, `reference` and `calls` are in the executable namespace (calls already translated
-    back from canonical ids); `undeclared` holds names the adapter could not translate back.
-    """
+    """The taxonomy class of one response (module docstring). `interface`, `reference` and `calls` are in
+    the executable namespace; `undeclared`: names the adapter could not translate back."""
     if correct:
         return "correct"
     if backend_error:

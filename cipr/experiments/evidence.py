@@ -10,20 +10,18 @@
         evals/<point>/generation/     `cipr-eval` generating on the original interface (full-call accuracy)
     OUT/cpu_evidence.json, cpu_evidence_tables.md, cpu_evidence.png
 
-Per point, in order: `cipr-train +sweep=<sweep> algo=<arm's algo> trainer.seed=<seed>` (a subprocess;
-it resumes a killed point and does nothing for a finished one), the export, the two evaluations
-(each skipped when its `done.json` matches), then the report over every finished point. Progress and
-the estimated time left are printed after every phase (`EvidenceConfig` holds the plan).
+Per point: `cipr-train +sweep=<sweep> algo=<arm's algo> trainer.seed=<seed>` (a subprocess; resumes a
+killed point, skips a finished one), the export, the two evaluations (skipped when `done.json`
+matches); then the report over every finished point. Progress and time left print after every phase.
 
 What is measured (every quantity on evaluation items never trained on: the synthetic test split drops
 items equal to a training item generated with the same options):
 - `original_accuracy`: action accuracy on the unperturbed interface: the most likely action at the
   reference decision is the reference tool (`action_acc_ref` of the consistency metric), under the
   names the arm is deployed with (baseline: original names; multi-interface and CIPR: canonical).
-- `heldin_kl`: KL(unperturbed ‖ relabeled) at the reference decisions, where the relabeled copy gives
-  every tool a fresh `function_XX` id after the adapter (`relabel_function`): the copy CIPR's
-  rescoring term compares with, on new items. The positive control. `heldin_kl_unseen`: the same on the
-  items after the first `looked_at` (those the isolated controls that chose λ were scored on).
+- `heldin_kl`: KL(unperturbed ‖ relabeled) at the reference decisions, the relabeled copy giving every
+  tool a fresh `function_XX` id after the adapter (`relabel_function`): what CIPR's rescoring term
+  compares, on new items. The positive control. `heldin_kl_unseen`: the same past the first `looked_at`.
 - `heldout_kl` / `heldout_accuracy` per held-out type: KL and the perturbed side's action accuracy.
 - `full_call_accuracy`: the runner's accuracy of generated calls (name and arguments) on the original
   interface, on the first `generation_limit` items.
@@ -99,10 +97,9 @@ class EvidenceConfig:
     - `heldin`: the held-in type among them (the others are held out).
     - `limit`: evaluation items.
     - `generation_limit` / `max_new_tokens`: the items and new tokens of the full-call accuracy's generation.
-    - `looked_at`: the first evaluation items, which `scripts/positive_control.py` scored when λ was chosen;
-      the held-in KL is also reported on the rest (`heldin_kl_unseen`), which no choice has seen.
-    - `benchmark`: cipr-eval's benchmark options (the training data's generator options, so that
-      "never trained on" is checked).
+    - `looked_at`: the first evaluation items, scored when λ was chosen (`scripts/positive_control.py`);
+      `heldin_kl_unseen` is on the rest.
+    - `benchmark`: cipr-eval's benchmark options (the training data's, so "never trained on" is checked).
     - `threads`: torch threads of the evaluations.
     - `train`: cipr-train overrides for every point (`train.model=tiny train.trainer.max_steps=1`).
     """

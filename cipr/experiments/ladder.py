@@ -14,12 +14,10 @@ canonicalization adapter), and Base and ToolRL-GRPO also through the adapter (th
 cipr-eval runs the cost and latency types in both tool orders. The held-out consistency metric
 (`cipr.eval.consistency_metric`) is on unless `consistency=false`.
 
-The report: Table 1's layout (rows = methods and the names they see, columns = the groups, Mean and
-Gap), accuracy with 95% intervals; the consistency metric per group; paired differences of every
-method against ToolRL-GRPO and against multi-interface, paired over the same items (with several
-seeds, an item's score is its mean over the method's seeds); and a plot. A point is exported and
-evaluated once: `done.json` in its evaluation folder records the checkpoint and the evaluation
-options, and a rerun with the same ones skips it (a changed checkpoint or option evaluates again).
+The report: Table 1's layout (rows = methods and their names, columns = groups, Mean, Gap) with 95%
+intervals; the consistency metric per group; differences of every method against ToolRL-GRPO and
+multi-interface, paired over items (an item's score averaged over a method's seeds); a plot. A point
+is evaluated once: `done.json` records checkpoint and options, and a rerun with the same ones skips it.
 Unfinished points are listed, not evaluated.
 """
 

@@ -42,8 +42,7 @@ def get_format(name: str, **options: Any) -> CallFormat:
 
 
 def resolve_format(name: str, tokenizer: Any = None, **options: Any) -> CallFormat:
-    """`get_format(name, **options)`, `auto` being the format of `tokenizer`'s chat template
-    (`detect_format`)."""
+    """`get_format(name, **options)`, `auto` being the format of `tokenizer`'s template (`detect_format`)."""
     return get_format(detect_format(tokenizer) if name == AUTO and tokenizer is not None else name, **options)
 
 

@@ -59,11 +59,8 @@ class CallFormat(ABC):
     @abstractmethod
     def chat(self, messages: Sequence[Message], interface: Interface, *,
              native_tools: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-        """Chat-template input: (messages as dicts, `tools=` argument or None).
-
-        With `native_tools` the interface goes through the template's `tools=` (OpenAI format);
-        otherwise it is rendered into the system prompt.
-        """
+        """Chat-template input: (messages as dicts, `tools=` argument or None). With `native_tools` the
+        interface goes through the template's `tools=` (OpenAI format), else into the system prompt."""
 
     def render_prompt(self, tokenizer: Any, messages: Sequence[Message], interface: Interface) -> str:
         """The full prompt text, ending with the generation prompt of the assistant turn."""
@@ -90,11 +87,9 @@ class CallFormat(ABC):
         """Every decision in a response text, in order."""
 
     def name_text(self, name: str) -> str:
-        """How `name` is written between a decision's `opener` and `name_suffix`.
-
-        The action reader scores `opener + name_text(name) + name_suffix`. JSON formats escape the
-        name (`a"b` is written `a\\"b`); formats that write names verbatim keep the default.
-        """
+        """How `name` is written between a decision's `opener` and `name_suffix` (the action reader scores
+        `opener + name_text(name) + name_suffix`): JSON formats escape it (`a"b` is `a\\"b`); verbatim formats
+        keep the default."""
         return name
 
 
@@ -172,8 +167,7 @@ class ThinkScan:
 
 
 def native_message(m: Message) -> dict[str, Any]:
-    """A message as a chat template's `messages` entry: calls as OpenAI `tool_calls` (arguments as
-    objects)."""
+    """A message as a chat template's `messages` entry: calls as OpenAI `tool_calls`, arguments objects."""
     d: dict[str, Any] = {"role": m.role, "content": m.content}
     if m.calls:
         d["tool_calls"] = [{"type": "function",

@@ -1,19 +1,17 @@
 """Hermes calls with the tools listed in a few words each: prompts short enough to train on 2 cores.
 
-The calls, their parsing and the decisions are Hermes's (`cipr.formats.hermes`): only the tool list in
-the system prompt changes. A tool is one line, its name, its arguments (`?` after an optional one)
-and its description, then one line per argument with the argument's description, its type when it
-is not a string, and its allowed values:
+The calls, their parsing and the decisions are Hermes's (`cipr.formats.hermes`); only the system prompt's tool
+list changes. A tool is one line, its name, its arguments (`?` after an optional one) and its description,
+then one line per argument with its description, its type when not a string, and its allowed values:
 
     - function_01(arg_01, arg_02, arg_03?): Estimate the travel time between two places.
       arg_01: Starting point. arg_02: End point. arg_03: Travel mode; one of driving, walking.
 
-On SmolLM2's tokenizer a 3-tool synthetic interface takes about a fifth of the Hermes tool list's
-tokens (`scripts/` do not time it; `tests/test_formats_compact.py` compares the lengths). Everything
-the model needs to choose a tool (its description) and to fill the call (argument ids, meanings,
-types, enums) is kept; JSON Schema keywords with no bearing on a call (patterns, formats, bounds) are
-dropped. The list always goes into the system prompt, also with a chat template that renders `tools=`
-(Qwen's would write the full Hermes list instead).
+It is much shorter than the Hermes tool list (`tests/test_formats_compact.py` compares the lengths).
+Everything needed to choose a tool (its description) and fill the call (argument ids, meanings, types, enums)
+is kept; JSON Schema keywords with no bearing on a call (patterns, formats, bounds) are dropped. The list
+always goes into the system prompt, also with a template that renders `tools=` (Qwen's would write the full
+Hermes list).
 """
 
 from __future__ import annotations

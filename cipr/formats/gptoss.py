@@ -2,50 +2,45 @@
 template.
 
 OpenAI's gpt-oss chat template (TRL's `gptoss.jinja`) takes `tools=` and writes them as a TypeScript-like
-`namespace functions` in the developer message. Its generation prompt is `<|start|>assistant`, and an
-assistant turn is a sequence of messages, each `<header><|message|><body><terminator>`, the next one opened
-by `<|start|>assistant` again:
+`namespace functions` in the developer message. Its generation prompt is `<|start|>assistant`; an assistant
+turn is a sequence of messages `<header><|message|><body><terminator>`, each next one opened by
+`<|start|>assistant`:
 
     <|channel|>analysis<|message|>reasoning<|end|>                      (the `thinking` of the turn)
     <|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>{"arg": 1}<|call|>
     <|channel|>final<|message|>the answer<|return|>                    (a turn without calls)
 
-so a response (the text after the generation prompt) starts with its first message's header. The tool
-name sits in the header, between ` to=functions.` and the `<|channel|>` control token.
-
-A target is what the template writes after the generation prompt for the assistant turn: a call turn up to
-and including its `<|call|>`; a text answer up to `<|return|>`, which is gpt-oss's end-of-turn token and,
-like Qwen's `<|im_end|>` in the Hermes format, not part of the target (tested).
+so a response starts with its first message's header, and the tool name sits between ` to=functions.` and the
+`<|channel|>` control token. A target is what the template writes after the generation prompt: a call turn up
+to and including its `<|call|>`, a text answer up to `<|return|>` (the end-of-turn token, like Qwen's
+`<|im_end|>` not part of the target; tested).
 
 Choices the template leaves open, made here:
-- Parallel calls: the template renders only the first call of a turn (`tool_calls[0]`) and drops the rest.
-  Each call is its own message instead, `...<|call|><|start|>assistant to=functions.B...<|call|>`, which is
-  how the template renders consecutive single-call assistant messages; `chat` splits an earlier turn's
-  parallel calls that way. (gpt-oss's own generation config stops at `<|call|>`, so the model itself makes
-  one call per turn.)
-- The text of a turn with calls goes into its analysis message, as the template writes `content` there;
-  text and reasoning together are refused, as the template refuses them. An empty reasoning string of a
-  call turn writes nothing (the template skips it); a text answer writes its reasoning even when empty.
-- Names are written raw, as the template does: a name that is empty, holds whitespace or a control token
-  is refused. Arguments are `json.dumps`, non-ASCII kept (the template's `tojson`).
+- Parallel calls: the template renders only `tool_calls[0]` of a turn. Each call is its own message instead
+  (`...<|call|><|start|>assistant to=functions.B...<|call|>`, as the template renders consecutive single-call
+  assistant messages); `chat` splits an earlier turn's parallel calls that way. (gpt-oss's own generation
+  config stops at `<|call|>`, so the model makes one call per turn.)
+- The text of a turn with calls goes into its analysis message, as the template writes `content` there; text
+  and reasoning together are refused, as the template refuses them. An empty reasoning of a call turn writes
+  nothing (the template skips it); a text answer writes its reasoning even when empty.
+- Names are written raw, as the template does: an empty name, or one with whitespace or a control token, is
+  refused. Arguments are `json.dumps`, non-ASCII kept (the template's `tojson`).
 - `parse` reads the messages in order: a header `<|channel|>analysis`, `<|channel|>final` or
   ` to=functions.NAME<|channel|>commentary json` (`<|constrain|>json` also read), the body up to its
-  terminator. The reasoning (`think`) is the analysis bodies joined by newlines, the `response` the final
-  body (None when empty). A call's body is its arguments, read with the JSON decoder (so control-token text
-  inside a string stays text), and must be an object. It reports an unknown header, a message without
-  `<|message|>`, a wrong terminator (`<|call|>` closes calls, `<|end|>` analysis, `<|return|>` or `<|end|>`
-  the final message), an analysis never closed, text between messages, a message after the final one, a
-  second final message, and a response with neither a call nor a final message. The `<|call|>` of the last
-  call and the `<|return|>` of the final message may be missing at the end of the text (runtimes stop on
-  them). `calls` holds the calls whose arguments are valid.
+  terminator. `think` is the analysis bodies joined by newlines, `response` the final body (None when empty).
+  A call's body is its arguments, read with the JSON decoder (control-token text inside a string stays text),
+  and must be an object. It reports an unknown header, a message without `<|message|>`, a wrong terminator
+  (`<|call|>` closes calls, `<|end|>` analysis, `<|return|>` or `<|end|>` the final message), an analysis
+  never closed, text between messages, a message after the final one, a second final message, and a response
+  with neither a call nor a final message. The last call's `<|call|>` and the final message's `<|return|>` may
+  be missing at the end (runtimes stop on them). `calls` holds the calls with valid arguments.
 
-Decisions (where ∅ sits), the name always closed by `<|channel|>`: a call or final message that does not
-follow a call opens at its header with opener ` to=functions.` (after the response start or after
-`<|start|>assistant`, where the policy chooses between a call and the final channel). A message right after
-a call (`<|call|><|start|>assistant` in between) opens where that `<|call|>` starts, with opener
-`<|call|><|start|>assistant to=functions.`; so does the end of the turn after the last call (∅, with
-`end_decision`), whether or not the text keeps the `<|call|>`. A call whose arguments are broken still
-counts (its name is in the header); a text cut off inside its analysis has no decision.
+Decisions, the name always closed by `<|channel|>`: a call or final message not following a call opens at its
+header with opener ` to=functions.` (where the policy chooses between a call and the final channel). A message
+right after a call opens where that `<|call|>` starts, opener `<|call|><|start|>assistant to=functions.`; so
+does the end of the turn after the last call (∅, with `end_decision`), whether or not the text keeps the
+`<|call|>`. A call with broken arguments still counts (its name is in the header); a text cut off inside its
+analysis has no decision.
 """
 
 from __future__ import annotations
@@ -195,8 +190,7 @@ class GptOssFormat(TemplateFormat):
     templates = "gptoss"
 
     def template_messages(self, messages: Sequence[Message]) -> list[dict[str, Any]]:
-        """An earlier turn's parallel calls become one assistant message each (the template renders one a
-        turn)."""
+        """An earlier turn's parallel calls become one assistant message each (the template renders one)."""
         out: list[dict[str, Any]] = []
         for m in messages:
             out.append(native_message(Message(m.role, m.content, m.calls[:1], m.name)))
@@ -205,8 +199,7 @@ class GptOssFormat(TemplateFormat):
 
     def render_target(self, calls: Sequence[Call], *, response: str | None = None,
                       think: str | None = None) -> str:
-        """Analysis message (reasoning, or a call turn's text), then one call message per call or the final
-        one."""
+        """Analysis message (reasoning, or a call turn's text), then a message per call, or the final one."""
         for text, what in ((think, "think"), (response, "response")):
             _check(text or "", what)
         analysis = think

@@ -1,42 +1,38 @@
 """Hermes/Qwen call format: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` blocks.
 
 A target is an optional `<think>\\n...\\n</think>\\n\\n` block (Qwen3 style), optional text, then one
-`<tool_call>` block per call, separated by newlines, exactly as Qwen's chat template renders an
-assistant turn with `tool_calls` (content, then `\\n<tool_call>\\n{...}\\n</tool_call>` per call).
+`<tool_call>` block per call, separated by newlines, exactly as Qwen's chat template renders an assistant turn
+with `tool_calls`.
 
-Prompt: with a tokenizer whose chat template renders `tools=`, the interface goes through it (OpenAI
-format, `Interface.to_openai()`) and earlier turns as `tool_calls` / `tool` messages. Otherwise (e.g.
-SmolLM2's ChatML template) the format renders what Qwen's template would: the tools appended to the
-system prompt in Qwen's wording, earlier calls as `<tool_call>` blocks in the assistant text, and
-tool results as a user message of `<tool_response>` blocks; on a Qwen template both paths give the
-same prompt text (tested). Without a system message the non-native path uses `default_system`
-(Qwen's template would use its own "You are Qwen..." sentence).
+Prompt: with a chat template that renders `tools=`, the interface goes through it (`Interface.to_openai()`)
+and earlier turns as `tool_calls` / `tool` messages. Otherwise (e.g. SmolLM2's ChatML) the format renders what
+Qwen's template would: the tools appended to the system prompt in Qwen's wording, earlier calls as
+`<tool_call>` blocks in the assistant text, tool results as a user message of `<tool_response>` blocks; on a
+Qwen template both paths give the same text (tested). Without a system message the non-native path uses
+`default_system` (Qwen's template would use its own "You are Qwen..." sentence).
 
 This is the Qwen2.5 / Qwen3 family of `format=auto` (`cipr.formats.templates`): on TRL's qwen2_5 and qwen3
-templates a target is exactly what the template writes for the assistant turn, except that Qwen3's writes
-an empty `<think>\n\n</think>\n\n` block into the turn after the last user message, which the target
-has when `think=""` (tests/test_formats_templates.py).
+templates a target is exactly what the template writes for the assistant turn, except that Qwen3's writes an
+empty `<think>\n\n</think>\n\n` block into the turn after the last user message, which the target has when
+`think=""` (tests/test_formats_templates.py).
 
 Choices left open, made here:
-- Names are JSON-escaped (Qwen's template pastes the name raw, which breaks JSON for a name with a
-  quote; identical otherwise). JSON keeps non-ASCII characters, as the template's `tojson` does.
-- `parse` reads an optional leading `<think>` block (unclosed: reported, no calls), every
-  `<tool_call>` block (unclosed at the end or before the next `<tool_call>`: reported), and takes all
-  text outside the blocks, stripped, as the `response` (None when empty). It reports a stray
-  `</tool_call>`, a `<think>` tag after the start, invalid JSON (with its position), a missing or
-  non-string name, missing or non-object `arguments`, text between the object and `</tool_call>`;
-  extra keys are ignored. The object is read with the JSON decoder, so a `</tool_call>` inside an
-  argument string stays text. `calls` holds the blocks that are valid on their own.
+- Names are JSON-escaped (Qwen's template pastes the name raw, which breaks JSON for a name with a quote;
+  identical otherwise). JSON keeps non-ASCII characters, as the template's `tojson` does.
+- `parse` reads an optional leading `<think>` block (unclosed: reported, no calls), every `<tool_call>` block
+  (unclosed at the end or before the next `<tool_call>`: reported), and takes the text outside the blocks,
+  stripped, as the `response` (None when empty). It reports a stray `</tool_call>`, a `<think>` tag after the
+  start, invalid JSON (with its position), a missing or non-string name, missing or non-object `arguments`,
+  and text between the object and `</tool_call>`; extra keys are ignored. The JSON decoder reads the object,
+  so a `</tool_call>` inside a string stays text. `calls` holds the blocks valid on their own.
 
-Decisions (where ∅ sits): the call that opens the answer (nothing but the think block before it) opens
-at `<tool_call>` with opener `<tool_call>\\n{"name": "`; a call after other text or another call opens
-at the newline before `<tool_call>` with opener `\\n<tool_call>\\n{"name": "` (the newline Qwen's template
-writes). After the last closed block the policy ends its turn instead of writing another
-`\\n<tool_call>`: with `end_decision` (default) that is a ∅ decision at the end of the last
-`</tool_call>`, opener `\\n<tool_call>\\n{"name": "`. A response without `<tool_call>` has one ∅ decision
-where its answer starts (after the think block and the whitespace after it), opener
-`<tool_call>\\n{"name": "`. A block whose JSON is broken counts when its name can be read; a text cut
-off inside `<think>` has no decision.
+Decisions (where ∅ sits): the call that opens the answer (only the think block before it) opens at
+`<tool_call>` with opener `<tool_call>\\n{"name": "`; a call after text or another call opens at the newline
+before `<tool_call>` with opener `\\n<tool_call>\\n{"name": "` (the newline Qwen's template writes). With
+`end_decision` (default), ending the turn after the last closed block is a ∅ decision at the end of that
+`</tool_call>`, same opener. A response without `<tool_call>` has one ∅ decision where its answer starts
+(after the think block and its whitespace), opener `<tool_call>\\n{"name": "`. A block with broken JSON counts
+when its name can be read; a text cut off inside `<think>` has no decision.
 """
 
 from __future__ import annotations
@@ -197,8 +193,7 @@ class HermesFormat(CallFormat):
 
     def render_target(self, calls: Sequence[Call], *, response: str | None = None,
                       think: str | None = None) -> str:
-        """`<think>\\n..\\n</think>\\n\\n` (if any), the response text, then one `<tool_call>` block per
-        call."""
+        """`<think>\\n..\\n</think>\\n\\n` (if any), the response text, then a `<tool_call>` block a call."""
         text = ""
         if think is not None:
             _check_text(think, (THINK_END,), "think")

@@ -49,11 +49,8 @@ def call_object(call: Call, args_key: str, *, ascii: bool = False) -> str:
 
 @dataclass(frozen=True)
 class ReadCall:
-    """What could be read from one call object's text.
-
-    `name` is the tool name when it can be read (even if the rest is broken: the policy chose that
-    tool); `call` is set only when the whole object is valid; `error` says what was wrong.
-    """
+    """What could be read from one call object's text: `name` when it can be read (even in a broken object:
+    the policy chose that tool), `call` only when the whole object is valid, `error` what was wrong."""
 
     name: str | None
     call: Call | None
@@ -61,10 +58,8 @@ class ReadCall:
 
 
 def read_call(text: str, args_key: str, *, offset: int = 0) -> ReadCall:
-    """Read one JSON call object (`{"name": str, args_key: object}`) that is all of `text`.
-
-    `offset` is the position of `text` in the response, so error positions are response offsets.
-    """
+    """Read one JSON call object (`{"name": str, args_key: object}`) that is all of `text`; `offset`, its
+    position in the response, makes error positions response offsets."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
@@ -86,11 +81,9 @@ def decode_at(text: str, start: int) -> tuple[Any, int, str | None]:
 
 
 def read_call_at(text: str, start: int, args_key: str, *, stop: int) -> tuple[ReadCall, int]:
-    """Read the JSON call object that starts at `text[start]`, and where it ends.
-
-    The JSON decoder finds the object's end, so tags inside its strings (`"</tool_call>"`) do not
-    end a block. When it does not decode, the object is taken to run to `stop` and the read says why.
-    """
+    """Read the JSON call object that starts at `text[start]`, and where it ends: the JSON decoder finds the
+    end, so tags inside strings (`"</tool_call>"`) do not end a block; an object that does not decode runs to
+    `stop`, and the read says why."""
     value, end, error = decode_at(text, start)
     if error is not None:
         return ReadCall(lexical_name(text[start:stop]), None, error), stop

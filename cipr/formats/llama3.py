@@ -1,38 +1,34 @@
 """Llama 3.1 / 3.2 call format: a bare `{"name": ..., "parameters": {...}}` object per call, tools through the
 template.
 
-Meta's chat templates (TRL's `llama3_1.jinja` and `llama3_2.jinja`) take `tools=` and write them, as indented
-JSON after an instruction, into the first user message (`tools_in_user_message`, true by default). An
-assistant turn with one `tool_calls` entry renders as `{"name": "<name>", "parameters": <arguments|tojson>}`
-and nothing else (the turn's text is dropped), closed by `<|eot_id|>`; a `tool` message renders as an
-`ipython` turn. The prompt therefore always goes through the template: `chat` refuses `native_tools=False`
-(this format has no prompt text of its own to put the tools in).
-
-A target is what the template writes between the generation prompt
+Meta's chat templates (TRL's `llama3_1.jinja`, `llama3_2.jinja`) take `tools=` and write them as indented JSON
+after an instruction into the first user message (`tools_in_user_message`, true by default). An assistant turn
+with one call renders as `{"name": "<name>", "parameters": <arguments|tojson>}` alone (its text dropped),
+closed by `<|eot_id|>`; a `tool` message renders as an `ipython` turn. So the prompt always goes through the
+template: `chat` refuses `native_tools=False` (the format has no prompt text of its own for the tools). A
+target is what the template writes between the generation prompt
 (`<|start_header_id|>assistant<|end_header_id|>\\n\\n`) and `<|eot_id|>` (tested on both templates).
 
 Choices the template leaves open, made here:
-- Parallel calls: the template raises on a turn with more than one call. They are written as call objects
-  joined by `; `, the separator vLLM's `llama3_json` tool parser splits on; an earlier turn with parallel
-  calls reaches the template as that text (assistant content, which it writes verbatim, trimmed).
-- The text of a turn with calls and any reasoning are dropped, as the template drops them (it has no
-  reasoning block). A text answer is the response as given; one that starts with `{` (after whitespace)
-  would read back as a call and is refused.
-- Names are JSON-escaped (the template pastes the name raw: identical unless it holds `"` or `\\`); JSON
-  keeps non-ASCII characters, as the template's `tojson` does.
-- `parse`: a response whose first non-space character, after an optional `<|python_tag|>` (Llama 3.1's
-  ipython mode writes it before a call), is `{` holds calls: JSON objects read with the JSON decoder,
-  separated by `;` (whitespace around it allowed). It reports invalid JSON (with its position), a missing
-  or non-string name, missing or non-object `parameters`, a `;` with no call after it, and text after the
-  last object; extra keys are ignored. `calls` holds the objects that are valid on their own. Any other
-  response is a text answer: `response` is its text, stripped (None when empty), with no calls.
+- Parallel calls (the template raises on them) are call objects joined by `; `, the separator vLLM's
+  `llama3_json` tool parser splits on; an earlier turn's parallel calls reach the template as that text
+  (assistant content, written verbatim, trimmed).
+- A call turn's text and any reasoning are dropped, as the template drops them. A text answer is the response
+  as given; one starting with `{` (after whitespace) would read back as a call and is refused.
+- Names are JSON-escaped (the template pastes them raw: identical unless a name holds `"` or `\\`); JSON keeps
+  non-ASCII characters, as `tojson` does.
+- `parse`: a response whose first non-space character, after an optional `<|python_tag|>` (Llama 3.1's ipython
+  mode), is `{` holds calls: JSON objects read with the JSON decoder, separated by `;` (whitespace allowed).
+  It reports invalid JSON (with its position), a missing or non-string name, missing or non-object
+  `parameters`, a `;` with no call after it, and text after the last object; extra keys are ignored. `calls`
+  holds the objects valid on their own. Any other response is a text answer: `response` its stripped text
+  (None when empty), no calls.
 
-Decisions: the first call opens at its `{` with opener `{"name": "`; a call after `; ` opens at the `;`
-with opener `; {"name": "` (after any other separator: at its `{`, first opener); the name is closed by
-`"`. After the last call the policy ends its turn (`<|eot_id|>`) instead of writing `; {"name": "`: with
-`end_decision` (default) that is a ∅ decision at the end of the last object, opener `; {"name": "`. A text
-answer has one ∅ decision where it starts (after leading whitespace), opener `{"name": "`. A call whose
-JSON is broken counts when its name can be read.
+Decisions (the name closed by `"`): the first call opens at its `{` with opener `{"name": "`; a call after
+`; ` opens at the `;` with opener `; {"name": "` (after any other separator: at its `{`, first opener). With
+`end_decision` (default), ending the turn (`<|eot_id|>`) after the last call is a ∅ decision at the end of the
+last object, opener `; {"name": "`. A text answer has one ∅ decision where it starts (after leading
+whitespace), opener `{"name": "`. A call with broken JSON counts when its name can be read.
 """
 
 from __future__ import annotations
@@ -123,8 +119,7 @@ class Llama3JsonFormat(TemplateFormat):
     templates = "llama3_1 or llama3_2"
 
     def template_messages(self, messages: Sequence[Message]) -> list[dict[str, Any]]:
-        """Parallel calls of an earlier turn go in as their target text (the template takes one call a
-        turn)."""
+        """Parallel calls of an earlier turn go in as their target text (the template takes one a turn)."""
         return [{"role": "assistant", "content": self.render_target(m.calls)} if len(m.calls) > 1
                 else native_message(m) for m in messages]
 

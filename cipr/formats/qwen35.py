@@ -1,46 +1,44 @@
 """Qwen3.5 / 3.6 call format: XML calls in `<tool_call>` blocks, tools through the model's chat template.
 
-Qwen3.5's chat templates (TRL's `qwen3_5_think.jinja` and `qwen3_5_nothink.jinja`) take `tools=`, list them
-as JSON in the system prompt and ask for, and render, one block per call:
+Qwen3.5's chat templates (TRL's `qwen3_5_think.jinja`, `qwen3_5_nothink.jinja`) take `tools=`, list them as
+JSON in the system prompt and ask for, and render, one block per call:
 
     <tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>\\n...</function>\\n</tool_call>
 
 An assistant turn is `<think>\\nreasoning\\n</think>\\n\\n` (in the turns after the last user message), its
 text, `\\n\\n` before the first block when there is text, and `\\n` between blocks. A target is exactly what
-the template writes after `<|im_start|>assistant\\n` (tested); as for Qwen3 (`hermes`), the template writes
-an empty think block into the last turn, which the target has when `think=""`. Text and reasoning are
-trimmed, as the template trims them. Values are written as the template writes them: strings raw, objects
-and lists as JSON (non-ASCII kept), other values with Python's `str` (`True`, `None`, `1.5`).
-`qwen36_xml` is the same format as Qwen3.6's and Qwen3.8's templates write it (`qwen3_6.jinja`,
-`qwen3_8.jinja`): every value but a string as JSON (`true`, `null`); parsing reads both.
+the template writes after `<|im_start|>assistant\\n` (tested); as for Qwen3 (`hermes`), the last turn gets an
+empty think block, which the target has when `think=""`. Text and reasoning are trimmed, as the template trims
+them. Values are written as the template writes them: strings raw, objects and lists as JSON (non-ASCII kept),
+others with Python's `str` (`True`, `None`, `1.5`). `qwen36_xml` is the format as Qwen3.6's and Qwen3.8's
+templates write it (`qwen3_6.jinja`, `qwen3_8.jinja`): every value but a string as JSON (`true`, `null`);
+parsing reads both.
 
-The think template's generation prompt ends with an open `<think>\\n`; `render_prompt` leaves it out, so
-that a response (and a target) starts with its think block as for Qwen3, and prompt + target is the text
-the template renders for the conversation. The nothink template's prompt ends with a closed empty block
-and is kept whole (a response is then the answer itself).
+The think template's generation prompt ends with an open `<think>\\n`; `render_prompt` leaves it out, so a
+response (and a target) starts with its think block as for Qwen3, and prompt + target is the text the template
+renders. The nothink template's prompt ends with a closed empty block and is kept whole (a response is the
+answer itself).
 
 Choices the template leaves open, made here:
-- Names and keys are written raw, as the template does: one that is empty or holds `>` or a newline, and
-  a string value holding `</parameter>`, are refused (they could not be read back).
-- `parse` reads an optional leading `<think>` block (unclosed: reported, no calls) and every block;
-  text outside the blocks, stripped and joined by newlines, is the `response`. A value is the text
-  between `<parameter=KEY>` and `</parameter>` less one newline at each end; it is read back as
-  `True`/`False`/`None` when it is one of those words, as JSON when it is valid JSON without surrounding
-  whitespace (`NaN` and `Infinity` excluded), else as the string itself. So a string argument that
-  reads as JSON (`"42"`, `"true"`) comes back typed: the text cannot tell them apart, and the template
-  writes them the same (a server's parser, vLLM's included, retypes by the tool's schema instead).
-  Reported: a block without `<function=NAME>`, a name or key not closed by `>` on its line, an unclosed
-  parameter, a repeated key, other text inside a block, a block never closed by `</tool_call>`, and a
-  stray closing or call tag (or a `<think>` tag) outside the blocks. `calls` holds the valid blocks.
+- Names and keys are written raw, as the template does: one that is empty or holds `>` or a newline, and a
+  string value holding `</parameter>`, are refused (they could not be read back).
+- `parse` reads an optional leading `<think>` block (unclosed: reported, no calls) and every block; text
+  outside the blocks, stripped and joined by newlines, is the `response`. A value is the text between
+  `<parameter=KEY>` and `</parameter>` less one newline at each end, read back as `True`/`False`/`None` for
+  those words, as JSON when it is valid JSON without surrounding whitespace (`NaN` and `Infinity` excluded),
+  else as the string. So a string argument that reads as JSON (`"42"`, `"true"`) comes back typed: the text
+  cannot tell them apart (a server's parser, vLLM's included, retypes by the tool's schema instead). Reported:
+  a block without `<function=NAME>`, a name or key not closed by `>` on its line, an unclosed parameter, a
+  repeated key, other text inside a block, a block never closed by `</tool_call>`, and a stray closing or call
+  tag (or a `<think>` tag) outside the blocks. `calls` holds the valid blocks.
 
-Decisions (the name closed by `>`): the call that opens the answer (nothing but the think block before
-it) opens at `<tool_call>` with opener `<tool_call>\\n<function=`; the first call after text opens at the
-`\\n\\n` before it (opener `\\n\\n<tool_call>\\n<function=`), a call after another call at the newline
-before it (opener `\\n<tool_call>\\n<function=`); any other layout opens at `<tool_call>`. With
-`end_decision` (default) the end of the turn after the last closed block is a ∅ decision, opener
-`\\n<tool_call>\\n<function=`. A response without blocks has one ∅ decision where its answer starts,
-opener `<tool_call>\\n<function=`. A broken block counts when its name can be read; a text cut off inside
-`<think>` has no decision.
+Decisions (the name closed by `>`): the call that opens the answer (only the think block before it) opens at
+`<tool_call>` with opener `<tool_call>\\n<function=`; the first call after text opens at the `\\n\\n` before
+it (opener `\\n\\n<tool_call>\\n<function=`), a call after another call at the newline before it (opener
+`\\n<tool_call>\\n<function=`); any other layout opens at `<tool_call>`. With `end_decision` (default) the end
+of the turn after the last closed block is a ∅ decision, opener `\\n<tool_call>\\n<function=`. A response
+without blocks has one ∅ decision where its answer starts, opener `<tool_call>\\n<function=`. A broken block
+counts when its name can be read; a text cut off inside `<think>` has no decision.
 """
 
 from __future__ import annotations

@@ -11,36 +11,35 @@ WebShop (name "webshop"), the action text of AgentLM's WebShop trajectories:
     Thought: I should search for the product first.
     Action: search[red shoes]
 
-The RoTBench system prompt reproduces RoTBench's byte for byte (its instruction, then the tools as a
-JSON list of `{"name", "description", "parameters"}` written by `json.dumps` with its ASCII escapes,
-then "Let's Begin!"; checked on every First_Turn and Third_Turn file). The WebShop prompt is this
-project's wording: it lists each declared action as `name[<argument>]: description`.
+The RoTBench system prompt reproduces RoTBench's byte for byte (its instruction, the tools as a `json.dumps`
+list of `{"name", "description", "parameters"}` with ASCII escapes, then "Let's Begin!"; checked on every
+First_Turn and Third_Turn file). The WebShop prompt is this project's wording: each declared action as
+`name[<argument>]: description`.
 
 Choices the sources leave open, made here:
-- One action per turn: both environments execute one action per step. `render_target` refuses
-  several calls; `parse` reports a second `Action:` (and returns every action it could read).
-- A turn without a call (the contract needs one) is `Thought: ...\\nFinal Answer: <response>`, the
-  usual ReAct ending (RoTBench itself ends with its `finish` tool, which is an ordinary call here).
-- WebShop: a call has one argument, its bracket text, as `Call(name, {"argument": text})`; rendering
-  takes the single argument under any key (so canonical `arg_01` renders too), parsing always
-  returns the key "argument". The action is one line: the name runs to the first `[`, the argument
-  to the last `]` of the line. Names may not contain `[` or a newline; arguments must be one-line
-  strings (rendering raises otherwise).
-- RoTBench's `Action Input` JSON is written with `json.dumps` defaults (ASCII escapes), as most of its
-  gold answers are; parsing accepts either and reads exactly one JSON object after the marker.
-- Earlier turns: an assistant message with a call renders as a target whose thought is its content;
-  one without renders as a Final Answer; a tool result is a user message `Observation: <result>`.
-  A system message of the conversation goes before the format's instruction, with a blank line.
-- Markers count only at the start of a line. `parse` reports (never raises) a missing `Thought:`,
-  text before it, an `Action:` without a name, an `Action Input` that is missing, not valid JSON
-  (with its position) or not an object, text after it, a second `Thought`/`Action`, an
-  `Observation:` (the policy kept writing past its turn: reported, and ignored from there on), a
-  Final Answer next to an action, and a text with neither. `calls` holds the actions valid on their own.
+- One action per turn, as both environments execute: `render_target` refuses several calls; `parse` reports a
+  second `Action:` (and returns every action it could read).
+- A turn without a call is `Thought: ...\\nFinal Answer: <response>`, the usual ReAct ending (RoTBench's own
+  `finish` tool is an ordinary call here).
+- WebShop: a call has one argument, its bracket text, as `Call(name, {"argument": text})`; rendering takes the
+  single argument under any key (so canonical `arg_01` renders too), parsing returns the key "argument". The
+  action is one line: the name runs to the first `[`, the argument to the last `]`. Names may not contain `[`
+  or a newline; arguments must be one-line strings (rendering raises otherwise).
+- RoTBench's `Action Input` is written with `json.dumps` defaults (ASCII escapes), as most of its gold answers
+  are; parsing accepts either and reads exactly one JSON object after the marker.
+- Earlier turns: an assistant message with a call renders as a target whose thought is its content, one
+  without as a Final Answer; a tool result is a user message `Observation: <result>`. A system message of the
+  conversation goes before the format's instruction, with a blank line.
+- Markers count only at the start of a line. `parse` reports (never raises) a missing `Thought:`, text before
+  it, an `Action:` without a name, an `Action Input` that is missing, not valid JSON (with its position) or
+  not an object, text after it, a second `Thought`/`Action`, an `Observation:` (the policy kept writing past
+  its turn: ignored from there on), a Final Answer next to an action, and a text with neither. `calls` holds
+  the actions valid on their own.
 
-Decisions: one per `Action:` line whose name can be read, at the start of that line, with opener
-`Action: ` and name suffix a newline (RoTBench) or `[` (WebShop); names are written verbatim. A turn
-that answers has one ∅ decision at the start of its `Final Answer:` line (same opener). A ReAct turn
-ends with its action, so no further decision follows it.
+Decisions: one per `Action:` line whose name can be read, at the start of that line, with opener `Action: `
+and name suffix a newline (RoTBench) or `[` (WebShop); names are written verbatim. A turn that answers has one
+∅ decision at the start of its `Final Answer:` line (same opener). A ReAct turn ends with its action, so no
+decision follows it.
 """
 
 from __future__ import annotations

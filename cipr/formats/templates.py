@@ -85,10 +85,8 @@ def template_text(tokenizer: Any) -> str:
 
 
 def detect_format(tokenizer_or_template: Any) -> str:
-    """The call format name of a tokenizer's chat template (or of the template text itself).
-
-    Raises ValueError naming what was found when no family, or more than one, matches.
-    """
+    """The call format name of a tokenizer's chat template (or of the template text); ValueError naming what
+    was found when no family, or several, match."""
     template = (tokenizer_or_template if isinstance(tokenizer_or_template, str)
                 else template_text(tokenizer_or_template))
     found = [f for f in FAMILIES if f.matches(template)]

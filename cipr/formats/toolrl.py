@@ -300,8 +300,7 @@ class ToolRLFormat(CallFormat):
 
     def render_target(self, calls: Sequence[Call], *, response: str | None = None,
                       think: str | None = None) -> str:
-        """`<think> .. </think>` then the `<tool_call>` block and/or `<response>` (an empty one if
-        neither)."""
+        """`<think> .. </think>`, then the `<tool_call>` block and/or `<response>` (empty if neither)."""
         if think is None:
             think = CALL_THINK if calls else RESPONSE_THINK
         _check_text(think, THINK_END, "think")

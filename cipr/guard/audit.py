@@ -1,10 +1,9 @@
 """The guard's audit trail: one JSON line per processed turn.
 
-Each record keeps what the guide (docs/references.md) says to preserve: the contract version, the original
-call, the validator report, every retry and repair (prompt kind, reply, parsed call, new report, tokens,
-latency), refused attempts to call tools outside the contract, the final decision and the totals (tokens spent
-by the guard, wall-clock latency it added). Records are plain JSON so a deployment can ship them to any log
-store; `AuditLog` appends them to a file (one line each, flushed) and keeps them in memory for the caller.
+Each record keeps what the guide (docs/references.md) says to preserve: the contract version, the
+original call, the validator report, every retry and repair (prompt kind, reply, parsed call, new
+report, tokens, latency), refused calls outside the contract, the final decision and the guard's
+tokens and added latency. Plain JSON; `AuditLog` appends them to a file and keeps them in memory.
 """
 
 from __future__ import annotations

@@ -58,11 +58,8 @@ def word_usage(request: Request, reply: str) -> Usage:
 
 @dataclass
 class FunctionBackend:
-    """Replies computed by `reply(request)` (a string, or `(string, Usage)`; words counted otherwise).
-
-    For tests that need a reply to depend on the prompt (e.g. a fake model that answers repair
-    prompts differently from task prompts), and to wrap any client callable as a Backend.
-    """
+    """Replies computed by `reply(request)` (a string, or `(string, Usage)`; words counted otherwise):
+    replies that depend on the prompt, or any client callable as a Backend."""
 
     reply: Callable[[Request], str | tuple[str, Usage]]
     supports_forced_tool_choice: bool = True
@@ -83,10 +80,7 @@ class FunctionBackend:
 
 
 class ScriptedBackend(FunctionBackend):
-    """Returns fixed replies in order; raises when they run out (a test asked for more calls than planned).
-
-    A reply is a string or `(string, Usage)`; without a Usage, tokens are `word_usage` counts.
-    """
+    """Returns fixed replies (strings or `(string, Usage)`) in order; raises when they run out."""
 
     def __init__(self, replies: Sequence[str | tuple[str, Usage]], supports_forced_tool_choice: bool = True):
         super().__init__(self._next, supports_forced_tool_choice, [], "scripted")

@@ -5,11 +5,10 @@
   was invalid and lists the tool names (the visible authorized ones), without the validator's
   report or any card.
 
-Both act on the whole turn (the retry regenerates every call of it), fire under the same trigger as
-the repair (some call invalid, or none when a call is required) and are checked the same way:
-every call of the reply is validated, calls to tools outside the contract are refused and
-recorded, and only valid calls are ever returned. With greedy decoding a naive retry reproduces
-the first reply; that is the point of the baseline (the study ran it with a sampling API).
+Both act on the whole turn, fire under the repair's trigger (some call invalid, or none when one is
+required) and are checked the same way: every call validated, calls outside the contract refused and
+recorded, only valid calls returned. Under greedy decoding a naive retry reproduces the first reply;
+that is the point of the baseline (the study ran it with a sampling API).
 """
 
 from __future__ import annotations

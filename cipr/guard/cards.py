@@ -1,12 +1,9 @@
 """Canonical tool cards: a compact, fixed-layout rendering of one tool for repair prompts.
 
-A card holds only what a repair needs: the name, the description, which fields are required and
-every field's type (with its allowed values when the schema has an enum). Optional fields are
-listed too, marked as such: a renamed optional field is as much a repair target as a required one.
-Nested object fields are expanded one level per nesting as `parent.child`, so the nested
-structure the validator checks is visible on the card. Field descriptions are left out on purpose:
-drift lives in descriptions (stale field-name examples), and the card should carry the schema's
-names, not the prose that may contradict them.
+A card holds the name, the description, and every field's type, required flag and enum values.
+Optional fields are listed (a renamed optional field is as much a repair target), nested fields as
+`parent.child`. Field descriptions are left out on purpose: drift lives in descriptions (stale field
+names), and the card should carry the schema's names, not prose that may contradict them.
 """
 
 from __future__ import annotations

@@ -4,14 +4,11 @@ The guard checks every call against a snapshot, never against whatever tool list
 the moment. A changed tool list (an MCP `notifications/tools/list_changed`, a new release) goes
 through `ContractSnapshot.refresh`, which produces a *new* version: tools that were already
 authorized take their new declarations, tools that disappeared are dropped, and tools listed for
-the first time stay out unless the caller names them in `authorize=` (they are reported in
-`pending`). A refresh therefore never authorizes a tool by itself (the guide, docs/references.md: a changed
-list triggers a refresh, never a blanket authorization of the tools it newly lists).
+the first time stay out unless the caller names them in `authorize=` (reported in `pending`): a
+refresh never authorizes a tool by itself (the guide, docs/references.md).
 
-The version is the SHA-256 of the canonical JSON of the ordered tool list (names, descriptions and
-schemas, keys sorted) and of the pending names: any change to the listed tools, reordering and a
-newly listed but unauthorized tool included, is a new version. Reordering changes no
-authorization, but a version identifies exactly one contract state.
+The version hashes the canonical JSON of the ordered tool list and the pending names: any change,
+reordering and a newly listed unauthorized tool included, is a new version (one contract state each).
 
 A tool schema is untrusted input (it comes from whoever serves the tools), so a snapshot accepts
 it only when it can be checked offline and in bounded time (`schema_problem`):
@@ -70,10 +67,8 @@ OFFLINE_REGISTRY: Registry = Registry(retrieve=_refuse_retrieval)  # type: ignor
 
 
 def nesting_depth(value: Any, limit: int) -> int:
-    """How deeply objects and arrays nest in `value` (a scalar is 0), counted without recursion.
-
-    Stops counting once `limit` is exceeded (the result is then `limit + 1`), so a hostile
-    document costs at most its size."""
+    """How deeply objects and arrays nest in `value` (a scalar is 0), without recursion; stops at
+    `limit + 1`, so a hostile document costs at most its size."""
     deepest = 0
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
@@ -215,11 +210,8 @@ class ContractSnapshot:
         return tuple(t for t in self.tools if t.name == name)
 
     def visible(self, shown: Interface | Iterable[Tool] | None) -> tuple[Tool, ...]:
-        """The authorized tools among those shown to the model, as the snapshot declares them.
-
-        The snapshot's own declaration is returned even when the shown one differs: what is on
-        display is not a contract. `shown=None` means the model was shown the snapshot itself.
-        """
+        """The authorized tools among those shown (None: the snapshot itself), as the snapshot declares
+        them: what is on display is not a contract."""
         if shown is None:
             return self.tools
         shown_names = {t.name for t in shown}
@@ -227,11 +219,8 @@ class ContractSnapshot:
 
     def refresh(self, listed: Iterable[Tool] | Interface, *, authorize: Iterable[str] = (),
                 where: str = "<refresh>") -> ContractSnapshot:
-        """A new version from a changed tool list; new names stay unauthorized unless in `authorize`.
-
-        Order follows the new list. Tools of the old snapshot that the new list no longer has are
-        dropped (a removed capability is removed from the contract too).
-        """
+        """A new version from a changed tool list, in its order; new names stay unauthorized unless in
+        `authorize`, and tools it no longer has are dropped."""
         listed = tuple(listed)
         allowed = set(self.names) | set(authorize)
         unknown = set(authorize) - {t.name for t in listed}

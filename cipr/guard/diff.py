@@ -20,23 +20,20 @@ that cannot be a contract: a remote or dangling `$ref`, nesting beyond the limit
 schema; see `cipr.guard.contract.schema_problem`), and `added_tool` (a tool unlike any existing one).
 
 Choices the guide (docs/references.md) leaves open:
-- Renames are found by matching, not by names: an old and a new tool that are both unmatched by name pair up
-  when `0.6 * description similarity + 0.4 * schema similarity >= rename_threshold` (greedy, best pairs
-  first). A renamed parameter must keep its type; pairs are scored by description similarity and enum
-  equality. Text similarity is difflib's ratio over lowercase words. An added tool overlaps an existing one
-  when their descriptions' overlap (the share of the shorter one's words the other contains in order) reaches
-  `overlap_threshold`: a distractor that embeds an existing description in a sentence about another operation
-  overlaps fully. A renamed tool's parameters are still compared, so a rename that also narrows a type reports
-  both.
+- Renames are found by matching: an old and a new tool both unmatched by name pair up when
+  `0.6 * description similarity + 0.4 * schema similarity >= rename_threshold` (greedy, best first). A
+  renamed parameter must keep its type; pairs are scored by description similarity and enum equality.
+  Text similarity is difflib's ratio over lowercase words. An added tool overlaps an existing one when
+  `text_overlap` of their descriptions reaches `overlap_threshold` (a distractor embedding an existing
+  description overlaps fully). A renamed tool's parameters are still compared (rename + narrowed type
+  reports both).
 - A new tool that overlaps nothing is a new capability. The guide treats new capabilities and side
   effects as authorization changes, and a contract refresh never authorizes a tool by itself, so
   by default it is a contract change (`added_tool_is_contract=False` makes it drift).
 - Type comparison treats `integer` as a subset of `number` and a schema without `type` as any
   value, except that a schema with a `$ref` is not read as "any value" (string → `$ref` is a
-  `changed_reference`, never a widened type). Constraint keywords, and the composition keywords
-  the diff does not model (`allOf`, `not`, `if`, `patternProperties`, ...), are compared for
-  equality only (tightening and loosening are not told apart, so any change blocks: a
-  conservative gate).
+  `changed_reference`, never a widened type). Constraint keywords and unmodelled composition keywords
+  (`allOf`, `not`, `if`, `patternProperties`, ...) are compared for equality only: any change blocks.
 """
 
 from __future__ import annotations

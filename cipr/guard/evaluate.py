@@ -1,11 +1,10 @@
 """The guard's drift evaluation (the study's protocol) on BFCL: clean run, drifted run, guarded run.
 
-For every item: the model answers the undrifted item (`clean`) and the drifted one (`drift`, the
-`drift_mild` or `drift_medium` perturbation of `cipr.perturb`); then each guard policy processes
-the drifted reply against a contract snapshot of the drifted interface (the deployment's
-authorized contract: what it serves is what it authorized) and its final calls are scored
-(`guard`). Undrifted and drifted generations are made once and shared by all policies, so the
-policies differ only by what the guard does. Metrics: `cipr.guard.metrics.summarize`.
+For every item: the model answers the undrifted item (`clean`) and the drifted one (`drift`,
+`drift_mild` or `drift_medium` of `cipr.perturb`); then each guard policy processes the drifted reply
+against a snapshot of the drifted interface (what the deployment serves is what it authorized) and its
+final calls are scored (`guard`). The generations are shared by all policies, so they differ only by
+what the guard does. Metrics: `cipr.guard.metrics.summarize`.
 
     cipr-eval model=DIR format=toolrl guard.enabled=true guard.setting=mild \\
         guard.policies=[none,naive_retry,tool_list,repair] guard.sample=study200 out_dir=runs/guard_mild
@@ -13,10 +12,9 @@ policies differ only by what the guard does. Metrics: `cipr.guard.metrics.summar
 Choices the guide and study (docs/references.md) leave open:
 - `none` is no guard at all: its "after" is the drifted result itself (a validate-only gate is
   `Guard(policy="none")`, which blocks invalid calls but cannot make an item correct).
-- A reply is scored strictly, as the evaluation runner does: a reply the call format reports as
-  malformed is wrong even if a call could be read out of it. The guard reads such replies
-  leniently (any valid call it can find is executable), so it can fix a malformed reply without a
-  model call; that counts as a guard fix.
+- A reply is scored strictly, as the evaluation runner does: one the call format reports as malformed
+  is wrong even if a call could be read out of it. The guard reads such replies leniently, so fixing
+  one without a model call counts as a guard fix.
 - Every BFCL item needs a call, so the guard runs with `require_call=True` (a text answer gets the
   missing-name path). Java and JavaScript items pass values as source literals in strings, so
   their type checks are off (`ValidatorConfig(check_types=False)`); enums are checked everywhere.
@@ -27,13 +25,11 @@ Choices the guide and study (docs/references.md) leave open:
 
 Output folder (`out_dir`): results.jsonl (one row per item, every policy in it), audit.jsonl (one
 record per item and guarded policy, `item_id` "ID|policy"), summary.json and run.json (the
-configuration). A rerun into the same folder resumes: files are only appended to, items with a
-row are neither generated nor guarded again, an item's audit records are written together just
-before its row (so an interrupted item leaves no partial unit) and a record already present is not
-written twice; only a last line torn by a crash (no newline) is cut off. The summary covers every
-requested item, earlier rows included. A folder holding another configuration, another kind of
-run, files we cannot read as ours, or rows for items this run does not ask for (another sample,
-shard or limit) is refused, and nothing in it is touched.
+configuration). A rerun into the same folder resumes: files are only appended to, items with a row
+are skipped, an item's audit records are written together just before its row and never twice; only
+a last line torn by a crash is cut off. The summary covers every requested item. A folder holding
+another configuration or kind of run, unreadable files, or rows for items this run does not ask for
+(another sample, shard or limit) is refused untouched.
 """
 
 from __future__ import annotations
@@ -91,8 +87,7 @@ class GuardEvalConfig:
     """The drift evaluation's options: `cipr-eval guard.enabled=true guard.setting=...`.
 
     - `setting`: mild | medium drift (`drift_mild` / `drift_medium` of `cipr.perturb`).
-    - `policies`: the guard policies compared; `none` (no guard) always runs too, since recovered failures
-      and harms are measured against it.
+    - `policies`: the guard policies compared; `none` always runs too (recoveries and harms need it).
     - `sample`: study200 (the study's 200 items, `study_sample`) | full (all 2,501 BFCL items).
     - `shard`: "K/N", every N-th item from K (one process per shard); None: all.
     - `budget`: new tokens of each guard model call; `candidate_retry`, `cards`:
@@ -149,8 +144,7 @@ class GuardEvalConfig:
 
 def guard_examples(config: GuardEvalConfig, *, seed: int, data_root: str | Path | None = None,
                    partitions: Sequence[str] | None = None, limit: int | None = None) -> list[Example]:
-    """The items of a drift evaluation: the configured sample (study200 or full BFCL, `partitions` of
-    the full one), then the shard, then the first `limit`."""
+    """The items: the sample (study200, or full BFCL's `partitions`), then the shard, then `limit`."""
     from cipr.data.bfcl import load_bfcl
 
     if config.sample == "study200":
@@ -173,8 +167,7 @@ class GuardEvalResult:
 
 
 def _generate(backend: Backend, examples: Sequence[Example], max_tokens: int) -> list[tuple[str, Usage]]:
-    """(text, tokens) of one task turn per example, in one batch (a failed item is empty text, scored
-    wrong)."""
+    """(text, tokens) of one task turn per example, in one batch (a failed item: empty text, wrong)."""
     return [(g.text, g.usage)
             for g in backend.generate([GenRequest(e, max_new_tokens=max_tokens) for e in examples])]
 
@@ -248,9 +241,8 @@ class _Folder:
 
 def _open_folder(out: Path, meta: dict[str, Any], ids: Sequence[str], say: Callable[[str], None], *,
                  write: bool = True) -> _Folder:
-    """Check that `out` is empty or holds this very evaluation (see the module docstring); record run.json.
-
-    With `write=False` nothing is created or changed (a check before an expensive model load)."""
+    """Check that `out` is empty or holds this very evaluation; record run.json (`write=False`: change
+    nothing, a check before an expensive model load)."""
     if out.exists() and not out.is_dir():
         raise UnsafeOutputError(f"out {str(out)!r} is a file, not a folder; pass a folder for the outputs")
     if any(p.exists() and not p.is_dir() for p in out.parents):
@@ -335,12 +327,9 @@ def evaluate_guard(examples: Sequence[Example], backend: Backend, config: GuardE
                    progress: Callable[[str], None] | None = None,
                    identity: Mapping[str, Any] | None = None, seed: int = 0,
                    max_new_tokens: int = 512) -> GuardEvalResult:
-    """Run the drift evaluation; with `out_dir`, write results.jsonl, audit.jsonl and summary.json there,
-    resuming what an earlier run of the same configuration left (see the module docstring).
-
-    `identity`: more that run.json must match on a resume (e.g. the model), besides the config.
-    `seed` drifts the items; `max_new_tokens` bounds the undrifted and drifted task turns.
-    """
+    """Run the drift evaluation, writing and resuming `out_dir` (module docstring). `identity`: more that
+    run.json must match on a resume (e.g. the model); `seed` drifts the items; `max_new_tokens` bounds
+    the undrifted and drifted task turns."""
     cfg = config or GuardEvalConfig()
     say = progress or (lambda _msg: None)
     out = Path(out_dir) if out_dir is not None else None

@@ -47,8 +47,7 @@ POLICIES: tuple[str, ...] = ("none", "naive_retry", "tool_list", "repair")
 class GuardConfig:
     """Options of the guard.
 
-    - `budget`: max new tokens per guard model call (the study raised its repair budget to 512 to
-      stop truncated repairs on long conversations).
+    - `budget`: max new tokens per guard model call (the study's 512 stops truncated repairs).
     - `candidate_retry`: the missing-name path; off is the study's ablation (unresolved names stay so).
     - `cards`: show the tool card in the repair prompt (the study's card ablation turns it off).
     - `require_call`: treat a reply with no call attempt as a call with a missing name (for tasks
@@ -147,8 +146,7 @@ class Guard:
           `ParseResult`, or a sequence of Calls.
         - `visible`: the tools the model was shown (default: the snapshot). Retry candidates are
           the authorized ones among them; the others are recorded as listed-after-snapshot.
-        - `proposal_usage`: tokens of the call being guarded, kept in the audit record (the study's
-          overhead is relative to them).
+        - `proposal_usage`: tokens of the call being guarded, kept in the audit record (overhead base).
         """
         start = time.perf_counter()
         cfg = self.config

@@ -1,22 +1,18 @@
 """The drift study's metrics, as pure functions over per-item outcomes.
 
-For each item the evaluation records whether it was correct without drift (`clean`), under drift
-before the guard (`drift`) and after the guard (`guard`), the guard's status, whether it called
-the model (`triggered`), the tokens it spent, the tokens of the drifted call, and the latency it
-added. From those:
+Per item (`ItemOutcome`): correct without drift (`clean`), under drift before (`drift`) and after
+the guard (`guard`), the guard's status, whether it called the model, its tokens, the drifted call's
+tokens, and the latency it added. From those:
 
 - accuracy before / after: mean of `drift` / `guard`.
-- drift failures: items correct without drift and wrong under it; recovered: those the guard fixed
-  (the study's "19 of 22").
+- drift failures: items correct without drift and wrong under it; recovered: those the guard fixed.
 - harms: items correct before the guard and wrong after it (a mistaken repair).
 - unresolved: items whose guard status is `unresolved`.
 - repair trigger rate: share of items where the guard called the model.
-- token overhead: guard tokens over drifted-call tokens, both summed over all items (the study's
-  32.6% / 47.1%); which tokens count (prompt + completion by default in the harness) is the
-  caller's choice, as long as both sides count the same way.
-- added latency: p50 and p95 over all items (untriggered items add almost nothing, so p50 is
-  usually near zero; the mean is reported too, since the study's "about 3.5 s added" is a mean),
-  percentiles by linear interpolation (numpy's default).
+- token overhead: guard tokens over drifted-call tokens, both summed over all items; which tokens
+  count (prompt + completion in the harness) is the caller's, as long as both sides count alike.
+- added latency: p50 and p95 over all items (linear interpolation; p50 is usually near zero, since
+  untriggered items add almost nothing), and the mean, the study's statistic.
 """
 
 from __future__ import annotations

@@ -6,16 +6,14 @@ here is lenient about *where* the call is and strict about *what* it says: a cal
 becomes `Call("", arguments)` (the validator reports `missing_name`), arguments that are not an
 object are kept as they are (reported `arguments_not_object`), and nothing is ever guessed.
 
-Order: the call format's own parser when one is given (a model answers best in the format it was
-trained on); when it finds no call, the JSON scan below. JSON scan: every `<tool_call>` block's
-JSON values, else every JSON value embedded in the text; objects with `name` (or OpenAI's
-`function: {name, arguments}`) are calls, objects with only `arguments`/`parameters` are nameless
-calls, lists are several calls, and a reply that is one bare JSON object with neither key is
-read as the arguments of a nameless call.
+Order: the call format's own parser when given (a model answers best in its trained format); when it
+finds no call, the JSON scan: every `<tool_call>` block's JSON values, else every JSON value in the
+text; objects with `name` (or OpenAI's `function: {name, arguments}`) are calls, objects with only
+`arguments`/`parameters` nameless calls, lists several calls, and a reply that is one bare JSON object
+with neither key the arguments of a nameless call.
 
-`attempted` says whether the reply tried to make a call at all (a call parsed, the format reported a malformed
-call, or the text has `<tool_call>` or opens a JSON object with a key: `{"`). A plain text answer is not an
-attempt; the guard lets it through unless it is configured to require a call.
+`attempted`: the reply tried to make a call (a call parsed, the format reported a malformed call, or the
+text has `<tool_call>` or `{"`). A plain text answer passes unless the guard requires a call.
 """
 
 from __future__ import annotations

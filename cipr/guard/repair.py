@@ -1,9 +1,8 @@
 """The non-oracle repair protocol of the drift study (SchemaShield-Lite), for one invalid call.
 
-- The call names an authorized tool but its arguments are invalid: ONE constrained repair for that
-  tool. The prompt holds the task context, the tool's canonical card, the invalid call and the
-  validator report; the tool choice is forced to that tool where the backend supports it, and the
-  prompt asks for a JSON call either way (JSON repair). The reply may not name another tool.
+- The call names an authorized tool with invalid arguments: ONE constrained repair for that tool
+  (task context, its card, the invalid call, the report), the tool choice forced where the backend
+  can and a JSON call asked for either way. The reply may not name another tool.
 - The call has no name, or names a tool outside the contract: ONE candidate-set retry over the
   visible authorized tools only (their cards, the invalid call, the report), then, if the chosen
   tool's arguments are still invalid, the constrained repair for it. A reply naming a tool outside

@@ -1,9 +1,8 @@
 """The guard's drift evaluation from a command (`cipr-eval guard.enabled=true ...` calls `run_guard`).
 
-It picks the items (`guard_examples`), refuses an `out_dir` holding another run before loading the model,
-loads the model (`cipr.runtime.model.load_inference_model`: embedded, a folder or a cached hub id), and runs
-`evaluate_guard`, which resumes what an earlier run of the same configuration left.
-`call_format=json` uses the tokenizer's native tools template with JSON calls.
+It picks the items, refuses an `out_dir` holding another run before loading the model
+(`load_inference_model`), and runs `evaluate_guard` (resuming). `call_format=json` uses the tokenizer's
+native tools template with JSON calls.
 """
 
 from __future__ import annotations

@@ -46,11 +46,8 @@ class GuardSession:
     def ask(self, kind: str, messages: Sequence[Mapping[str, Any]], *,
             tools: Sequence[Mapping[str, Any]] | None, tool_choice: str | None,
             call_index: int | None) -> tuple[ParsedReply, ValidationReport | None]:
-        """One model call: generate, parse, validate the first parsed call, record the step.
-
-        A backend that raises (out of memory, a dropped connection, a prompt the call format cannot
-        render) does not end the turn: the step records the error and the call stays unresolved.
-        """
+        """One model call: generate, parse, validate the first parsed call, record the step. A backend
+        that raises does not end the turn: the step records the error and the call stays unresolved."""
         if self.backend is None:
             raise ValueError(f"policy {self.record.policy!r} needs a backend to call the model")
         if tool_choice is not None and not self.backend.supports_forced_tool_choice:
@@ -82,11 +79,8 @@ class GuardSession:
 
     def authorize(self, call: Call, allowed: Sequence[str], *, stage: str, call_index: int | None,
                   reason: str = "not_a_candidate") -> bool:
-        """Whether `call` names one of `allowed`; a refusal of an authorized tool is recorded with `reason`.
-
-        Names outside the snapshot were already recorded when the reply was parsed (`ask`). A
-        nameless call is not a refusal (there is no tool to refuse); the validator reports it.
-        """
+        """Whether `call` names one of `allowed`; a refusal of an authorized tool is recorded with `reason`
+        (names outside the snapshot were recorded by `ask`; a nameless call is the validator's)."""
         if not call.name or call.name in allowed:
             return True
         if call.name in self.snapshot:

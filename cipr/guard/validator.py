@@ -1,8 +1,7 @@
 """Validate a proposed call against a contract snapshot and say, field by field, what is wrong.
 
-The report is structured (a list of typed issues: path, code, expected, got) because the repair
-prompt feeds it back to the model; the study found that this feedback, not a bare "invalid" flag,
-is what makes a repair work (naive retry and a tool-list re-prompt gain little).
+The report is structured (typed issues: path, code, expected, got) because the repair prompt feeds
+it back to the model; the study found that this feedback, not a bare "invalid" flag, makes repair work.
 
 Checks, in order: the call has a name; the name is declared by the snapshot; the arguments are an
 object; the arguments satisfy the tool's JSON Schema under Draft 2020-12 (`jsonschema`'s
@@ -10,11 +9,10 @@ object; the arguments satisfy the tool's JSON Schema under Draft 2020-12 (`jsons
 and any other keyword the schema uses (minimum, pattern, ...) reported as `constraint`.
 
 Choices the guide and study (docs/references.md) leave open:
-- Unknown arguments: tool schemas rarely say `additionalProperties: false`, yet a renamed parameter
-  shows up exactly as an unknown argument. With `strict_unknown=True` (default) every object
-  schema that declares `properties` and says nothing about `additionalProperties` is closed (the
-  top level and nested objects alike; subschemas under `allOf` are left open, since closing them
-  would reject properties a sibling declares). An explicit `additionalProperties` is respected.
+- Unknown arguments: schemas rarely say `additionalProperties: false`, yet a renamed parameter shows
+  up exactly as one. With `strict_unknown=True` (default) every object schema declaring `properties`
+  without `additionalProperties` is closed, nested ones too (not under `allOf`, where it would reject
+  a sibling's properties); an explicit `additionalProperties` is respected.
 - A name declared twice (a same-name duplicate): the call is valid if any declaration accepts it
   (the project's BFCL scoring rule); the report shows the declaration with the fewest issues.
 - Only the declared name and schema are checked: a valid call may still be the wrong tool or value

@@ -108,10 +108,10 @@ def forward_prefix_cache(model: Any, rows: list[Row], padding_side: str, head: s
                          ) -> torch.Tensor:
     """Same as `forward_packed`, in two calls that each process every token once.
 
-    The sequences go first with plain causal attention (no mask with right padding: the attention
-    kernel of a plain forward; left padding needs an explicit mask) and their key/value cache; the trie
-    nodes follow as a continuation that reads that cache, with a tree-shaped mask [B, 1, P, M + P] over
-    the cached sequence and the nodes. Gradients flow through the cache.
+    The sequences go first under plain causal attention (no mask with right padding, so the plain forward's
+    kernel; left padding needs one), keeping their key/value cache; the trie nodes follow as a continuation
+    reading it, under a tree-shaped mask [B, 1, P, M + P] over the cached sequence and the nodes. Gradients
+    flow through the cache.
     """
     if _resolve_head(model, head) != "gather":
         raise ValueError("mode 'prefix_cache' needs a plain output head (head 'auto' or 'gather'); "

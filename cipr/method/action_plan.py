@@ -78,10 +78,10 @@ def _byte_level(tokenizer: Any) -> bool:
 class _Vocabulary:
     """The exact bytes each token id spells, and the ordinary tokens whose bytes start with given bytes.
 
-    Byte-level BPE tokens are mapped back to their bytes (decoding would turn a token holding part
-    of a UTF-8 character into U+FFFD); tokens outside the byte alphabet, and every token of other
-    tokenizers, are decoded. Added tokens (the chat template's control tokens, specials included)
-    spell their content but are left out of `starting_with`: they are not text the BPE writes.
+    Byte-level BPE tokens are mapped back to their bytes (decoding would turn part of a UTF-8 character into
+    U+FFFD); tokens outside the byte alphabet, and those of other tokenizers, are decoded. Added tokens
+    (control tokens, specials included) spell their content but are left out of `starting_with`: the BPE does
+    not write them as text.
     """
 
     def __init__(self, tokenizer: Any) -> None:
@@ -138,8 +138,7 @@ def _vocabulary(tokenizer: Any) -> _Vocabulary:
 
 def closing_sums(logp: torch.Tensor, closings: list[tuple[int, int, bytes]], tokenizer: Any, t: Any
                  ) -> torch.Tensor:
-    """log Σ_{v: bytes(v) starts with rest} p(v) at each (slot, column, rest) closing: one gather and
-    logsumexp per rest."""
+    """log Σ_{v: bytes(v) starts with rest} p(v) per (slot, column, rest): a gather and logsumexp per rest."""
     vocab = _vocabulary(tokenizer)
     out = logp.new_zeros(len(closings))
     by_rest: dict[bytes, list[int]] = {}
@@ -164,11 +163,9 @@ def plan_decision(tokenizer: Any, response: str, response_ids: Sequence[int], de
 
 def _plan(tokenizer: Any, vocab: _Vocabulary, response: str, response_ids: Sequence[int], decision: Decision,
           tools: Sequence[str], first: int, offset: int) -> DecisionPlan | None:
-    """`plan_decision` re-tokenizing the response from token `first` (character `offset`) on.
-
-    None when that cut is not clean: the window's text must re-tokenize to the response's own
-    tokens over its first half (then the pre-tokenizer runs are in step and every later token agrees).
-    """
+    """`plan_decision` re-tokenizing from token `first` (character `offset`) on; None when that cut is not
+    clean: the window's text must re-tokenize to the response's own tokens over its first half (the
+    pre-tokenizer runs are then in step)."""
     ctx = response[offset:decision.start]
     head = ctx + decision.opener
     endings = [decision.name_suffix + c for c in CONTINUATIONS]
@@ -200,11 +197,9 @@ def _plan(tokenizer: Any, vocab: _Vocabulary, response: str, response_ids: Seque
 
 
 def _window(vocab: _Vocabulary, response: str, response_ids: Sequence[int], start: int) -> tuple[int, int]:
-    """(token index, character offset) where the text to re-tokenize for a decision at `start` begins.
-
-    `WINDOW` response tokens before the one holding `start`, at a whole character; (0, 0) when the
-    response's tokens do not spell it exactly (a normalizing tokenizer) or it is that short.
-    """
+    """(token index, character offset) where the text re-tokenized for a decision at `start` begins: `WINDOW`
+    response tokens before the one holding `start`, at a whole character; (0, 0) when the response's tokens do
+    not spell it exactly (a normalizing tokenizer) or it is that short."""
     raw = response.encode("utf-8")
     ends = list(itertools.accumulate((len(vocab.bytes[t]) for t in response_ids), initial=0))
     if ends[-1] != len(raw) or vocab.spell(response_ids) != raw:
@@ -219,11 +214,9 @@ def _window(vocab: _Vocabulary, response: str, response_ids: Sequence[int], star
 
 
 def _close(vocab: _Vocabulary, path: list[int], rest_ids: Sequence[int]) -> tuple[list[int], bytes]:
-    """The path and the rest it is closed by; the fallback for a rest no vocabulary token starts with.
-
-    `rest_ids` is the text's own tokenization of the rest. While no ordinary token starts with the
-    rest, its first complete token moves into the path; an empty rest (everything moved) needs no sum.
-    """
+    """The path and the rest that closes it; the fallback for a rest no vocabulary token starts with. While
+    none does, the first complete token of `rest_ids` (the text's own tokenization of the rest) moves into the
+    path; an empty rest needs no sum."""
     rest_ids = list(rest_ids)
     rest = vocab.spell(rest_ids)
     while rest and not vocab.starting_with(rest):
@@ -235,11 +228,8 @@ def _close(vocab: _Vocabulary, path: list[int], rest_ids: Sequence[int]) -> tupl
 
 @dataclass
 class Row:
-    """One sequence laid out for the forward: main tokens (prompt + response), then packed trie nodes.
-
-    Every scored trie node (mapped onto the response or packed) has a parent column, whose logits
-    predict it, and a token.
-    """
+    """One sequence laid out for the forward: main tokens (prompt + response), then packed trie nodes. Every
+    scored trie node (on the response or packed) has a token and a parent column, whose logits predict it."""
 
     ids: list[int]
     positions: list[int]

@@ -27,10 +27,8 @@ Choices the paper leaves open, made here:
   the log-softmax at the column of the last prefix token, which the pass computes anyway. It keeps
   `function_1` from taking `function_10`'s mass (`function_1`'s rest is `"`, and no token starting
   with `0` starts with `"`); `foo.` closes with whatever merges with its dot (prefix `foo`, rest `."`:
-  `.",`, `."}`, ...). Tokens are compared by their exact bytes (byte-level BPE tokens mapped back to
-  bytes, so a token holding part of a UTF-8 character counts; other tokenizers' tokens decoded), each
-  ordinary token once; added tokens (the template's control tokens, specials included) are not in any
-  sum. The vocabulary's bytes are built once per tokenizer object, the ids per rest once.
+  `.",`, `."}`, ...). Tokens are compared by their exact bytes, each ordinary token once; added tokens
+  (control tokens, specials) are in no sum (`cipr.method.action_plan._Vocabulary`).
 - o by the same rule, with `opener_backoff` > 0 when o's last characters merge with the names
   (SmolLM2 writes `Action: function_01` as `Action`,`:`,` function`,...): o's tokens are those every
   name's text shares (`Action`,`:`), r(o) is the rest of o (` `), and
@@ -65,11 +63,9 @@ Choices the paper leaves open, made here:
   to its trie ancestors and to itself (a tree-shaped 4D mask), with position ids continuing from the
   branch point. Where the response itself continues along the trie (the taken call), those nodes are
   read from the sequence and not packed again; the opener of a decision the response does not take
-  (∅) and all other names are packed. Mode "packed" runs it as one model call with the mask over
-  sequence and tries; mode "prefix_cache" runs the sequence under plain causal attention and the
-  tries as a continuation that reads its key/value cache (same result, faster attention, smaller
-  mask); see `ActionReaderConfig`. Works with `attn_implementation` "sdpa" or "eager" (a 4D float
-  mask reaches both unchanged in transformers 5.17); flash attention cannot take a tree mask.
+  (∅) and all other names are packed. One model call or two (`ActionReaderConfig.mode`). Works with
+  `attn_implementation` "sdpa" or "eager" (a 4D float mask reaches both unchanged in transformers 5.17); flash
+  attention cannot take a tree mask.
 - The reader is differentiable and does not change the model's train/eval mode.
 - `support.actions_reference.read_actions_bruteforce` computes the same definition with none of this
   module's code (one plain forward per decision and name); the tests compare the two.
@@ -98,13 +94,11 @@ class ActionReaderConfig:
 
     - `padding_side`: where batch rows are padded ("right" or "left"; the result does not depend on it).
     - `mode`: "packed" runs sequences and tries in one forward under one tree-shaped mask [B, 1, L, L];
-      "prefix_cache" runs the sequences with the plain causal mask, then the tries as a continuation
-      reading their key/value cache (mask [B, 1, P, M + P]). Both process every token once and give
-      the same result; the second keeps the fast causal attention kernel for the long part and a
-      small mask, which pays off on long sequences (see `scripts/bench_actions.py`), but needs the
-      key/value cache, which transformers drops under gradient checkpointing in training, and a plain
-      output head.
-      "auto" (default) picks "prefix_cache", or "packed" when either is missing.
+      "prefix_cache" runs the sequences with the plain causal mask, then the tries as a continuation reading
+      their key/value cache (mask [B, 1, P, M + P]). Same result, every token once; the second keeps the fast
+      causal kernel for the long part (it pays on long sequences, `scripts/bench_actions.py`) but needs the
+      key/value cache, which transformers drops under gradient checkpointing, and a plain output head. "auto"
+      (default) picks "prefix_cache", or "packed" when either is missing.
     - `response_logprobs`: also return each response token's log-probability (so a trainer can fold
       the action read into the forward it already does).
     - `response_temperature`: the temperature of those log-probabilities, log_softmax(logits / T), as a
@@ -132,10 +126,8 @@ class ActionReaderConfig:
 @dataclass(frozen=True)
 class ActionQuery:
     """One sequence to read: prompt x, response y, y's decisions, the declared tools and their classes.
-
-    `classes[i]` is the equivalence class (in [0, num_actions)) of the tool named `tools[i]`;
-    `written[i]` is how that name is written after an opener (JSON escapes quotes; default: the name).
-    """
+    `classes[i]`: the equivalence class (in [0, num_actions)) of `tools[i]`; `written[i]`: how that name is
+    written after an opener (JSON escapes quotes; default: the name)."""
 
     prompt: str
     response: str
@@ -184,11 +176,9 @@ class ActionReading:
 
 def read_actions(model: Any, tokenizer: Any, queries: Sequence[ActionQuery], num_actions: int,
                  config: ActionReaderConfig | None = None) -> ActionReading:
-    """Action distributions at every decision of every query, in one forward pass of `model` over every token.
-
-    Shapes: B = len(queries), D = total decisions, A = num_actions; `probs` is [D, A + 1] (∅ last),
-    each row sums to 1. Differentiable with respect to the model's parameters.
-    """
+    """Action distributions at every decision of every query, in one forward pass of `model` over every token,
+    differentiable. B = len(queries), D = total decisions, A = num_actions; `probs` is [D, A + 1] (∅ last),
+    rows summing to 1."""
     config = config or ActionReaderConfig()
     if config.padding_side not in ("left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {config.padding_side!r}")

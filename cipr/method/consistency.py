@@ -48,8 +48,7 @@ def renormalized(probs: torch.Tensor) -> torch.Tensor:
 
 def kl_rows(reference: torch.Tensor, other: torch.Tensor, *, direction: Direction = "forward",
             eps: float = 1e-6) -> torch.Tensor:
-    """Per-row KL between [N, A] distributions: KL(reference || other) ("forward") or
-    KL(other || reference)."""
+    """Per-row KL of [N, A] distributions: KL(reference || other) ("forward") or KL(other || reference)."""
     if reference.shape != other.shape or reference.dim() != 2:
         raise ValueError(f"expected two [N, A] tensors of one shape, got {tuple(reference.shape)} and "
                          f"{tuple(other.shape)}")
@@ -87,11 +86,11 @@ def rescoring_kl(p_canon: torch.Tensor, p_relab: torch.Tensor, segments: torch.T
                  ) -> tuple[torch.Tensor, dict[str, float]]:
     """Rescoring consistency KL: per decision, canonical vs relabeled, mean per response, then over responses.
 
-    Shapes: p_canon, p_relab [D, A] (decision d of the canonical response and the same decision of
-    the relabeled one; ∅ last); segments [D] (long) the response of each decision. Returns a scalar
-    and metrics ("rescore/kl", "rescore/max" per decision, "rescore/tv", "rescore/argmax_agree",
-    "rescore/none_canon", "rescore/none_other", "rescore/decisions", "rescore/responses").
-    With no decisions the loss is a zero that keeps the graph.
+    Shapes: p_canon, p_relab [D, A] (decision d of the canonical response and the same one of the relabeled; ∅
+    last); segments [D] (long) the response of each decision. Returns a scalar (a zero that keeps the graph
+    when there are no decisions) and metrics ("rescore/kl", "rescore/max" per decision, "rescore/tv",
+    "rescore/argmax_agree", "rescore/none_canon", "rescore/none_other", "rescore/decisions",
+    "rescore/responses").
     """
     if segments.shape != p_canon.shape[:1]:
         raise ValueError(f"segments must be [D] = [{p_canon.shape[0]}], got {tuple(segments.shape)}")
@@ -113,11 +112,9 @@ def rescoring_kl(p_canon: torch.Tensor, p_relab: torch.Tensor, segments: torch.T
 def group_distribution(probs: torch.Tensor, segments: torch.Tensor, groups: torch.Tensor | None = None, *,
                        average: Literal["response", "decision"] = "response"
                        ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Average action distribution per group: ([Gn, A], the sorted group ids [Gn]).
-
-    probs [D, A]; segments [D] the response of each decision (ids 0..R-1); groups [R] the group of
-    each response (None: one group, id 0).
-    """
+    """Average action distribution per group: ([Gn, A], the sorted group ids [Gn]), from probs [D, A],
+    segments [D] (the response of each decision, ids 0..R-1) and groups [R] (each response's group; None: one
+    group, id 0)."""
     if average not in ("response", "decision"):
         raise ValueError(f"average must be 'response' or 'decision', got {average!r}")
     if segments.shape != probs.shape[:1]:
@@ -140,11 +137,10 @@ def rollout_kl(p_canon: torch.Tensor, canon_segments: torch.Tensor, p_pert: torc
                ) -> tuple[torch.Tensor, dict[str, float]]:
     """Rollout consistency KL: KL between the average action distributions of G responses to x and to x′.
 
-    Shapes: p_canon [Dc, A] and p_pert [Dp, A] (decisions of the canonical-side and perturbed-side
-    responses, ∅ last, on one index set); canon_segments [Dc] / pert_segments [Dp] the response of each
-    decision; canon_groups [Rc] / pert_groups [Rp] the group (prompt) of each response, None for a single
-    group. Both sides must have the same group ids. The KL is taken per group between the group
-    averages (see `group_distribution`), then averaged over groups. Returns a scalar and metrics
+    Shapes: p_canon [Dc, A], p_pert [Dp, A] (decisions of each side's responses, ∅ last, one index set);
+    canon_segments [Dc] / pert_segments [Dp] the response of each decision; canon_groups [Rc] / pert_groups
+    [Rp] the group (prompt) of each response, None for one group; both sides must have the same group ids. The
+    KL of the group averages (`group_distribution`) is averaged over groups. Returns a scalar and metrics
     ("rollout/kl", "rollout/max" per group, "rollout/tv", "rollout/argmax_agree", "rollout/none_canon",
     "rollout/none_other", "rollout/groups").
     """

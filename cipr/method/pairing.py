@@ -26,8 +26,7 @@ SIDES = ("canonical", "perturbed")
 
 @dataclass(frozen=True)
 class SideIndex:
-    """One side's decisions, their responses and the responses' pair groups (shapes in the module
-    docstring)."""
+    """One side's decisions, their responses and the responses' pair groups (shapes: module docstring)."""
 
     rows: list[int]
     decisions: torch.Tensor
@@ -45,8 +44,7 @@ class RolloutIndex:
 
 def decision_rows(responses: Sequence[int], sequence: Sequence[int], device: torch.device | str | None = None
                   ) -> torch.Tensor:
-    """[D'] long: the decisions (rows of the decision table) whose response is one of `responses`, in
-    order."""
+    """[D'] long: the decisions (decision-table rows) whose response is one of `responses`, in order."""
     chosen = set(responses)
     return torch.tensor([d for d, b in enumerate(sequence) if b in chosen], dtype=torch.long, device=device)
 
@@ -54,11 +52,8 @@ def decision_rows(responses: Sequence[int], sequence: Sequence[int], device: tor
 def rollout_index(pair_ids: Sequence[int], sides: Sequence[str], has_decisions: Sequence[bool],
                   sequence: Sequence[int], device: torch.device | str | None = None
                   ) -> tuple[RolloutIndex | None, dict[str, float]]:
-    """Index tensors of the rollout term, and metrics ({"pairs_skipped": pairs of the batch left out}).
-
-    A pair enters when both sides have at least one response with a decision; responses without
-    one are left out. Returns None for the index when no pair is complete.
-    """
+    """Index tensors of the rollout term (None when no pair is complete) and metrics ({"pairs_skipped"}): a
+    pair enters when both sides have a response with a decision; responses without one are left out."""
     if not len(pair_ids) == len(sides) == len(has_decisions):
         raise ValueError("pair_ids, sides and has_decisions need one entry per response, got "
                          f"{len(pair_ids)}, {len(sides)} and {len(has_decisions)}")

@@ -70,11 +70,9 @@ def fresh_names(tools: Sequence[str], config: RelabelConfig, rng: random.Random,
 
 def relabel(prompt: str, response: str, tools: Sequence[str], fmt: CallFormat,
             config: RelabelConfig | None = None, *, seed: int | None = None) -> Relabeled:
-    """(x̃, ỹ) from (x, y): fresh neutral names for `tools` throughout both texts, decisions checked.
-
-    `seed` overrides `config.seed` (e.g. a per-example seed). Raises ValueError when the tools repeat a
-    name or when the relabeled response's decisions do not correspond one-to-one to the original's.
-    """
+    """(x̃, ỹ) from (x, y): fresh neutral names for `tools` throughout both texts, decisions checked. `seed`
+    overrides `config.seed` (e.g. per example). ValueError when the tools repeat a name or the relabeled
+    decisions do not correspond one-to-one to the original's."""
     config = config or RelabelConfig()
     if len(set(tools)) != len(tools):
         raise ValueError(f"tool names repeat "

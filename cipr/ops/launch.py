@@ -43,8 +43,7 @@ FORWARDED_SIGNALS = ("SIGTERM", "SIGINT")
 
 def accelerate_command(num_processes: int, port: int, accelerate_config: str | None, argv: Sequence[str],
                        module: str = "cipr.cli.train") -> list[str]:
-    """`python -m accelerate.commands.launch ... -m <module> <argv>` for `num_processes` processes on this
-    node."""
+    """`python -m accelerate.commands.launch ... -m <module> <argv>`: `num_processes` on this node."""
     if num_processes < 1:
         from cipr.core.errors import ConfigError
 
@@ -120,12 +119,11 @@ def run_entry(container: dict[str, Any], parse: Callable[[dict[str, Any]], Any],
     """Parse a resolved config, re-launch it as `launcher.num_processes` processes or train it; the exit
     status.
 
-    0 done (or preempted after a save: rerun to resume), 2 bad input: a configuration error (nothing
-    was started), or a missing or damaged input file, one line naming it (`cipr.core.errors`; CIPR_DEBUG=1
-    shows the traceback), 3 non-finite loss (the last checkpoint is intact). `parse` raises
-    ConfigError on bad input; the parsed config has a `launcher` with num_processes,
-    main_process_port and accelerate_config; `train` returns the run folder, named in the closing
-    line with its `artifacts`.
+    0 done (or preempted after a save: rerun to resume); 2 bad input, a configuration error (nothing started)
+    or a missing or damaged input file, in one line naming it (`cipr.core.errors`); 3 non-finite loss (the
+    last checkpoint is intact). `parse` raises ConfigError on bad input and gives a config with a `launcher`
+    (num_processes, main_process_port, accelerate_config); `train` returns the run folder, named in the
+    closing line with its `artifacts`.
     """
     from cipr.core.errors import (
         EXIT_INPUT,

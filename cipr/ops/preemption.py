@@ -51,9 +51,7 @@ REQUEUE_REASONS = ("SIGUSR1", "SIGUSR2", NOTICE)
 @dataclass
 class PreemptionConfig:
     """Which signals mean "save and stop", the notice file, and whether to requeue the Slurm job afterwards.
-
-    `notice_file`: None reads `$CIPR_PREEMPT_FILE` (set by slurm/common.sh); "" disables it.
-    """
+    `notice_file`: None reads `$CIPR_PREEMPT_FILE` (set by slurm/common.sh); "" disables it."""
 
     signals: tuple[str, ...] = ("SIGUSR1", "SIGUSR2", "SIGTERM")
     requeue: bool = True

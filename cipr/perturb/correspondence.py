@@ -1,24 +1,23 @@
 """Correspondence: which tool of a perturbed interface stands for which tool of the source interface.
 
-Every perturbation returns one alongside the perturbed Example. For each written tool (position in
-the perturbed interface) it records:
-- `sources`: the source tools it is equivalent to. `()` for an added tool (training twin, distractor,
-  same-name duplicate, costlier/slower equivalent); one name for an ordinary equivalent; two names
-  only for a tool that a multi-tool refactor merged from two (`drift_refactor`).
-- `twin_of`: the source tool an added tool copies or imitates (training twin, costlier equivalent,
-  same-name duplicate, look-alike distractor), else None. It is metadata for error taxonomies;
-  an added tool is never an equivalent.
-- `role`: a word for how the tool came about (`equivalent`, `twin`, `costlier`, `duplicate`,
-  `distractor`, `split`, `merged`).
-- `arguments`: written argument name -> source argument name (equivalents only; arguments that a
-  perturbation added, such as a merged tool's `operation`, are absent).
+Every perturbation returns one with the perturbed Example. For each written tool (position in the perturbed
+interface):
+- `sources`: the source tools it is equivalent to: `()` for an added tool (training twin, distractor,
+  same-name duplicate, costlier/slower equivalent), one name for an ordinary equivalent, two only for a tool
+  `drift_refactor` merged from two.
+- `twin_of`: the source tool an added tool copies or imitates, else None; metadata for error taxonomies (an
+  added tool is never an equivalent).
+- `role`: how the tool came about (`equivalent`, `twin`, `costlier`, `duplicate`, `distractor`, `split`,
+  `merged`).
+- `arguments`: written argument name -> source argument name (equivalents only; added arguments, such as a
+  merged tool's `operation`, are absent).
 
-Source names are the names of the interface the perturbation was applied to (original names for the
-held-out perturbations; whatever the training perturbation was given, usually canonical ids).
+Source names are those of the interface the perturbation was applied to (original names for the held-out
+perturbations; usually canonical ids for the training one).
 
-The action reader indexes actions by equivalence: `action_key(name)` gives the source name for an
-equivalent and a key of its own (`+<written name>`) for an added tool, so that probability moved
-onto an added tool counts as disagreement. `to_json()` is the CLI export form.
+The action reader indexes actions by equivalence: `action_key(name)` gives the source name for an equivalent
+and a key of its own (`+<written name>`) for an added tool, so probability moved onto an added tool counts as
+disagreement. `to_json()` is the CLI export form.
 """
 
 from __future__ import annotations
@@ -67,11 +66,9 @@ class Correspondence:
         return tuple(i for i, s in enumerate(self.sources) if source in s)
 
     def action_key(self, written_name: str) -> str:
-        """Equivalence key of a written name: its source name, or `+name` for an added tool.
-
-        When a name is declared twice (same-name duplicate), a call to it is the equivalent's action,
-        since a call to the name is accepted when any declaration permits it.
-        """
+        """Equivalence key of a written name: its source name, or `+name` for an added tool. A call to a name
+        declared twice (same-name duplicate) is the equivalent's action, since it is accepted when any
+        declaration permits it."""
         added = None
         for i, n in enumerate(self.names):
             if n == written_name:
@@ -100,10 +97,8 @@ class Correspondence:
         raise KeyError(f"{call.name!r} has no equivalent in the source interface")
 
     def to_json(self) -> dict[str, Any]:
-        """Export form: written tool name -> source tool name, a list for a merged tool, None if added.
-
-        A name declared twice maps to its equivalent's source (see `action_key`).
-        """
+        """Export form: written tool name -> source tool name, a list for a merged tool, None if added; a name
+        declared twice maps to its equivalent's source (`action_key`)."""
         out: dict[str, Any] = {}
         for n, s in zip(self.names, self.sources, strict=True):
             value: Any = None if not s else (s[0] if len(s) == 1 else list(s))

@@ -1,26 +1,25 @@
 """Held-out cost and latency perturbations (paper Appendix C, Table 5; RobustBench-TC CD/TD, _NT, _AB).
 
-For every tool the task calls, the list holds the correct tool and an equivalent with the same
-description and parameters but a higher stated cost (or latency). The equivalent keeps the original
-name; the correct tool gets a new one, so the familiar name points to the costlier or slower tool
-and the original reference calls are wrong by design. Styles:
+For every tool the task calls, the list holds the correct tool and an equivalent with the same description and
+parameters but a higher stated cost (or latency). The equivalent keeps the original name and the correct tool
+gets a new one, so the familiar name points to the costlier or slower tool and the original reference calls
+are wrong by design. Styles:
 - `tag`: a bracketed tag before the description, e.g. `[Cost: $0.002 per call]`;
-- `nl`: a natural-language sentence after it, e.g. "Each call to this tool costs about $0.002.";
-- `abbrev`: the tag, and the correct tool's new name is an abbreviation of the original
-  (`naming.abbreviate`: `calculate_triangle_area` -> `calc_trng_area`).
-For `tag` and `nl` the new name is the original plus a neutral suffix (`_alt`, `_b`, `_2`, `_x`,
-`_svc`), chosen so that it suggests neither a cheaper nor a costlier tool.
+- `nl`: a sentence after it, e.g. "Each call to this tool costs about $0.002.";
+- `abbrev`: the tag, and the correct tool's new name abbreviates the original (`naming.abbreviate`).
+For `tag` and `nl` the new name is the original plus a neutral suffix (`_alt`, `_b`, `_2`, `_x`, `_svc`) that
+suggests neither a cheaper nor a costlier tool.
 
-Versions: `explicit` appends to the query a request for the cheaper (faster) option, as in
-RobustBench-TC; `implicit` (the paper's addition) appends a request to describe the available tools
-and their properties before acting, stating no preference.
+Versions: `explicit` appends to the query a request for the cheaper (faster) option, as in RobustBench-TC;
+`implicit` (the paper's addition) asks to describe the available tools and their properties before acting,
+stating no preference.
 
-Orders: `original` puts the correct tool at the original tool's position and the costlier
-equivalent right after it; `costly_first` swaps the two. With canonical names the paper averages the
-two orders, and canonical ids are assigned after the list is built (by `Draft.finish`).
+Orders: `original` puts the correct tool at the original tool's position and the costlier equivalent right
+after it; `costly_first` swaps the two. With canonical names the paper averages the two orders; canonical ids
+are assigned after the list is built (`Draft.finish`).
 
-Values (seeded): cost low in {$0.001, $0.002, $0.005, $0.01} per call and high = low x {5, 10, 20};
-latency low in {80, 120, 200, 300} ms and high = low x {8, 12, 20}, written in seconds past 1 s.
+Values (seeded): cost low in {$0.001, $0.002, $0.005, $0.01} per call and high = low x {5, 10, 20}; latency
+low in {80, 120, 200, 300} ms and high = low x {8, 12, 20}, written in seconds past 1 s.
 """
 
 from __future__ import annotations

@@ -1,21 +1,18 @@
 """Held-out perturbations that add tools next to each called tool (paper Table 5, "typos & distractors").
 
-- `similar_name`: for every tool the task calls, an unrelated tool (from `pool.UNRELATED_TOOLS`, the
-  least overlapping in words) renamed to resemble it (`naming.resembling_name`: a typo, swapped or
-  pluralized word, abbreviation, or short suffix). It keeps its own description and parameters.
-- `same_name_description`: for every called tool, a second declaration with the *same name* and
-  parameters whose description is corrupted: replaced by the description of an unrelated pool tool,
-  so the duplicate claims to do something else.
-- `same_name_parameters`: a same-name declaration with the same description whose parameters are
-  corrupted: every argument renamed by a typo and given another type (string <-> integer, others to
-  string; enums, items and nested properties dropped), required flags kept on the renamed
-  arguments, no other property allowed (`additionalProperties: false`), so no correct call
-  validates against it. A tool without arguments gets one required unrelated argument instead.
+- `similar_name`: per called tool, an unrelated tool (`pool.pick_unrelated`) renamed to resemble it
+  (`naming.resembling_name`), keeping its own description and parameters.
+- `same_name_description`: per called tool, a second declaration with the *same name* and parameters whose
+  description is that of an unrelated pool tool, so the duplicate claims to do something else.
+- `same_name_parameters`: a same-name declaration with the same description and corrupted parameters
+  (`corrupt_parameters`): every argument renamed by a typo and retyped (string <-> integer, others to string;
+  enums, items and nested properties dropped), required flags kept, `additionalProperties: false`, so no
+  correct call validates. A tool without arguments gets one required unrelated argument.
 
-Added tools go to a random position of the list (seeded), so neither the first nor the last slot
-identifies the correct tool. References are unchanged; with canonical names they keep pointing at the
-declaration they were built for. The BFCL scorer accepts a call if any declaration of the called
-name permits it, so under original names the correct call stays correct.
+Added tools go to a random position (seeded), so neither the first nor the last slot identifies the correct
+tool. References are unchanged; with canonical names they keep pointing at the declaration they were built
+for. The BFCL scorer accepts a call if any declaration of the name permits it, so under original names the
+correct call stays correct.
 """
 
 from __future__ import annotations

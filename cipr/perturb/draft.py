@@ -1,18 +1,18 @@
 """A mutable working copy of an Example that perturbations edit, and its conversion back.
 
-Perturbations build the perturbed interface as a list of `Entry`s (tool + what it stands for) and
-keep the reference calls attached to entry *positions*, not names, so a same-name duplicate or a
-renamed tool never makes a reference ambiguous. `Draft.finish` then writes the Example under the
-original (constructed) names or canonical ids and returns the Correspondence.
+Perturbations build the perturbed interface as a list of `Entry`s (tool + what it stands for) and keep the
+reference calls attached to entry *positions*, not names, so a same-name duplicate or a renamed tool never
+makes a reference ambiguous. `Draft.finish` writes the Example under the original (constructed) names or
+canonical ids and returns the Correspondence.
 
 Choices:
-- Canonical names are applied AFTER the interface is constructed (paper, Appendix C): ids follow the
-  final tool order, argument ids the final property order. A reference call keeps pointing at the
-  declaration it was built for, even when a duplicate of the same name comes first.
-- With canonical names, free text (messages, and the descriptions of the tools and their arguments)
-  gets the written names replaced as `cipr.tools.canonical.canonicalize` does (first declaration of a
-  name wins). With original names, held-out perturbations leave the text alone: the paper keeps the
-  query, so a familiar name in it keeps pointing where it now points.
+- Canonical names are applied AFTER the interface is constructed (paper, Appendix C): ids follow the final
+  tool order, argument ids the final property order. A reference call keeps pointing at its declaration, even
+  when a same-name duplicate comes first.
+- With canonical names, free text (messages, tool and argument descriptions) gets the written names replaced
+  as `cipr.tools.canonical.canonicalize` does (first declaration of a name wins). With original names,
+  held-out perturbations leave the text alone: the paper keeps the query, so a familiar name in it keeps
+  pointing where it now points.
 - Calls in earlier turns name source tools; they are rewritten to the source tool's equivalent.
 """
 
@@ -220,8 +220,7 @@ class Draft:
     # ------------------------------------------------------------------ output
     def finish(self, *, names: Names = "original", perturbation: str = "",
                meta: Mapping[str, Any] | None = None) -> tuple[Example, Correspondence]:
-        """The perturbed Example under original (constructed) names or canonical ids, and its
-        Correspondence."""
+        """The Example under original (constructed) names or canonical ids, and its Correspondence."""
         if names not in ("original", "canonical"):
             raise ValueError(f"names must be 'original' or 'canonical', got {names!r}")
         n = len(self.entries)

@@ -1,42 +1,32 @@
 """Held-out interface drift (the drift-repair study, docs/references.md), plus three types it never tested.
 
 Single types (each applied once per called tool unless said otherwise):
-- `stale_examples`: the called tool's description gains an example call whose field names are
-  stale: the field the reference needs appears under an older name (`naming.drifted_name`: a
-  synonym, the other case convention, or an added/dropped qualifier). Schema and reference unchanged.
-- `renamed_parameters`: one argument the reference passes is renamed in the schema (same generator);
-  reference calls and accepted lists follow.
-- `distractors`: a sibling tool with an overlapping description per called tool: the original
-  description embedded in a sentence that makes it a different operation (history, preview,
-  status, cancellation), under a name extending the original's. Not an equivalent.
-- `type_narrowing`: one argument the reference passes is narrowed, the first kind available of:
-  `number` -> `integer` (every accepted value an integer), free `string` -> `enum` holding every
-  accepted value plus two fillers (`FILLER_VALUES`, seeded order), array of free strings -> array
-  of such an enum, free `integer` -> `enum` (needed values plus two nearby integers), an enum of
-  four or more values -> the needed values plus one other. When no passed argument qualifies
-  (`any`, objects, booleans only), nothing changes (noted).
-- `enum_replacement`: the values of an enum argument the reference passes are replaced by new
-  spellings (a prefix naming the argument, a short upper-case code, or an `opt_` prefix, one per
-  item; all distinct from the old values after BFCL's string normalization), and the
-  reference values rewritten. Without such an enum, a passed free string (or array of free strings)
-  is first narrowed to an enum (as above) and then replaced, so the needed value always changes;
-  otherwise nothing (noted).
-- `refactor`: a multi-tool refactor. *Split* when a called tool has a boolean or enum argument that
-  every reference call sets (no omission allowed): the tool becomes two, each handling one part of
-  the values (the argument disappears when a part has one value), and each call goes to its part.
-  Otherwise *merge*: the called tool absorbs another tool (an uncalled one of the list when there is
-  one, else another called one, else an unrelated pool tool) behind a required `operation` argument,
-  keeps its name, and the other tool disappears; the `operation` values are the two tools' names
-  as identifiers (values, so canonical names leave them as they are). Split tools both map to the
-  source tool; a merged tool maps to both sources: the correspondence is then not a bijection, by
-  design.
+- `stale_examples`: the called tool's description gains an example call in which the field the reference needs
+  appears under an older name (`naming.drifted_name`). Schema and reference unchanged.
+- `renamed_parameters`: one argument the reference passes is renamed in the schema (same generator); reference
+  calls and accepted lists follow.
+- `distractors`: per called tool, a sibling whose description embeds the original's in a sentence that makes
+  it a different operation (history, preview, status, cancellation), under a name extending the original's.
+  Not an equivalent.
+- `type_narrowing`: one argument the reference passes is narrowed, the first kind available (`_narrowables`);
+  when none qualifies (`any`, objects, booleans only), nothing changes (noted).
+- `enum_replacement`: the values of an enum argument the reference passes get new spellings (`_replacement`)
+  and the reference values are rewritten. Without such an enum, a passed free string (or array of free
+  strings) is first narrowed to an enum, so the needed value always changes; otherwise nothing (noted).
+- `refactor`: a multi-tool refactor. *Split* when a called tool has a boolean or enum argument that every
+  reference call sets (no omission allowed): the tool becomes two, each handling one part of the values (the
+  argument disappears when a part has one value), and each call goes to its part. Otherwise *merge*: the
+  called tool absorbs another tool (an uncalled one of the list, else another called one, else an unrelated
+  pool tool) behind a required `operation` argument whose values are the two tools' names as identifiers
+  (values, so canonical names leave them as they are); it keeps its name and the other tool disappears. Split
+  tools both map to the source tool; a merged tool maps to both sources: not a bijection, by design.
 
-Composite settings (the study's guard evaluation): `mild` = 2 description changes, 2 schema changes,
-1 distractor; `medium` = 3, 3, 3. A description change is a stale-field example, a schema change
-a parameter rename; targets are the arguments the reference passes first, then the called tools'
-other arguments, then other tools'. Renames happen first, so a stale example of a renamed field
-shows its actual former name. The study's summary counts "2종/3종" (two/three kinds); with one kind
-per family defined there, we read it as the number of operations of each family.
+Composite settings (the study's guard evaluation): `mild` = 2 description changes, 2 schema changes, 1
+distractor; `medium` = 3, 3, 3. A description change is a stale-field example, a schema change a parameter
+rename; targets are the arguments the reference passes first, then the called tools' other arguments, then
+other tools'. Renames happen first, so a stale example of a renamed field shows its actual former name. The
+study counts "2종/3종" (two/three kinds); with one kind per family defined there, we read it as the number of
+operations of each family.
 """
 
 from __future__ import annotations
@@ -91,8 +81,7 @@ def language_of(draft: Draft) -> str:
 
 # ----------------------------------------------------------------------------- values
 def _needed_values(draft: Draft, i: int, arg: str) -> list[Any] | None:
-    """Every value some call on entry i accepts for `arg` ("" dropped), or None when a call omits it
-    or may omit it."""
+    """Every value some call on entry i accepts for `arg` ("" dropped); None when a call (may) omit it."""
     out: list[Any] = []
     calls = draft.calls_on(i)
     if not calls:

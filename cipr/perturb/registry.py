@@ -2,14 +2,13 @@
 
 `PERTURBATIONS[name] = (group, description, function)`, where `function(example, *, seed, names, order) ->
 (Example, Correspondence)`. Groups are those of the paper's Table 1 (`typos_distractors`,
-`cost_latency_explicit`, `cost_latency_implicit`, `in_distribution`), plus `drift` for the repair study's
-types, which Table 1 does not report, `renaming` (`renaming.py`) and `shown` (`shown.py`: a look-alike,
-paraphrase or reordering of the interface the model sees, after the adapter). RoTBench's level re-application
-pairs two files and lives in `cipr.perturb.rotbench`.
+`cost_latency_explicit`, `cost_latency_implicit`, `in_distribution`), plus `drift` (the repair study's types,
+not in Table 1), `renaming` (`renaming.py`) and `shown` (`shown.py`). RoTBench's level re-application pairs
+two files and lives in `cipr.perturb.rotbench`.
 
-Every function draws from `random.Random` seeded with (seed, item id, type name), so a type is a
-pure function of (item, seed); `names="canonical"` canonicalizes after the interface is built;
-`order` ("original" or "costly_first") applies to the cost and latency types only.
+Every function draws from `random.Random` seeded with (seed, item id, type name), so a type is a pure function
+of (item, seed); `names="canonical"` canonicalizes after the interface is built; `order` ("original" or
+"costly_first") applies to the cost and latency types only.
 """
 
 from __future__ import annotations
@@ -146,11 +145,7 @@ def list_perturbations() -> list[tuple[str, str, str]]:
 
 def apply_perturbation(example: Example, name: str, *, seed: int, names: str = "original",
                        order: str = "original") -> tuple[Example, Correspondence]:
-    """Apply perturbation `name` to `example`: the perturbed Example and its Correspondence.
-
-    `names`: "original" (the names the construction produced) or "canonical" (neutral ids assigned
-    after construction). `order`: "original" or "costly_first", for the cost and latency types.
-    """
+    """Apply perturbation `name` (`names`, `order`: module docstring): the Example and Correspondence."""
     if name not in PERTURBATIONS:
         raise KeyError(f"unknown perturbation {name!r}; `cipr-data list-perturbations` lists them")
     if names not in ("original", "canonical"):

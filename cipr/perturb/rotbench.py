@@ -1,31 +1,26 @@
 """RoTBench levels under canonical names (paper Appendix F): canonicalize the clean record, then corrupt.
 
-Canonicalizing a shipped noisy file would give a corrupted name the canonical id of its clean
-version and undo the corruption. Instead, for each item of a level file we take the clean record
-of the same query, assign canonical ids by position (`function_01`, `arg_01`, ...), and re-apply
-to those ids the corruption the shipped file applied to the original names, derived position by
-position from the shipped record against the clean one (RoTBench's levels keep each tool, its
-description and each parameter schema at its position and corrupt only names):
+Canonicalizing a shipped noisy file would give a corrupted name the canonical id of its clean version and undo
+the corruption. Instead, each item of a level file takes the clean record of the same query, canonical ids by
+position (`function_01`, `arg_01`, ...), and the corruption the shipped file applied to the original names
+re-applied to those ids, derived position by position (RoTBench's levels keep each tool, description and
+parameter schema at its position and corrupt only names):
 
-- tool names: unchanged; a *permutation* of the clean names (heavy, union: names shuffled among the tools) ->
-  the same permutation of the canonical ids; a *reversed* name (medium) -> the reversed id; an *edited* name
-  (slight: characters inserted, omitted or substituted; at the union level told apart from a random string by
-  a similarity ratio >= 0.5 with the clean name, see `classify`) -> the same number of random single-character
-  edits per character (Levenshtein distance / length, at least one) applied to the id, seeded by (seed, item,
-  position); a *random string* (medium) -> the same random string, which owes nothing to the name it replaced.
-- parameter names, per tool: the same four cases against the clean parameter names (permutation:
-  heavy's shuffled parameter names, each schema staying at its position), plus heavy's *added*
-  mandatory parameter with a random name (the same name, schema and required flag are added).
-- gold answers, earlier-turn calls, tool-message names and `meta["finish_tool"]`/`["ask_tool"]` are
-  rewritten position by position from the shipped names to the new ones, so the values the shipped
-  gold expects stay where they are; the user turns are left as shipped (identical queries).
-- tool names that descriptions mention ("the value returned in get_sites") become the clean tool's
-  canonical id, as canonicalizing the clean record writes them: the shipped levels keep the clean
-  name in descriptions and corrupt only the names themselves.
+- tool names: unchanged; a *permutation* of the clean names (heavy, union) -> the same permutation of the ids;
+  a *reversed* name (medium) -> the reversed id; an *edited* name (slight; at the union level told apart from
+  a random string by `classify`) -> as many random single-character edits per character (Levenshtein distance
+  / length, at least one) applied to the id, seeded by (seed, item, position); a *random string* (medium) ->
+  the same random string.
+- parameter names, per tool: the same four cases against the clean parameter names, plus heavy's *added*
+  mandatory parameter with a random name (added with its schema and required flag).
+- gold answers, earlier-turn calls, tool-message names and `meta["finish_tool"]`/`["ask_tool"]` are rewritten
+  position by position to the new names, so the gold values stay where they are; user turns stay as shipped.
+- tool names that descriptions mention ("the value returned in get_sites") become the clean tool's canonical
+  id, as canonicalizing the clean record writes them (the shipped levels corrupt only the names themselves).
 
-Re-applying a level to the clean record itself gives plain canonicalization, and no level introduces
-a duplicated id. When a shipped record does not line up with its clean record (tool count or
-descriptions differ), DataError names the item: the derivation needs them aligned.
+Re-applying a level to the clean record itself gives plain canonicalization; no level introduces a duplicated
+id. A shipped record that does not line up with its clean record (tool count or descriptions differ) raises
+DataError naming the item.
 """
 
 from __future__ import annotations
@@ -137,14 +132,13 @@ def _corrupt_names(clean: Sequence[str], shipped: Sequence[str], ids: Sequence[s
 
 def align_parameters(clean: Tool, shipped: Tool, *,
                      where: str = "") -> tuple[list[tuple[int, int]], list[str], list[str]]:
-    """Which shipped parameter sits in which clean parameter's slot.
+    """Which shipped parameter sits in which clean parameter's slot: (pairs of (clean index, shipped index),
+    shipped names added, clean names dropped).
 
-    Returns (pairs of (clean index, shipped index), shipped names added, clean names dropped). Slots
-    are positional when both have the same schemas in the same order (every level keeps schemas in
-    place, also when it shuffles names); otherwise each shipped parameter is matched to the first
-    unused clean parameter with an equal schema: the shipped files sometimes lose a parameter when a
-    corrupted name collides with another one, and heavy adds one with a random name. A shipped
-    parameter with no matching schema is an added one, and at most one may be.
+    Slots are positional when both have the same schemas in the same order (every level keeps schemas in
+    place); otherwise each shipped parameter takes the first unused clean one with an equal schema: the
+    shipped files sometimes lose a parameter whose corrupted name collides with another, and heavy adds one
+    with a random name. A shipped parameter with no matching schema is an added one; at most one may be.
     """
     cvals, svals = list(clean.properties.values()), list(shipped.properties.values())
     cnames, snames = list(clean.properties), list(shipped.properties)

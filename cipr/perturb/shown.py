@@ -1,17 +1,16 @@
 """Held-out perturbations of the interface as the model sees it (after the adapter), besides renaming.
 
-Under canonical names the adapter renames every tool to `function_NN` by position, so a perturbation
-applied before it can vanish (a look-alike of an original name becomes one more `function_NN`). These
-types are applied after canonicalization, to the names and text the model reads, and never in training:
+Under canonical names the adapter renames every tool to `function_NN` by position, so a perturbation applied
+before it can vanish (a look-alike of an original name becomes one more `function_NN`). These types are
+applied after canonicalization, to the names and text the model reads, and never in training:
 
-- `lookalike_shown`: for every called tool, an unrelated tool (`pool.pick_unrelated`) named like the
-  called tool's shown name (`naming.resembling_name`: `function_02` -> `functon_02`, `function_02_api`,
-  ...), at a random position. The look-alike is an added tool: mass on it is disagreement.
-- `paraphrase`: every tool description reworded (`paraphrase`: seeded synonym choices for common
-  words and a changed opening), names, schemas and query unchanged.
-- `reorder`: the tools in a new order (no tool keeps its position; an interface of one tool is refused),
-  names and text unchanged. Reordering is part of the training perturbation before relabeling; here the
-  names stay with their tools, so only positions move.
+- `lookalike_shown`: per called tool, an unrelated tool (`pool.pick_unrelated`) named like the called tool's
+  shown name (`naming.resembling_name`: `function_02` -> `functon_02`, ...), at a random position; an added
+  tool, so mass on it is disagreement.
+- `paraphrase`: every tool description reworded (`paraphrase`), names, schemas and query unchanged.
+- `reorder`: the tools in a new order (no tool keeps its position; one tool is refused), names and text
+  unchanged. Unlike the training perturbation's reordering, the names stay with their tools, so only positions
+  move.
 
 The Correspondence maps each tool to the original tool it stands for, as for every other type.
 """

@@ -1,39 +1,37 @@
 """The training perturbation of paper §3.2: twin expansion, relabeling, reordering.
 
-Applied to the canonical example (`cipr.tools.canonical.canonicalize` first); the Correspondence it returns
-names the canonical tools it was given. Steps, in the paper's order:
-1. Twin expansion: every tool gets a degraded twin, either a *description twin* (the description states it is
-   worse: a wording drawn from `DEGRADED_WORDINGS`, put before or after the original text: deprecated,
-   unmaintained, less accurate or slower, never costlier; see below) or a *schema twin* (one argument the task
-   needs is replaced by an unrelated one from `UNRELATED_ARGUMENTS`: the argument a reference call passes, for
-   a called tool; a required argument, else any, for the others). A tool without arguments always gets a
-   description twin. The originals, their descriptions and the query are unchanged.
-2. Relabeling: every tool of the expanded list gets a fresh neutral id (a canonical id mentioned in
-   the messages or in a description becomes its equivalent tool's new id). `relabel="random"` (default)
-   draws distinct numbers from 1..`id_space` (so an id says nothing about position or about the
-   canonical id the tool had); `"positional"` numbers them by their new position.
-3. Reordering: tools are shuffled, and so are the arguments of each tool; argument ids are then
-   renumbered by their new position (`arg_01`, ...), so an argument id does not reveal the old order.
+Applied to the canonical example (`cipr.tools.canonical.canonicalize` first); the Correspondence names the
+canonical tools it was given. Steps, in the paper's order:
+1. Twin expansion: every tool gets a degraded twin, either a *description twin* (a wording from
+   `DEGRADED_WORDINGS` before or after the original text: deprecated, unmaintained, less accurate or slower,
+   never costlier; see below) or a *schema twin* (one argument the task needs, the one a reference call passes
+   for a called tool, else a required one, else any, replaced by one from `UNRELATED_ARGUMENTS`). A tool
+   without arguments gets a description twin. Originals, their descriptions and the query are unchanged.
+2. Relabeling: every tool of the expanded list gets a fresh neutral id (a canonical id mentioned in the
+   messages or a description becomes its equivalent's new id). `relabel="random"` (default) draws distinct
+   numbers from 1..`id_space`, so an id says nothing about position or the old id; `"positional"` numbers them
+   by new position.
+3. Reordering: tools are shuffled, and so are each tool's arguments; argument ids are then renumbered by their
+   new position (`arg_01`, ...), so they do not reveal the old order.
 
 Ablation variants (paper Table 2 / Table 9) via `TrainingPerturbationConfig.preset`:
 - `full`: all of the above.
 - `reorder_only`: no twins; relabel and reorder.
 - `twins_only`: twins, each placed right after its original; relabel; no reordering.
-- `single_near_duplicate`: one degraded twin of one called tool (a random tool when nothing is
-  called), placed right after it; relabel; no reordering. Placing it after its original reproduces
-  the position cue the paper reports for this ablation (the correct tool always comes first).
+- `single_near_duplicate`: one degraded twin of one called tool (a random tool when nothing is called), placed
+  right after it; relabel; no reordering, which reproduces the position cue the paper reports for this
+  ablation (the correct tool always comes first).
 
-Twin wordings. The paper (§3.2, §4.2) keeps cost and latency as the held-out cues least like what
-training shows, never rewards preferring a cheaper or faster tool in training, and gives deprecated or
-slower tools as examples of its twins. So the default pool (`twin_wordings="default"`) states no
-cost, price or amount, names no unit of time, and shares no four-word span with any held-out cost
-or latency template (`cost_latency.annotate` in every style, and the query requests); a test checks
-this against the templates and against the twins generated for every BFCL item. The cost wordings
-(`COST_WORDINGS`) enter the pool only under the ablation switch `twin_wordings="with_cost"`, which
-the perturbation metadata and the training run's summary.json name.
+Twin wordings. The paper (§3.2, §4.2) keeps cost and latency as the held-out cues least like training, never
+rewards preferring a cheaper or faster tool in training, and gives deprecated or slower tools as examples of
+twins. So the default pool (`twin_wordings="default"`) states no cost, price or amount, names no unit of time,
+and shares no four-word span with any held-out cost or latency template (`cost_latency.annotate` in every
+style, and the query requests); a test checks this against the templates and the twins generated for every
+BFCL item. `COST_WORDINGS` enter the pool only under the ablation switch `twin_wordings="with_cost"`, which
+the perturbation metadata and the run's summary.json name.
 
-Choices the paper leaves open: the wording pool, the twin-kind probability (`schema_twin_prob`, 0.5),
-whether argument ids are renumbered (yes), and the id space (99, or n when there are more tools).
+Choices the paper leaves open: the wording pool, the twin-kind probability (`schema_twin_prob`, 0.5), whether
+argument ids are renumbered (yes), and the id space (99, or n when there are more tools).
 """
 
 from __future__ import annotations

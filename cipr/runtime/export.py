@@ -113,10 +113,8 @@ def eval_names_for(training_names: str) -> tuple[str, ...]:
 
 
 def read_manifest(path: str | Path) -> Manifest | None:
-    """The manifest of an exported folder (or the manifest file itself); None when there is none.
-
-    Raises DataError naming the file and field when the manifest is malformed or from a newer version.
-    """
+    """The manifest of an exported folder (or the manifest file itself), None when there is none; DataError
+    naming the file and field when it is malformed or from a newer version."""
     path = Path(path).expanduser()
     file = path / MANIFEST if path.is_dir() else path
     if file.name != MANIFEST or not file.is_file():
@@ -144,11 +142,9 @@ def read_manifest(path: str | Path) -> Manifest | None:
 
 
 def apply_manifest(cfg: Any) -> Any:
-    """Fill an EvalConfig's unset `format` and `names` from the manifest of `cfg.model`, if it has one.
-
-    Explicit `format=` / `names=` overrides win (evaluating a canonical-names model under original
-    names is a legitimate ablation). Returns `cfg` (changed in place).
-    """
+    """Fill an EvalConfig's unset `format` and `names` from the manifest of `cfg.model`, if any; returns
+    `cfg`, changed in place. Explicit `format=` / `names=` win (a canonical-names model under original names
+    is a legitimate ablation)."""
     model = getattr(cfg, "model", None)
     if (not isinstance(model, str) or model.startswith(("http://", "https://"))
             or not Path(model).expanduser().is_dir()):
@@ -245,8 +241,7 @@ def _run_config(run_dir: Path) -> dict[str, Any] | None:
 
 
 def result_stage(algo: dict[str, Any]) -> str:
-    """The stage whose weights are a run's result, from its `algo` section (supervised regime:
-    `supervised`)."""
+    """The stage whose weights are a run's result, from its `algo` section (supervised: `supervised`)."""
     if algo.get("regime") == "supervised" and algo.get("name") in RL_ALGOS:
         return "supervised"
     return RESULT_STAGE.get(algo.get("name"), DEFAULT_RESULT_STAGE)

@@ -6,10 +6,9 @@ token wherever it is produced: the first end-of-turn token (`end_token_ids`: the
 tokenizer's eos plus `END_OF_TURN_TOKENS` present in the vocabulary).
 
 - `Greedy`: greedy decoding of a batch of prompts with the in-place key/value cache of
-  `cipr.runtime.kv_cache` (options in `GreedyConfig`). Its loop is hand-written around the model's
-  forward; against transformers' best setting (`generate` with SDPA, dynamic or static cache) it
-  decoded 8 BFCL items 1.5-1.6x faster end to end at batch size 8 and as fast at batch size 1
-  (`scripts/ab_decode_stack.py`, docs/benchmarks.md). `drop_finished=false` uses `model.generate`.
+  `cipr.runtime.kv_cache` (options in `GreedyConfig`), in a loop hand-written around the model's
+  forward: it beats transformers' best `generate` setting at batch 8 (`scripts/ab_decode_stack.py`,
+  docs/benchmarks.md). `drop_finished=false` uses `model.generate`.
 - `sample_shared_prefill`: sampling (GRPO's rollouts) through transformers' `generate` with its own
   cache; each distinct prompt is prefilled once for its G samples.
 """
@@ -18,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -79,11 +78,10 @@ class GreedyConfig:
     `prefill` (own loop only): `per_item` runs each prompt's prefill alone, unpadded, writing its keys
     and values into its row of the left-padded batch cache (`cipr.runtime.kv_cache.LeftPaddedBatch`,
     whose buffers are kept for the next batch); `batched` runs one padded forward over the batch; `auto`
-    is `per_item` on CPU for full-attention models and `batched` elsewhere. On CPU a prefill is
-    compute-bound, so batching it gains nothing, while padding and the masked attention cost extra:
-    SmolLM2-135M, 8 BFCL prompts of 486-669 tokens, 2 threads: one padded forward 16.5 s, the eight
-    alone 9.4 s. Not done: chunked prefill interleaved with decoding; a prototype gained nothing within
-    a batch (docs/benchmarks.md).
+    is `per_item` on CPU for full-attention models and `batched` elsewhere: on CPU a prefill is
+    compute-bound, so batching gains nothing while padding and the masked attention cost extra
+    (docs/benchmarks.md). Not done: chunked prefill interleaved with decoding (a prototype gained
+    nothing within a batch).
 
     `prefix_reuse` (per-item prefill only): a prompt that starts with the same tokens as the one
     prefilled before it in the same call (a shared system prompt, or a whole tool list) copies that
@@ -102,13 +100,10 @@ class GreedyConfig:
 
 
 class Greedy:
-    """Greedy decoding of token-id prompts with one model (see `GreedyConfig`).
-
-    `run(prompts, limits)` returns each prompt's new tokens up to and including its first end token
-    (or `limits[i]` tokens, default `config.max_new_tokens`), in prompt order; a caller's batches share
-    prompt states until it calls `forget()`. `timing` sums the wall seconds and tokens of the prefill and
-    decode forwards over calls.
-    """
+    """Greedy decoding of token-id prompts with one model (`GreedyConfig`). `run(prompts, limits)` returns
+    each prompt's new tokens up to and including its first end token (or `limits[i]`, default
+    `config.max_new_tokens`), in prompt order; a caller's batches share prompt states until `forget()`.
+    `timing` sums wall seconds and tokens of prefill and decode forwards."""
 
     def __init__(self, model: Any, tokenizer: Any, config: GreedyConfig | None = None):
         self.model, self.config = model, config or GreedyConfig()
@@ -123,17 +118,19 @@ class Greedy:
         self._kv_buffers: list[Any] = []  # per-item prefill's key/value buffers, lent to the next batch
         self._previous: tuple[list[int], list[Any]] | None = None  # last prompt prefilled in this call
 
-    def run(self, prompts: Sequence[Sequence[int]], limits: Sequence[int] | None = None) -> list[list[int]]:
-        """New tokens for each prompt (see the class docstring); one batch, whatever its size."""
+    def run(self, prompts: Sequence[Sequence[int]], limits: Sequence[int] | None = None,
+            stops: Sequence[Callable[[], bool] | None] | None = None) -> list[list[int]]:
+        """New tokens for each prompt (see the class docstring); one batch, whatever its size. `stops[i]`,
+        when given, is asked before each decoding step: True ends row i there (a client that went away)."""
         limits = [self.config.max_new_tokens] * len(prompts) if limits is None else list(limits)
         device = next(self.model.parameters()).device
         with torch.inference_mode():
             if self.config.drop_finished and self.per_item_prefill(device):
-                rows = self._greedy(*self._prefill_per_item(prompts, max(limits), device), limits)
+                rows = self._greedy(*self._prefill_per_item(prompts, max(limits), device), limits, stops)
             else:
                 ids, mask = self._left_pad(prompts, device)
-                rows = self._greedy(*self._prefill_batched(ids, mask), limits) if self.config.drop_finished \
-                    else self._generate(ids, mask, max(limits))
+                rows = self._greedy(*self._prefill_batched(ids, mask), limits, stops) \
+                    if self.config.drop_finished else self._generate(ids, mask, max(limits))
         return [cut_at_end(row[:n], self.end_ids, keep_end=True) for row, n in zip(rows, limits, strict=True)]
 
     def forget(self) -> None:
@@ -165,11 +162,9 @@ class Greedy:
         return {"logits_to_keep": 1} if self._logits_to_keep else {}
 
     def _prefill_batched(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[Any, Any, Any, Any]:
-        """(cache, attention mask, next positions, first tokens) of one left-padded forward over the batch.
-
-        Positions follow the attention mask (left padding: a row's first real token is position 0), as
-        `generate` computes them; only the last position's logits are computed.
-        """
+        """(cache, attention mask, next positions, first tokens) of one left-padded forward over the batch;
+        positions follow the attention mask, as `generate` computes them, and only the last position's logits
+        are computed."""
         from cipr.runtime.kv_cache import growing_cache
 
         cache = growing_cache(self.model.config)
@@ -223,8 +218,8 @@ class Greedy:
         self.timing["prefix_reused_tokens"] += reused
         return batch.batch(), mask, lengths_t, tok
 
-    def _greedy(self, cache: Any, mask: Any, next_pos: Any, tok: Any,
-                limits: Sequence[int]) -> list[list[int]]:
+    def _greedy(self, cache: Any, mask: Any, next_pos: Any, tok: Any, limits: Sequence[int],
+                stops: Sequence[Callable[[], bool] | None] | None = None) -> list[list[int]]:
         """Greedy decoding from a prefilled batch; a row leaves the batch (and the in-place cache) once it
         emits an end token or reaches its limit."""
         rows: list[list[int]] = [[] for _ in range(mask.shape[0])]
@@ -236,6 +231,9 @@ class Greedy:
             for r, t in zip(active.tolist(), toks, strict=True):
                 rows[r].append(t)
             keep = ~torch.isin(tok, end) & (limit[active] > step + 1)
+            if stops is not None:
+                asked = [not (stops[r] and stops[r]()) for r in active.tolist()]
+                keep &= torch.tensor(asked, device=keep.device)
             if not bool(keep.any()):
                 break
             if not bool(keep.all()):
@@ -257,11 +255,9 @@ class Greedy:
 
 def greedy_texts(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_tokens: int,
                  batch_size: int = 8) -> list[tuple[list[int], str]]:
-    """(new token ids up to and including the end token, text before it) for each prompt, greedy.
-
-    For callers that decode a few prompts with a model they are training (probes, live episodes): the
-    model's train/eval mode is restored afterwards. Special tokens are kept in the text.
-    """
+    """(new token ids up to and including the end token, text before it) per prompt, greedy, special tokens
+    kept. For callers that decode a few prompts with a model they are training (probes, live episodes): its
+    train/eval mode is restored."""
     was_training = model.training
     model.eval()
     greedy = Greedy(model, tokenizer, GreedyConfig(batch_size=batch_size, max_new_tokens=max_new_tokens))
@@ -294,15 +290,12 @@ def sample_shared_prefill(model: Any, runs: Sequence[tuple[list[int], int]], pad
                           eos_ids: Sequence[int], generation_config: Any, device: Any) -> list[list[int]]:
     """Sample completions for runs of identical prompts, computing each distinct prompt's prefill once.
 
-    The distinct prompts (left-padded) are run through the model up to their last token; the cache is
-    then copied once per sample (`batch_select_indices`) and `generate` continues from the last prompt
-    token, with the same position ids (from the attention mask) that a full prefill would use. The
-    sampled distribution is that of TRL's path; on CPU the G-fold prefill of a group is most of the
-    generation time. Completions are cut after their first end token, as TRL does.
-
-    The cache and attention are transformers' own (DynamicCache, the model's attention): an in-place
-    cache and a grouped-query attention of CIPR's gave 1.27x on this generation alone, short of the 1.3x
-    end to end a hand-written replacement must earn (docs/benchmarks.md).
+    The distinct prompts (left-padded) run through the model up to their last token; the cache is copied once
+    per sample (`batch_select_indices`) and `generate` continues from the last prompt token with the position
+    ids a full prefill would use. The sampled distribution is that of TRL's path (on CPU the G-fold prefill is
+    most of the generation time); completions are cut after their first end token, as TRL does. Cache and
+    attention are transformers' own: CIPR's replacements fell short of the 1.3x end to end a hand-written
+    replacement must earn (docs/benchmarks.md).
     """
     from trl.trainer.utils import pad
 

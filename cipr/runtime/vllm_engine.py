@@ -1,18 +1,14 @@
 """vLLM engine options that fit the machine: compile or not, and how much memory the KV cache takes.
 
-Compiling. vLLM compiles by default. On a GPU that pays (CUDA graphs above all). vLLM's CPU build
-compiles with inductor at every engine start, and on 2 cores that start took 114 s, and 86 s with the
-compile cache already written, against 3.9 s with `enforce_eager=True`. Decoding 8 x 64 tokens of the
-embedded SmolLM2-135M afterwards took 3.7-4.1 s compiled and 4.1-4.6 s eager (vLLM 0.31.0 CPU, float32):
-the compile saves well under a second per such batch and costs ~100 s up front. So `None` (the default
-of every `enforce_eager` option) means eager on CPU and vLLM's own default elsewhere.
+Compiling pays on a GPU (CUDA graphs), but vLLM's CPU build compiles with inductor at every engine
+start, which costs far more than it saves in decoding (docs/benchmarks.md). So `None` (the default of
+every `enforce_eager` option) means eager on CPU and vLLM's own default elsewhere.
 
 KV cache on CPU. Without `VLLM_CPU_KVCACHE_SPACE`, vLLM's CPU worker reserves `gpu_memory_utilization`
-of the machine's memory (85% by default: the worker held 21 GB of 24 during a 6-item evaluation of the
-135M model) and refuses to start when that much is not free. `cpu_kv_cache_bytes` sizes the cache from
-what the run needs instead: every layer's keys and values for `max_model_len` tokens of `max_num_seqs`
-concurrent sequences, at least `FLOOR_BYTES`; the figure is logged. `$VLLM_CPU_KVCACHE_SPACE` (GiB)
-still overrides. On GPUs `gpu_memory_utilization` applies as usual.
+of the machine's memory (85% by default) and refuses to start when that much is not free.
+`cpu_kv_cache_bytes` sizes the cache from what the run needs instead: every layer's keys and values for
+`max_model_len` tokens of `max_num_seqs` concurrent sequences, at least `FLOOR_BYTES`; the figure is
+logged. `$VLLM_CPU_KVCACHE_SPACE` (GiB) still overrides. On GPUs `gpu_memory_utilization` applies.
 """
 
 from __future__ import annotations

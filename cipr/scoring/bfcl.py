@@ -1,52 +1,48 @@
 """BFCL AST matching as pure functions, with the paper's fix, returning an error class.
 
-`score_bfcl(predicted_calls, example)` decides whether predicted calls answer a BFCL item, following
-the released checker (`bfcl_eval/eval_checker/ast_eval/ast_checker.py`, bfcl-eval 2026.3.23):
+`score_bfcl(predicted_calls, example)` decides whether predicted calls answer a BFCL item, following the
+released checker (`bfcl_eval/eval_checker/ast_eval/ast_checker.py`, bfcl-eval 2026.3.23):
 
-- the predicted calls must match the reference calls one to one, in any order (single, multiple,
-  parallel and parallel-multiple items are all this case with one or more reference calls);
-- a call matches a reference call when it has the reference's tool name, passes every argument the
-  tool requires, passes no argument outside the accepted-values lists, passes every listed argument
-  whose list lacks `""` (the mark of an optional argument), and each value has the declared type and
-  is one of the accepted values;
-- types per language: Python values must have the Python type of the declared type exactly (`bool`
-  is not `int`; an `int` passes for `float`; `any` means a string; array elements are checked one
-  level deep); Java and JavaScript values are source literals in strings, read with BFCL's
-  converters (`cipr.scoring.bfcl_literals`); a value whose type matches the accepted values' type
-  instead is a variable name and must equal an accepted value exactly;
-- strings compare after BFCL's normalization (spaces and `,./-_*^` removed, lower case, `'` -> `"`),
-  also inside lists and inside dict values; dict arguments check every key against its own
-  accepted list (one level), lists of dicts element by element.
+- the predicted calls must match the reference calls one to one, in any order (single, multiple, parallel and
+  parallel-multiple items alike);
+- a call matches a reference call when it has its tool name, passes every argument the tool requires, no
+  argument outside the accepted-values lists and every listed argument whose list lacks `""` (the mark of an
+  optional one), and each value has the declared type and is one of the accepted values;
+- types per language: Python values must have the Python type of the declared type exactly (`bool` is not
+  `int`; an `int` passes for `float`; `any` means a string; array elements checked one level deep); Java and
+  JavaScript values are source literals in strings, read with BFCL's converters
+  (`cipr.scoring.bfcl_literals`); a value whose type matches the accepted values' type instead is a variable
+  name and must equal an accepted value exactly;
+- strings compare after BFCL's normalization (spaces and `,./-_*^` removed, lower case, `'` -> `"`), also
+  inside lists and dict values; dict arguments check every key against its own accepted list (one level),
+  lists of dicts element by element.
 
-The schemas come from `example.interface` (normalized by `cipr.tools.schema`, with the BFCL type name in
-`x-bfcl-type`; a schema without one is read by its JSON Schema type), the accepted values from
-`example.accepted` and the language from `example.meta["language"]`. So a perturbation that renames
-or reorders tools and arguments rewrites the Example and scoring still works.
+Schemas come from `example.interface` (`cipr.tools.schema`; BFCL's type name in `x-bfcl-type`, else the JSON
+Schema type is read), accepted values from `example.accepted`, the language from `example.meta["language"]`,
+so scoring still works after a perturbation renames or reorders tools and arguments.
 
-Where this scorer deliberately differs from the released checker (each difference is listed by
-item in tests/test_bfcl_checker_agreement.py):
+Deliberate differences from the released checker (each listed by item in
+tests/test_bfcl_checker_agreement.py):
 
-1. The paper's fix (`any_declaration=True`): a reference call is validated against the tool it
-   names (the released checker uses the first declared tool for single-call items), and a call is
-   accepted when *any* declaration of that name permits it (a perturbation may add a same-name
-   duplicate whose description or parameters are corrupted). When no declaration permits it, the
-   error reported is that of the first declaration.
-2. The accepted-values lists are authoritative where BFCL's data contradicts its own schemas, so
-   every reference answer is accepted: an argument the accepted lists name but no declaration of
-   the tool declares is checked against its accepted values only (no type), and an argument the
-   schema requires but the reference answer does not list is not required.
-3. An empty accepted-values list accepts only the empty list (two live_simple items list `[]` where
-   an array argument's only value, the empty array, was meant).
-4. A dict entry's accepted values that are not a list are one accepted value (BFCL iterates the
-   characters of such a string).
-5. Elements of a Java collection of `any` are read as Java values (see `bfcl_literals`).
-6. Parallel calls are matched by a maximum bipartite matching; the released checker matches
-   greedily, reference call by reference call, and can miss a valid assignment.
+1. The paper's fix (`any_declaration=True`): a reference call is validated against the tool it names (the
+   released checker uses the first declared tool for single-call items), and a call is accepted when *any*
+   declaration of that name permits it (a perturbation may add a corrupted same-name duplicate). When none
+   does, the first declaration's error is reported.
+2. The accepted-values lists are authoritative where BFCL's data contradicts its schemas, so every reference
+   answer is accepted: an argument they name that no declaration declares is checked by value only, and a
+   schema-required argument the reference does not list is not required.
+3. An empty accepted-values list accepts only the empty list (two live_simple items list `[]` where the empty
+   array was meant).
+4. A dict entry's accepted values that are not a list are one accepted value (BFCL iterates the characters of
+   such a string).
+5. Elements of a Java collection of `any` are read as Java values (`bfcl_literals`).
+6. Parallel calls are matched by maximum bipartite matching; the released checker matches greedily and can
+   miss a valid assignment.
 
-Error classes: no_call, wrong_count, wrong_name, missing_argument, extra_argument, wrong_type,
-wrong_value, parse_failure (the caller passes parse failures in: a `ParseResult` that is not ok, or
-`parse_error=`). An Example without reference calls is answered correctly by no call. Examples of
-other sources (`accepted` is None) accept exactly the reference values, or any of `alternatives`.
+Error classes: no_call, wrong_count, wrong_name, missing_argument, extra_argument, wrong_type, wrong_value,
+parse_failure (passed in by the caller: a `ParseResult` that is not ok, or `parse_error=`). An Example without
+reference calls is answered correctly by no call. Examples of other sources (`accepted` None) accept exactly
+the reference values, or any of `alternatives`.
 """
 
 from __future__ import annotations
@@ -94,13 +90,10 @@ _Error = tuple[str, str]  # (error class, detail)
 def score_bfcl(predicted_calls: Sequence[Call] | ParseResult, example: Example, *,
                parse_error: str | None = None, any_declaration: bool = True,
                nested_any_values: bool = True) -> BfclVerdict:
-    """The verdict on `predicted_calls` for a BFCL-style example (see the module docstring).
-
-    `any_declaration=False` validates against the first declaration of the reference's tool name
-    only, as the released checker does for multiple-tool items (differences 2-6 still apply, so it
-    is not the released checker); `nested_any_values=False` reads Java collections of `any` as the
-    released checker does.
-    """
+    """The verdict on `predicted_calls` for a BFCL-style example (module docstring). `any_declaration=False`
+    validates against the first declaration of the reference's tool name only, as the released checker does
+    for multiple-tool items (differences 2-6 still apply); `nested_any_values=False` reads Java collections of
+    `any` as the released checker does."""
     if isinstance(predicted_calls, ParseResult):
         if not predicted_calls.ok:
             return BfclVerdict(False, "parse_failure", predicted_calls.error or "the response does not parse")
@@ -179,8 +172,7 @@ def _match_all(calls: Sequence[Call], answer: Sequence[tuple[str, Mapping[str, S
 
 def _closeness(call: Call, accepted: Mapping[str, Sequence[Any]], tools: Sequence[Tool],
                language: str) -> int:
-    """How many of the call's arguments have an accepted value (to say which reference a wrong call
-    missed)."""
+    """How many of the call's arguments have an accepted value (which reference a wrong call missed)."""
     props = tools[0].properties
     return sum(1 for arg, value in call.arguments.items()
                if arg in accepted and check_value(arg, value, tuple(accepted[arg]), props.get(arg),
@@ -224,11 +216,10 @@ def check_call(call: Call, name: str, accepted: Mapping[str, Sequence[Any]], too
                untyped: Collection[str] | None = None) -> _Error | None:
     """None if `call` matches one reference call (`name`, its accepted lists) under `tool`'s schema.
 
-    Checks run in the released checker's order so the first error found is the one it reports:
-    name, required arguments, then each passed argument (known? type? value?), then listed
-    arguments that are not optional. `untyped`: listed arguments checked by value only although
-    `tool` does not declare them (default: those `tool` does not declare; `score_bfcl` passes those
-    that no declaration of the name declares, so a same-name duplicate stays strict).
+    Checks run in the released checker's order, so the first error found is the one it reports: name, required
+    arguments, each passed argument (known? type? value?), then listed arguments that are not optional.
+    `untyped`: listed arguments checked by value only although `tool` does not declare them (default: those;
+    `score_bfcl` passes those no declaration of the name declares, so a same-name duplicate stays strict).
     """
     if call.name != name:
         return "wrong_name", f"called {call.name!r}, expected {name!r}"
@@ -344,11 +335,9 @@ def _answer_type(accepted: Sequence[Any]) -> type | None:
 
 def _type_check(value: Any, accepted: Sequence[Any], expected: type,
                 nested: type | None) -> tuple[bool, bool]:
-    """(type ok, is a variable name) as BFCL's `type_checker`: exact types, one level into lists.
-
-    A value whose type differs from the declared one but equals the accepted values' type is a
-    variable (BFCL writes variable names as strings among the accepted values).
-    """
+    """(type ok, is a variable name) as BFCL's `type_checker`: exact types, one level into lists. A value of
+    another type than the declared one but of the accepted values' is a variable (BFCL writes variable names
+    as strings among them)."""
     answer_type = _answer_type(accepted)
     is_variable = answer_type is not None and answer_type is not expected
     if type(value) is expected:

@@ -1,21 +1,19 @@
 """Java and JavaScript argument values as BFCL reads and writes them: source literals in strings.
 
-In BFCL's Java and JavaScript partitions a call's argument is the *source text* of the value
-(`"5L"`, `"new ArrayList<>(Arrays.asList(1, 2))"`, `"[1, 2]"`, `"true"`). `read_java` / `read_js`
-turn such text into a Python value exactly as the released checker's converters do
-(bfcl_eval/eval_checker/ast_eval/type_convertor/, Apache-2.0, ported here so the scorer stays a pure
-function of our own code): text that does not have the expected form stays a string, so the type
-check reports it (or treats it as a variable name when the accepted values are strings).
+In BFCL's Java and JavaScript partitions an argument is the *source text* of the value (`"5L"`,
+`"new ArrayList<>(Arrays.asList(1, 2))"`, `"[1, 2]"`, `"true"`). `read_java` / `read_js` turn it into a Python
+value exactly as the released checker's converters do (bfcl_eval/eval_checker/ast_eval/type_convertor/,
+Apache-2.0, ported so the scorer is a pure function of our own code): text without the expected form stays a
+string, which the type check reports (or treats as a variable name when the accepted values are strings).
 
-`write_java` / `write_js` do the reverse for reference answers: they write a value so that the
-reader gives it back. Where BFCL's reader keeps quotes (a Java `String` argument, the `String`
-elements of a Java `Array`), the writer leaves them out, since that is the form the checker accepts.
+`write_java` / `write_js` write a reference value so that the reader gives it back. Where BFCL's reader keeps
+quotes (a Java `String` argument, the `String` elements of a Java `Array`), the writer leaves them out: that
+is the form the checker accepts.
 
-One deliberate difference from the released converter (`nested_any_values`, on by default): the
-elements of a Java `Array`/`ArrayList` whose element type is `any` are read as Java values (`42`,
-`true`, `"text"`), where BFCL turns each into its source string; with BFCL's reading, items
-simple_java_36 and simple_java_65, whose accepted lists hold numbers and booleans there, cannot be
-answered correctly at all.
+One deliberate difference (`nested_any_values`, on by default): the elements of a Java `Array`/`ArrayList` of
+`any` are read as Java values (`42`, `true`, `"text"`), where BFCL turns each into its source string; with
+BFCL's reading, simple_java_36 and simple_java_65, whose accepted lists hold numbers and booleans there,
+cannot be answered correctly at all.
 """
 
 from __future__ import annotations
@@ -126,11 +124,8 @@ def java_value(text: str) -> Any:
 
 
 def write_java(value: Any, java_type: str, nested_type: str | None = None) -> str:
-    """Java source text that `read_java(text, java_type, nested_type)` reads back as `value`.
-
-    A string value for a non-string type is a variable name (BFCL's accepted values use them) and is
-    written as it is.
-    """
+    """Java source text that `read_java(text, java_type, nested_type)` reads back as `value`; a string for a
+    non-string type is a variable name (BFCL's accepted values use them), written as it is."""
     if isinstance(value, str):
         return value
     if java_type in ("Array", "ArrayList") and isinstance(value, list):

@@ -1,32 +1,32 @@
 """RoTBench's three criteria (Tool Selection, Parameter Identification, Content Filling) for one prediction.
 
 A port of `ts_eval`, `pi_eval` and `cf_eval` in RoTBench's `Code/Evaluation/evaluate.py`
-(github.com/Junjie-Ye/RoTBench, commit 3f04317, non-Raven path `version=0`). For one item with
-accepted answers a_1..a_k (gold calls) and a predicted call p, each criterion scans the answers in
-order and passes at the first answer that satisfies it:
+(github.com/Junjie-Ye/RoTBench, commit 3f04317, non-Raven path `version=0`). For accepted answers a_1..a_k
+(gold calls) and a predicted call p, each criterion scans the answers in order and passes at the first one
+that satisfies it:
 
 - Tool Selection: same action name.
-- Parameter Identification: same name and the same key set.
-- Content Filling: same name, same key set, and equal values after deleting, from both sides, the keys
-  whose gold value is the string "None". The values are not compared when the gold action is the
-  `finish` or `ask_to_user` tool, which RoTBench identifies by position (the last and second-to-last
-  declared tools, whatever their names at a noisy level) or by those literal names.
+- Parameter Identification: same name and key set.
+- Content Filling: same name, same key set, and equal values after deleting, from both sides, the keys whose
+  gold value is the string "None". Values are not compared when the gold action is `finish` or `ask_to_user`,
+  which RoTBench identifies by position (the last and second-to-last declared tools, whatever their names at a
+  noisy level) or by those literal names.
 
-Reproduced exactly, quirks included (each is RoTBench's behaviour, and published numbers depend on it):
-- A prediction named `finish` matches a gold answer that calls the last declared tool, and from then
-  on the prediction's name is that tool's name for the remaining answers of the item.
-- A prediction whose Action Input is empty (`{}`) or not a JSON object fails all three criteria, even
-  when the gold input is empty too: 84 of the 1,912 accepted answers over all files have an empty
-  input (e.g. `get_today_date`), and 77 items accept nothing else, so no prediction passes them.
-- Content Filling deletes the "None" keys from the prediction in place, so a later answer of the same
-  item is compared against the reduced prediction: 24 accepted answers, predicted verbatim, fail
-  Content Filling because an earlier answer with a "None" value removed a key they need.
-`replicate_quirks=False` lifts these two (empty inputs are then ordinary inputs, and each answer is
-compared against the unreduced prediction); the default reproduces the benchmark.
+Reproduced exactly, quirks included (published numbers depend on them):
+- A prediction named `finish` matches a gold answer calling the last declared tool, and from then on the
+  prediction's name is that tool's for the remaining answers of the item.
+- A prediction whose Action Input is empty (`{}`) or not a JSON object fails all three criteria, even when the
+  gold input is empty too: 84 of the 1,912 accepted answers over all files have an empty input (e.g.
+  `get_today_date`), and 77 items accept nothing else, so no prediction passes them.
+- Content Filling deletes the "None" keys from the prediction in place, so a later answer of the same item is
+  compared against the reduced prediction: 24 accepted answers, predicted verbatim, fail Content Filling
+  because an earlier answer removed a key they need.
+`replicate_quirks=False` lifts these two (empty inputs become ordinary, each answer is compared against the
+unreduced prediction); the default reproduces the benchmark.
 - Values compare with Python `==` after `json.loads` (so 1 == 1.0, and "1" != 1).
 
-Parsing generated text is the ReAct call format's job; `parse_prediction` gives RoTBench's own
-extraction for exact replication of the benchmark's numbers.
+Parsing generated text is the ReAct call format's job; `parse_prediction` is RoTBench's own extraction, for
+exact replication of its numbers.
 """
 
 from __future__ import annotations
@@ -42,11 +42,9 @@ CRITERIA = ("tool_selection", "parameter_identification", "content_filling")
 
 
 def parse_prediction(text: str) -> Call | None:
-    """A model's ReAct output as RoTBench reads it (`get_test_value`), or None where RoTBench fails it.
-
-    None when a marker is missing, the input is not JSON, or it is not a JSON object (RoTBench
-    skips a string and would crash on other non-objects).
-    """
+    """A model's ReAct output as RoTBench reads it (`get_test_value`); None where RoTBench fails it: a missing
+    marker, an input that is not JSON or not a JSON object (RoTBench skips a string and would crash on other
+    non-objects)."""
     ext = extract_action(text)
     if ext is None:
         return None
@@ -93,12 +91,9 @@ def _passes(stage: int, pred: Call, answers: Sequence[Call], finish_name: str | 
 
 def rotbench_criteria(pred: Call | None, answers: Sequence[Call], *, finish_name: str | None,
                       ask_name: str | None, replicate_quirks: bool = True) -> dict[str, float]:
-    """The three criteria (1.0 pass / 0.0 fail) of a prediction against an item's accepted answers.
-
-    `pred` is None for a parse failure. `answers` are the gold calls in file order (an Example's
-    reference call followed by its alternatives); `finish_name` and `ask_name` are the names of the
-    last and second-to-last declared tools of the item's original interface.
-    """
+    """The three criteria (1.0 pass / 0.0 fail) of a prediction (None: a parse failure) against the gold calls
+    `answers` in file order (reference, then alternatives); `finish_name` and `ask_name` name the last and
+    second-to-last declared tools of the item's original interface."""
     if pred is None or not isinstance(pred.arguments, Mapping) or (replicate_quirks and not pred.arguments):
         return {c: 0.0 for c in CRITERIA}
     return {c: float(_passes(stage, pred, answers, finish_name, ask_name, replicate_quirks))
@@ -115,11 +110,9 @@ def accepted_answers(example: Example) -> tuple[Call, ...]:
 
 def content_filling(pred: Call | None, example: Example, *,
                     replicate_quirks: bool = True) -> tuple[float, dict[str, float]]:
-    """RoTBench's Content-Filling verdict (1.0 / 0.0) for a prediction on a loaded RoTBench Example.
-
-    Returns (content filling, metrics with all three criteria and `parse_failed`). The names of the
-    `finish`/`ask_to_user` positions come from `meta` (set by the loader), else from the interface.
-    """
+    """RoTBench's Content-Filling verdict (1.0 / 0.0) on a loaded RoTBench Example, and metrics with all three
+    criteria and `parse_failed`. The `finish`/`ask_to_user` names come from `meta` (set by the loader), else
+    from the interface."""
     names = example.interface.names
     finish_name = example.meta.get("finish_tool", names[-1] if names else None)
     ask_name = example.meta.get("ask_tool", names[-2] if len(names) > 1 else None)

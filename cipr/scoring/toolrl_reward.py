@@ -1,40 +1,38 @@
 """ToolRL's reward: format (0/1) plus tool-call correctness in [-3, 3].
 
-A port of `verl/utils/reward_score/rlla.py` in ToolRL (github.com/qiancheng0/ToolRL; the functions
+A port of `verl/utils/reward_score/rlla.py` in ToolRL (github.com/qiancheng0/ToolRL:
 `customize_format_reward_func`, `match_score`, `compute_tool_call_reward`,
-`customize_correctness_reward_tool` and `compute_score`) with its default settings: no environment
-switches (REFINEDREWARD, COARSEREWARD, INTERMEDIATEREWARD, SCHEDULEREWARD, MAX1STEP30MAX3,
-CORRECTMAX1, WITHLENGTH all off), so format is in {0, 1}, correctness in [-3, 3], no length term.
+`customize_correctness_reward_tool`, `compute_score`) with its default settings: every environment switch off
+(REFINEDREWARD, COARSEREWARD, INTERMEDIATEREWARD, SCHEDULEREWARD, MAX1STEP30MAX3, CORRECTMAX1, WITHLENGTH), so
+no length term.
 
-The ground truth's shape comes from the Example instead of its text: it has a `<tool_call>` block
-iff it has reference calls, and a `<response>` block iff `expects_response`.
+The ground truth's shape comes from the Example, not its text: a `<tool_call>` block iff it has reference
+calls, a `<response>` block iff `expects_response`.
 
-- Format, on the completion stripped of surrounding whitespace (rlla.py strips the assistant turn):
-  1 if it matches, with `re.DOTALL`, the pattern for that shape and each of the shape's call/response
-  tags occurs exactly once, else 0. Patterns: calls only
-  `^<think>.*?</think>\\n<tool_call>\\n.*?\\n</tool_call>$`; response only
-  `^<think>.*?</think>\\n<response>.*?</response>$`; both
+- Format, on the completion stripped of surrounding whitespace (rlla.py strips the assistant turn): 1 if it
+  matches, with `re.DOTALL`, the pattern for that shape and each of the shape's call/response tags occurs
+  exactly once, else 0. Patterns: calls only `^<think>.*?</think>\\n<tool_call>\\n.*?\\n</tool_call>$`;
+  response only `^<think>.*?</think>\\n<response>.*?</response>$`; both
   `^<think>.*?</think>\\n<tool_call>\\n.*?\\n</tool_call>\\n<response>.*?</response>$`; neither
-  `^<think>.*?</think>$`. (As in rlla.py the `<think>` tags themselves are not counted.)
-- Correctness: 0 when the ground truth has no calls (rlla.py does not score those). Otherwise the
-  text between the first `<tool_call>` and the following `</tool_call>`, stripped and split on
-  newlines, must give one JSON object per line with a "name"; missing tags, a line that is not JSON
-  (blank lines included), or a malformed call -> -3. Equal call lists (same order, Python `==`)
-  -> 3. Else `6 * S / S_max - 3` with `S = J(gt names, predicted names) + sum over gt calls of
-  [J(gt keys, matched keys) + #gt arguments whose value equals (==) the matched call's]`, each gt call
-  matched, in order, to the unused predicted call of the same name with the highest positive score
-  (first one on ties), and `S_max = 1 + sum over gt calls of (1 + #gt arguments)`.
-  `J` is rlla.py's `match_score`: 1 for equal lists, 0 if either is empty, else the multiset
-  Jaccard `|A ∩ B| / (|A| + |B| - |A ∩ B|)`.
-- "A malformed call" is exactly what makes rlla.py's `compute_tool_call_reward` raise: a line whose
-  JSON is not an object with "name", a name that cannot be counted (not hashable), or a call whose
-  name matches a gt call but whose "parameters" is missing or not an object. A predicted call with
-  another name needs no "parameters" (rlla.py never reads it).
+  `^<think>.*?</think>$`. (The `<think>` tags are not counted, as in rlla.py.)
+- Correctness: 0 when the ground truth has no calls (rlla.py does not score those). Otherwise the text between
+  the first `<tool_call>` and the next `</tool_call>`, stripped and split on newlines, must give one JSON
+  object per line with a "name"; missing tags, a line that is not JSON (blank lines included) or a malformed
+  call -> -3. Equal call lists (same order, Python `==`) -> 3. Else `6 * S / S_max - 3` with `S = J(gt names,
+  predicted names) + sum over gt calls of [J(gt keys, matched keys) + #gt arguments whose value equals (==)
+  the matched call's]`, each gt call matched in order to the unused predicted call of the same name with the
+  highest positive score (first on ties), and `S_max = 1 + sum over gt calls of (1 + #gt arguments)`. `J` is
+  rlla.py's `match_score`: 1 for equal lists, 0 if either is empty, else the multiset Jaccard
+  `|A ∩ B| / (|A| + |B| - |A ∩ B|)`.
+- "A malformed call" is exactly what makes rlla.py's `compute_tool_call_reward` raise: a line whose JSON is
+  not an object with "name", a name that is not hashable, or a call whose name matches a gt call but whose
+  "parameters" is missing or not an object. A predicted call with another name needs no "parameters" (rlla.py
+  never reads it).
 
-Consequence kept from rlla.py: the calls are read after the *first* `<tool_call>`, and tags are
-counted over the whole text, so reasoning that mentions a tag costs both terms. 17 of the 346
-call targets in ToolRL's rlla_sft.json do that and score format 0, correctness -3 against their own
-reference (ToolRL uses that file for SFT, never as RL ground truth).
+Kept from rlla.py: the calls are read after the *first* `<tool_call>` and tags are counted over the whole
+text, so reasoning that mentions a tag costs both terms: 17 of the 346 call targets in ToolRL's rlla_sft.json
+score format 0, correctness -3 against their own reference (ToolRL uses that file for SFT, never as RL ground
+truth).
 """
 
 from __future__ import annotations
@@ -91,10 +89,8 @@ def format_reward(completion: str, *, expects_calls: bool, expects_response: boo
 
 def call_list_score(gt: Sequence[Mapping[str, Any]],
                     pd: Sequence[Mapping[str, Any]]) -> tuple[float, dict[str, float]]:
-    """`compute_tool_call_reward` on {"name", "parameters"} dicts: (reward in [-3, 3], {"S", "S_max"}).
-
-    Raises `_Malformed` where rlla.py raises (the caller turns that into -3).
-    """
+    """`compute_tool_call_reward` on {"name", "parameters"} dicts: (reward in [-3, 3], {"S", "S_max"}); raises
+    `_Malformed` where rlla.py raises (the caller gives -3)."""
     if list(gt) == list(pd):
         n_max = 1.0 + sum(1.0 + len(g["parameters"]) for g in gt)
         return CORRECT_MAX, {"S": n_max, "S_max": n_max}
@@ -126,11 +122,8 @@ def call_list_score(gt: Sequence[Mapping[str, Any]],
 
 
 def correctness_reward(completion: str, reference_calls: Sequence[Call]) -> tuple[float, dict[str, Any]]:
-    """Tool-call correctness in [-3, 3] (0 when no call is expected), and how it was reached.
-
-    metrics: `status` one of "no_reference", "missing_tags", "parse_error", "exact", "partial";
-    `S` and `S_max` when scored.
-    """
+    """Tool-call correctness in [-3, 3] (0 when no call is expected) and metrics: `status` ("no_reference",
+    "missing_tags", "parse_error", "exact", "partial"), `S` and `S_max` when scored."""
     if not reference_calls:
         return 0.0, {"status": "no_reference"}
     text = completion.strip()
@@ -148,12 +141,9 @@ def correctness_reward(completion: str, reference_calls: Sequence[Call]) -> tupl
 
 def toolrl_reward(completion_text: str, reference_calls: Sequence[Call],
                   expects_response: bool) -> tuple[float, dict[str, Any]]:
-    """ToolRL's total reward = format (0/1) + correctness ([-3, 3]); metrics hold both parts.
-
-    `reference_calls` are the ground truth's calls (empty when it has no `<tool_call>` block) and
-    `expects_response` whether it has a `<response>` block. Returns (total, {"format",
-    "correctness", "status", ...}).
-    """
+    """ToolRL's total reward = format (0/1) + correctness ([-3, 3]): (total, {"format", "correctness",
+    "status", ...}). `reference_calls`: the ground truth's calls (empty without a `<tool_call>` block);
+    `expects_response`: whether it has a `<response>` block."""
     fmt = format_reward(completion_text, expects_calls=bool(reference_calls),
                         expects_response=expects_response)
     corr, m = correctness_reward(completion_text, reference_calls)

@@ -1,16 +1,13 @@
 """τ²-bench simulation records → our results.jsonl, run.json, summary.json and report.md.
 
-One record per (task, trial, names): `id` is `<domain>/<task id>`, `partition` the domain, `names`
-the arm (original / canonical), `perturbation` and `group` `original` (τ² changes no interface),
-`order` `trial<k>` (so several trials average per task, as tool orders do in `cipr.eval.report`),
-`correct` τ²'s own success (reward 1). Failure classes: `correct`, `undeclared_tool` (the served
-agent called a tool the request does not declare: the service's 502), `backend_error` (any other
-simulation that raised: an endpoint error, a context overflow), `other` (τ² ran and evaluated the
-simulation and its reward is below 1; its termination reason and reward breakdown are kept in the
-record). Skipped tasks (τ² cannot run them in this mode) are not results; their reasons go to
-run.json. The summary is `cipr.eval.report`'s (pass rate per arm and per domain with Wilson 95%
-intervals, canonical − original paired over the tasks both arms ran), so `cipr-eval-compare` reads
-two τ² runs like any other; report.md gets a τ² section with wall time per task.
+One record per (task, trial, names): `id` `<domain>/<task id>`, `partition` the domain, `names` the
+arm, `perturbation` and `group` `original` (τ² changes no interface), `order` `trial<k>` (trials
+average per task as tool orders do), `correct` τ²'s success (reward 1). Failure classes: `correct`,
+`undeclared_tool` (the agent called a tool the request does not declare: the service's 502),
+`backend_error` (any other simulation that raised), `other` (evaluated, reward below 1; termination
+reason and reward breakdown kept). Tasks τ² cannot run in this mode are not results; their reasons go
+to run.json. The summary is `cipr.eval.report`'s, so `cipr-eval-compare` reads τ² runs like any
+other; report.md gets a τ² section with wall time per task.
 """
 
 from __future__ import annotations

@@ -3,16 +3,12 @@
 τ²'s solo mode (no user) is refused by its airline and retail environments, so the end-to-end check
 runs τ²'s normal mode with both sides scripted, behind cipr-serve:
 
-- The agent (requests that name their task in the `cipr_task` field, `<domain>/<task id>`, as the
-  harness sets it) stands where a model stands: it sees only the request the service forwards
-  (canonical ids under `names=canonical`) and must answer in that namespace. It knows each task's
-  expected actions in the domain's original names (`tasks.json`) and the domain's original tool
-  schemas (dumped by the harness); it finds the tool to call by its description, which the adapter
-  keeps, and each argument by its position in that tool's parameters, which the adapter keeps too.
-  Turn k (k = assistant turns with tool calls so far) calls the k-th action, one call per turn;
-  after the last one it answers in text with the task's `communicate_info` strings. A task passes
-  only if the service renamed tools and arguments consistently, translated every call back, and
-  the conversation (earlier calls and their results) went through again on every turn.
+- The agent (requests naming their task in `cipr_task`, `<domain>/<task id>`) sees only the request
+  the service forwards (canonical ids under `names=canonical`) and answers in that namespace. It knows
+  each task's expected actions and the original tool schemas, and finds the tool by its description
+  and each argument by its position, both of which the adapter keeps. Turn k calls the k-th action;
+  after the last it answers with the task's `communicate_info` strings. A task passes only if the
+  service renamed consistently, translated every call back, and replayed the conversation each turn.
 - The user simulator (requests without a task) opens with a fixed request and, once the agent has
   answered in text, ends the conversation with τ²'s stop token.
 """

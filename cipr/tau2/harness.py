@@ -11,9 +11,8 @@ never imported by cipr: it uses only the standard library and the `tau2` package
      "tools_out": "tools_airline.json" or null}
 
 For each task: build the orchestrator as τ² does (`build_text_orchestrator`, agent `llm_agent`, user
-`user_simulator`), run and evaluate it
-(`run_simulation`), append one JSON line to `out` (flushed) and save the full simulation under
-`sims`. What is configured from outside, and how:
+`user_simulator`), run and evaluate it (`run_simulation`), append one flushed JSON line to `out` and
+save the full simulation under `sims`. Configured from outside:
 - the models: `agent.model` / `user.model` are litellm model names (`openai/<name>` for any
   OpenAI-compatible endpoint) with `args` passed to litellm (`api_base`, `api_key`, `temperature`,
   `num_retries`); with `tag_task`, the agent's requests carry `cipr_task: "<domain>/<task id>"` in
@@ -22,13 +21,10 @@ For each task: build the orchestrator as τ² does (`build_text_orchestrator`, a
   judge, a task whose reward needs it is skipped with that reason, never scored without it;
 - the user simulator's guidelines (`simulation_guidelines.md` and `simulation_guidelines_tools.md`,
   which τ² reads from `$TAU2_DATA_DIR/tau2/user_simulator`): from `user_guidelines` when given.
-τ²'s solo mode (solo agent, DummyUser) is not used: its airline and retail environments refuse it
-("does not support solo mode"); a run without a user model points the user simulator at a scripted
-endpoint instead (`cipr.tau2.gold`).
-A simulation that raises (e.g. the served agent answered an HTTP error) is recorded with the error,
-reward 0 and termination reason `infrastructure_error`; `error_code` is `judge_error` when the NL-assertion
-judge raised (τ² reads the judge's reply with `json.loads`, so a judge that does not answer in JSON ends
-the evaluation there).
+τ²'s solo mode is refused by its airline and retail environments; a run without a user model points
+the user simulator at a scripted endpoint (`cipr.tau2.gold`). A simulation that raises is recorded
+with the error, reward 0 and termination reason `infrastructure_error`; `error_code` is `judge_error`
+when the NL-assertion judge raised (τ² `json.loads` its reply, so a non-JSON judge ends it there).
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """τ²-bench airline and retail with the agent behind cipr-serve, original names against the adapter.
 
-`run_tau2(config)` starts cipr-serve in this process (or uses a running one, `serve=URL`), then for
-each trial, tool names (arm) and domain runs τ²-bench's own harness in the τ² environment
-(`cipr/tau2/harness.py` under `.venv-tau2/bin/python`, made by `scripts/setup_tau2.sh`; nothing is
-installed at run time): the agent calls `<serve>/<names>/v1`, the user simulator and the
-NL-assertion judge any OpenAI-compatible endpoint (default: the served model, names passed through
-via `/original/v1`). Records are appended per simulation, so a rerun into the same `out_dir` runs
-only the simulations not yet recorded; each run ends by converting everything recorded into
-results.jsonl / summary.json / report.md (`cipr.tau2.convert`).
+`run_tau2(config)` starts cipr-serve in this process (or uses `serve=URL`), then per trial, arm and
+domain runs τ²'s harness in the τ² environment (`cipr/tau2/harness.py` under `.venv-tau2/bin/python`,
+from `scripts/setup_tau2.sh`): the agent calls `<serve>/<names>/v1`, the user simulator and judge any
+OpenAI-compatible endpoint (default: the served model via `/original/v1`). Records are appended per
+simulation, so a rerun runs only what is missing; each run ends by converting all records
+(`cipr.tau2.convert`).
 """
 
 from __future__ import annotations
@@ -200,10 +198,8 @@ def spec_for(config: Tau2Config, out_dir: Path, url: str, model: str, names: str
 
 
 def run_tau2(config: Tau2Config, backend: Any = None) -> dict[str, Any]:
-    """Run what is missing in `config.out_dir`, then convert all records; returns the summary.
-
-    `backend`: a chat backend object for the in-process cipr-serve instead of `config.backend`
-    (`config.backend` still names it in run.json and selects the gold run's scripted-user set-up)."""
+    """Run what is missing in `config.out_dir`, then convert all records; returns the summary. `backend`:
+    a chat backend for the in-process cipr-serve (`config.backend` still names it in run.json)."""
     config.check()
     python, root = tau2_python(config), tau2_data(config)
     out_dir = Path(config.out_dir)

@@ -64,11 +64,8 @@ def _identifier_like(name: str) -> bool:
 
 @dataclass(frozen=True)
 class NameMap:
-    """The mapping of one interface: canonical id -> original name, per tool and per argument.
-
-    `tools[i]` is (canonical id, original name) of the i-th tool; `arguments[canonical id]` maps
-    canonical argument ids to original argument names.
-    """
+    """The mapping of one interface: `tools[i]` is (canonical id, original name) of the i-th tool;
+    `arguments[canonical id]` maps canonical argument ids to original argument names."""
 
     tools: tuple[tuple[str, str], ...]
     arguments: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
@@ -209,10 +206,8 @@ def _rename_accepted(accepted: Mapping[str, Any], name: str, nmap: NameMap) -> d
 def apply_name_map(example: Example, interface: Interface, nmap: NameMap,
                    rewrite: RewriteText = "identifiers") -> Example:
     """Rewrite an example onto `interface` whose names `nmap` maps (original -> new names everywhere).
-
-    `interface` holds the new names with the text of the original tools (each caller copies the
-    descriptions over): tool names in those descriptions are rewritten here, as in the messages.
-    """
+    `interface` holds the new names with the original tools' text (each caller copies the descriptions): tool
+    names in it are rewritten here, as in the messages."""
     fwd = nmap.forward
 
     def msg(m: Message) -> Message:

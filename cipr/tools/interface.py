@@ -44,10 +44,8 @@ class Tool:
         return replace(self, **changes)
 
     def to_openai(self, *, copy_schema: bool = True) -> dict[str, Any]:
-        """OpenAI `tools` entry: {"type": "function", "function": {name, description, parameters}}.
-
-        `copy_schema=False` shares the schema dict (for a caller that serializes it at once).
-        """
+        """OpenAI `tools` entry: {"type": "function", "function": {name, description, parameters}};
+        `copy_schema=False` shares the schema dict (for a caller that serializes it at once)."""
         params = copy.deepcopy(dict(self.parameters)) if copy_schema else self.parameters
         return {"type": "function", "function": {"name": self.name, "description": self.description,
                                                  "parameters": params}}

@@ -71,10 +71,9 @@ def normalize_schema(schema: Any, *, language: str = "python", where: str = "par
                      file: str | None = None, item: str | None = None) -> dict[str, Any]:
     """A standard JSON Schema object for a BFCL `parameters` schema; the input is not modified.
 
-    `where` names the field for error messages (e.g. `function[0].parameters`); `file` and `item`
-    say which file and item it came from. Raises DataError when the schema is not an object schema
-    (not a mapping, or a top-level type other than dict/object), or when a type name is unknown for
-    `language` (one of python, java, javascript).
+    `where` names the field for error messages (e.g. `function[0].parameters`), `file` and `item` its source.
+    DataError when it is not an object schema (not a mapping, or a top-level type other than dict/object), or
+    a type name is unknown for `language` (python, java, javascript).
     """
     if language not in _DIALECTS:
         raise ValueError(f"unknown BFCL language {language!r}; expected one of {', '.join(LANGUAGES)}")

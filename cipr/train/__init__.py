@@ -1,7 +1,5 @@
-"""Training: SFT warm start, GRPO (ToolRL recipe), multi-interface, masking, CIPR and self-distillation,
-by config.
+"""Training by config: SFT warm start, GRPO (ToolRL recipe), multi-interface, masking, CIPR, distillation.
 
-One module per concept:
 - `config`: TrainConfig, the run config, its per-algorithm sections, and the refusal of ignored options.
 - `data`: DataConfig; prompts under original / canonical / masked names, paired with perturbed copies.
 - `algo`: AlgoConfig and DistillConfig; the algorithms and their valid combinations.

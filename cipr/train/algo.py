@@ -17,11 +17,10 @@ targets instead of GRPO (paper §3.4; `supervised.py`): `grpo` is then the plain
 original names, and `cipr` is SFT + λ_rescore·KL_rescore (there are no rollouts, so no rollout term).
 The shared warm start, when configured, runs first as in the RL regime.
 
-`cipr` with both weights at zero computes the same loss as `multi_interface` (it still reads the
-action distributions, which only costs time); either weight alone switches one term off.
-`masking` (Lin et al., 2025) replaces tool and argument names by random strings during training only
-(see `data.py`); the perturbation of `multi_interface`/`cipr` is defined on canonical names, so it is
-not combined with original or masked names.
+`cipr` with both weights at zero computes `multi_interface`'s loss (it still reads the action
+distributions); either weight alone switches one term off. `masking` (Lin et al., 2025; `data.py`):
+random tool and argument names in training only. The perturbation of `multi_interface`/`cipr` is
+defined on canonical names, so it is not combined with original or masked names.
 """
 
 from __future__ import annotations
@@ -56,10 +55,9 @@ class AlgoConfig:
     - `action_weight` (supervised regime): > 0 adds the cross-entropy of the action distribution at the
       reference's calls to the SFT loss, for every algorithm alike (`supervised.py`).
     - `pairing_budget`: what a paired algorithm matches with `grpo` per step (`trainer.prompts_per_step`):
-      `prompts` (default), the same number of training examples, each with its perturbed copy, so the
-      same data in the same number of steps at twice the completions; `completions`, the same number
-      of completions, so half the examples per step. No effect on unpaired algorithms. In the supervised
-      regime the same holds for rows: `prompts` makes a paired batch `per_device_train_batch_size` pairs.
+      `prompts` (default), the same examples, each with its copy (twice the completions); `completions`,
+      the same completions (half the examples). Unpaired: no effect. Supervised: `prompts` makes a paired
+      batch `per_device_train_batch_size` pairs.
     """
 
     name: AlgoName = "cipr"
@@ -127,8 +125,8 @@ class DistillConfig:
     - `detach_reference`: the canonical side of the rescoring KL is a fixed target
       (`cipr.method.consistency`).
     - `relabel`: the fresh-name scheme (`cipr.method.relabel.RelabelConfig`).
-    - `teacher_dtype`: "bfloat16" runs the frozen teacher in bfloat16 (its forward is inference only;
-      faster on CPUs with AVX512-BF16); "model" keeps the loaded dtype. Without LoRA only.
+    - `teacher_dtype`: "bfloat16" runs the frozen teacher in bfloat16 (inference only); "model" keeps
+      the loaded dtype. Without LoRA only.
     - `autocast_bf16`: on CPU, run the student's forward and backward under bfloat16 autocast (weights
       and optimizer stay float32); on a GPU use `trainer.precision=bf16` instead.
     - `eval`: what the evaluation reads and plays (`cipr.distill.evaluate.EvalConfig`).

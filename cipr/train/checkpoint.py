@@ -1,11 +1,7 @@
 """Checkpoints: HF Trainer step folders, a tracker written after a save completes, and resume.
 
-What the HF `Trainer` already gives (used as is): `checkpoint-<step>/` folders with the model in
-safetensors (or the LoRA adapter), `optimizer.pt`, `scheduler.pt`, `rng_state.pth` and
-`trainer_state.json`; on resume it restores all of them and fast-forwards the dataloader past the
-batches of the current epoch (`skip_first_batches`).
-
-What is added here:
+The HF `Trainer` gives `checkpoint-<step>/` folders (model or LoRA adapter, optimizer, scheduler, RNG,
+trainer state) and restores them on resume, skipping the current epoch's done batches. Added here:
 - `cipr_state.pt` in each step folder: the data-order state (the paired sampler's seed and epoch,
   see `sampler.py`) and, for GRPO, the trainer's micro-step counter and the buffered generation
   batch when a save falls inside a generation window (`steps_per_generation * num_iterations`
@@ -24,15 +20,13 @@ What is added here:
   config names, so they are re-read from it: a resume loads the base (or the warm start's `final/`,
   rebuilt by `load_trained`) and puts the checkpoint's tensors over it (`_load_from_checkpoint`, which
   checks that together they are the whole model); `cipr-export` rebuilds a full folder the same way.
-  The main job (SmolLM2-135M, top 10 of 30 layers trained): 142 MB per weights folder instead of 538 MB.
-  A PEFT model saves its adapter only, as before.
+  A PEFT model saves its adapter only.
 - Retention: the Trainer keeps `save_total_limit` step folders per stage. A finished warm start is
   never resumed (the next stage loads its `final/`), so its step folders and tracker are removed once
   `stage.json` is on disk (`drop_step_checkpoints`): only the running or last stage keeps optimizer
   state, and an explicit `trainer.resume=<checkpoint>` of the last stage can still continue it exactly.
-  The earlier step folders `save_total_limit` keeps in that stage keep their optimizer state too: they
-  are what `latest_complete` falls back to when the tracked one is damaged, and a resume without it
-  would not be exact (the main job saves each stage once, at its end, so it keeps one).
+  Its earlier step folders keep their optimizer state too: `latest_complete` falls back to them when the
+  tracked one is damaged, and a resume without it would not be exact.
 - `NonFiniteLossError`: a NaN or infinite loss stops training before the backward pass, so the
   optimizer never applies it and the last tracked checkpoint stays the last good one.
 """
@@ -132,8 +126,7 @@ def resolve_resume(mode: str, stage_dir: str | Path) -> str | None:
 
 
 def frozen_parameter_names(model: Any) -> set[str]:
-    """State-dict names of the parameters that do not train, tied aliases included (none for a PEFT model,
-    which saves its adapter only)."""
+    """State-dict names of the parameters that do not train, tied aliases included (none for PEFT)."""
     if hasattr(model, "peft_config"):
         return set()
     return {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
@@ -172,11 +165,9 @@ _INDEXED_CPU = False
 def restore_indexed_cpu_locations() -> None:
     """Let `torch.load(map_location="cpu:N")` restore tensors (once per process).
 
-    accelerate gives each CPU process of a multi-process run the device `cpu:<local rank>`, and transformers
-    loads the optimizer state of a resumed run with `map_location=args.device` there; torch's own
-    deserializers know only "cpu", so a DDP resume on CPU processes failed with "don't know how to restore
-    data location ... (tagged with cpu:0)". This registers the missing one through torch's public
-    `register_package`."""
+    accelerate gives each CPU process the device `cpu:<local rank>`, and transformers loads a resumed
+    optimizer state with `map_location=args.device`; torch's deserializers know only "cpu" ("don't know
+    how to restore data location"), so this registers the missing one (`register_package`)."""
     global _INDEXED_CPU
     if _INDEXED_CPU:
         return
@@ -188,10 +179,8 @@ def restore_indexed_cpu_locations() -> None:
 
 
 class CheckpointMixin:
-    """Mixed into the SFT and GRPO trainers: tracked saves, extra state, and the non-finite loss guard.
-
-    Subclasses may override `extra_state()` / `load_extra_state(state)`.
-    """
+    """Mixed into the SFT and GRPO trainers: tracked saves, extra state (`extra_state()` /
+    `load_extra_state(state)`, overridable), and the non-finite loss guard."""
 
     def extra_state(self) -> dict[str, Any]:
         sampler = getattr(self, "_cipr_sampler", None)
@@ -242,8 +231,7 @@ class CheckpointMixin:
         super()._save(str(folder), state_dict=state_dict)  # type: ignore[misc]
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
-        """Resume the weights; a checkpoint without its frozen tensors goes over the model as loaded (the
-        base)."""
+        """Resume the weights; one without its frozen tensors goes over the model as loaded (the base)."""
         if model is None and frozen_omitted(resume_from_checkpoint) is not None:
             log.info("loading the trainable tensors of %s over the base model", resume_from_checkpoint)
             apply_trainable(self.model, resume_from_checkpoint)  # type: ignore[attr-defined]

@@ -12,14 +12,12 @@ The other sections serve every algorithm. `trainer` is the recipe a comparison h
 algorithms (the presets trainer=cpu|gpu|smoke); each algorithm uses the part it needs (sft and distill
 have no GRPO objective and no warm start), so none of it is refused.
 
-An option the chosen algorithm ignores is refused, with a ConfigError naming it and why, when it is
-*set*, and dropped when it is not: an option of the other family's `algo` or `data` section, and with
-algo=distill every `rollout` option. *Set* means that its value differs from the one it has when
-nobody sets it: for `rollout`, the group train.yaml composes by default (`rollout=hf`, over
-`RolloutConfig`'s defaults), which every algorithm composes; for `algo` and `data`, the default of the
-dataclass that declares the option (a group file of one family holds no option of the other, but for
-`data=messages`, whose prompt options hold `DataConfig`'s defaults). A nested option is compared key
-by key, and a key the input leaves out is never set.
+An option the chosen algorithm ignores (the other family's `algo` or `data` options; with
+algo=distill every `rollout` option) is refused with a ConfigError naming it and why when it is *set*,
+and dropped when it is not. *Set* means it differs from its value when nobody sets it: for `rollout`,
+train.yaml's default group (`rollout=hf` over `RolloutConfig`'s defaults); for `algo` and `data`, the
+declaring dataclass's default (`data=messages` holds `DataConfig`'s defaults). Nested options are
+compared key by key; a key the input leaves out is never set.
 """
 
 from __future__ import annotations
@@ -105,8 +103,7 @@ def _changed(value: Any, default: Any) -> bool:
 
 
 def _default_rollout() -> dict[str, Any]:
-    """The rollout options `cipr-train` composes when nobody sets them: train.yaml's group over the
-    dataclass's defaults."""
+    """The rollout options composed when nobody sets them: train.yaml's group over the defaults."""
     import yaml
 
     defaults = yaml.safe_load((TRAIN_CONFIG_DIR / "train.yaml").read_text())["defaults"]

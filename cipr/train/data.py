@@ -1,16 +1,14 @@
 """Training prompts: examples from the project's loaders, under the names an algorithm trains with.
 
-Sources (`data.source`): `synthetic` (the procedural generator, `cipr.data.synthetic`, with
-`tools_per_example` tools per interface), `toolrl`
-(a ToolRL verl parquet: the 3,920-row `train.parquet` where a user has it, by `data.path`; the
-80-row `test.parquet` here), `toolrl_sft` (ToolRL's 400-example SFT JSON), `messages` (your own
-`messages` + `tools` rows, TRL / OpenAI chat style, from the file or folder `data.path`:
-`cipr.data.messages`; `data.on_bad_row=skip` counts and skips malformed rows instead of stopping at
-the first). Names (`algo.names`):
-`original`; `canonical` (`cipr.tools.canonical.canonicalize`); `masked`, function masking (Lin et al.,
-2025): every tool and argument name becomes a random string (a letter then `mask_length - 1` letters
-and digits), drawn per example from (seed, example id), applied to the query and targets as
-canonicalization is; used in training only.
+Sources (`data.source`): `synthetic` (`cipr.data.synthetic`, `tools_per_example` tools per interface),
+`toolrl` (a ToolRL verl parquet: the 3,920-row `train.parquet` by `data.path`; the 80-row
+`test.parquet` here), `toolrl_sft` (ToolRL's 400-example SFT JSON), `messages` (your own `messages` +
+`tools` rows, TRL / OpenAI chat style, from the file or folder `data.path`: `cipr.data.messages`;
+`data.on_bad_row=skip` counts and skips malformed rows instead of stopping at the first). Names
+(`algo.names`): `original`; `canonical` (`cipr.tools.canonical.canonicalize`); `masked`, function
+masking (Lin et al., 2025): every tool and argument name becomes a random string (a letter then
+`mask_length - 1` letters and digits) drawn from (seed, example id), applied as canonicalization is;
+training only.
 
 With `algo.perturbed`, every canonical example is followed by its perturbed copy
 (`cipr.perturb.training.perturb_for_training`: twins, relabeling, reordering; `data.perturbation`
@@ -27,10 +25,8 @@ Choices:
   format's placeholder reasoning: ToolRL's own reasoning text names the original tools, so it is used
   only with original names (`sft_think: example`).
 - An example that cannot be used is never dropped silently: examples without any declared tool (no
-  action distribution exists) and those the perturbation rejects are counted by reason in
-  `PromptSet.skipped`, which the run logs and writes to `summary.json`; so are the rows the loader
-  skipped (`data.on_bad_row=skip`, keys `bad row: <reason>`), which `load_source` returns for
-  `build_prompts(skipped=...)`.
+  action distribution exists), those the perturbation rejects and the rows the loader skipped
+  (`bad row: <reason>`) are counted by reason in `PromptSet.skipped`, logged and in `summary.json`.
 """
 
 from __future__ import annotations
@@ -59,10 +55,9 @@ class DataConfig:
     """Where training prompts come from and how they are prepared (module docstring).
 
     `n` (how many examples; 0 = all of a file) and `seed` (held-out split, masking, perturbation) mean the
-    same for every source, so they sit here and not in a source's options; the synthetic source hands them
-    with `tools_per_example`, `parallel_fraction`, `no_call_fraction`, `same_domain_distractors`, `tools` (a
-    narrower catalog) and `exclude` (tools and templates held back) to the generator's own config
-    (`cipr.data.synthetic.SyntheticConfig`, which owns the defaults and their checks). `perturbation_seed`
+    same for every source. The synthetic source hands them with `tools_per_example`, `parallel_fraction`,
+    `no_call_fraction`, `same_domain_distractors`, `tools` (a narrower catalog) and `exclude` (tools and
+    templates held back) to `cipr.data.synthetic.SyntheticConfig` (defaults and checks). `perturbation_seed`
     draws the perturbed copies (twins, relabeling, order; None: `seed`), so runs can share their examples and
     differ in their copies. `on_bad_row` (`raise` or `skip`) is the messages source's
     (`cipr.data.messages.load_messages`); the other sources always raise.
@@ -126,9 +121,8 @@ class PromptSet:
     skipped: Counter = field(default_factory=Counter)
 
     def without_long_prompts(self, tokenizer: Any, max_tokens: int) -> PromptSet:
-        """A copy without the training units (a prompt, or a pair) holding a prompt over `max_tokens`
-        tokens, counted in `skipped`; rows renumbered. The GRPO counterpart of verl's
-        `filter_overlong_prompts`, applied to whole pairs so a copy never loses its canonical row."""
+        """A copy without the training units (prompt or pair) holding a prompt over `max_tokens` tokens,
+        counted in `skipped`, rows renumbered: verl's `filter_overlong_prompts` on whole pairs."""
         lengths = [len(ids) for ids in tokenizer([r.prompt for r in self.records],
                                                  add_special_tokens=False)["input_ids"]]
         keep: list[PromptRecord] = []

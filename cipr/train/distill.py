@@ -8,13 +8,11 @@
         algo.eval.live_env=webshop algo.eval.live_tasks=200        # one GPU, real WebShop trajectories
     ... launcher.num_processes=8 distributed=zero2                  # several GPUs, as every algorithm
 
-The model section names the released model: the frozen teacher, under the original names, and the
-student's initialization; the student trains under canonical names on agent trajectories
-(data=trajectories, or data=messages), whose call format is `data.call_format` (WebShop ReAct for
-AgentInstruct-style data), or `model.call_format` when that is null. The math and data are
-`cipr.distill`; the run config, run folder, checkpoints and resume, strategy and metrics are the
-other algorithms' (`cipr.train.run`, `cipr.train.config`: `rollout` options are refused, there are
-no rollouts).
+The model section names the released model: the frozen teacher (original names) and the student's
+initialization; the student trains under canonical names on agent trajectories (data=trajectories or
+data=messages) in `data.call_format` (WebShop ReAct for AgentInstruct-style data), else
+`model.call_format`. The math and data are `cipr.distill`; run config, folder, checkpoints, resume,
+strategy and metrics are the other algorithms' (`rollout` options are refused: no rollouts).
 
     run_dir/
       config.json, config.yaml   the resolved configuration
@@ -26,13 +24,11 @@ no rollouts).
       eval/eval.json, table.md   agreement and KL per model and naming (+ live rewards when played)
       summary.json
 
-Rerunning continues from the latest complete checkpoint (`trainer.resume=auto`), skips a finished
-stage, and reuses the teacher's evaluation; a run folder started with another model, data or algo
-config is refused.
+Rerunning resumes (`trainer.resume=auto`), skips a finished stage and reuses the teacher's evaluation;
+a run folder started with another model, data or algo config is refused.
 
-The training loop is a `transformers.Trainer` whose loss is `cipr.distill.batch.batch_loss`, with the
-project's checkpoints (`cipr.train.checkpoint.CheckpointMixin`), LoRA via PEFT, and accelerate or
-DeepSpeed where configured. Choices:
+The loop is a `transformers.Trainer` with loss `cipr.distill.batch.batch_loss`, `CheckpointMixin`'s
+checkpoints, LoRA via PEFT, and accelerate or DeepSpeed where configured. Choices:
 - Teacher: with LoRA the teacher is the student's own base weights with the adapter disabled (no
   second copy in memory); without LoRA, a frozen deep copy taken before training, so a resumed run
   still distills from the released weights.
@@ -102,8 +98,7 @@ def teacher_for(student: Any, dtype: str = "model") -> tuple[Any, Callable[[], A
 
 
 class DistillTrainer(CheckpointMixin, Trainer):
-    """HF Trainer over trajectory indices (its dataset: 0..n-1) whose loss is the self-distillation loss of
-    the batch."""
+    """HF Trainer over trajectory indices (dataset 0..n-1) with the batch's self-distillation loss."""
 
     def __init__(self, *, items: Sequence[DistillItem], fmt: CallFormat, algo: DistillConfig, teacher: Any,
                  teacher_context: Callable[[], Any], **kwargs: Any) -> None:

@@ -1,10 +1,9 @@
 """A quick held-out probe: greedy responses to held-out training prompts, scored by the GRPO reward.
 
-Run before and after the warm start and before and after GRPO (`trainer.warm_start.eval_examples`
-of the held-out prompts, the same ones each time), it shows what SFT and then GRPO did to the format
-and correctness parts of ToolRL's reward and to the no-call rate (the untrained SmolLM2 does not
-produce the format at all). Greedy decoding with the evaluation's stop tokens
-(`cipr.runtime.generation.greedy_texts`); the model's train/eval mode is restored afterwards.
+Run before and after the warm start and GRPO on the same `trainer.warm_start.eval_examples` held-out
+prompts, it shows what SFT and GRPO did to the reward's format and correctness parts and the no-call
+rate. Greedy decoding with the evaluation's stop tokens (`cipr.runtime.generation.greedy_texts`); the
+model's train/eval mode is restored afterwards.
 """
 
 from __future__ import annotations

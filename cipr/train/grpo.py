@@ -1,33 +1,28 @@
 """CIPR on TRL 1.16's GRPOTrainer: paired batches, rollouts under both interfaces, consistency terms.
 
-`CIPRGRPOTrainer` subclasses `trl.GRPOTrainer` at the extension points TRL offers:
+`CIPRGRPOTrainer` subclasses `trl.GRPOTrainer` at TRL's extension points:
 - `_get_train_sampler`: `PairedRepeatSampler` keeps a canonical prompt and its perturbed copy (one
   unit) in the same generation batch (TRL's sampler shuffles rows).
-- `_prepare_inputs`: TRL shuffles the generation batch row by row before cutting it into
-  micro-batches, which separates pairs; here whole units (a prompt's G completions, and its copy's G
-  when paired) are shuffled and the cut falls on unit boundaries, so a micro-batch holds whole pairs.
-- `_generate_and_score_completions`: attaches each row's prompt record and scored rollout (text,
-  decisions, calls, reward parts; see `reward.py`) and logs rollout metrics.
-- `_compute_loss`: the GRPO task loss (TRL's, on every row: both interfaces enter it) plus, for
-  `algo=cipr`, λ_rescore·KL_rescore + λ_rollout·KL_rollout divided by the gradient-accumulation steps
-  exactly as TRL scales its own loss.
+- `_prepare_inputs`: whole units (a prompt's G completions, and its copy's G when paired) are shuffled
+  and the cut into micro-batches falls on unit boundaries, so a micro-batch holds whole pairs (TRL
+  shuffles row by row).
+- `_generate_and_score_completions`: attaches each row's prompt record and scored rollout (`reward.py`)
+  and logs rollout metrics.
+- `_compute_loss`: TRL's GRPO task loss on every row (both interfaces) plus, for `algo=cipr`,
+  λ_rescore·KL_rescore + λ_rollout·KL_rollout divided by the gradient-accumulation steps as TRL scales
+  its own loss.
 
-Action reads. The task loss needs each completion token's log-probability; TRL computes them with a
-fused LM head that never exposes the logits. With `algo.fold_action_read`, one forward of
-`cipr.method.actions.read_actions(..., response_logprobs=True)` serves both: it returns the completion token
-log-probabilities and the action distributions at every decision of both interfaces. The reader
-tokenizes text, so this holds for the rows whose re-tokenized prompt and decoded completion give back
-exactly the ids the loss uses; a sampled non-canonical tokenization makes a row differ, and TRL's own
-forward then scores that row alone (`actions/folded` logs the fraction of rows folded). The folded
-log-probabilities reach TRL's loss through the one TRL method that scores tokens,
-`_get_per_token_logps_and_entropies`: TRL's `_compute_loss` calls it with fixed arguments, so
-`_compute_loss` runs inside `given_task_logps(logps)`, which holds them for that one call and clears
-them on exit (also on error); outside it the method is TRL's (`tests/test_trl_contract.py` pins that
-TRL still scores through it). TRL's token-entropy metric needs full logits and is not computed on the
-folded path (logged as missing); the action-distribution entropy is logged instead. TRL scores tokens
-at the sampling temperature, so the folded read returns the token log-probabilities at that temperature
-(`ActionReaderConfig.response_temperature`) and the action distributions at temperature 1, from the same
-logits. The rescoring term always needs a second forward over the relabeled canonical rollouts (x̃, ỹ)
+Action reads. TRL's fused LM head never exposes logits, so with `algo.fold_action_read` one forward of
+`cipr.method.actions.read_actions(..., response_logprobs=True)` gives both the completion token
+log-probabilities (at the sampling temperature, as TRL scores them) and the action distributions of
+both interfaces (at temperature 1), from the same logits. The reader tokenizes text, so this holds
+for rows whose re-tokenized prompt and decoded completion give back the ids the loss uses; TRL's own
+forward scores the other rows (`actions/folded` logs the fraction folded). The folded log-probabilities
+reach TRL's loss through `_get_per_token_logps_and_entropies`, which TRL's `_compute_loss` calls with
+fixed arguments: `given_task_logps(logps)` holds them for that one call and clears them on exit (also
+on error); `tests/test_trl_contract.py` pins that TRL still scores through it. TRL's token entropy
+needs full logits and is logged as missing on the folded path; the action entropy is logged instead.
+The rescoring term always needs a second forward over the relabeled canonical rollouts (x̃, ỹ)
 (`cipr.method.relabel`).
 
 Choices the paper leaves open:
@@ -35,9 +30,8 @@ Choices the paper leaves open:
   with none (cut off before any call or answer) adds no term. A pair enters the rollout term only
   when both sides have a response with a decision; the rest are counted in `consistency/pairs_skipped`.
 - Rescoring uses the canonical rollouts only (the paper's y is a response to the canonical x), with
-  fresh `function_XX` names drawn per step and row (`cipr.method.relabel`, seeded by seed, step and row);
-  a rollout whose decisions do not survive relabeling is counted in `consistency/relabel_failures`
-  and skipped.
+  fresh `function_XX` names drawn per step and row (seeded by seed, step and row); a rollout whose
+  decisions do not survive relabeling is counted in `consistency/relabel_failures` and skipped.
 - Both terms follow `cipr.method.consistency` defaults: canonical side as reference (detached unless
   `algo.detach_reference=false`), KL(canonical || other), each response weighted once. The KLs are
   evaluated in float64 on rows renormalized to sum to 1 (`exact`): float32 rows sum to 1 only within
@@ -104,11 +98,8 @@ def completion_logps(model: Any, input_ids: torch.Tensor, attention_mask: torch.
     """Log-probabilities [B, C] of the last C = `logits_to_keep` tokens of `input_ids` [B, T] at
     `temperature`, and their entropies [B, C] if asked, from logits at those positions only.
 
-    TRL's fused head scores every position of the sequence (prompt included) where Triton is absent,
-    to keep tile shapes fixed for compilers: on CPU that is the whole sequence's vocabulary projection
-    and its backward, ~10x the completion's for 600-800-token prompts and 80-token completions (a
-    profiled SmolLM2 update: 38 s with TRL's scoring, 20 s with this one). Same values as TRL's
-    (`selective_log_softmax` and `entropy_from_logits` on the temperature-scaled logits; tested).
+    Where Triton is absent TRL's fused head projects every position (prompt included) onto the
+    vocabulary, backward included; this projects the completion only. Same values as TRL's (tested).
     """
     from trl.trainer.utils import entropy_from_logits, selective_log_softmax
 
@@ -156,14 +147,10 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
                              f"multiple of {self.unit_rows} completions (whole units)")
 
     def _init_trl(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """TRL's constructor, with the vLLM adjustments of `cipr.train.rollout` around it.
-
-        Before: the policy's folder is checked to be one vLLM can load (the embedded model's is its converted
-        copy).
-        During: a colocated engine is built with `enforce_eager` (`vllm_enforce_eager`; null: eager on CPU).
-        After: the colocated engine receives weights through `reload_weights` (any dtype), and vLLM
-        stops at the policy's eos ids. A vllm_server run on a machine without CUDA stops at TRL's
-        NCCL set-up with a ConfigError that says so.
+        """TRL's constructor inside the vLLM adjustments of `cipr.train.rollout`: the policy's folder is
+        checked loadable by vLLM, a colocated engine is built with `enforce_eager` (`vllm_enforce_eager`;
+        null: eager on CPU), receives weights through `reload_weights` and stops at the policy's eos ids;
+        vllm_server without CUDA raises a ConfigError at TRL's NCCL set-up.
         """
         train_args = kwargs.get("args", args[1] if len(args) > 1 else None)
         use_vllm = bool(getattr(train_args, "use_vllm", False))
@@ -222,8 +209,7 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
             torch.cuda.synchronize()
 
     def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
-        """TRL's micro-step; logs `time/backward`, its wall time outside generation, scoring and the loss
-        forward."""
+        """TRL's micro-step; logs `time/backward` (wall time outside generation, scoring, loss forward)."""
         self._timed_seconds = 0.0
         start = time.perf_counter()
         out = super().training_step(model, inputs, num_items_in_batch)
@@ -270,11 +256,8 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
     # -- generation ------------------------------------------------------------------------------
     def _generate_single_turn(self, prompt_ids: Any, images: Any, multimodal_fields: Any,
                               num_generations: int, has_tool_images: bool = False) -> Any:
-        """HF generation that runs each distinct prompt's prefill once (see
-        `cipr.runtime.generation.sample_shared_prefill`).
-
-        vLLM, continuous batching, multimodal inputs and `rollout.share_prompt_prefill=false` use TRL's path.
-        """
+        """HF generation running each distinct prompt's prefill once (`sample_shared_prefill`); vLLM,
+        continuous batching, multimodal inputs and `rollout.share_prompt_prefill=false` use TRL's path."""
         with self._timed("generate"):
             return self._generate_runs(prompt_ids, images, multimodal_fields, num_generations,
                                        has_tool_images)
@@ -300,8 +283,7 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
     # -- losses ----------------------------------------------------------------------------------
     @contextlib.contextmanager
     def given_task_logps(self, logps: torch.Tensor) -> Iterator[None]:
-        """For the `_compute_loss` call inside: the completion-token log-probs [B, C] are `logps`, not a
-        forward."""
+        """Inside, `_compute_loss` takes the completion-token log-probs from `logps`, not a forward."""
         if self._given_task_logps is not None:
             raise RuntimeError("given_task_logps does not nest: one set of log-probabilities per loss call")
         self._given_task_logps = logps
@@ -313,12 +295,8 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
     def _get_per_token_logps_and_entropies(self, model: Any, input_ids: torch.Tensor,
                                            attention_mask: torch.Tensor, logits_to_keep: int, *args: Any,
                                            **kwargs: Any) -> Any:
-        """TRL's token scoring, or inside `given_task_logps` the given log-probs
-        (entropies NaN: not computed).
-
-        Off Triton devices (CPU), text-only batches are scored by `completion_logps` (completion positions
-        only), in TRL's micro-batches; the rest goes to TRL.
-        """
+        """TRL's token scoring, or inside `given_task_logps` the given log-probs (entropies NaN).
+        Off Triton devices, text-only batches go to `completion_logps`, in TRL's micro-batches."""
         logps = self._given_task_logps
         if logps is None:
             if self._score_completions_only(model, args, kwargs):
@@ -358,11 +336,8 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
 
     def _fold_rows(self, inputs: dict[str, Any], queries: Sequence[ActionQuery]) -> list[bool] | None:
         """Per row, whether re-tokenizing it gives exactly the prompt and completion ids the loss uses.
-
-        None when folding is off (by config, under vLLM importance-sampling correction, with an
-        entropy-dependent loss, which needs TRL's token entropies, or with a MoE load-balancing loss,
-        which TRL takes from its own forward).
-        """
+        None when folding is off: by config, under vLLM importance-sampling correction, or with an
+        entropy-dependent loss (needs TRL's token entropies) or a MoE load-balancing loss (TRL's forward)."""
         if not (self.algo.fold_action_read and self._fold_allowed) or self.top_entropy_quantile < 1.0 \
                 or self._entropy_bonus_enabled or self.aux_loss_enabled:
             return None
@@ -378,8 +353,7 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
 
     def _task_logps(self, model: Any, inputs: dict[str, Any], logps: torch.Tensor, rows: Sequence[bool]
                     ) -> torch.Tensor:
-        """Completion-token log-probs [B, C]: the folded read's where a row matched, TRL's forward
-        elsewhere."""
+        """Completion-token log-probs: the folded read's where a row matched, TRL's forward elsewhere."""
         width = inputs["completion_ids"].size(1)
         if logps.size(1) < width:
             logps = torch.nn.functional.pad(logps, (0, width - logps.size(1)))

@@ -1,10 +1,9 @@
 """Replayed rollouts: completions drawn from fixed candidate texts instead of sampled from the policy.
 
-The tests (pairing, consistency terms, resume) and `scripts/bench_step.py` need rollouts that make
-tool calls from the first step (a tiny random model never does) and, for the benchmark, two
-algorithms that see identical rollouts. `ReplayRollouts.install(trainer)` replaces
-GRPOTrainer's `_generate_single_turn`, the one place TRL turns prompt ids into completion ids, so
-everything after it (rewards, advantages, losses, checkpoints) is the trainer's own code.
+Tests and `scripts/bench_step.py` need rollouts that make tool calls from the first step (a tiny random
+model never does), identical across algorithms. `ReplayRollouts.install(trainer)` replaces
+GRPOTrainer's `_generate_single_turn`, where TRL turns prompt ids into completion ids, so everything
+after it (rewards, advantages, losses, checkpoints) is the trainer's own code.
 
 For each prompt row the candidates are: the reference target (correct); the target with its first
 call sent to another declared tool (on the perturbed side the called tool's degraded twin when it

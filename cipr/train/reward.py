@@ -1,10 +1,9 @@
 """The GRPO reward: ToolRL's format + correctness, and per-rollout facts the metrics need.
 
-`RolloutScorer` is the reward function handed to TRL's GRPOTrainer. It decodes each completion
-itself, keeping special tokens (TRL's own decode drops them, and tags such as `<tool_call>` are
-special tokens in Qwen vocabularies), strips the end-of-turn/pad tokens that end it, and scores it
-against the reference of the prompt's row under that row's names. Calling a degraded twin is just
-a wrong call: it earns what any wrong call earns (paper, Appendix A).
+`RolloutScorer`, the reward function handed to TRL, decodes each completion itself keeping special
+tokens (TRL's decode drops them, and `<tool_call>` is one in Qwen vocabularies), strips the trailing
+end-of-turn/pad tokens, and scores it against the row's reference under its names. Calling a degraded
+twin earns what any wrong call earns (paper, Appendix A).
 
 With the `toolrl` call format the reward is `cipr.scoring.toolrl_reward` exactly. Other formats
 (Hermes/Qwen native calls, ReAct) have no ToolRL tags, so the format part is the call format's own

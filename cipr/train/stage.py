@@ -30,8 +30,7 @@ log = logging.getLogger("cipr.train")
 
 def run_stage(cfg: Any, stage: str, stage_dir: Path, writer: MetricsWriter,
               build: Callable[[list[Any]], Any]) -> tuple[int, Any]:
-    """Run one stage of the run config `cfg` in `stage_dir` (module docstring), `build(callbacks)` making
-    its Trainer; (step reached, trainer)."""
+    """Run one stage of `cfg` in `stage_dir`, `build(callbacks)` making its Trainer; (step, trainer)."""
     from cipr.ops.preemption import PreemptionCallback, PreemptionConfig
 
     reset_accelerator_state()
@@ -61,9 +60,8 @@ def run_stage(cfg: Any, stage: str, stage_dir: Path, writer: MetricsWriter,
 def finish_stage(trainer: Any, stage_dir: Path, steps: int) -> Path:
     """Save `final/` and mark the stage done (the main process writes the marker); returns `final/`.
 
-    `final/` always holds whole tensors, since the next stage, cipr-export and cipr-eval read it. Under FSDP
-    with a sharded state dict (`fsdp.state_dict_type: SHARDED_STATE_DICT`, which keeps step checkpoints small)
-    transformers' `save_model` writes nothing at all, so the full state dict is gathered here instead."""
+    `final/` always holds whole tensors (the next stage, cipr-export and cipr-eval read it): under FSDP
+    with `SHARDED_STATE_DICT` transformers' `save_model` writes nothing, so the full state is gathered."""
     final = stage_dir / "final"
     plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
     if getattr(trainer, "is_fsdp_enabled", False) and "FULL_STATE_DICT" not in str(plugin.state_dict_type):

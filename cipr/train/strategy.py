@@ -9,17 +9,14 @@
     distributed=zero3   DeepSpeed ZeRO-3: parameters split too
 
 The strategy reaches the Trainer as TrainingArguments (`trainer_arguments`: `fsdp`/`fsdp_config`, or
-`deepspeed`), and accelerate builds the wrapper. accelerate 1.15 drops FSDP and DeepSpeed without a word
-where it cannot run them (state.py: FSDP only for the MULTI_GPU-like process types, DeepSpeed `and not
-cpu`; on one process both), which would leave a run unsharded under a sharded label. So every stage
-checks, once its accelerator exists, what it runs against what was asked (`check_strategy`): the
-strategy (from `distributed=` or an accelerate config: `ACCELERATE_USE_FSDP`, `ACCELERATE_USE_DEEPSPEED`)
-and the number of processes (`WORLD_SIZE`, set by the launcher). A mismatch is one ConfigError line
-that names both. On CPU processes, measured with accelerate 1.15: the Trainer builds DeepSpeed ZeRO-2/3
-(it does not pass `cpu=True` to its Accelerator, and DeepSpeed falls back to its CPU accelerator over
-gloo), so `distributed=zero2|zero3 launcher.num_processes=2` runs as asked; FSDP stays MULTI_CPU and is
-refused here. The `distributed` test tier runs FSDP2's real code path on two CPU processes through a
-test-only shim (tests/support/cpu_sharding.py).
+`deepspeed`), and accelerate builds the wrapper. accelerate 1.15 silently drops FSDP and DeepSpeed where
+it cannot run them (FSDP only for MULTI_GPU-like process types, DeepSpeed not on CPU; neither on one
+process), which would leave a run unsharded under a sharded label. So every stage checks, once its
+accelerator exists, what it runs against what was asked (`check_strategy`): the strategy (`distributed=`
+or an accelerate config: `ACCELERATE_USE_FSDP`, `ACCELERATE_USE_DEEPSPEED`) and the processes
+(`WORLD_SIZE`); a mismatch is one ConfigError line naming both. On CPU processes the Trainer does build
+ZeRO-2/3 (DeepSpeed falls back to its CPU accelerator over gloo); FSDP stays MULTI_CPU and is refused.
+The `distributed` test tier runs FSDP2 on two CPU processes through tests/support/cpu_sharding.py.
 """
 
 from __future__ import annotations
@@ -90,8 +87,7 @@ def trainer_arguments(cfg: DistributedConfig) -> dict[str, Any]:
 
 
 def asked_strategy(strategy: str, env: Mapping[str, str]) -> tuple[str, int]:
-    """(strategy, processes) a run asks for: `distributed=`, else the accelerate config's,
-    and `WORLD_SIZE`."""
+    """(strategy, processes) a run asks for: `distributed=`, else the accelerate config's; `WORLD_SIZE`."""
     world = int(env.get("WORLD_SIZE", "1"))
     if strategy == "none":
         if env.get("ACCELERATE_USE_FSDP", "").lower() == "true":
@@ -154,20 +150,16 @@ def check_strategy(accelerator: Any, strategy: str, env: Mapping[str, str] | Non
 
 def sharded(strategy: str, env: Mapping[str, str] | None = None) -> bool:
     """Whether this run's weights are split across processes (FSDP2, ZeRO-3): outside the training step a
-    model is then whole only after reloading a saved `final/` (held-out probes, the next stage, an
-    evaluation)."""
+    model is then whole only after reloading a saved `final/`."""
     asked, processes = asked_strategy(strategy, os.environ if env is None else env)
     return asked in ("fsdp", "zero3") and processes > 1
 
 
 def reset_accelerator_state() -> None:
-    """Forget the previous stage's accelerator (its DeepSpeed or FSDP plugin) before the next
-    Trainer is built.
+    """Forget the previous stage's accelerator before the next Trainer is built (keeping the process group).
 
-    accelerate keeps one AcceleratorState per process and refuses a second Accelerator with a DeepSpeed plugin
-    ("You cannot pass in a `deepspeed_plugin` when creating a second `Accelerator`"), which a warm start
-    followed by GRPO under ZeRO builds; transformers' own hyperparameter search resets it the same way. The
-    process group (PartialState) is kept."""
+    accelerate refuses a second Accelerator with a DeepSpeed plugin in one process, which a warm start
+    followed by GRPO under ZeRO builds; transformers' hyperparameter search resets it the same way."""
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state()

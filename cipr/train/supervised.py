@@ -1,8 +1,7 @@
 """The supervised regime (`algo.regime=supervised`, paper §3.4): each algorithm's data, SFT instead of GRPO.
 
-The paper's supervised instantiation of CIPR is the SFT loss plus the rescoring consistency KL; it
-needs no generation, so a step costs one forward and backward per row plus the relabeled read. Per
-algorithm (see `algo.py`):
+The paper's supervised CIPR is the SFT loss plus the rescoring KL: no generation, one forward and
+backward per row plus the relabeled read. Per algorithm (`algo.py`):
 
 - `grpo` (the plain baseline): SFT on the original names.
 - `masking`: SFT on masked names.
@@ -15,11 +14,10 @@ algorithm (see `algo.py`):
 
 Action supervision (`action_weight` > 0, `algo.action_weight` / `trainer.warm_start.action_weight`): the
 task loss becomes the SFT token loss plus `action_weight` times the cross-entropy of the action
-distribution at the reference's calls (`action_nll`). Plain SFT spreads one example's signal over
-its ~50 target tokens, of which one (the id's last digit under canonical names) chooses the tool; on
-the embedded model, 40 SFT steps under canonical names left the held-out tool choice at 40% (chance
-33%), and 12 more at a 5x learning rate at 33% (docs/results/cpu_evidence.md). The term gives the
-choice a loss of its own. Both come from one forward of the action reader
+distribution at the reference's calls (`action_nll`). Plain SFT spreads the signal over all target
+tokens, of which one (the id's last digit under canonical names) chooses the tool, and left the
+held-out choice near chance (docs/results/cpu_evidence.md); the term gives the choice a loss of its
+own. Both come from one forward of the action reader
 (`read_actions(..., response_logprobs=True)`: the target's token log-probabilities and the action
 distributions), which replaces TRL's forward; the token loss is the mean over the micro-batch's target
 tokens (end-of-turn token included, as TRL appends it).
@@ -57,8 +55,7 @@ ROW = "row_id"
 
 def canonical_queries(records: Sequence[PromptRecord], fmt: CallFormat,
                       suffix: str = "") -> list[ActionQuery]:
-    """The action queries of the reference targets (+ `suffix`, e.g. the end-of-turn token) under their
-    prompts."""
+    """The action queries of the reference targets (+ `suffix`, e.g. end of turn) under their prompts."""
     return [ActionQuery.from_format(fmt, r.prompt, r.target + suffix, r.tools, r.classes) for r in records]
 
 
@@ -73,12 +70,11 @@ def reference_classes(query: ActionQuery, num_actions: int) -> list[int]:
 
 def action_nll(probs: torch.Tensor, targets: torch.Tensor, segments: torch.Tensor, *, eps: float = 1e-12
                ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Cross-entropy of action distributions at the reference's choices, averaged per response,
-    then over them.
-
-    Shapes: probs [D, A] (∅ last, rows sum to 1), targets [D] (long, the reference's column, -1 = not scored),
-    segments [D] (long, the response of each decision). Returns a scalar (a zero that keeps the graph when
-    nothing is scored) and metrics `action/nll`, `action/accuracy` (argmax = target), `action/scored`.
+    """Cross-entropy of action distributions at the reference's choices, averaged per response, then
+    over them. Shapes: probs [D, A] (∅ last, rows sum to 1), targets [D] (long, the reference's column,
+    -1 = not scored), segments [D] (long, the response of each decision). Returns a scalar (a zero that
+    keeps the graph when nothing is scored) and metrics `action/nll`, `action/accuracy` (argmax =
+    target), `action/scored`.
     """
     if probs.dim() != 2 or targets.shape != probs.shape[:1] or segments.shape != targets.shape:
         raise ValueError(f"expected probs [D, A], targets [D], segments [D]; got {tuple(probs.shape)}, "
@@ -171,9 +167,7 @@ class SupervisedTrainer(WarmStartTrainer):
         return self._cipr_sampler
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """Each process records its own micro-batches' metrics; they are pooled over the processes before TRL
-        averages them, so a logged consistency KL or action accuracy is the whole step's, not rank 0's
-        share."""
+        """Metrics pooled over the processes before TRL averages them: the whole step's, not rank 0's."""
         if self.accelerator.num_processes > 1:
             from accelerate.utils import gather_object
 
@@ -216,11 +210,10 @@ class SupervisedTrainer(WarmStartTrainer):
         return self._token_loss(total, mask.sum(), num_items_in_batch) + action, reading
 
     def _token_loss(self, total: torch.Tensor, count: torch.Tensor, num_items_in_batch: Any) -> torch.Tensor:
-        """The token loss scaled as the Trainer scales a model's own: the sum over the target tokens of the
-        whole step (`num_items_in_batch`: every accumulation step and, with `average_tokens_across_devices`,
-        every process) times the processes, whose gradients DDP, FSDP and ZeRO average. Two processes then
-        train like one on the same global batch, whatever each one's token count; else the micro-batch's
-        mean."""
+        """The token loss scaled as the Trainer scales a model's own: the sum over the whole step's target
+        tokens (`num_items_in_batch`: every accumulation step and, with `average_tokens_across_devices`,
+        every process) times the processes, whose gradients DDP/FSDP/ZeRO average, so two processes train
+        like one on the same global batch; else the micro-batch's mean."""
         if self.model_accepts_loss_kwargs and num_items_in_batch is not None:
             processes = self.accelerator.num_processes if self.args.average_tokens_across_devices else 1
             return total * processes / num_items_in_batch

@@ -1,9 +1,8 @@
 """A warm start shared by many runs: one SFT stage in its own folder, trained once, loaded by every run.
 
-A comparison of algorithms (the ladder sweep, `configs/train/sweep/ladder.yaml`) must start every
-algorithm from the same weights, and should not train the same SFT once per point. With
-`trainer.warm_start.shared_dir=DIR`, the warm start stage lives in DIR (checkpoints, `final/`,
-`stage.json`, its own `metrics.jsonl`) instead of `run_dir/warm_start`:
+A comparison of algorithms (e.g. `configs/train/sweep/ladder.yaml`) must start every algorithm from
+the same weights without training the SFT once per point. With `trainer.warm_start.shared_dir=DIR` the
+warm start stage (checkpoints, `final/`, `stage.json`, `metrics.jsonl`) lives in DIR:
 
 - The first run to reach it takes an exclusive lock (`DIR/.lock`, `fcntl.flock`) and trains it (or
   resumes it from its latest complete checkpoint); runs that start meanwhile wait on the lock, then
@@ -11,8 +10,8 @@ algorithm from the same weights, and should not train the same SFT once per poin
 - What the warm start learns must not depend on which run trains it: its prompts come from
   `warm_start.names` (`original`, `canonical`, `masked`, or `mixed`: every example under original
   and under canonical names; never perturbed copies) and its data order from `warm_start.seed`.
-  `DIR/identity.json` records the model, data, call format and warm-start settings; a run whose
-  settings differ is refused before any work, so two comparisons cannot share a folder by accident.
+  `DIR/identity.json` records model, data, call format and warm-start settings; a run whose settings
+  differ is refused before any work.
 - With several processes (accelerate), the shared stage must already be finished (train it with one
   process first, e.g. the first point of the sweep): ranks of one run cannot wait on a lock together.
 """

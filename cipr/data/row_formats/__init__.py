@@ -1,17 +1,14 @@
 """Public function-calling data read as it is published: every format becomes `messages` + `tools` rows.
 
-Formats (one reader each, `READERS`): `messages` (the TRL/OpenAI rows `cipr.data.messages` reads),
-`xlam` (xLAM/APIGen: `query`, `tools`, `answers`), `hermes_fc` (NousResearch Hermes function calling:
-ShareGPT `conversations` with `<tools>`, `<tool_call>`, `<tool_response>`; ToolACE-style rows, with the
-functions listed in a `system` prompt and calls written as Python, too) and `glaive` (Glaive
-function-calling v2: `system` + `chat` text). Each reader turns a row into a `messages` row, which the
-`messages` reader then checks and splits into Examples as for any `messages` row (its docstring says
-how): the same ids (the row's `id`, else `<file stem>_<i>`), the same skip policy (`on_bad_row`), the
-same files (`.jsonl`, `.json`, `.parquet`, saved datasets, folders of them). A bad row names its file,
-its line or row, and the field in the source's own terms (`answers[0].arguments`, `chat[3]`).
+Formats (one reader each, `READERS`): `messages` (the TRL/OpenAI rows `cipr.data.messages` reads), `xlam`
+(xLAM/APIGen), `hermes_fc` (NousResearch Hermes function calling and ToolACE-style ShareGPT rows) and `glaive`
+(Glaive function-calling v2). Each reader turns a row into a `messages` row, which the `messages` reader
+checks and splits into Examples as for any `messages` row: the same ids, skip policy (`on_bad_row`) and files
+(`.jsonl`, `.json`, `.parquet`, saved datasets, folders of them). A bad row names its file, its line or row,
+and the field in the source's own terms (`answers[0].arguments`, `chat[3]`).
 
-`format="auto"` reads the format from the first row's keys (`detect_format`, which says why); later rows
-are read in that format, so a file mixing formats reports the odd rows as bad.
+`format="auto"` reads the format from the first row's keys (`detect_format`, which says why); later rows are
+read in that format, so a file mixing formats reports the odd rows as bad.
 """
 
 from __future__ import annotations

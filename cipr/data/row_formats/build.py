@@ -1,10 +1,9 @@
-"""What every reader of a public function-calling format shares: lenient decoding, and a `messages` row
-built turn by turn that remembers which source field each of its parts came from.
+"""What every reader of a public function-calling format shares: lenient decoding, and a `messages` row built
+turn by turn that remembers which source field each of its parts came from.
 
-A converted row is checked by the `messages` reader (`cipr.data.messages`); a problem it finds there
-(an undeclared tool, a malformed schema, an empty assistant turn, ...) is reported under the source's
-own field (`answers[1].name`, `conversations[3].value.tool_call[0].arguments`, `chat[2]`), so a bad row
-names its file, row and field in the format the user gave.
+A problem the `messages` reader (`cipr.data.messages`) finds in a converted row (an undeclared tool, a
+malformed schema, an empty assistant turn, ...) is reported under the source's own field (`answers[1].name`,
+`conversations[3].value.tool_call[0].arguments`, `chat[2]`).
 """
 
 from __future__ import annotations
@@ -34,10 +33,8 @@ def json_data(value: Any) -> Any:
 
 
 def loose_json(text: str) -> Any:
-    """JSON, else a Python literal (single quotes, `True`, `None`) read with `ast.literal_eval` (never eval).
-
-    ValueError saying why when it is neither.
-    """
+    """JSON, else a Python literal (single quotes, `True`, `None`) read with `ast.literal_eval` (never eval);
+    ValueError saying why when it is neither."""
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as e:

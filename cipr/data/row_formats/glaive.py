@@ -1,16 +1,16 @@
 """Glaive function-calling v2 rows: a `system` text and a `chat` text.
 
-`system` is `SYSTEM: <instructions> -` followed by the function definitions, JSON objects one after the
-other (bare `{"name", "description", "parameters"}`); a system text without any is kept as the system
-message (`SYSTEM:` dropped), one with them is the format's own tool instructions and is not kept.
+`system` is `SYSTEM: <instructions> -` then the function definitions, bare JSON objects one after the other; a
+system text without any is kept as the system message (`SYSTEM:` dropped), one with them is the format's own
+tool instructions and is not kept.
 
-`chat` is a sequence of turns, each opened by `USER:`, `ASSISTANT:` or `FUNCTION RESPONSE:` at the
-start of a line, assistant turns closed by `<|endoftext|>` (dropped wherever it appears). An assistant
-turn's call is `<functioncall> {"name": ..., "arguments": ...}`; several in a turn are parallel calls,
-and the text before (or after) them is the turn's text. Glaive writes the arguments as a JSON string in
-single quotes (`"arguments": '{"a": 1}'`), which makes the object neither JSON nor (when the arguments
-hold an apostrophe) a Python literal: the call is read as JSON, else as a Python literal, else as that
-exact shape. A `FUNCTION RESPONSE:` turn is a tool message (its tool: the single call before it).
+`chat` is a sequence of turns opened by `USER:`, `ASSISTANT:` or `FUNCTION RESPONSE:` at the start of a line,
+assistant turns closed by `<|endoftext|>` (dropped wherever it appears). An assistant turn's call is
+`<functioncall> {"name": ..., "arguments": ...}`; several are parallel calls, and the text around them is the
+turn's text. Glaive writes the arguments as a JSON string in single quotes (`"arguments": '{"a": 1}'`),
+neither JSON nor (with an apostrophe inside) a Python literal: the call is read as JSON, else as a Python
+literal, else as that exact shape. A `FUNCTION RESPONSE:` turn is a tool message (its tool: the single call
+before it).
 """
 
 from __future__ import annotations

@@ -1,24 +1,23 @@
 """ShareGPT function-calling rows, `conversations` of `{"from", "value"}` turns: NousResearch's Hermes
 function calling, and ToolACE-style rows.
 
-Turns come `from` `system`, `human`, `gpt` or `tool` (`user`, `assistant`, `function` and `observation`
-are read too); a row-level `system` text (ToolACE) is read as a first system turn. The tools are the JSON
-(or Python-literal) objects inside `<tools>...</tools>` of a system turn, as a list or one after the
-other, bare or wrapped (`{"type": "function", "function": ...}`); a system turn without `<tools>` that
-holds a JSON list of named objects (ToolACE's "Here is a list of functions in JSON format") declares that
-list. A row-level `tools` (a list or a JSON string, as some ShareGPT exports have) is read instead when
-present. A system turn that declares tools is the format's own tool instructions and is not kept (the
-call format writes its own); any other system turn is kept as the system message.
+Turns come `from` `system`, `human`, `gpt` or `tool` (also `user`, `assistant`, `function`, `observation`); a
+row-level `system` text (ToolACE) is a first system turn. The tools are the JSON (or Python-literal) objects
+inside `<tools>...</tools>` of a system turn, as a list or one after the other, bare or wrapped
+(`{"type": "function", "function": ...}`); a system turn without `<tools>` holding a JSON list of named
+objects (ToolACE's "Here is a list of functions in JSON format") declares that list. A row-level `tools` (a
+list or a JSON string) is read instead when present. A system turn that declares tools is the format's own
+tool instructions and is not kept (the call format writes its own); any other is the system message.
 
-A `gpt` turn's calls are its `<tool_call>...</tool_call>` blocks, in order (parallel calls when there are
-several), each `{"name", "arguments"}` as JSON or a Python literal (Hermes writes `{'arguments': {...},
-'name': ...}`), arguments an object or a JSON string; the text outside the blocks, stripped, is the
-turn's text. A turn that is entirely a Python list of calls with keyword arguments, `[f(a=1), g(b='x')]`
-(ToolACE), makes those calls (values read with `ast.literal_eval`, never evaluated). A `tool` turn's
-`<tool_response>...</tool_response>` blocks are one tool message each: a block `{"name", "content"}`
-gives the tool's name and the content (a non-string content as JSON), any other block is the content
-itself. A turn without blocks that is a JSON list of `{"name", "results"}` (ToolACE) is one tool message
-per entry (the results as JSON); any other is one tool message of its whole text.
+A `gpt` turn's calls are its `<tool_call>...</tool_call>` blocks in order (parallel calls when several), each
+`{"name", "arguments"}` as JSON or a Python literal (Hermes writes `{'arguments': {...}, 'name': ...}`),
+arguments an object or a JSON string; the text outside the blocks, stripped, is the turn's text. A turn that
+is entirely a Python list of calls with keyword arguments, `[f(a=1), g(b='x')]` (ToolACE), makes those calls
+(values read with `ast.literal_eval`, never evaluated). Each `<tool_response>...</tool_response>` block of a
+`tool` turn is one tool message: `{"name", "content"}` gives the name and the content (non-string content as
+JSON), any other block is the content itself. A turn without blocks that is a JSON list of
+`{"name", "results"}` (ToolACE) is one tool message per entry (results as JSON); any other is one tool message
+of its whole text.
 """
 
 from __future__ import annotations

@@ -1,18 +1,16 @@
 """xLAM / APIGen rows (xlam-function-calling-60k, xlam-irrelevance-7.5k): `query`, `tools`, `answers`.
 
-`tools` and `answers` are JSON strings (Hub datasets keep them so) or already decoded lists, a Python
-literal where the data was written with single quotes. A row is one user message (`query`) and one
-assistant turn making the `answers` calls in order (parallel calls when there are several). Empty
-`answers` (xlam-irrelevance) is a turn that calls nothing; the data gives it no text, so its text is
-`NO_CALL_ANSWER`.
+`tools` and `answers` are JSON strings (as on the Hub), decoded lists, or Python literals (single quotes). A
+row is one user message (`query`) and one assistant turn making the `answers` calls in order (parallel when
+several). Empty `answers` (xlam-irrelevance) is a turn that calls nothing; the data gives it no text, so its
+text is `NO_CALL_ANSWER`.
 
-xLAM writes a tool's `parameters` as `{name: {"type": "str", "description": ..., "default": ...}}`
-rather than a JSON Schema; they become `{"type": "object", "properties": ..., "required": ...}`: Python
-type names map to JSON Schema's (`str` string, `int` integer, `float` number, `bool` boolean, `list`/
-`List[X]` array, with `items` for a known X, `dict` object; any other name is kept as written), and a
-parameter is required unless its type says `optional` (`str, optional`, `Optional[str]`) or it has a
-`default`. Parameters that already are a JSON Schema (a string `type`) are kept, as are OpenAI-wrapped
-tools.
+xLAM writes `parameters` as `{name: {"type": "str", "description": ..., "default": ...}}`, not a JSON Schema;
+they become `{"type": "object", "properties": ..., "required": ...}`: Python type names map to JSON Schema's
+(`str` string, `int` integer, `float` number, `bool` boolean, `list`/`List[X]` array, with `items` for a known
+X, `dict` object; other names kept as written), and a parameter is required unless its type says `optional`
+(`str, optional`, `Optional[str]`) or it has a `default`. Parameters that already are a JSON Schema (a string
+`type`) are kept, as are OpenAI-wrapped tools.
 """
 
 from __future__ import annotations
