@@ -466,3 +466,47 @@ def test_loose_decoding_reads_python_literals_and_never_evaluates():
             loose_json(text)
     assert json_objects('{"a": 1}\n\n{"b": 2}, {"c": 3}') == [{"a": 1}, {"b": 2}, {"c": 3}]
     assert json_objects("[{'a': 1}]") == [{"a": 1}] and json_objects('{"a": 1}') == [{"a": 1}]
+
+
+def test_cipr_data_convert_and_stats_read_a_published_format(tmp_path, capsys):
+    from cipr.cli.data import main
+
+    source = write_jsonl(tmp_path / "x.jsonl", [*XLAM_ROWS, {"broken": True}])
+    out = tmp_path / "rows.jsonl"
+    assert main(["convert", f"path={source}", f"out={out}", "on_bad_row=skip"]) == 0
+    assert "format xlam: the row has 'query'" in capsys.readouterr().err
+    def content(examples: list[Example]) -> list:
+        return [(e.messages, e.interface, e.reference, e.response) for e in examples]
+
+    direct = load_rows(source, "xlam", on_bad_row="skip").examples
+    assert content(load_messages(out).examples) == content(direct)
+    assert main(["stats", "source=messages", f"path={source}", "format=xlam", "on_bad_row=skip"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["format"] == "xlam" and stats["examples"] == 4
+    assert stats["skipped_rows"] == {"missing query": 1}
+    assert main(["stats", "source=bfcl", "format=xlam"]) == 2  # format belongs to source=messages
+
+
+@pytest.mark.parametrize("fmt, rows", [("xlam", XLAM_ROWS), ("hermes_fc", HERMES_ROWS)])
+def test_one_cipr_step_trains_on_a_published_format(tmp_path, tiny_dir, fmt, rows):
+    """`cipr-train data=messages data.format=FMT`: the rows go through the messages pipeline, paired copies
+    and the consistency terms included, on the tiny model."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from cipr.cli.train import CONFIG_DIR
+    from cipr.train.config import config_from_dict
+    from cipr.train.run import run
+
+    copies = [{**r, "id": f"{r.get('id', k)}-{c}"} for c in range(3) for k, r in enumerate(rows)]
+    path = write_jsonl(tmp_path / fmt / "train.jsonl", copies)
+    overrides = ["data=messages", f"data.path={path}", f"data.format={fmt}", "data.eval_examples=1",
+                 "model=tiny", f"model.name_or_path={tiny_dir}", "trainer=smoke", "trainer.max_steps=1",
+                 f"trainer.run_dir={tmp_path / 'run'}", "trainer.per_device_train_batch_size=4",
+                 "trainer.warm_start.steps=0", "rollout.num_generations=2", "rollout.max_completion_length=8",
+                 "logging.progress_bar=false"]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = config_from_dict(OmegaConf.to_container(compose("train", overrides=overrides), resolve=True))
+    run_dir = run(cfg)
+    steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("kind") == "step" and "consistency/rescore_kl" in r for r in steps)

@@ -4,6 +4,8 @@ Examples (CPU; the same anywhere, no GPU involved):
     cipr-data fetch data_root=DIR                  # BFCL v4 from the pinned bfcl-eval wheel
     cipr-data stats source=rotbench                # also bfcl, toolrl, synthetic; data_root=DIR
     cipr-data stats source=messages path=FILE_OR_DIR on_bad_row=skip   # your own messages + tools rows
+    cipr-data stats source=messages format=xlam path=xlam.json on_bad_row=skip    # a published format's rows
+    cipr-data convert format=hermes_fc path=hermes.json out=rows.jsonl   # into messages + tools rows
     cipr-data export source=bfcl names=canonical out=bfcl.jsonl
     cipr-data export source=bfcl perturb=cost_tag_explicit names=canonical order=costly_first seed=0 \\
         out=bfcl_cost.jsonl
@@ -37,6 +39,7 @@ from cipr.tools.canonical import canonicalize
 from cipr.tools.interface import Example
 
 Source = Literal["bfcl", "toolrl", "rotbench", "synthetic", "messages"]
+RowFormat = Literal["auto", "messages", "xlam", "hermes_fc", "glaive"]
 SOURCES: tuple[str, ...] = get_args(Source)
 
 
@@ -56,6 +59,18 @@ class Stats:
     data_root: str | None = None  # null: $CIPR_DATA_ROOT or ../shared/data
     path: str | None = None  # toolrl: a verl parquet or the raw SFT JSON; messages: the rows' file or folder
     on_bad_row: Literal["raise", "skip"] = "raise"  # messages: stop at a malformed row, or count and skip it
+    format: RowFormat = "auto"  # messages: the rows' format (auto: read from the first row, reason printed)
+
+
+@dataclass
+class Convert:
+    """`cipr-data convert`: a published format's rows (xLAM, Hermes FC, Glaive) as messages + tools JSONL."""
+
+    path: str  # the source file or folder
+    out: str  # the JSONL file to write (a new file)
+    format: RowFormat = "auto"  # auto: read from the first row (the reason is printed)
+    on_bad_row: Literal["raise", "skip"] = "raise"  # stop at a malformed row, or count and skip it
+    overwrite: bool = False  # replace an existing `out` file
 
 
 @dataclass
@@ -107,9 +122,9 @@ def load_source(o: Export) -> list[Example]:
         from cipr.data.synthetic import generate_synthetic
 
         return generate_synthetic(o.n, o.seed)
-    from cipr.data.messages import load_messages
+    from cipr.data.row_formats import load_rows
 
-    return load_messages(_messages_path(o.path), on_bad_row=o.on_bad_row).examples
+    return load_rows(_messages_path(o.path), o.format, on_bad_row=o.on_bad_row).examples
 
 
 def _messages_path(path: str | None) -> str:
@@ -122,11 +137,12 @@ def _messages_path(path: str | None) -> str:
 def stats(o: Stats) -> dict[str, Any]:
     """Counts per partition or level, as printed by `cipr-data stats` (messages: of the rows at `path`)."""
     if o.source == "messages":
-        from cipr.data.messages import load_messages, messages_stats
+        from cipr.data.row_formats import format_stats
 
-        return messages_stats(load_messages(_messages_path(o.path), on_bad_row=o.on_bad_row))
-    if o.path is not None or o.on_bad_row != "raise":
-        raise ConfigError(f"path and on_bad_row are read by `stats source=messages` only, not {o.source}")
+        return format_stats(_messages_path(o.path), o.format, on_bad_row=o.on_bad_row)
+    if o.path is not None or o.on_bad_row != "raise" or o.format != "auto":
+        raise ConfigError(f"path, format and on_bad_row are read by `stats source=messages` only, not "
+                          f"{o.source}")
     if o.source == "bfcl":
         from cipr.data.bfcl import bfcl_stats
 
@@ -260,8 +276,22 @@ def _export(o: Export) -> int:
     return 0
 
 
+def _convert(o: Convert) -> int:
+    from cipr.data.row_formats import convert_rows, resolve_format
+
+    out = check_output_file(o.out, inputs=[Path(o.path)], overwrite=o.overwrite)
+    name, why = resolve_format(o.path, o.format)
+    rows, data = convert_rows(o.path, name, on_bad_row=o.on_bad_row)
+    write_text_atomic(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    skipped = ", ".join(f"{k}: {n}" for k, n in sorted(data.skipped.items())) or "none"
+    print(f"wrote {len(rows)} messages + tools rows to {o.out} (format {name}: {why}; skipped {skipped})",
+          file=sys.stderr)
+    return 0
+
+
 VERBS = {"fetch": (Fetch, _fetch), "stats": (Stats, _stats), "export": (Export, _export),
-         "list-perturbations": (NoOptions, _list), "trajectories": (Trajectories, _trajectories)}
+         "convert": (Convert, _convert), "list-perturbations": (NoOptions, _list),
+         "trajectories": (Trajectories, _trajectories)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -49,6 +49,7 @@ class TrajectoryDataConfig:
     source: Literal["trajectories", "messages"] = "trajectories"
     path: str | None = None
     on_bad_row: Literal["raise", "skip"] = "raise"
+    format: Literal["auto", "messages", "xlam", "hermes_fc", "glaive"] = "auto"
     n: int = 64
     seed: int = 0
     eval_examples: int = 8
@@ -84,6 +85,8 @@ def check_data(cfg: TrajectoryDataConfig) -> Path | None:
         raise ConfigError("data.max_turns must be >= 1 (or null to keep every turn)")
     if cfg.on_bad_row != "raise" and cfg.source != "messages":
         raise ConfigError(f"data.on_bad_row={cfg.on_bad_row} applies to data.source=messages only; remove it")
+    if cfg.format != "auto" and cfg.source != "messages":
+        raise ConfigError(f"data.format={cfg.format} applies to data.source=messages only; remove it")
     if cfg.source == "messages":
         from cipr.data.messages import checked_path
 
@@ -124,10 +127,10 @@ def load_split(cfg: TrajectoryDataConfig) -> tuple[list[Example], list[Example],
     path = check_data(cfg)
     skipped: dict[str, int] = {}
     if cfg.source == "messages":
-        from cipr.data.messages import load_messages
+        from cipr.data.row_formats import load_rows
 
         assert path is not None
-        data = load_messages(path, on_bad_row=cfg.on_bad_row, unit="conversation")
+        data = load_rows(path, cfg.format, on_bad_row=cfg.on_bad_row, unit="conversation")
         examples = data.examples[:cfg.n] if cfg.n else data.examples
         skipped = {f"bad row: {k}": n for k, n in sorted(data.skipped.items())}
     elif path is None:

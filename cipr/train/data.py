@@ -59,12 +59,14 @@ class DataConfig:
     `no_call_fraction`, `same_domain_distractors`, `tools` (a narrower catalog) and `exclude` (tools and
     templates held back) to `cipr.data.synthetic.SyntheticConfig` (defaults and checks). `perturbation_seed`
     draws the perturbed copies (twins, relabeling, order; None: `seed`), so runs can share their examples and
-    differ in their copies. `on_bad_row` (`raise` or `skip`) is the messages source's
-    (`cipr.data.messages.load_messages`); the other sources always raise.
+    differ in their copies. `format` (`auto`, `messages`, `xlam`, `hermes_fc`, `glaive`) and `on_bad_row`
+    (`raise` or `skip`) are the messages source's (`cipr.data.row_formats.load_rows`: published formats read
+    as messages rows); the other sources always raise.
     """
 
     source: Literal["synthetic", "toolrl", "toolrl_sft", "messages"] = "synthetic"
     path: str | None = None
+    format: Literal["auto", "messages", "xlam", "hermes_fc", "glaive"] = "auto"
     on_bad_row: Literal["raise", "skip"] = "raise"
     n: int = 64
     seed: int = 0
@@ -168,6 +170,8 @@ def check_source(cfg: DataConfig) -> Path | None:
         raise ConfigError("data.n and data.eval_examples must be >= 0")
     if cfg.on_bad_row != "raise" and cfg.source != "messages":
         raise ConfigError(f"data.on_bad_row={cfg.on_bad_row} applies to data.source=messages only; remove it")
+    if cfg.format != "auto" and cfg.source != "messages":
+        raise ConfigError(f"data.format={cfg.format} applies to data.source=messages only; remove it")
     if cfg.source == "synthetic":
         if cfg.path is not None:
             raise ConfigError("data.path is not used by data.source=synthetic "
@@ -203,9 +207,9 @@ def load_source(cfg: DataConfig) -> tuple[list[Example], Counter]:
     assert path is not None
     skipped: Counter = Counter()
     if cfg.source == "messages":
-        from cipr.data.messages import load_messages
+        from cipr.data.row_formats import load_rows
 
-        data = load_messages(path, on_bad_row=cfg.on_bad_row)
+        data = load_rows(path, cfg.format, on_bad_row=cfg.on_bad_row)
         examples = data.examples
         skipped.update({f"bad row: {k}": n for k, n in data.skipped.items()})
     else:
