@@ -5,7 +5,8 @@ client's names otherwise), against a contract snapshot of the request's tools: i
 prompts then go to the same model with the same tools, and a call it lets through always translates
 back. Policies are the guard's own (`none` validates and blocks only; `naive_retry`, `tool_list`,
 `repair`); `off` skips the guard. One Guard is built per request (no state shared between requests
-except the audit log, which is thread-safe).
+except the audit log, which is thread-safe). A server runs for days: its audit log
+(`BoundedAuditLog`) appends each record to its file and keeps only the last `window` in memory.
 
 `ChatGuardBackend` lets the guard call the served backend: its chat-completions reply is written
 as text the guard's parser reads (`<tool_call>` blocks of `{"name", "arguments"}` JSON after the
@@ -15,6 +16,8 @@ message content); a forced `tool_choice` goes through as OpenAI's function objec
 from __future__ import annotations
 
 import json
+import os
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +29,14 @@ from cipr.serve.conversation import _arguments
 from cipr.tools.interface import Call
 
 GUARD_CHOICES = ("off", "none", "naive_retry", "tool_list", "repair")
+
+
+class BoundedAuditLog(AuditLog):
+    """An AuditLog that streams records to its file and keeps the last `window` of them in `records`."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, window: int = 64) -> None:
+        super().__init__(path)
+        self.records = deque(maxlen=window)  # type: ignore[assignment]
 
 
 def reply_text(message: Mapping[str, Any]) -> str:

@@ -1,130 +1,249 @@
-"""The OpenAI chat-completions wire format as cipr-serve reads and writes it: request checks, errors, replies.
+"""The OpenAI chat-completions wire format as cipr-serve reads and writes it: request models, errors, replies.
 
-Every malformed request is refused with an OpenAI-style error object
-`{"error": {"message", "type": "invalid_request_error", "param", "code"}}` whose `param` names the
-offending field by its path (`messages[2].tool_calls[0].function.arguments`), so a client can see
-what to fix without reading our logs. Checks cover what the adapter relies on (messages, roles,
-earlier tool calls, tools, tool_choice) and what it does not offer (`stream=true`, `n > 1`); every
-other field is forwarded to the backend as it is.
+Every refused request gets an OpenAI-style error object `{"error": {"message", "type", "param",
+"code"}}` whose `param` names the offending field by its path
+(`messages[2].tool_calls[0].function.arguments`), so a client can see what to fix without our logs.
+A request is validated twice, and forwarded as the client sent it: `ChatRequest` (pydantic, strict:
+no "5" for 5, no 5 for "5") checks the shape and types of every field the adapter reads and of the
+usual sampling fields; `check_request` then checks what spans fields (tool calls only on assistant
+messages, arguments that are JSON, a forced tool the request declares). Fields we do not know are
+forwarded unchanged. `chunks` writes a finished reply as `chat.completion.chunk` server-sent events.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 import time
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 TOOL_CHOICE_WORDS = ("none", "auto", "required")
+MAX_NEW_TOKENS = 1_000_000
+_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@]+@")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
+
+def _constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def strict_json(text: str | bytes) -> Any:
+    """`json.loads` that refuses what JSON does not allow (NaN, Infinity, numbers beyond a float)."""
+    return json.loads(text, parse_float=_finite, parse_constant=_constant)
+
+
+def redact(text: str) -> str:
+    """`text` with the credentials of any URL in it (`user:pass@`) replaced by `***@`."""
+    return _USERINFO.sub(r"\1***@", text)
 
 
 class ApiError(Exception):
     """An error the client receives as an HTTP status and an OpenAI-style error body.
 
-    `extra` adds fields to the error object (e.g. the undeclared names and the model's message).
+    `extra` adds fields to the error object (e.g. the undeclared names and the model's message);
+    `headers` adds response headers (e.g. Retry-After).
     """
 
     def __init__(self, status: int, message: str, *, param: str | None = None,
                  type: str = "invalid_request_error", code: str | None = None,
-                 extra: Mapping[str, Any] | None = None) -> None:
+                 extra: Mapping[str, Any] | None = None, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
         self.extra = dict(extra or {})
+        self.headers = dict(headers or {})
 
     def to_json(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code,
-                          **self.extra}}
+        return {"error": {"message": redact(self.message), "type": self.type, "param": self.param,
+                          "code": self.code, **self.extra}}
 
 
 def bad_request(message: str, param: str | None, code: str = "invalid_value") -> ApiError:
     return ApiError(400, message, param=param, code=code)
 
 
-def _check_content(content: Any, where: str) -> None:
-    if content is None or isinstance(content, str):
-        return
-    if not isinstance(content, list):
-        raise bad_request(f"{where} must be a string, null or a list of content parts", where, "invalid_type")
-    for j, part in enumerate(content):
-        if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
-            raise bad_request(f"{where}[{j}] must be an object with a 'type'", f"{where}[{j}]",
-                              "invalid_type")
+# ----- request models ---------------------------------------------------------------------------------
 
 
-def _check_tool_calls(calls: Any, where: str) -> None:
-    if not isinstance(calls, list):
-        raise bad_request(f"{where} must be a list", where, "invalid_type")
-    for j, call in enumerate(calls):
-        at = f"{where}[{j}]"
-        if not isinstance(call, Mapping):
-            raise bad_request(f"{at} must be an object", at, "invalid_type")
-        if call.get("type", "function") != "function":
-            raise bad_request(f"{at}.type must be 'function'", f"{at}.type")
-        fn = call.get("function")
-        if not isinstance(fn, Mapping):
-            raise bad_request(f"{at}.function must be an object with name and arguments", f"{at}.function",
-                              "invalid_type")
-        if not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise bad_request(f"{at}.function.name must be a non-empty string", f"{at}.function.name")
-        args = fn.get("arguments", "{}")
-        if not isinstance(args, str):
-            raise bad_request(f"{at}.function.arguments must be a JSON string", f"{at}.function.arguments",
-                              "invalid_type")
-        try:
-            json.loads(args or "{}")
-        except json.JSONDecodeError as e:
-            raise bad_request(f"{at}.function.arguments is not valid JSON: {e}",
-                              f"{at}.function.arguments") from e
+class _Open(BaseModel):
+    """Strict types, unknown fields kept (and forwarded)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
-def check_messages(messages: Any) -> None:
-    """Raise ApiError naming the field if `messages` is not a valid chat conversation."""
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("messages must be a non-empty list", "messages",
-                          "missing_required_parameter" if messages is None else "invalid_value")
-    for i, m in enumerate(messages):
-        at = f"messages[{i}]"
-        if not isinstance(m, Mapping):
-            raise bad_request(f"{at} must be an object", at, "invalid_type")
-        role = m.get("role")
-        if role not in ROLES:
-            raise bad_request(f"{at}.role must be one of {', '.join(ROLES)}, got {role!r}", f"{at}.role")
-        _check_content(m.get("content"), f"{at}.content")
-        if m.get("tool_calls") is not None:
-            if role != "assistant":
-                raise bad_request(f"{at}.tool_calls is only allowed on assistant messages",
-                                  f"{at}.tool_calls")
-            _check_tool_calls(m["tool_calls"], f"{at}.tool_calls")
-        if m.get("name") is not None and not isinstance(m["name"], str):
-            raise bad_request(f"{at}.name must be a string", f"{at}.name", "invalid_type")
+Name = Annotated[StrictStr, Field(min_length=1, max_length=256)]
+Tokens = Annotated[StrictInt, Field(ge=1, le=MAX_NEW_TOKENS)]
 
 
-def check_tools(tools: Any) -> None:
-    """Raise ApiError naming the field if `tools` is not a list of function tools."""
-    if tools is None:
-        return
-    if not isinstance(tools, list):
-        raise bad_request("tools must be a list", "tools", "invalid_type")
-    for i, t in enumerate(tools):
-        at = f"tools[{i}]"
-        if not isinstance(t, Mapping) or t.get("type", "function") != "function":
-            raise bad_request(f"{at} must be an object of type 'function'", at)
-        fn = t.get("function")
-        if not isinstance(fn, Mapping):
-            raise bad_request(f"{at}.function must be an object", f"{at}.function", "invalid_type")
-        if not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise bad_request(f"{at}.function.name must be a non-empty string", f"{at}.function.name")
-        params = fn.get("parameters")
-        if params is not None and (not isinstance(params, Mapping)
-                                   or params.get("type", "object") != "object"):
-            raise bad_request(f"{at}.function.parameters must be a JSON Schema of type object",
-                              f"{at}.function.parameters")
-        props = (params or {}).get("properties")
-        if props is not None and not isinstance(props, Mapping):
-            raise bad_request(f"{at}.function.parameters.properties must be an object",
-                              f"{at}.function.parameters.properties", "invalid_type")
+class ContentPart(_Open):
+    type: Name
+    text: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _text_part(self) -> ContentPart:
+        if self.type == "text" and self.text is None:
+            raise PydanticCustomError("missing", "must have a string 'text' (a text part)")
+        return self
+
+
+def _content_kind(v: Any) -> str | None:
+    return "<text>" if isinstance(v, str) else "<parts>" if isinstance(v, list) else None
+
+
+Content = Annotated[
+    Annotated[StrictStr, Tag("<text>")] | Annotated[list[ContentPart], Tag("<parts>")],
+    Discriminator(_content_kind, custom_error_type="invalid_type",
+                  custom_error_message="must be a string, null or a list of content parts")]
+
+
+class FunctionCall(_Open):
+    name: Name
+    arguments: StrictStr = "{}"
+
+
+class ToolCall(_Open):
+    id: StrictStr | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Content | None = None
+    name: StrictStr | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: StrictStr | None = None
+
+
+class FunctionDef(_Open):
+    name: Name
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+    @field_validator("parameters", mode="before")
+    @classmethod
+    def _schema(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        if not isinstance(v, dict) or v.get("type", "object") != "object":
+            raise PydanticCustomError("invalid_value", "must be a JSON Schema of type object")
+        props = v.get("properties")
+        if props is not None and (not isinstance(props, dict)
+                                  or not all(isinstance(p, dict) for p in props.values())):
+            raise PydanticCustomError("invalid_type", "must have 'properties' as an object of JSON Schemas")
+        req = v.get("required")
+        if req is not None and (not isinstance(req, list) or not all(isinstance(r, str) for r in req)):
+            raise PydanticCustomError("invalid_type", "must have 'required' as a list of property names")
+        return v
+
+
+class Tool(_Open):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class ToolChoiceFunction(_Open):
+    name: Name
+
+
+class ToolChoiceObject(_Open):
+    type: Literal["function"] = "function"
+    function: ToolChoiceFunction
+
+
+def _choice_kind(v: Any) -> str | None:
+    return "<word>" if isinstance(v, str) else "<object>" if isinstance(v, dict) else None
+
+
+ToolChoice = Annotated[
+    Annotated[Literal["none", "auto", "required"], Tag("<word>")]
+    | Annotated[ToolChoiceObject, Tag("<object>")],
+    Discriminator(_choice_kind, custom_error_type="invalid_type",
+                  custom_error_message="must be none, auto, required or "
+                                       "{'type': 'function', 'function': {'name': ...}}")]
+
+
+class StreamOptions(_Open):
+    include_usage: StrictBool | None = None
+
+
+class ChatRequest(_Open):
+    """A chat-completions request body as cipr-serve accepts it (see the module docstring)."""
+
+    model: Name
+    messages: Annotated[list[Message], Field(min_length=1)]
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    stream: StrictBool | None = None
+    stream_options: StreamOptions | None = None
+    n: Annotated[StrictInt, Field(ge=1, le=1)] | None = None
+    max_tokens: Tokens | None = None
+    max_completion_tokens: Tokens | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    parallel_tool_calls: StrictBool | None = None
+    seed: StrictInt | None = None
+    user: StrictStr | None = None
+
+
+_CODES = {"missing": "missing_required_parameter", "too_short": "invalid_value"}
+
+
+def _param(loc: Sequence[str | int]) -> str | None:
+    out = ""
+    for p in loc:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif not p.startswith("<"):  # union tags are ours, not fields
+            out += f".{p}" if out else p
+    return out or None
+
+
+def plain(msg: str) -> str:
+    """A pydantic error message in our words ("must be ...", no class names)."""
+    msg = re.sub(r" or instance of \w+", "", msg).replace("Input should be", "must be")
+    msg = msg.replace("valid dictionary", "JSON object").replace("Field required", "is required")
+    msg = re.sub(r" after validation|, not \d+$", "", msg)
+    return re.sub(r"^(String|List|Dictionary) should have", "must have", msg)
+
+
+def validation_error(e: ValidationError) -> ApiError:
+    """The first error of a ChatRequest validation as a 400 naming the field (never the input value)."""
+    err = e.errors(include_url=False, include_input=False, include_context=False)[0]
+    param = _param(err["loc"])
+    msg = f"{param or 'the request body'} {plain(err['msg'])}"
+    if param == "n":
+        msg = "cipr-serve returns one choice per request: n must be 1"
+    code = _CODES.get(err["type"], "invalid_type" if err["type"].endswith("_type") else "invalid_value")
+    return ApiError(400, msg, param=param, code=code)
+
+
+# ----- checks across fields ---------------------------------------------------------------------------
 
 
 def tool_choice_name(choice: Any) -> str | None:
@@ -134,42 +253,45 @@ def tool_choice_name(choice: Any) -> str | None:
     return None
 
 
-def check_tool_choice(choice: Any, tools: Sequence[Mapping[str, Any]] | None) -> None:
-    if choice is None:
-        return
-    if isinstance(choice, str):
-        if choice not in TOOL_CHOICE_WORDS:
-            raise bad_request(f"tool_choice must be one of {', '.join(TOOL_CHOICE_WORDS)} or a function "
-                              "object", "tool_choice")
-        if choice == "required" and not tools:
-            raise bad_request("tool_choice 'required' needs tools", "tool_choice")
-        return
+def _check_cross(body: Mapping[str, Any]) -> None:
+    for i, m in enumerate(body["messages"]):
+        at = f"messages[{i}]"
+        if m.get("tool_calls") is not None and m["role"] != "assistant":
+            raise bad_request(f"{at}.tool_calls is only allowed on assistant messages", f"{at}.tool_calls")
+        for j, call in enumerate(m.get("tool_calls") or ()):
+            where = f"{at}.tool_calls[{j}].function.arguments"
+            try:
+                json.loads(call["function"].get("arguments") or "{}")
+            except json.JSONDecodeError as e:
+                raise bad_request(f"{where} is not valid JSON ({e.msg} at column {e.colno})", where) from None
+    choice, tools = body.get("tool_choice"), body.get("tools")
+    seen: set[str] = set()
+    for i, t in enumerate(tools or ()):
+        if t["function"]["name"] in seen:
+            raise bad_request(f"tools[{i}].function.name repeats {t['function']['name']!r}: each tool needs "
+                              "its own name", f"tools[{i}].function.name")
+        seen.add(t["function"]["name"])
+    if choice == "required" and not tools:
+        raise bad_request("tool_choice 'required' needs tools", "tool_choice")
     name = tool_choice_name(choice)
-    if (not isinstance(choice, Mapping) or choice.get("type", "function") != "function"
-            or not isinstance(name, str)):
-        raise bad_request("tool_choice must be a word or {'type': 'function', 'function': {'name': ...}}",
-                          "tool_choice")
-    if name not in {t["function"]["name"] for t in tools or ()}:
+    if name is not None and name not in {t["function"]["name"] for t in tools or ()}:
         raise bad_request(f"tool_choice names {name!r}, which tools does not declare",
                           "tool_choice.function.name")
 
 
-def check_request(body: Any) -> None:
-    """Raise ApiError (400, naming the field) unless `body` is a chat-completions request we can serve."""
+def check_request(body: Any) -> ChatRequest:
+    """The validated request; raises ApiError (400, naming the field) unless `body` can be served."""
     if not isinstance(body, Mapping):
         raise bad_request("the request body must be a JSON object", None, "invalid_type")
-    if not isinstance(body.get("model"), str) or not body["model"]:
-        raise bad_request("model must be a non-empty string", "model",
-                          "missing_required_parameter" if "model" not in body else "invalid_value")
-    if body.get("stream"):
-        raise bad_request("streaming is not supported by cipr-serve: send stream=false (or omit it); "
-                          "the reply comes as one chat.completion object", "stream", "unsupported_value")
-    n = body.get("n", 1)
-    if n not in (None, 1):
-        raise bad_request("cipr-serve returns one choice per request: n must be 1", "n", "unsupported_value")
-    check_messages(body.get("messages"))
-    check_tools(body.get("tools"))
-    check_tool_choice(body.get("tool_choice"), body.get("tools"))
+    try:
+        request = ChatRequest.model_validate(body)
+    except ValidationError as e:
+        raise validation_error(e) from None
+    _check_cross(body)
+    return request
+
+
+# ----- replies ----------------------------------------------------------------------------------------
 
 
 def completion(model: str, message: Mapping[str, Any], *, finish_reason: str,
@@ -185,6 +307,34 @@ def completion(model: str, message: Mapping[str, Any], *, finish_reason: str,
     if extra:
         out.update(extra)
     return out
+
+
+def chunks(reply: Mapping[str, Any], include_usage: bool = False) -> Iterator[dict[str, Any]]:
+    """A finished `chat.completion` as the `chat.completion.chunk` objects of OpenAI's stream: the role,
+    the content, each tool call (id and name, then its arguments), then the finish reason (with the
+    reply's extra fields, e.g. `cipr`) and, when asked, a last chunk with the usage."""
+    choice = reply["choices"][0]
+    message = choice["message"]
+    head = {"id": reply["id"], "object": "chat.completion.chunk", "created": reply["created"],
+            "model": reply["model"]}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
+        return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+                **extra}
+
+    yield chunk({"role": "assistant", "content": ""})
+    if message.get("content"):
+        yield chunk({"content": message["content"]})
+    for i, call in enumerate(message.get("tool_calls") or ()):
+        fn = call.get("function") or {}
+        yield chunk({"tool_calls": [{"index": i, "id": call.get("id"), "type": "function",
+                                     "function": {"name": fn.get("name"), "arguments": ""}}]})
+        yield chunk({"tool_calls": [{"index": i, "function": {"arguments": fn.get("arguments") or ""}}]})
+    known = {"id", "object", "created", "model", "choices", "usage"}
+    extra = {k: v for k, v in reply.items() if k not in known}
+    yield chunk({}, choice.get("finish_reason") or "stop", **extra)
+    if include_usage:
+        yield {**head, "choices": [], "usage": reply.get("usage")}
 
 
 def models_list(names: Sequence[str]) -> dict[str, Any]:

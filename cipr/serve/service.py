@@ -1,7 +1,7 @@
 """One chat-completions request through the adapter and the guard, independent of HTTP.
 
     service = ChatService(backend, ServeConfig(names="canonical", guard="repair", audit="audit.jsonl"))
-    reply = service.chat(request_body)                 # raises ApiError with the client's status
+    reply = service.chat(request_body, stop=client_gone)   # raises ApiError with the client's status
 
 Steps: check the request (400 naming the field) → under `names=canonical`, rename tools and
 conversation (`cipr.serve.conversation`); under `names=original` forward the body unchanged →
@@ -19,19 +19,22 @@ Every OpenAI client raises on it. Both names settings apply the same rule, so th
 comparison fail alike. With the guard on, invalid calls are repaired or blocked first; a turn whose
 every call the guard blocks is the same kind of error (code `guard_blocked`), and a turn where only
 some are blocked returns the others with the blocked ones listed in `cipr.guard`.
+
+`stop` (a callable, true once nobody waits for the reply) is the current stop test of every backend
+call the request makes, the guard's included (`cipr.serve.backends.stopping`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from cipr.core.errors import ConfigError, DataError
 from cipr.guard import AuditLog
-from cipr.serve.backends import ChatBackend
+from cipr.serve.backends import ChatBackend, stopping
 from cipr.serve.conversation import canonical_request, request_interface, translate_reply, undeclared_names
-from cipr.serve.guarding import GUARD_CHOICES, guard_info, guard_turn
+from cipr.serve.guarding import GUARD_CHOICES, BoundedAuditLog, guard_info, guard_turn
 from cipr.serve.protocol import ApiError, check_request, completion, models_list
 from cipr.tools.canonical import RewriteText
 
@@ -72,14 +75,19 @@ class ChatService:
     def __init__(self, backend: ChatBackend, config: ServeConfig | None = None,
                  audit: AuditLog | None = None) -> None:
         self.backend, self.config = backend, config or ServeConfig()
-        self.audit = audit if audit is not None else AuditLog(self.config.audit)
+        self.audit = audit if audit is not None else BoundedAuditLog(self.config.audit)
 
     def models(self) -> dict[str, Any]:
         return models_list(self.backend.models())
 
-    def chat(self, body: Any, names: str | None = None) -> dict[str, Any]:
+    def chat(self, body: Any, names: str | None = None,
+             stop: Callable[[], bool] | None = None) -> dict[str, Any]:
         """The reply to one request under `names` (default: the configured names); raises ApiError."""
         check_request(body)
+        with stopping(stop):
+            return self._chat(body, names)
+
+    def _chat(self, body: Any, names: str | None) -> dict[str, Any]:
         names = names or self.config.names
         rewrite = self.config.rewrite_text
         try:
