@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, set[str]]] = [  # bottom first
     ("eval", {"eval"}),
     ("serve", {"serve"}),
     ("harness", {"tau2"}),
-    ("experiments", {"experiments"}),
+    ("experiments", {"experiments", "plan"}),
     ("cli", {"cli"}),
 ]
 LEVEL = {unit: i for i, (_, units) in enumerate(LAYERS) for unit in units}

@@ -71,6 +71,10 @@ def main() -> None:
     from cipr.runtime.hub import stay_offline
 
     pop_debug_flag()
+    if "dry_run=true" in sys.argv[1:]:  # cipr-plan with the same overrides (cipr/cli/plan.py)
+        from cipr.cli.plan import main as plan_main
+
+        sys.exit(plan_main([a for a in sys.argv[1:] if a != "dry_run=true"]))
     stay_offline()
     run_dir = override_value(sys.argv[1:], "trainer.run_dir")
     if run_dir is not None and not debug_enabled():  # Hydra creates it before the config is read
