@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cipr.envs.base import StepResult
+from cipr.envs.base import EpisodeLimits, EpisodeScore, StepResult
 from cipr.envs.toyshop import ACTIONS
 from cipr.tools.interface import Call, Interface
 
@@ -41,14 +41,31 @@ class WebShopEnv:
     """WebShop's text environment as an `Environment` (observation_mode "text", as AgentLM's prompts use)."""
 
     interface: Interface = ACTIONS
+    declared: Interface = ACTIONS
+    name = "webshop"
+    turn = 0
 
     def __init__(self, observation_mode: str = "text", num_products: int | None = None,
-                 **kwargs: Any) -> None:
+                 limits: EpisodeLimits | None = None, **kwargs: Any) -> None:
         self._env = _text_env_class()(observation_mode=observation_mode, num_products=num_products, **kwargs)
+        self.limits = limits or EpisodeLimits(16, 1)
+        self._reward = 0.0
+
+    def tasks(self, split: str) -> list[str]:
+        raise NotImplementedError("WebShop's goal indices have no train/held-out split here; pass task ids")
 
     def reset(self, task_id: int) -> str:
         observation, _ = self._env.reset(session=task_id)
+        self._reward = 0.0
         return observation
+
+    def end_turn(self, text: str) -> str | None:
+        """WebShop has one instruction: answering without an action ends the episode."""
+        return None
+
+    def score(self) -> EpisodeScore:
+        """WebShop's reward of the last step (0 before a purchase)."""
+        return EpisodeScore(self._reward, self._reward >= 1.0, (self._reward >= 1.0,))
 
     def step(self, call: Call) -> StepResult:
         if call.name not in self.interface:
@@ -60,4 +77,5 @@ class WebShopEnv:
         else:
             valid = argument.lower() in available.get("clickables", [])
         observation, reward, done, _ = self._env.step(f"{call.name}[{argument}]")
+        self._reward = min(1.0, max(0.0, float(reward or 0.0)))
         return StepResult(observation, float(reward or 0.0), bool(done), valid=valid)

@@ -14,6 +14,12 @@ n/a with original names): with original names it is not built, and run.json says
 
 An item a perturbation cannot apply to is skipped with its reason, counted per type in run.json
 and the summary.
+
+Multi-turn benchmarks (`bfcl_multi_turn`, `toyshop`): one item per task × perturbation × order × names,
+an episode in the environment (`cipr.eval.episodes`); tasks from `benchmark.task_split`, `limit` taken
+round-robin over BFCL's categories (`partitions`). Types whose perturbed calls the environment cannot run
+(`cipr.eval.episodes.NOT_EXECUTABLE`) and `in_distribution` (the training perturbation) are not built,
+and run.json says so.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from cipr.core.errors import ConfigError, DataError
-from cipr.eval.config import EvalConfig
+from cipr.eval.config import MULTI_TURN, EvalConfig
 from cipr.eval.items import make_item, make_shown_item
 from cipr.eval.runner import EvalItem, Scorer
 from cipr.eval.scorers import SCORERS
@@ -84,9 +90,15 @@ def load_examples(cfg: EvalConfig) -> list[Example]:
             data_root(cfg.data_root) / "toolrl" / "rlla_4k" / "test.parquet"
         exs = load_toolrl(path)
     elif name == "messages":
-        from cipr.data.messages import checked_path, load_messages
+        from cipr.data.messages import checked_path
+        from cipr.data.row_formats import load_rows
 
-        exs = load_messages(checked_path(cfg.benchmark.path, "benchmark=messages", "benchmark.path")).examples
+        path = checked_path(cfg.benchmark.path, "benchmark=messages", "benchmark.path")
+        exs = load_rows(path, cfg.benchmark.data_format).examples
+    elif name == "bfcl_irrelevance":
+        from cipr.data.bfcl import load_bfcl_irrelevance
+
+        exs = load_bfcl_irrelevance(cfg.data_root, cfg.partitions)
     elif name == "synthetic":
         from cipr.data.synthetic import SyntheticConfig
 
@@ -99,6 +111,9 @@ def load_examples(cfg: EvalConfig) -> list[Example]:
         except ValueError as e:
             raise ConfigError(f"benchmark.{e}") from None
         exs = options.generate(split="test")  # never the training stream
+    elif name in MULTI_TURN:
+        raise ConfigError(f"benchmark={name} runs episodes, not examples: its consistency metric is "
+                          "cipr.eval.episodes.run_episode_consistency")
     else:
         raise ValueError(f"load_examples does not load {name!r} (RoTBench is loaded per level)")
     by_part: dict[str, list[Example]] = defaultdict(list)
@@ -222,16 +237,100 @@ def build_rotbench_items(cfg: EvalConfig, levels: Sequence[tuple[str, str]], nam
     return items
 
 
+def episode_env(cfg: EvalConfig) -> tuple[str, dict[str, Any]]:
+    """The environment name and options of a multi-turn benchmark (BFCL's categories from `partitions`)."""
+    b = cfg.benchmark
+    options = dict(b.env)
+    if b.name == "bfcl_multi_turn":
+        from cipr.envs.bfcl_multi_turn import CATEGORIES
+
+        if cfg.partitions is not None:
+            cats = [p.removeprefix("multi_turn_") for p in cfg.partitions]
+            bad = [p for p, c in zip(cfg.partitions, cats, strict=True) if c not in CATEGORIES]
+            if bad:
+                raise ConfigError(f"partitions={bad}: benchmark=bfcl_multi_turn has the categories "
+                                  f"{', '.join('multi_turn_' + c for c in CATEGORIES)}")
+            options["categories"] = cats
+        if cfg.data_root is not None:
+            options.setdefault("data_root", cfg.data_root)
+    return b.name, options
+
+
+def _task_ids(env: Any, split: str) -> list[str]:
+    if split != "all":
+        return env.tasks(split)
+    both = set(env.tasks("train")) | set(env.tasks("heldout"))
+    order = list(env.items) if env.name == "bfcl_multi_turn" else [f"toyshop_{k}" for k in range(env.n_tasks)]
+    return [t for t in order if t in both]
+
+
+def build_episode_items(cfg: EvalConfig, perts: Sequence[tuple[str, str]], report: BuildReport) -> list[Any]:
+    """The episodes of a multi-turn benchmark (module docstring)."""
+    from cipr.envs.registry import make_env
+    from cipr.eval.episodes import NOT_EXECUTABLE, EpisodeItem, make_view, reference_script
+    from cipr.perturb.registry import ORDERED_TYPES
+
+    name, options = episode_env(cfg)
+    try:
+        env: Any = make_env(name, **options)
+    except ValueError as e:
+        raise ConfigError(f"benchmark.env: {e}") from None
+    ids = _task_ids(env, cfg.benchmark.task_split)
+    partition = (lambda t: env.items[t].category) if name == "bfcl_multi_turn" else (lambda t: name)
+    by_part: dict[str, list[str]] = defaultdict(list)
+    for t in ids:
+        by_part[partition(t)].append(t)
+    if cfg.limit is not None:
+        ids = [t for row in zip_longest(*by_part.values()) for t in row if t is not None][:cfg.limit]
+    for pert in dict(perts):
+        if pert in NOT_EXECUTABLE:
+            report.not_applicable.append(f"{pert} (its perturbed calls cannot be run by the environment)")
+        elif pert == "in_distribution":
+            report.not_applicable.append("in_distribution (the training perturbation) for episodes")
+    items: list[Any] = []
+    for tid in ids:
+        first = env.reset(tid)
+        declared, script = env.declared, reference_script(env, tid)
+        for pert, group in perts:
+            if pert in NOT_EXECUTABLE or pert == "in_distribution":
+                continue
+            for order in ("original", "costly_first") if pert in ORDERED_TYPES else ("original",):
+                for n in cfg.names_list:
+                    if order != "original" and n == "original":
+                        continue
+                    try:
+                        view = make_view(declared, first, script, tid, perturbation=pert, names=n,
+                                         seed=cfg.seed, order=order)
+                    except (DataError, ValueError, KeyError) as e:
+                        report.skip(pert if order == "original" else f"{pert}/{order}", f"{tid}/{n}", str(e))
+                        continue
+                    items.append(EpisodeItem(tid, partition(tid), n, pert, group, order, name, options, view))
+    close = getattr(env, "close", None)
+    if close is not None:
+        close()
+    return items
+
+
 def build(cfg: EvalConfig) -> tuple[list[EvalItem], list[tuple[str, str]], BuildReport]:
     """Every item of the run, the (type, group) list, and the build report."""
     perts = resolve_perturbations(cfg.perturbations, cfg)
     report = BuildReport()
+    if cfg.benchmark.name in MULTI_TURN:
+        return build_episode_items(cfg, perts, report), perts, report
     if cfg.benchmark.name == "rotbench":
         return build_rotbench_items(cfg, perts, cfg.names_list, report), perts, report
     return build_items(load_examples(cfg), perts, cfg.names_list, cfg.seed, report), perts, report
 
 
+def _environment_scores(**_: Any) -> Any:
+    raise RuntimeError("a multi-turn benchmark is scored by its environment (cipr.eval.episodes), "
+                       "not per response")
+
+
 def scorer_for(cfg: EvalConfig) -> Scorer:
+    """The benchmark's scorer (multi-turn benchmarks: a placeholder; their environment scores episodes)."""
+    if cfg.benchmark.name in MULTI_TURN or cfg.benchmark.scorer == "environment":
+        return _environment_scores
     if cfg.benchmark.scorer not in SCORERS:
         raise ConfigError(f"unknown scorer {cfg.benchmark.scorer!r}; choose one of {', '.join(SCORERS)}")
     return SCORERS[cfg.benchmark.scorer]

@@ -22,7 +22,10 @@ from cipr.runtime.backends import OpenAIBackendConfig, VLLMBackendConfig
 CONFIG_DIR = str(EVAL_CONFIG_DIR)
 """cipr-eval's Hydra config folder: eval.yaml and the benchmark/ group."""
 
-Benchmark = Literal["bfcl", "rotbench", "toolrl_test", "synthetic", "messages"]
+Benchmark = Literal["bfcl", "rotbench", "toolrl_test", "synthetic", "messages", "bfcl_multi_turn", "toyshop",
+                    "bfcl_irrelevance"]
+MULTI_TURN: tuple[str, ...] = ("bfcl_multi_turn", "toyshop")
+"""The benchmarks run as episodes in an environment (`cipr.eval.episodes`)."""
 Backend = Literal["auto", "hf", "vllm", "openai", "replay"]
 Names = Literal["original", "canonical"]
 BENCHMARKS: tuple[str, ...] = get_args(Benchmark)
@@ -48,21 +51,29 @@ class BenchmarkConfig:
     - `split` (RoTBench), `path` (ToolRL: a verl parquet or SFT JSON; default the test parquet under
       the data root; messages: the file or folder of `messages` + `tools` rows, required), `n`
       (synthetic: how many examples).
+    - `data_format` (messages): the rows' format, `auto` (read from the first row) or `messages`, `xlam`,
+      `hermes_fc`, `glaive` (`cipr.data.row_formats`).
     - `tools_per_example`, `parallel_fraction`, `no_call_fraction`, `same_domain_distractors`, `tools`
       (synthetic): the generator's options (`cipr.data.synthetic.SyntheticConfig`). Give the training
       run's `data.*` values: the test split drops items equal to a training item generated with these
       same options, so only then is "never trained on" checked.
     - `strict_parse`: a malformed response (per the call format) is wrong even if calls were read; off
-      for RoTBench, whose own extraction decides.
+      for RoTBench, whose own extraction decides, and for `bfcl_irrelevance`, where BFCL counts a reply it
+      cannot decode as no call (correct).
+    - `task_split` (multi-turn): the environment's tasks evaluated, `all`, `train` or `heldout` (its seeded
+      split: evaluate a model trained in that environment on `heldout`).
+    - `env` (multi-turn): the environment's options (`cipr.envs.toyshop.ToyShopConfig`,
+      `cipr.envs.bfcl_multi_turn.BFCLMultiTurnConfig`); BFCL's categories come from `partitions`.
     """
 
     name: Benchmark = "bfcl"
     format: str = "toolrl"
-    scorer: Literal["bfcl", "rotbench"] = "bfcl"
+    scorer: Literal["bfcl", "rotbench", "environment"] = "bfcl"
     perturbations: list[str] = field(default_factory=lambda: ["original", "held_out"])
     names: list[Names] = field(default_factory=lambda: ["original"])
     split: Literal["First_Turn", "Third_Turn"] = "First_Turn"
     path: str | None = None
+    data_format: Literal["auto", "messages", "xlam", "hermes_fc", "glaive"] = "auto"
     n: int = 200
     tools_per_example: tuple[int, int] = SyntheticConfig.tools_per_example
     parallel_fraction: float = SyntheticConfig.parallel_fraction
@@ -70,6 +81,8 @@ class BenchmarkConfig:
     same_domain_distractors: float = SyntheticConfig.same_domain_distractors
     tools: tuple[str, ...] = SyntheticConfig.tools
     strict_parse: bool = True
+    task_split: Literal["all", "train", "heldout"] = "all"
+    env: dict[str, Any] = field(default_factory=dict)
     report: BenchmarkReportConfig = field(default_factory=BenchmarkReportConfig)
 
 
@@ -85,7 +98,8 @@ class EvalConfig:
     - `names`: None for the benchmark's default; `[original]`, `[canonical]` or both.
     - `limit`: at most this many items, taken round-robin over partitions (BFCL) or per level
       (RoTBench), so a small run still covers every partition. None: all.
-    - `partitions`: BFCL partitions to load (None: all ten).
+    - `partitions`: BFCL partitions to load (None: all ten); for `bfcl_multi_turn` its categories
+      (`multi_turn_base` or `base`, ...; None: all four).
     - `drop_finished`: HF backend, remove ended sequences from the batch (see
       `cipr.runtime.generation.GreedyConfig`); False decodes with `model.generate`.
     - `prefill`: HF backend with `drop_finished`: `auto` (per item on CPU, batched on GPU), `per_item`,
@@ -174,7 +188,9 @@ class EvalConfig:
                 "backend": self.resolved_backend, "seed": self.seed, "max_new_tokens": self.max_new_tokens,
                 "split": self.benchmark.split if self.benchmark.name == "rotbench" else None,
                 "replay": self.replay if self.resolved_backend == "replay" else None,
-                "generate": self.generate}
+                "generate": self.generate,
+                **({"task_split": self.benchmark.task_split, "env": dict(self.benchmark.env)}
+                   if self.benchmark.name in MULTI_TURN else {})}
 
 
 def eval_config_from_dict(data: Mapping[str, Any]) -> EvalConfig:

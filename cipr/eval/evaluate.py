@@ -159,9 +159,12 @@ def evaluate(cfg: EvalConfig, *, model: Any = None, tokenizer: Any = None, backe
              stats.correct)
     if cfg.consistency.enabled:
         _consistency(cfg, items, backend, fmt, out_dir)
+    from cipr.eval.config import MULTI_TURN
     from cipr.eval.consistency_metric import attach
+    from cipr.eval.episodes import episode_section
 
-    summary = write_report(out_dir, sections=(attach,))
+    sections = (attach, episode_section) if cfg.benchmark.name in MULTI_TURN else (attach,)
+    summary = write_report(out_dir, sections=sections)
     summary["run_stats"] = {"total": stats.total, "evaluated": stats.evaluated, "skipped": stats.skipped,
                             "torn_lines": stats.torn_lines}
     return summary
@@ -170,23 +173,13 @@ def evaluate(cfg: EvalConfig, *, model: Any = None, tokenizer: Any = None, backe
 def _consistency_only(cfg: EvalConfig, items: list[Any], fmt: CallFormat, out_dir: Path, model: Any,
                       tokenizer: Any) -> dict[str, Any]:
     """`generate=false`: the consistency metric alone, its summary.json and report.md."""
-    from cipr.eval.benchmarks import load_examples
-    from cipr.eval.consistency_metric import (
-        read_records,
-        render_consistency,
-        run_consistency,
-        summarize_consistency,
-    )
+    from cipr.eval.consistency_metric import read_records, render_consistency, summarize_consistency
     from cipr.eval.report import REPORT, SUMMARY, report_config_from_meta
 
-    if cfg.benchmark.name == "rotbench":
-        raise ConfigError("consistency.enabled=true reads held-out correspondences, which RoTBench's levels "
-                          "lack; use bfcl, synthetic, toolrl_test or messages")
     if model is None:
+        _read_consistency(cfg, items, fmt, out_dir)  # refuses RoTBench before loading a model
         model, tokenizer = load_model(cfg)
-    with reader_attention(model):
-        run_consistency(items, load_examples(cfg), model, tokenizer, fmt, out_dir, cfg.consistency, cfg.seed,
-                        cfg.progress)
+    _read_consistency(cfg, items, fmt, out_dir, model, tokenizer)
     meta = read_json(out_dir / RUN_META)
     summary = {**{k: v for k, v in meta.items() if k != "report"},
                "consistency": summarize_consistency(read_records(out_dir), report_config_from_meta(meta))}
@@ -198,12 +191,7 @@ def _consistency_only(cfg: EvalConfig, items: list[Any], fmt: CallFormat, out_di
 
 def _consistency(cfg: EvalConfig, items: list[Any], backend: Backend, fmt: CallFormat, out_dir: Path) -> None:
     """The held-out consistency metric (`consistency.enabled`): the HF backend's model, else an HF load."""
-    from cipr.eval.benchmarks import load_examples
-    from cipr.eval.consistency_metric import run_consistency
-
-    if cfg.benchmark.name == "rotbench":
-        raise ConfigError("consistency.enabled=true reads held-out correspondences, which RoTBench's levels "
-                          "lack; use bfcl, synthetic, toolrl_test or messages")
+    _read_consistency(cfg, items, fmt, out_dir)
     if isinstance(backend, HFBackend):
         model, tokenizer = backend.model, backend.tokenizer
     elif cfg.resolved_backend == "vllm":
@@ -212,9 +200,30 @@ def _consistency(cfg: EvalConfig, items: list[Any], backend: Backend, fmt: CallF
         raise ConfigError(f"consistency.enabled=true reads the model's token probabilities: backend="
                           f"{cfg.resolved_backend} gives none; use backend=hf or vllm "
                           "(HF loads it for the read)")
+    _read_consistency(cfg, items, fmt, out_dir, model, tokenizer)
+
+
+def _read_consistency(cfg: EvalConfig, items: list[Any], fmt: CallFormat, out_dir: Path, model: Any = None,
+                      tokenizer: Any = None) -> None:
+    """Read the consistency of `items` with `model` (per turn for the multi-turn benchmarks); without a model
+    only check that the benchmark has what the metric reads."""
+    from cipr.eval.benchmarks import load_examples
+    from cipr.eval.config import MULTI_TURN
+    from cipr.eval.consistency_metric import run_consistency
+    from cipr.eval.episodes import run_episode_consistency
+
+    if cfg.benchmark.name == "rotbench":
+        raise ConfigError("consistency.enabled=true reads held-out correspondences, which RoTBench's levels "
+                          "lack; use bfcl, synthetic, toolrl_test, messages or a multi-turn benchmark")
+    if model is None:
+        return
     with reader_attention(model):
-        run_consistency(items, load_examples(cfg), model, tokenizer, fmt, out_dir, cfg.consistency, cfg.seed,
-                        cfg.progress)
+        if cfg.benchmark.name in MULTI_TURN:
+            run_episode_consistency(items, model, tokenizer, fmt, out_dir, cfg.consistency,
+                                    progress=cfg.progress)
+        else:
+            run_consistency(items, load_examples(cfg), model, tokenizer, fmt, out_dir, cfg.consistency,
+                            cfg.seed, cfg.progress)
 
 
 @contextlib.contextmanager

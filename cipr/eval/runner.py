@@ -215,7 +215,12 @@ def run_items(items: Sequence[EvalItem], backend: Backend, fmt: CallFormat, scor
               out_dir: str | Path, config: RunnerConfig | None = None,
               on_chunk: Callable[[int], None] | None = None) -> RunStats:
     """Evaluate every item not yet in `out_dir/results.jsonl`, appending one flushed line per item;
-    `on_chunk(i)` runs after chunk i is written (progress; tests simulate a crash with it)."""
+    `on_chunk(i)` runs after chunk i is written (progress; tests simulate a crash with it). Items whose
+    type runs them itself (`run_items`: a multi-turn benchmark's episodes, `cipr.eval.episodes.EpisodeItem`,
+    scored by their environment) go there."""
+    own = getattr(type(items[0]), "run_items", None) if items else None
+    if own is not None:
+        return own(items, backend, fmt, out_dir, config)
     config = config or RunnerConfig()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
