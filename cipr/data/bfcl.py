@@ -56,6 +56,9 @@ PARTITIONS: dict[str, int] = {
     "live_parallel": 16,
 }
 TOTAL = sum(PARTITIONS.values())  # 2,501
+IRRELEVANCE: dict[str, int] = {"irrelevance": 240, "live_irrelevance": 884}
+"""BFCL v4's abstention items: no call is correct (`load_bfcl_irrelevance`)."""
+NO_CALL_ANSWER = "None of the available tools can do this."
 _ROLES = ("system", "user", "assistant")
 _DICT_TYPES = ("dict", "HashMap", "Hashtable")
 
@@ -148,6 +151,26 @@ def load_bfcl(root: str | Path | None = None, partitions: Iterable[str] | None =
     return out
 
 
+def load_bfcl_irrelevance(root: str | Path | None = None, partitions: Iterable[str] | None = None
+                          ) -> list[Example]:
+    """BFCL v4's `irrelevance` and `live_irrelevance` items (or the given ones): the question and tools, no
+    reference call (answering without a call is correct, as BFCL scores them), `NO_CALL_ANSWER` as the
+    reference text; DataError naming the file, item and field for a malformed one."""
+    base = bfcl_dir(root)
+    names = list(IRRELEVANCE) if partitions is None else list(partitions)
+    unknown = [p for p in names if p not in IRRELEVANCE]
+    if unknown:
+        raise ConfigError(f"unknown BFCL irrelevance partition(s) {unknown}; choose from "
+                          f"{', '.join(IRRELEVANCE)}")
+    out = []
+    for part in names:
+        path = base / f"BFCL_v4_{part}.json"
+        out += [Example(q["id"], _messages(q, str(path)), _interface(q, "python", str(path), empty=True), (),
+                        response=NO_CALL_ANSWER, source="bfcl", partition=part, meta={"language": "python"})
+                for q in _read_jsonl(path)]
+    return out
+
+
 def bfcl_stats(root: str | Path | None = None) -> dict[str, Any]:
     """JSON-ready counts: {"partitions": {name: n}, "total", "skipped", "anomalies": {kind: n}}."""
     report = BfclReport()
@@ -222,9 +245,10 @@ def _messages(q: Mapping[str, Any], file: str) -> tuple[Message, ...]:
     return tuple(out)
 
 
-def _interface(q: Mapping[str, Any], language: str, file: str) -> Interface:
+def _interface(q: Mapping[str, Any], language: str, file: str, *, empty: bool = False) -> Interface:
+    """The item's tools (`empty`: an empty list is allowed, as 4 live_irrelevance items have)."""
     functions = q.get("function")
-    if not isinstance(functions, list) or not functions:
+    if not isinstance(functions, list) or not (functions or empty):
         raise DataError("function must be a non-empty list", file=file, item=q["id"], field="function")
     tools: list[Tool] = []
     names: set[str] = set()

@@ -57,13 +57,13 @@ from cipr.tools.interface import Example
 log = logging.getLogger(__name__)
 
 CONSISTENCY = "consistency.jsonl"
-METRICS = ("kl", "argmax_agree", "added_mass", "action_acc_ref", "action_acc_pert")
-SCALE = {"kl": 1.0, "argmax_agree": 100.0, "added_mass": 100.0, "action_acc_ref": 100.0,
-         "action_acc_pert": 100.0}
-UNITS = {"kl": "nats", "argmax_agree": "%", "added_mass": "%", "action_acc_ref": "%", "action_acc_pert": "%"}
+METRICS = ("kl", "argmax_agree", "added_mass", "action_acc_ref", "action_acc_pert", "none_ref", "none_pert")
+SCALE = {"kl": 1.0, **{m: 100.0 for m in METRICS[1:]}}
+UNITS = {"kl": "nats", **{m: "%" for m in METRICS[1:]}}
 LABELS = {"kl": "KL(unperturbed ‖ perturbed)", "argmax_agree": "argmax agreement",
           "added_mass": "mass on added tools", "action_acc_ref": "action accuracy, unperturbed",
-          "action_acc_pert": "action accuracy, perturbed"}
+          "action_acc_pert": "action accuracy, perturbed", "none_ref": "mass on no call, unperturbed",
+          "none_pert": "mass on no call, perturbed"}
 NOT_COMPARED = ("original",)
 
 
