@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cipr.core.errors import ConfigError
+from cipr.data.row_formats import check_messages_options
 from cipr.distill.alignment import AlignmentError
 from cipr.distill.batch import DistillItem, build_item
 from cipr.distill.conversation import UnusableTrajectory
@@ -83,10 +84,7 @@ def check_data(cfg: TrajectoryDataConfig) -> Path | None:
         raise ConfigError("data.max_observation_chars must be >= 1 (or null to keep observations whole)")
     if cfg.max_turns is not None and cfg.max_turns < 1:
         raise ConfigError("data.max_turns must be >= 1 (or null to keep every turn)")
-    if cfg.on_bad_row != "raise" and cfg.source != "messages":
-        raise ConfigError(f"data.on_bad_row={cfg.on_bad_row} applies to data.source=messages only; remove it")
-    if cfg.format != "auto" and cfg.source != "messages":
-        raise ConfigError(f"data.format={cfg.format} applies to data.source=messages only; remove it")
+    check_messages_options(cfg.source, on_bad_row=cfg.on_bad_row, format=cfg.format)
     if cfg.source == "messages":
         from cipr.data.messages import checked_path
 

@@ -27,7 +27,7 @@ from typing import Any, Literal
 from cipr.core.errors import DataError
 from cipr.perturb.correspondence import Correspondence
 from cipr.tools.canonical import canonical_arg_id, canonical_tool_id, rewrite_text, rewrite_tool_text
-from cipr.tools.interface import Call, Example, Interface, Message, Tool
+from cipr.tools.interface import Call, Example, Interface, Message, Tool, last_user
 
 Names = Literal["original", "canonical"]
 
@@ -157,10 +157,7 @@ class Draft:
 
     @property
     def query(self) -> str:
-        for m in reversed(self.messages):
-            if m.role == "user":
-                return m.content
-        return ""
+        return last_user(self.messages)
 
     # ------------------------------------------------------------------ edits
     def insert(self, pos: int, entry: Entry) -> None:

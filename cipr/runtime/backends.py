@@ -345,7 +345,9 @@ class CompletionsBackend(_PromptBackend):
         import httpx
 
         super().__init__(tokenizer, fmt, max_new_tokens)
-        self._client = httpx.Client(base_url=base_url.rstrip("/") + "/", timeout=timeout_s)
+        # connecting takes seconds or fails; a reply (a whole generation, not streamed) may take minutes
+        self._client = httpx.Client(base_url=base_url.rstrip("/") + "/",
+                                    timeout=httpx.Timeout(timeout_s, connect=5.0))
         self.model_name = model_name or self._client.get("models").json()["data"][0]["id"]
         self.stop = sorted({tokenizer.convert_ids_to_tokens(i) for i in end_token_ids(tokenizer)})
 

@@ -351,20 +351,14 @@ def _decimal(value: float | int) -> str:
 
 def write_value(value: Any, language: str, bfcl_type: str, nested_type: str | None = None) -> Any:
     """`value` as a call argument in `language`: unchanged for Python, source text for Java/JavaScript."""
-    if language == "java":
-        return write_java(value, bfcl_type, nested_type)
-    if language == "javascript":
-        return write_js(value, bfcl_type, nested_type)
-    return value
+    write = {"java": write_java, "javascript": write_js}.get(language)
+    return write(value, bfcl_type, nested_type) if write else value
 
 
 def read_value(text: Any, language: str, bfcl_type: str, nested_type: str | None = None) -> Any:
     """The inverse of `write_value` for Java/JavaScript source text (BFCL's converters); Python unchanged."""
-    if language == "java":
-        return read_java(text, bfcl_type, nested_type)
-    if language == "javascript":
-        return read_js(text, bfcl_type, nested_type)
-    return text
+    read = {"java": read_java, "javascript": read_js}.get(language)
+    return read(text, bfcl_type, nested_type) if read else text
 
 
 __all__: Sequence[str] = (

@@ -191,6 +191,11 @@ class Message:
         return d
 
 
+def last_user(messages: Sequence[Message]) -> str:
+    """The content of the last user message ("" without one)."""
+    return next((m.content for m in reversed(messages) if m.role == "user"), "")
+
+
 @dataclass(frozen=True)
 class Example:
     """A task: the conversation so far, the interface and the reference calls (empty: answer without a call).
@@ -228,7 +233,4 @@ class Example:
     @property
     def query(self) -> str:
         """The content of the last user message."""
-        for m in reversed(self.messages):
-            if m.role == "user":
-                return m.content
-        return ""
+        return last_user(self.messages)

@@ -42,6 +42,7 @@ from typing import Any, Literal
 
 from cipr.core.config import ConfigError
 from cipr.core.errors import DataError
+from cipr.data.row_formats import check_messages_options
 from cipr.data.synthetic import SyntheticConfig
 from cipr.formats.base import CallFormat
 from cipr.tools.canonical import NameMap, apply_name_map, canonicalize
@@ -168,10 +169,7 @@ def check_source(cfg: DataConfig) -> Path | None:
     """The input file, checked before any work (ConfigError saying what to pass when it is missing)."""
     if cfg.n < 0 or cfg.eval_examples < 0:
         raise ConfigError("data.n and data.eval_examples must be >= 0")
-    if cfg.on_bad_row != "raise" and cfg.source != "messages":
-        raise ConfigError(f"data.on_bad_row={cfg.on_bad_row} applies to data.source=messages only; remove it")
-    if cfg.format != "auto" and cfg.source != "messages":
-        raise ConfigError(f"data.format={cfg.format} applies to data.source=messages only; remove it")
+    check_messages_options(cfg.source, on_bad_row=cfg.on_bad_row, format=cfg.format)
     if cfg.source == "synthetic":
         if cfg.path is not None:
             raise ConfigError("data.path is not used by data.source=synthetic "

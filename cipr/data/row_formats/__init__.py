@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from cipr.core.errors import DataError
+from cipr.core.errors import ConfigError, DataError
 from cipr.data.messages import (
     BadRow,
     MessagesData,
@@ -62,6 +62,14 @@ def detect_format(row: Any) -> tuple[str, str]:
     raise DataError(f"format=auto: the first row has {found}, which fits none of the formats (messages: "
                     f"'messages'; xlam: 'query' + 'answers'; hermes_fc: 'conversations'; glaive: 'chat'); "
                     f"name the format")
+
+
+def check_messages_options(source: str, **given: str) -> None:
+    """ConfigError for `data.on_bad_row` or `data.format` set for a source other than `messages`."""
+    defaults = {"on_bad_row": "raise", "format": AUTO}
+    for key, value in given.items():
+        if value != defaults[key] and source != "messages":
+            raise ConfigError(f"data.{key}={value} applies to data.source=messages only; remove it")
 
 
 def resolve_format(path: str | Path, fmt: str = AUTO) -> tuple[str, str]:
