@@ -65,6 +65,6 @@ def test_the_embedded_model_on_twenty_items(tmp_path, shared_data, one_thread):
         "consistency.enabled=true", f"out_dir={out}", f"data_root={shared_data}", "progress=false"]))
     records = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert len(records) == 40 and {r["perturbation"] for r in records} == {"original", "typos"}
-    consistency = summary["consistency"]["original"]["types"]["typos"]
+    consistency = summary["consistency"]["names"]["original"]["types"]["typos"]
     assert 0 <= consistency["none_ref"]["value"] <= 100  # the no-call mass beside the generated verdict
     assert "none_ref" in (out / "report.md").read_text() or "no call" in (out / "report.md").read_text()
