@@ -61,7 +61,7 @@ from tqdm import tqdm
 from cipr.core.errors import DataError
 from cipr.envs.base import Environment, no_such_tool, over_call_limit, unparseable
 from cipr.eval.report import RESULTS
-from cipr.eval.runner import Key, RunnerConfig, RunStats, existing_keys
+from cipr.eval.runner import ItemKey, RunnerConfig, RunStats, append_record, existing_keys
 from cipr.formats.base import CallFormat, ParseResult
 from cipr.runtime.backends import Backend, Generation, GenRequest
 from cipr.tools.canonical import UndeclaredToolError, canonicalize, rewrite_text
@@ -200,22 +200,12 @@ def make_view(declared: Interface, first_message: str, script: Sequence[Sequence
 
 # ---------------------------------------------------------------------- items
 @dataclass(frozen=True)
-class EpisodeItem:
+class EpisodeItem(ItemKey):
     """One episode to run: task `id` of environment `env` (built with `env_options`) under a view."""
 
-    id: str
-    partition: str
-    names: str
-    perturbation: str
-    group: str
-    order: str
     env: str
     env_options: Mapping[str, Any]
     view: EpisodeView
-
-    @property
-    def key(self) -> Key:
-        return (self.id, self.names, self.perturbation, self.order)
 
     @staticmethod
     def run_items(items: Sequence[EpisodeItem], backend: Backend, fmt: CallFormat, out_dir: str | Path,
@@ -445,12 +435,7 @@ def run_episodes(items: Sequence[EpisodeItem], backend: Backend, fmt: CallFormat
                         close = getattr(lv.env, "close", None)
                         if close is not None:
                             close()
-                        f.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
-                        f.flush()
-                        stats.evaluated += 1
-                        stats.correct += rec["correct"]
-                        if rec["error"]:
-                            stats.errors[rec["error"]] = stats.errors.get(rec["error"], 0) + 1
+                        append_record(f, rec, stats)
                         bar.update(1)
             os.fsync(f.fileno())
     return stats
@@ -609,19 +594,8 @@ def _names_interface(names: Sequence[str]) -> Interface:
 
 
 @dataclass(frozen=True)
-class _StepItem:
+class _StepItem(ItemKey):
     """The unit `consistency_metric.measure` reads: one reference message of one episode item."""
-
-    id: str
-    partition: str
-    names: str
-    perturbation: str
-    group: str
-    order: str
-
-    @property
-    def key(self) -> Key:
-        return (self.id, self.names, self.perturbation, self.order)
 
 
 def _step_classes(reference_view: EpisodeView, ref: Interface, view: EpisodeView, pert: Interface

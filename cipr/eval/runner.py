@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TextIO
 
 from tqdm import tqdm
 
@@ -33,7 +33,7 @@ from cipr.eval.report import RESULTS
 from cipr.eval.taxonomy import TaxonomyConfig, classify
 from cipr.formats.base import CallFormat, ParseResult
 from cipr.runtime.backends import Backend, Generation, GenRequest
-from cipr.tools.canonical import NameMap, UndeclaredToolError
+from cipr.tools.canonical import NameMap
 from cipr.tools.interface import Call, Example
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,24 @@ class Scorer(Protocol):
 
 
 @dataclass(frozen=True)
-class EvalItem:
+class ItemKey:
+    """What names an evaluation record: item, partition, names, perturbation (and its group), tool order;
+    `key` is its record's key in results.jsonl."""
+
+    id: str
+    partition: str
+    names: str
+    perturbation: str
+    group: str
+    order: str
+
+    @property
+    def key(self) -> Key:
+        return (self.id, self.names, self.perturbation, self.order)
+
+
+@dataclass(frozen=True)
+class EvalItem(ItemKey):
     """One unit of evaluation.
 
     - `shown`: the example as the model sees it (canonical ids under the adapter);
@@ -70,20 +87,10 @@ class EvalItem:
     - `familiar`: the unperturbed reference calls written in the shown namespace (replay backend).
     """
 
-    id: str
-    partition: str
-    names: str
-    perturbation: str
-    group: str
-    order: str
     shown: Example
     target: Example
     name_map: NameMap | None = None
     familiar: tuple[Call, ...] = ()
-
-    @property
-    def key(self) -> Key:
-        return (self.id, self.names, self.perturbation, self.order)
 
 
 @dataclass
@@ -104,6 +111,16 @@ class RunStats:
     correct: int = 0
     torn_lines: int = 0
     errors: dict[str, int] = field(default_factory=dict)
+
+
+def append_record(f: TextIO, rec: dict[str, Any], stats: RunStats) -> None:
+    """Write one results.jsonl record as a flushed line and count it in `stats` (items and episodes alike)."""
+    f.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
+    f.flush()
+    stats.evaluated += 1
+    stats.correct += rec["correct"]
+    if rec["error"]:
+        stats.errors[rec["error"]] = stats.errors.get(rec["error"], 0) + 1
 
 
 def record_key(rec: dict[str, Any]) -> Key:
@@ -158,14 +175,8 @@ def translate(calls: Sequence[Call], name_map: NameMap | None) -> tuple[tuple[Ca
     """Calls in target names, and the names the adapter could not translate (undeclared ids)."""
     if name_map is None:
         return tuple(calls), ()
-    out: list[Call] = []
-    undeclared: list[str] = []
-    for c in calls:
-        try:
-            out.append(name_map.translate_back(c))
-        except UndeclaredToolError as e:
-            undeclared.append(e.name)
-    return tuple(out), tuple(undeclared)
+    out, errors = name_map.translate_each(calls)
+    return out, tuple(e.name for e in errors)
 
 
 def evaluate_one(item: EvalItem, gen: Generation, fmt: CallFormat, scorer: Scorer,
@@ -243,13 +254,7 @@ def run_items(items: Sequence[EvalItem], backend: Backend, fmt: CallFormat, scor
                 raise RuntimeError(f"backend {backend.name} returned {len(gens)} outputs "
                                    f"for {len(chunk)} items")
             for it, gen in zip(chunk, gens, strict=True):
-                rec = evaluate_one(it, gen, fmt, scorer, config)
-                f.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
-                f.flush()
-                stats.evaluated += 1
-                stats.correct += rec["correct"]
-                if rec["error"]:
-                    stats.errors[rec["error"]] = stats.errors.get(rec["error"], 0) + 1
+                append_record(f, evaluate_one(it, gen, fmt, scorer, config), stats)
             os.fsync(f.fileno())
             bar.update(len(chunk))
             if on_chunk is not None:

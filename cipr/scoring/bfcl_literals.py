@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 JAVA_TYPES: dict[str, type] = {
@@ -168,15 +168,10 @@ def _java_element_text(value: Any, nested_type: str | None, outer: str) -> str:
 
 def java_literal(value: Any) -> str:
     """A Java literal of a plain value: `true`, `42`, `1.5`, `"text"` (what `java_value` reads back)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return _decimal(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    raise ValueError(f"no Java literal for {value!r}")
+    text = _scalar_literal(value, lambda v: json.dumps(v, ensure_ascii=False))
+    if text is None:
+        raise ValueError(f"no Java literal for {value!r}")
+    return text
 
 
 # ----------------------------------------------------------------------------------- JavaScript
@@ -305,6 +300,16 @@ def js_string(value: str) -> str:
 
 def js_literal(value: Any) -> str:
     """A JavaScript literal of a plain value: `true`, `42`, `1.5`, `"text"`."""
+    text = "null" if value is None else _scalar_literal(value, js_string)
+    if text is None:
+        raise ValueError(f"no JavaScript literal for {value!r}")
+    return text
+
+
+# --------------------------------------------------------------------------------------- shared
+
+def _scalar_literal(value: Any, string: Callable[[str], str]) -> str | None:
+    """Java's and JavaScript's shared literal of a bool, int, float or string (`string` quotes); else None."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -312,13 +317,8 @@ def js_literal(value: Any) -> str:
     if isinstance(value, float):
         return _decimal(value)
     if isinstance(value, str):
-        return js_string(value)
-    if value is None:
-        return "null"
-    raise ValueError(f"no JavaScript literal for {value!r}")
-
-
-# --------------------------------------------------------------------------------------- shared
+        return string(value)
+    return None
 
 def _number_or_text(text: str) -> Any:
     try:

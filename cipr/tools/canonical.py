@@ -103,16 +103,22 @@ class NameMap:
         amap = self.arguments.get(call.name, {})
         return Call(back[call.name], {amap.get(k, k): v for k, v in call.arguments.items()})
 
-    def translate_calls(self, calls: Sequence[Call]) -> tuple[tuple[Call, ...], tuple[str, ...]]:
-        """Translate several calls; undeclared ones are dropped from the result and reported as errors."""
+    def translate_each(self, calls: Sequence[Call]
+                       ) -> tuple[tuple[Call, ...], tuple[UndeclaredToolError, ...]]:
+        """Translate several calls: the declared ones translated, and the error of each undeclared one."""
         out: list[Call] = []
-        errors: list[str] = []
+        errors: list[UndeclaredToolError] = []
         for c in calls:
             try:
                 out.append(self.translate_back(c))
             except UndeclaredToolError as e:
-                errors.append(str(e))
+                errors.append(e)
         return tuple(out), tuple(errors)
+
+    def translate_calls(self, calls: Sequence[Call]) -> tuple[tuple[Call, ...], tuple[str, ...]]:
+        """Translate several calls; undeclared ones are dropped from the result and reported as errors."""
+        out, errors = self.translate_each(calls)
+        return out, tuple(str(e) for e in errors)
 
     def to_json(self) -> dict[str, Any]:
         return {"tools": [list(t) for t in self.tools],
