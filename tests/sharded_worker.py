@@ -6,12 +6,14 @@
 PLAN_JSON: {"shim": bool, "runs": [{"name": ..., "config": {cipr-train config}, "replay": bool}, ...]}. With
 `shim`, the test-only CPU sharding shim is installed first (tests/support/cpu_sharding.py says why). A run
 with `replay` draws its GRPO rollouts from `ReplayRollouts(draw="per_prompt")` (a random tiny model writes
-no call; per prompt, so that one process and two draw the same completions). A run with `die_after_step: N`
-is killed (SIGKILL, every rank) right after its step-N checkpoint is saved. Each run is
-`cipr.train.run.run` (algo=distill included) in this process group, one after
-another, so one launch pays the interpreter and process-group start-up once for every algorithm. Each
-process records what it ran as `<run_dir>/ran_rank<R>.json` (the accelerator's strategy and group size
-as the stages built them).
+no call; per prompt, so that one process and two draw the same completions); a run with `episodes`
+(rollout.mode=multi_turn) draws each assistant turn from ToyShop's expert script
+(tests/support/episode_replay.py, per context likewise), after the model's own generation of a few tokens
+for the same contexts (dropped), so the rounds' collectives run as in training. A run with
+`die_after_step: N` is killed (SIGKILL, every rank) right after its step-N checkpoint is saved. Each run is
+`cipr.train.run.run` (algo=distill included) in this process group, one after another, so one launch pays
+the interpreter and process-group start-up once for every algorithm. Each process records what it ran as
+`<run_dir>/ran_rank<R>.json` (the accelerator's strategy and group size as the stages built them).
 """
 
 from __future__ import annotations
@@ -123,6 +125,20 @@ def main() -> None:
                                           max_completion_length=self.max_completion_length, draw="per_prompt")
         return self._replay.generate(prompt_ids, images, multimodal_fields, num_generations)
 
+    from support.episode_replay import EpisodeReplay, expert_choice
+
+    def episode_turns(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        if not hasattr(self, "_episode_replay"):
+            self._episode_replay = EpisodeReplay(self.episodes, expert_choice(self.episodes))
+        # the model generates too (4 tokens, dropped): ZeRO-3's generation needs every process in every call
+        config, saved = self.generation_config, self.generation_config.max_new_tokens
+        config.max_new_tokens = 4
+        try:
+            generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations)
+        finally:
+            config.max_new_tokens = saved
+        return self._episode_replay.generate(prompt_ids, step=self.state.global_step)
+
     from cipr.train import checkpoint
 
     save_checkpoint = checkpoint.CheckpointMixin._save_checkpoint
@@ -144,7 +160,8 @@ def main() -> None:
         unset_hf_deepspeed_config()
         die_after = item.get("die_after_step")
         checkpoint.CheckpointMixin._save_checkpoint = save_then_die if die_after else save_checkpoint
-        CIPRGRPOTrainer._generate_single_turn = replayed if item.get("replay") else generate_single_turn
+        CIPRGRPOTrainer._generate_single_turn = episode_turns if item.get("episodes") else \
+            replayed if item.get("replay") else generate_single_turn
         run_dir = Path(run(config_from_dict(item["config"])))
         (run_dir / f"ran_rank{rank}.json").write_text(json.dumps(built))
     leave_process_group()

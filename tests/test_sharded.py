@@ -242,6 +242,51 @@ def test_a_killed_job_resumes_to_the_uninterrupted_weights(tmp_path, tiny, two_p
     assert worst <= WEIGHT_TOL
 
 
+MULTI_TURN_STRATEGIES = ("ddp", "zero3")
+
+
+def _multi_turn_run(tiny: Path, run_dir: Path, strategy: str, processes: int) -> dict[str, Any]:
+    """CIPR on ToyShop episodes (rollout.mode=multi_turn), turns replayed from the expert: 2 pairs x G=2 a
+    step, split over the processes."""
+    config = _config(tiny, run_dir, "cipr", strategy, processes)
+    config["model"]["call_format"] = "hermes"
+    config["rollout"] = {"backend": "hf", "num_generations": 2, "max_completion_length": 1024,
+                         "mode": "multi_turn", "episode_tasks": 4}
+    config["env"] = {"name": "toyshop", "n_tasks": 40, "max_turns": 6}
+    config["trainer"]["per_device_train_batch_size"] = 8 // processes
+    config["trainer"]["learning_rate"] = 20 * LR  # most groups score alike: small advantages, small steps
+    return {"name": "multi_turn", "episodes": True, "config": config}
+
+
+@pytest.fixture(scope="module")
+def multi_turn_one(tmp_path_factory, tiny) -> Path:
+    out = tmp_path_factory.mktemp("multi_turn_one")
+    _run_plan(out, {"runs": [_multi_turn_run(tiny, out / "multi_turn", "none", 1)]}, 1)
+    return out / "multi_turn"
+
+
+@pytest.mark.parametrize("strategy", MULTI_TURN_STRATEGIES)
+def test_multi_turn_two_processes_train_like_one(tmp_path, tiny, multi_turn_one, strategy):
+    """Multi-turn CIPR (episodes in lock step across the processes, both consistency terms over the turns)
+    under DDP and ZeRO-3 on two processes: the weights and each step's loss and terms of one process."""
+    _run_plan(tmp_path, {"runs": [_multi_turn_run(tiny, tmp_path / "multi_turn", strategy, 2)]}, 2)
+    for rank in (0, 1):
+        built = json.loads((tmp_path / "multi_turn" / f"ran_rank{rank}.json").read_text())
+        assert built and all(b == {"strategy": strategy, "processes": 2} for b in built), built
+    start = _weights(tiny.parent.parent, "sft")
+    a, b = _weights(multi_turn_one, "grpo"), _weights(tmp_path / "multi_turn", "grpo")
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    moved = max((a[k] - start[k]).abs().max().item() for k in a if k in start)
+    print(f"{strategy} multi-turn: max |w_2proc - w_1proc| = {worst:.2e} (weights moved up to {moved:.2e})")
+    assert moved > 100 * WEIGHT_TOL and worst <= WEIGHT_TOL, (strategy, worst, moved)
+    one, two = _steps(multi_turn_one, "grpo"), _steps(tmp_path / "multi_turn", "grpo")
+    assert [r["step"] for r in two] == [r["step"] for r in one] == [1, 2]
+    assert all(r["turns_per_episode"] >= 2 for r in one)
+    for x, y in zip(one, two, strict=True):
+        for key in ("loss", "consistency/rescore_kl", "consistency/rollout_kl", "turns_per_episode"):
+            assert y[key] == pytest.approx(x[key], rel=LOSS_RTOL, abs=1e-7), (key, x, y)
+
+
 def _cli(tiny: Path, run_dir: Path, *extra: str) -> list[str]:
     return ["-m", "cipr.cli.train", "model=tiny", f"model.name_or_path={tiny}", "algo=sft", "trainer=smoke",
             "data.n=16", "trainer.per_device_train_batch_size=2", "trainer.learning_rate=0.01",

@@ -20,6 +20,7 @@ import trl
 TRL_VERSION = "1.16.0"
 
 _GRPO = "cipr/train/grpo.py"
+_EPISODES = "cipr/train/grpo.py _rollout_episodes / _sample_turn (multi-turn episodes)"
 _CKPT = "cipr/train/checkpoint.py"
 _ROLLOUT = "cipr/train/rollout.py"
 
@@ -123,8 +124,10 @@ ATTRIBUTES: dict[str, str] = {
     "temperature": "_compute_loss (temperature of the folded read's token log-probabilities)",
     "use_vllm": "_init_trl, _generate_single_turn",
     "use_transformers_continuous_batching": "_generate_single_turn",
-    "generation_config": "_generate_single_turn",
-    "generation_kwargs": "_generate_single_turn",
+    "generation_config": "_generate_single_turn, _sample_turn (a turn's max_new_tokens)",
+    "generation_kwargs": "_generate_single_turn, _sample_turn (a turn's max_new_tokens)",
+    "rollout_func": "__init__ (rollout.mode=multi_turn passes _rollout_episodes)",
+    "accelerator": "_sync_max (the episode rounds' lock step)",
 }
 
 # GRPOConfig fields CIPR reads through self.args
@@ -293,6 +296,61 @@ def test_trainer_syncs_vllm_weights_through_the_instance_method():
     assert "self.vllm_generation.sync_weights()" in inspect.getsource(GRPOTrainer), _moved(
         "GRPOTrainer's weight sync", f"{_ROLLOUT} use_reload_weights",
         "it no longer calls self.vllm_generation.sync_weights(), so the colocated push would be skipped")
+
+
+def test_rollout_func_carries_the_episodes_mask_and_fields(tiny_model, tiny_tokenizer, tmp_path):
+    """Multi-turn episodes ride on TRL's `rollout_func`: TRL calls it with the generation batch's prompts, one
+    per row and in row order (the trainer maps them back to its rows), takes one completion per row, turns
+    `env_mask` into the batch's `tool_mask`, hands every other field to the reward functions row by row, and
+    its loss masks with completion_mask * tool_mask. Checked on a stock trainer, end to end."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    seen: dict[str, Any] = {}
+
+    def rollout(prompts, trainer):
+        seen["prompts"] = list(prompts)
+        seen["trainer"] = trainer
+        completion = [[5, 6, 7, 8, tiny_tokenizer.eos_token_id] for _ in prompts]
+        return {"prompt_ids": [[3, 4] for _ in prompts], "completion_ids": completion, "logprobs": None,
+                "env_mask": [[1, 0, 0, 1, 1] for _ in prompts],
+                "cipr_episode": [f"e{i}" for i in range(len(prompts))]}
+
+    def reward(completions, cipr_episode, row_id, **_):
+        seen["fields"] = list(zip(cipr_episode, row_id, strict=True))
+        return [float(i) for i in row_id]
+
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
+                      max_completion_length=8, report_to="none", use_cpu=True, bf16=False, disable_tqdm=True)
+    rows = [{"prompt": f"p{i}", "row_id": i} for i in range(2)]
+    trainer = GRPOTrainer(model=tiny_model, reward_funcs=reward, args=args, rollout_func=rollout,
+                          train_dataset=Dataset.from_list(rows * 2), processing_class=tiny_tokenizer)
+    batch = [rows[0], rows[0], rows[1], rows[1]]
+    out = trainer._generate_and_score_completions([dict(r) for r in batch])
+    assert seen["prompts"] == ["p0", "p0", "p1", "p1"] and seen["trainer"] is trainer, _moved(
+        "GRPOTrainer._generate's rollout_func call", _EPISODES, f"it got {seen['prompts']}")
+    assert seen["fields"] == [("e0", 0), ("e1", 0), ("e2", 1), ("e3", 1)], _moved(
+        "the rollout_func's extra fields", _EPISODES, "they no longer reach the reward function row by row")
+    assert out["tool_mask"].tolist() == [[1, 0, 0, 1, 1]] * 4, _moved(
+        "the rollout_func's env_mask", _EPISODES, "it no longer becomes the batch's tool_mask")
+    source = inspect.getsource(GRPOTrainer._compute_loss)
+    assert 'completion_mask * inputs["tool_mask"]' in source, _moved(
+        "GRPOTrainer._compute_loss", _EPISODES, "its loss mask no longer multiplies tool_mask in, so "
+        "observation tokens would be trained on")
+
+
+def test_generation_budget_is_read_at_every_call():
+    """`_sample_turn` bounds one turn by setting `generation_config.max_new_tokens` (HF) and
+    `VLLMGeneration.max_completion_length` (vLLM) around `_generate_single_turn`: both are read per call."""
+    from trl import GRPOTrainer
+    from trl.generation import vllm_generation
+
+    hf = inspect.getsource(GRPOTrainer._generate_single_turn)
+    assert "generation_config=self.generation_config" in hf, _moved(
+        "GRPOTrainer._generate_single_turn", _EPISODES, "it no longer generates with self.generation_config")
+    vllm = inspect.getsource(vllm_generation.VLLMGeneration.generate)
+    assert "max_completion_length = self.max_completion_length" in vllm, _moved(
+        "VLLMGeneration.generate", _EPISODES, "it no longer reads self.max_completion_length per call")
 
 
 def test_completion_scoring_matches_trls_fused_head(tiny_tokenizer, tmp_path):

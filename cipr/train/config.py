@@ -8,6 +8,10 @@ per algorithm, picked by `algo.name`, and `rollout` belongs to the algorithms th
 | sft, grpo, multi_interface, masking, cipr | `AlgoConfig`    | `DataConfig`: prompts   | used    |
 | distill                                   | `DistillConfig` | `TrajectoryDataConfig`  | unused  |
 
+`env` is the environment of multi-turn GRPO (`rollout.mode=multi_turn`): `{"name": ..., **options}`, the
+options being that environment's config (`cipr.envs.registry.env_config`, checked strictly); `name: none`
+(the default) plays no episodes.
+
 The other sections serve every algorithm. `trainer` is the recipe a comparison holds equal across
 algorithms (the presets trainer=cpu|gpu|smoke); each algorithm uses the part it needs (sft and distill
 have no GRPO objective and no warm start), so none of it is refused.
@@ -49,6 +53,7 @@ class TrainConfig:
     data: DataConfig | TrajectoryDataConfig = field(default_factory=DataConfig)
     algo: AlgoConfig | DistillConfig = field(default_factory=AlgoConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    env: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
@@ -66,6 +71,10 @@ def config_from_dict(data: Mapping[str, Any]) -> TrainConfig:
         section = trajectory_section(section)
         _refuse("rollout", data.get("rollout") or {}, _default_rollout(),
                 "algo=distill samples no rollouts (its student learns from the teacher on trajectories)")
+        env = dict(data.get("env") or {})
+        if env.get("name", "none") != "none" or set(env) - {"name"}:
+            raise ConfigError(f"env={env.get('name')}: algo=distill plays no episodes (its live evaluation "
+                              f"has its own settings, algo.eval); remove the env options")
     elif section.get("source") == "trajectories":
         raise ConfigError(f"data=trajectories is the data of algo=distill, not of algo={name}: choose "
                           f"algo=distill, or another data= (synthetic, toolrl, toolrl_sft, messages)")

@@ -25,6 +25,20 @@ needs full logits and is logged as missing on the folded path; the action entrop
 The rescoring term always needs a second forward over the relabeled canonical rollouts (x̃, ỹ)
 (`cipr.method.relabel`).
 
+Multi-turn episodes (`rollout.mode=multi_turn`, `cipr.train.episodes`) go through TRL's `rollout_func`
+hook: TRL hands it the generation batch's prompts (after syncing vLLM's weights) and takes back prompt ids,
+completion ids, sampler log-probabilities, `env_mask` (TRL multiplies it into the loss mask: observation
+tokens are never trained on) and extra per-row fields, which reach the reward function (`cipr_episode`).
+The trainer keeps the batch's rows while TRL calls it (TRL passes the prompts only) and gives the loop
+`_sample_turn` (`_generate_single_turn` with the turn's token budget), so HF and vLLM sample every turn
+through TRL's own generation code. TRL's `tools=` / `environment_factory` hooks are not used: they declare
+one tool list for the run (or one per named environment), never one per sample, take the tool names from
+Python method names (no adapter between an episode's names and the environment's), parse calls with the
+chat template's response schema (SmolLM2's ChatML has none; CIPR's call formats parse themselves), and end
+an episode at the first answer (no next user turn). Each episode is one response to the consistency
+terms: its decisions are every turn's, read on the multi-turn context; the rollout term is turn-aligned and
+the rescoring term relabels every turn (`cipr.train.episode_terms`, weighting stated there).
+
 Choices the paper leaves open:
 - Decisions in sampled text are those the call format finds (`CallFormat.decisions`); a response
   with none (cut off before any call or answer) adds no term. A pair enters the rollout term only
@@ -44,6 +58,7 @@ import contextlib
 import inspect
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -62,6 +77,8 @@ from cipr.runtime.generation import consecutive_runs, sample_shared_prefill
 from cipr.train.algo import AlgoConfig
 from cipr.train.checkpoint import CheckpointMixin, check_finite
 from cipr.train.data import PromptSet
+from cipr.train.episode_terms import relabel_episode, turn_index, turn_rollout_kl
+from cipr.train.episodes import EpisodeRunner, EpisodeScorer, episode_metrics, episode_totals
 from cipr.train.reward import Rollout, RolloutScorer
 from cipr.train.rollout import (
     check_vllm_loadable,
@@ -119,12 +136,17 @@ def action_entropy(probs: torch.Tensor) -> torch.Tensor:
 class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
     """GRPO with paired interfaces and CIPR's consistency terms (module docstring)."""
 
-    def __init__(self, *args: Any, prompts: PromptSet, scorer: RolloutScorer, algo: AlgoConfig,
-                 fmt: CallFormat, relabel_config: RelabelConfig | None = None, fold_allowed: bool = True,
-                 share_prefill: bool = True, vllm_enforce_eager: bool | None = None,
+    def __init__(self, *args: Any, prompts: PromptSet, scorer: RolloutScorer | EpisodeScorer,
+                 algo: AlgoConfig, fmt: CallFormat, relabel_config: RelabelConfig | None = None,
+                 fold_allowed: bool = True, share_prefill: bool = True,
+                 vllm_enforce_eager: bool | None = None,
                  sample_log: Callable[[int, list[dict[str, Any]]], None] | None = None,
-                 samples_per_step: int = 0, **kwargs: Any) -> None:
+                 samples_per_step: int = 0, episodes: EpisodeRunner | None = None, **kwargs: Any) -> None:
         self.prompt_set = prompts
+        self.episodes = episodes
+        self._episode_rows: list[int] | None = None
+        if episodes is not None:
+            kwargs["rollout_func"] = self._rollout_episodes
         self._sample_log = sample_log
         self._samples_per_step = samples_per_step
         self.scorer = scorer
@@ -158,7 +180,10 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
             check_vllm_loadable(kwargs.get("model", args[0] if args else None))
         colocate = use_vllm and train_args.vllm_mode == "colocate"
         try:
-            with eager_engine(self._vllm_enforce_eager) if colocate else contextlib.nullcontext():
+            with eager_engine(self._vllm_enforce_eager) if colocate else contextlib.nullcontext(), \
+                    warnings.catch_warnings():
+                # the rollout_func surface multi-turn episodes use is pinned by tests/test_trl_contract.py
+                warnings.filterwarnings("ignore", message="You are using 'rollout_func'")
                 super().__init__(*args, reward_funcs=[self.scorer], **kwargs)
         except NotImplementedError as e:
             if use_vllm and train_args.vllm_mode == "server":
@@ -219,7 +244,11 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         with self._timed("generate_and_score"):
-            output = super()._generate_and_score_completions(inputs)
+            self._episode_rows = [int(x["row_id"]) for x in inputs]  # _rollout_episodes (TRL passes prompts)
+            try:
+                output = super()._generate_and_score_completions(inputs)
+            finally:
+                self._episode_rows = None
             rollouts = list(self.scorer.last)
             if len(rollouts) != len(inputs):
                 raise RuntimeError(f"the reward function scored {len(rollouts)} completions "
@@ -233,6 +262,13 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         metrics = self._metrics["train"]
         records = self.prompt_set.records
         n = len(rollouts)
+        if self.episodes is not None:  # over every process's episodes (rank 0 writes the metrics)
+            totals = torch.tensor([episode_totals(rollouts)], dtype=torch.float64,  # type: ignore[arg-type]
+                                  device=self.accelerator.device)
+            if self.accelerator.num_processes > 1:
+                totals = self.accelerator.gather(totals)
+            for key, value in episode_metrics(totals.sum(0).tolist()).items():
+                metrics[key].append(value)
         metrics["rollout/no_call_rate"].append(sum(r.no_call for r in rollouts) / n)
         metrics["rollout/decisions_per_response"].append(sum(len(r.decisions) for r in rollouts) / n)
         for side in ("canonical", "perturbed"):
@@ -250,8 +286,56 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
                  "id": records[r.row].example.id,
                  "reference": [c.name for c in records[r.row].example.reference], "completion": r.text,
                  "ended": r.ended, "calls": [c.name for c in r.calls], "twin_calls": r.twin_calls,
-                 "format": r.format, "correctness": r.correctness}
+                 "format": r.format, "correctness": r.correctness,
+                 **({"turns": r.turns, "success": r.success} if self.episodes is not None else {})}
                 for r in rollouts[:self._samples_per_step]])
+
+    # -- multi-turn episodes (TRL's rollout_func) -------------------------------------------------
+    def _rollout_episodes(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        """TRL's `rollout_func`: play one episode per row of the generation batch (module docstring)."""
+        rows = self._episode_rows
+        if rows is None or len(rows) != len(prompts):
+            raise RuntimeError(f"rollout_func got {len(prompts)} prompts for the generation batch's "
+                               f"{None if rows is None else len(rows)} rows")
+        assert self.episodes is not None
+        episodes = self.episodes.run(rows, self._sample_turn, self.eos_token_ids, self._sync_max)
+        self._metrics["train" if self.model.training else "eval"]["time/env"].append(
+            sum(e.env_seconds for e in episodes))
+        logprobs = None if any(e.logprobs is None for e in episodes) else [list(e.logprobs) for e in episodes]
+        return {"prompt_ids": [list(e.prompt_ids) for e in episodes],
+                "completion_ids": [list(e.completion_ids) for e in episodes], "logprobs": logprobs,
+                "env_mask": [list(e.mask) for e in episodes], "cipr_episode": episodes}
+
+    def _sample_turn(self, contexts: list[list[int]], max_new_tokens: int
+                     ) -> tuple[list[list[int]], list[list[float]] | None]:
+        """One turn for every context through `_generate_single_turn`, at most `max_new_tokens` tokens."""
+        config, kwargs = getattr(self, "generation_config", None), getattr(self, "generation_kwargs", None)
+        vllm = getattr(self, "vllm_generation", None) if self.use_vllm else None
+        saved = (getattr(config, "max_new_tokens", None), (kwargs or {}).get("max_new_tokens"),
+                 getattr(vllm, "max_completion_length", None))
+        try:
+            if config is not None:
+                config.max_new_tokens = max_new_tokens
+            if kwargs is not None and "max_new_tokens" in kwargs:
+                kwargs["max_new_tokens"] = max_new_tokens
+            if vllm is not None:
+                vllm.max_completion_length = max_new_tokens
+            ids, logprobs = self._generate_single_turn(contexts, None, {}, 1)
+        finally:
+            if config is not None:
+                config.max_new_tokens = saved[0]
+            if kwargs is not None and "max_new_tokens" in kwargs:
+                kwargs["max_new_tokens"] = saved[1]
+            if vllm is not None:
+                vllm.max_completion_length = saved[2]
+        return [list(i) for i in ids], logprobs
+
+    def _sync_max(self, values: list[int]) -> list[int]:
+        """Element-wise maximum over every process (the episode loop's lock step)."""
+        if self.accelerator.num_processes == 1:
+            return list(values)
+        local = torch.tensor([values], dtype=torch.long, device=self.accelerator.device)
+        return self.accelerator.gather(local).max(dim=0).values.tolist()
 
     # -- generation ------------------------------------------------------------------------------
     def _generate_single_turn(self, prompt_ids: Any, images: Any, multimodal_fields: Any,
@@ -265,8 +349,11 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
     def _generate_runs(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,
                        has_tool_images: bool) -> Any:
         runs = consecutive_runs(prompt_ids)
+        distinct = len(runs) == len(prompt_ids)
+        if self.accelerator.num_processes > 1:  # one path on every process: ZeRO-3's generation is collective
+            distinct = bool(self._sync_max([int(distinct)])[0])
         if (not self._share_prefill or self.use_vllm or self.use_transformers_continuous_batching or images
-                or multimodal_fields or len(runs) == len(prompt_ids)):
+                or multimodal_fields or distinct):
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
                                                  has_tool_images)
         with (unwrap_model_for_generation(self.model_wrapped, self.accelerator,
@@ -418,7 +505,8 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         seq = sequence.tolist()
 
         if algo.rollout_weight > 0:
-            value, metrics = self._rollout_term(rollouts, side, probs, seq)
+            term = self._rollout_term if self.episodes is None else self._turn_rollout_term
+            value, metrics = term(rollouts, side, probs, seq)
             if value is not None:
                 total = total + algo.rollout_weight * value
                 parts["consistency/rollout_kl"] = float(value.detach())
@@ -445,6 +533,34 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         kl_metrics.update(metrics)
         return value, kl_metrics
 
+    def _turn_rollout_term(self, rollouts: Sequence[Any], side: Sequence[str], probs: torch.Tensor,
+                           seq: Sequence[int]) -> tuple[torch.Tensor | None, dict[str, float]]:
+        """The rollout term of episodes, turn by turn (`cipr.train.episode_terms.turn_rollout_kl`)."""
+        records = self.prompt_set.records
+        turns = [k for r in rollouts for k in r.turn_of]
+        index, metrics = turn_index([records[r.row].pair_id for r in rollouts], side, seq, turns,
+                                    device=probs.device)
+        if index is None:
+            return None, metrics
+        canon, pert = index.canonical, index.perturbed
+        value, kl_metrics = turn_rollout_kl(exact(probs[canon.decisions]), canon,
+                                            exact(probs[pert.decisions]), pert, index.group_pairs,
+                                            detach_reference=self.algo.detach_reference)
+        kl_metrics.update(metrics)
+        return value, kl_metrics
+
+    def _relabeled(self, record: Any, rollout: Any, seed: int) -> ActionQuery:
+        """The relabeled (x̃, ỹ) of a canonical rollout (an episode: every turn); ValueError when it fails."""
+        if self.episodes is not None:
+            ep = relabel_episode(record.prompt, rollout.text, rollout.turn_spans, record.tools, self.fmt,
+                                 self.relabel_config, seed=seed)
+            prompt, response, decisions, tools = ep.prompt, ep.response, ep.decisions, ep.tools
+        else:
+            rel = relabel(record.prompt, rollout.text, record.tools, self.fmt, self.relabel_config, seed=seed)
+            prompt, response, decisions, tools = rel.prompt, rel.response, rel.relabeled_decisions, rel.tools
+        response += self.processing_class.eos_token if rollout.ended else ""
+        return ActionQuery(prompt, response, decisions, tools, record.classes)
+
     def _rescore_term(self, model: Any, rollouts: Sequence[Rollout], side: Sequence[str], probs: torch.Tensor,
                       seq: Sequence[int], num_actions: int) -> tuple[torch.Tensor | None, dict[str, float]]:
         records = self.prompt_set.records
@@ -457,13 +573,10 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
             record = records[r.row]
             seed = (self.args.seed * 1_000_003 + self.state.global_step) * 100_003 + r.row * 101 + b
             try:
-                rel = relabel(record.prompt, r.text, record.tools, self.fmt, self.relabel_config, seed=seed)
+                queries.append(self._relabeled(record, r, seed))
             except ValueError:
                 failures += 1
                 continue
-            response = rel.response + (self.processing_class.eos_token if r.ended else "")
-            queries.append(ActionQuery(rel.prompt, response, rel.relabeled_decisions, rel.tools,
-                                       record.classes))
             kept.append(b)
         metrics = {"relabel_failures": float(failures)}
         if not queries:

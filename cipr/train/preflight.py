@@ -354,6 +354,22 @@ def training_units(cfg: TrainConfig, examples: Sequence[Any], total: int | None,
     return int(usable * kept_share)
 
 
+def episode_units(cfg: TrainConfig, findings: Findings) -> int:
+    """Multi-turn GRPO's training units: the environment's train tasks it uses (`rollout.episode_tasks`, 0:
+    all), whatever the data holds (the data feeds the warm start only); a note says so."""
+    from cipr.train.episodes import env_factory
+
+    try:
+        n = len(env_factory(cfg.env)().tasks("train"))
+    except (ConfigError, DataError, OSError, ValueError) as e:
+        findings.errors.append(f"env={cfg.env.get('name')}: {e}")
+        return 0
+    used = min(n, cfg.rollout.episode_tasks) if cfg.rollout.episode_tasks else n
+    findings.notes.append(f"rollout.mode=multi_turn: batches are the environment's train tasks ({used} of "
+                          f"{n}); the lengths above are the data's (the warm start), not the episodes'")
+    return used
+
+
 def preflight(cfg: TrainConfig, tokenizer: Any, examples: Sequence[Any], *, world: int, template: str = "",
               rows: int = 256, total: int | None = None, max_left_out: float = 0.1) -> Preflight:
     """Checks 2 and 3 of the module docstring on the first `rows` of `examples` (`total`: the size of the
@@ -404,6 +420,9 @@ def preflight(cfg: TrainConfig, tokenizer: Any, examples: Sequence[Any], *, worl
         kept = max(0.0, (units_rendered - over / unit) / max(1, len(sample) - no_tools))
     units = training_units(cfg, sample if total is not None else examples, total, min(1.0, kept))
     estimated = total is not None or len(sample) < len(examples) or kept < 1.0
+    if getattr(cfg.rollout, "multi_turn", False):
+        units = episode_units(cfg, findings)
+        estimated = False
     batch = batch_plan(cfg, units, world, findings, estimated=estimated)
     return Preflight(findings, name, template, turn, len(sample), rendered, skipped, lengths, prompts_p,
                      targets_c, batch, first_prompt, first_target)

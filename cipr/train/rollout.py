@@ -51,6 +51,10 @@ class RolloutConfig:
     `share_prompt_prefill` (HF backend): compute each prompt's prefill once for its G samples
     (`cipr.runtime.generation.sample_shared_prefill`); same distribution, less CPU time.
     `enforce_eager` (vllm_colocate): null runs vLLM eagerly on CPU and compiled on GPUs; true/false decides.
+    `mode`: `single_turn` (one response per prompt) or `multi_turn` (episodes in the `env` section's
+    environment, `cipr.train.episodes`), whose options are `episode_tasks` (train tasks used, 0: all),
+    `max_turn_tokens` (sampled tokens per assistant turn, null: the rest of `max_completion_length`, which
+    bounds the whole episode's completion) and `format_weight` (the format term's weight in the reward).
     """
 
     backend: Literal["hf", "vllm_colocate", "vllm_server"] = "hf"
@@ -71,10 +75,18 @@ class RolloutConfig:
     server_timeout: float = 240.0
     importance_sampling_correction: bool = True
     share_prompt_prefill: bool = True
+    mode: Literal["single_turn", "multi_turn"] = "single_turn"
+    episode_tasks: int = 0
+    max_turn_tokens: int | None = None
+    format_weight: float = 1.0
 
     @property
     def uses_vllm(self) -> bool:
         return self.backend != "hf"
+
+    @property
+    def multi_turn(self) -> bool:
+        return self.mode == "multi_turn"
 
 
 def check_backend(cfg: RolloutConfig) -> None:
@@ -83,6 +95,16 @@ def check_backend(cfg: RolloutConfig) -> None:
         raise ConfigError("rollout.num_generations must be >= 2 (GRPO normalizes rewards within each group)")
     if cfg.max_completion_length < 1:
         raise ConfigError("rollout.max_completion_length must be >= 1")
+    episode = {"episode_tasks": 0, "max_turn_tokens": None, "format_weight": 1.0}
+    if not cfg.multi_turn:
+        for key, default in episode.items():
+            if getattr(cfg, key) != default:
+                raise ConfigError(f"rollout.{key}={getattr(cfg, key)} applies to rollout.mode=multi_turn "
+                                  f"only; remove it")
+    if cfg.episode_tasks < 0 or cfg.format_weight < 0:
+        raise ConfigError("rollout.episode_tasks and rollout.format_weight must be >= 0")
+    if cfg.max_turn_tokens is not None and cfg.max_turn_tokens < 1:
+        raise ConfigError("rollout.max_turn_tokens must be >= 1 (or null: the rest of the budget)")
     if not cfg.uses_vllm:
         return
     if importlib.util.find_spec("vllm") is None:

@@ -96,6 +96,9 @@ def validate(cfg: TrainConfig) -> None:
         if cfg.algo.uses_grpo:
             batch_geometry(cfg)
             check_backend(cfg.rollout)
+        from cipr.train.episodes import validate_env
+
+        validate_env(cfg.env, cfg.rollout, cfg.algo)
     validate_distributed(cfg.distributed)
     validate_shared(cfg)
     precision_flags(cfg.trainer.precision)
@@ -161,6 +164,8 @@ def run(cfg: TrainConfig) -> Path:
         torch.set_num_threads(cfg.trainer.torch_threads)
     run_dir = Path(cfg.trainer.run_dir).expanduser()
     compared = COMPARED_SECTIONS[:3] if cfg.algo.name == "distill" else COMPARED_SECTIONS
+    if cfg.rollout.multi_turn:
+        compared = (*compared, "env")
     main = prepare(run_dir, to_dict(cfg), compared, lambda: _started(cfg, run_dir))
     writer = MetricsWriter(run_dir, cfg.logging.wandb, to_dict(cfg), enabled=main)
     try:
@@ -190,6 +195,19 @@ def _write_summary(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter, start
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
 
 
+def _preflight(cfg: TrainConfig, examples: list[Any]) -> None:
+    """cipr-plan's prompt and batch checks (cipr/train/preflight.py) with the run's tokenizer, before any
+    weights load: a run that fails them is refused (ConfigError), its warnings logged. Every rank runs it
+    and gets the same answer."""
+    from cipr.runtime.model import load_tokenizer
+    from cipr.train.preflight import preflight
+
+    result = preflight(cfg, load_tokenizer(cfg.model), examples, world=world_size(cfg.launcher))
+    for warning in result.findings.warnings:
+        log.warning("preflight: %s", warning)
+    result.findings.check()
+
+
 def _run_prompts(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter) -> dict[str, Any] | None:
     """The stages of a prompt-based algorithm; the summary's entries of the run (None: it was complete)."""
     stages = _stages(cfg)
@@ -198,6 +216,8 @@ def _run_prompts(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter) -> dict
         log.info("every stage of %s is already complete; nothing to do", run_dir)
         return None
 
+    examples, load_skipped = load_source(cfg.data)
+    _preflight(cfg, examples)  # cipr-plan's prompt and batch checks, before any weights load
     source = cfg.model.name_or_path or f"{cfg.model.gguf_package}/{cfg.model.gguf_file}"
     log.info("loading model (%s)", source)
     weights = None
@@ -205,7 +225,6 @@ def _run_prompts(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter) -> dict
         weights = _stage_dir(cfg, run_dir, "warm_start") / "final"
     model, tokenizer = load_trained(cfg.model, weights)
     fmt = _call_format(cfg, tokenizer)
-    examples, load_skipped = load_source(cfg.data)
     names = cfg.algo.names
     prompts = build_prompts(examples, cfg.data, names=names, perturbed=cfg.algo.perturbed, fmt=fmt,
                             tokenizer=tokenizer, skipped=load_skipped)
@@ -355,16 +374,39 @@ def grpo_args(cfg: TrainConfig, output_dir: str, world: int | None = None) -> di
     return args
 
 
+def _episodes(cfg: TrainConfig, tokenizer: Any, fmt: Any) -> tuple[PromptSet, Any]:
+    """Multi-turn GRPO's rows (one per training task and side) and the runner that plays them."""
+    from cipr.train.episodes import EpisodeOptions, EpisodeRunner, build_episodes, env_factory
+
+    rollout = cfg.rollout
+    factory = env_factory(cfg.env)
+    episodes = build_episodes(rollout.episode_tasks, cfg.data, cfg.algo, fmt, tokenizer, factory)
+    if cfg.trainer.max_prompt_length is not None:
+        episodes = episodes.without_long_prompts(tokenizer, cfg.trainer.max_prompt_length)
+    if episodes.skipped:
+        log.warning("skipped %d tasks: %s", sum(episodes.skipped.values()), dict(episodes.skipped))
+    log.info("env=%s: %d episode rows (%d units of %d)", cfg.env.get("name"), len(episodes.records),
+             len(episodes.records) // episodes.unit_size, episodes.unit_size)
+    options = EpisodeOptions(rollout.episode_tasks, rollout.max_turn_tokens, rollout.format_weight)
+    runner = EpisodeRunner(episodes, fmt, tokenizer, options, factory,
+                           max_completion_length=rollout.max_completion_length)
+    return episodes, runner
+
+
 def _run_grpo(cfg: TrainConfig, model: Any, tokenizer: Any, prompts: PromptSet, fmt: Any, run_dir: Path,
               writer: MetricsWriter) -> int:
     from datasets import Dataset
     from trl import GRPOConfig
 
+    from cipr.train.episodes import EpisodeScorer
     from cipr.train.grpo import CIPRGRPOTrainer
     from cipr.train.reward import RolloutScorer
 
     stage_dir = run_dir / "grpo"
     batch = batch_geometry(cfg)
+    episodes = None
+    if cfg.rollout.multi_turn:  # GRPO's rows are the environment's tasks (cipr/train/episodes.py)
+        prompts, episodes = _episodes(cfg, tokenizer, fmt)
 
     def build(callbacks: list[Any]) -> Any:
         args = GRPOConfig(**grpo_args(cfg, str(stage_dir)))
@@ -382,9 +424,11 @@ def _run_grpo(cfg: TrainConfig, model: Any, tokenizer: Any, prompts: PromptSet, 
                               f"raise data.n or lower trainer.per_device_train_batch_size")
         stop_ids = [i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None]
         rollout = cfg.rollout
+        scorer = EpisodeScorer() if episodes is not None else \
+            RolloutScorer(prompts.records, fmt, tokenizer, stop_ids)
         trainer = CIPRGRPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(prompts.rows()),
                                   processing_class=tokenizer, prompts=prompts, algo=cfg.algo, fmt=fmt,
-                                  scorer=RolloutScorer(prompts.records, fmt, tokenizer, stop_ids),
+                                  scorer=scorer, episodes=episodes,
                                   fold_allowed=not (rollout.uses_vllm
                                                     and rollout.importance_sampling_correction),
                                   share_prefill=rollout.share_prompt_prefill,
