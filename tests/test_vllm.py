@@ -10,7 +10,9 @@ on 2 cores; the engines run eagerly, as cipr starts them on CPU: compiling would
    (`cipr.train.rollout.push_weights`): after every push, vLLM and the updated HF policy score the
    same fixed continuation and greedily continue the same fixed prompt. The same under
    `distributed=zero3` on two processes: tests/test_vllm_zero3.py, a module of its own so that this one's
-   server and models are gone before its two engines start.
+   server and models are gone before its two engines start. Then multi-turn CIPR on ToyShop
+   (`rollout.mode=multi_turn`): every turn sampled by the engine after the push (144 s on a 2-core Xeon with
+   AVX-512, one core busy; its `extended` seconds are about twice that).
 3. `cipr-export` of that run, then `backend=openai` (a vLLM OpenAI server on 127.0.0.1, started here and
    stopped by its PID, on the synthetic slice) against `backend=hf` on the export.
 4. `rollout=vllm_server` against that server: generation through TRL's `VLLMClient`, and a training
@@ -335,6 +337,25 @@ def test_colocate_cipr_pushes_weights_every_step_and_resumes(colocate_run):
     # CIPR's reader, paired rollouts
     assert all("actions/folded" in r and "reward/perturbed" in r for r in steps)
     assert (colocate_run / "grpo" / "final" / "model.safetensors").is_file()
+
+
+MULTI_TURN = ("rollout.mode=multi_turn", "env=toyshop", "env.n_tasks=40", "env.max_turns=3",
+              "model.call_format=compact", "rollout.max_completion_length=160", "rollout.max_turn_tokens=48",
+              "rollout.episode_tasks=4", "trainer.max_steps=1", "trainer.save_steps=1")
+
+
+@pytest.mark.extended(seconds=300, name="the multi-turn colocate run", after="the colocate run")
+def test_colocate_multi_turn_cipr_samples_every_turn_with_the_pushed_weights(tmp_path):
+    """Multi-turn CIPR on ToyShop with vLLM colocated: every turn of every episode is sampled by the engine
+    through TRL's generation hook (cipr/train/episodes.py), after the weight push the probe checks."""
+    run_dir, probe = tmp_path / "run", tmp_path / "probe.jsonl"
+    run_train(run_dir, probe, *WARM, *MULTI_TURN)
+    pushes = read_probe(probe)
+    assert len(pushes) == 1
+    check_pushes(pushes, "multi-turn")
+    (step,) = grpo_steps(run_dir)
+    assert step["turns_per_episode"] >= 1 and "episode/success_rate" in step and "time/env" in step, step
+    assert "consistency/rescore_kl" in step and "reward/perturbed" in step
 
 
 # -- 3. export, vLLM OpenAI server, server-mode rollouts -----------------------------------------
