@@ -510,3 +510,11 @@ def test_one_cipr_step_trains_on_a_published_format(tmp_path, tiny_dir, fmt, row
     run_dir = run(cfg)
     steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert any(r.get("kind") == "step" and "consistency/rescore_kl" in r for r in steps)
+
+
+def test_the_readmes_example_files_are_the_rows_above():
+    """tests/data/{xlam,hermes_fc,glaive}_example.* (the README's "Your own data" commands) hold them."""
+    data = Path(__file__).parent / "data"
+    assert json.loads((data / "xlam_example.json").read_text()) == XLAM_ROWS
+    for name, rows in (("hermes_fc", HERMES_ROWS), ("glaive", GLAIVE_ROWS)):
+        assert [json.loads(x) for x in (data / f"{name}_example.jsonl").read_text().splitlines()] == rows
