@@ -354,6 +354,20 @@ def test_auto_errors_name_what_the_template_holds(template, found):
     assert found in str(e.value) and "llama3_json (Llama 3.1 / 3.2" in str(e.value)
 
 
+@pytest.mark.parametrize("template, found", [
+    ("{% if tools %}[AVAILABLE_TOOLS]{{ tools|tojson }}[/AVAILABLE_TOOLS]{% endif %}{% for m in messages %}"
+     "{% if m.tool_calls %}[TOOL_CALLS]{{ m.tool_calls|tojson }}</s>{% endif %}{% endfor %}",
+     "[TOOL_CALLS] (Mistral's JSON call lists, not supported here"),
+    ("{% if tools %}Call them as [func_name1(params_name1=params_value1), func_name2(params)]: "
+     "{{ tools|tojson }}{% endif %}", "[func_name1( (Llama 3.2's pythonic calls, not supported here"),
+])
+def test_families_not_supported_are_refused_with_the_reason(template, found):
+    """Mistral's `[TOOL_CALLS]` and Llama 3.2's pythonic calls (templates written here in their shape)."""
+    with pytest.raises(ValueError, match="matches no call format") as e:
+        detect_format(template)
+    assert found in str(e.value) and "reads `tools`" in str(e.value)
+
+
 def test_auto_without_a_template_or_tokenizer_and_ambiguous_templates():
     tok = _tokenizer("qwen2_5")
     bare = type("Bare", (), {"chat_template": None})()

@@ -65,6 +65,10 @@ CALL_MARKERS: dict[str, str] = {
     "<|tool_call>": "Gemma 4 calls",
     "<|tool_call_start|>": "LFM2 calls",
     "<|python_tag|>": "Llama 3.1 built-in tools",
+    "[TOOL_CALLS]": "Mistral's JSON call lists, not supported here: each call needs a 9-character id the "
+                    "template checks, which no format here writes",
+    "[func_name1(": "Llama 3.2's pythonic calls, not supported here: Python call syntax as the whole turn, "
+                    "which no format here parses",
     '"parameters"': "JSON calls with a parameters key",
     "<|start_header_id|>": "Llama 3 headers",
     "<|channel|>": "harmony channels",
