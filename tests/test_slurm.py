@@ -251,7 +251,7 @@ def test_requeued_job_resumes_from_its_checkpoint_with_the_same_final_metrics(sl
     assert 1 <= step < 6 and step != 4, \
         f"the requeue must interrupt the CIPR stage between saves (step {step})"
     assert re.search(rf"resuming grpo from \S+checkpoint-{step} \(step {step}\)", text), _tail(log, 40)
-    assert "requeued Slurm job" not in text  # after SIGTERM Slurm has requeued the job itself
+    assert "requeueing Slurm job" not in text  # after SIGTERM Slurm has requeued the job itself
 
     reference, resumed = _steps(tmp_path / "reference"), _steps(run_dir)
     assert [(r["stage"], r["step"]) for r in resumed] == [("warm_start", s) for s in range(1, 5)] + \
@@ -287,7 +287,7 @@ def test_time_limit_warning_saves_requeues_itself_and_resumes(slurm, tmp_path):
     _wait("the first SFT step", lambda: bool(_steps(run_dir, "sft")), 300, 0.1)
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=slurm.env, check=True,
                    capture_output=True)
-    _wait("the run to requeue itself", lambda: "requeued Slurm job" in log.read_text(), 120)
+    _wait("the run to requeue itself", lambda: "requeueing Slurm job" in log.read_text(), 120)
     _wait("the job to be pending again", lambda: slurm.job(job).get("JobState") == "PENDING", 60)
     _settle()
     _wait("the start time to be moved to now", lambda: subprocess.run(

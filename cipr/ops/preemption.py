@@ -127,6 +127,8 @@ def requeue_slurm_job(job_id: str | None = None) -> bool:
     if not job_id:
         log.info("not running under Slurm: nothing to requeue")
         return False
+    # said before the call: Slurm may end this job with SIGTERM before scontrol returns
+    log.warning("requeueing Slurm job %s", job_id)
     try:
         result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, check=False,
                                 timeout=60)
