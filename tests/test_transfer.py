@@ -4,6 +4,7 @@ model."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 
@@ -138,7 +139,7 @@ def test_the_command_trains_reads_reports_and_recomputes(tmp_path, one_thread):
     assert data["arms"]["cipr"]["seeds"] == [0, 1] and data["n_items"] == 6
     assert set(data["splits"]) == {"near", "hard"}
     assert data["decision"] in ("shown", "bounded", "inconclusive")
-    records = (report / "cpu_transfer_records.jsonl").read_text().splitlines()
+    records = gzip.decompress((report / "cpu_transfer_records.jsonl.gz").read_bytes()).decode().splitlines()
     types = {json.loads(x)["perturbation"] for x in records}
     assert types == set(TransferConfig().types)
     assert all(math.isfinite(v) for v in data["primary"]["per_seed"])

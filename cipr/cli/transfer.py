@@ -3,7 +3,7 @@
 
 `run` trains every (arm, seed) point of `configs/train/sweep/cpu_transfer.yaml` from one shared warm start and
 reads each on the near and hard evaluation items under the held-out perturbation types, in one process, then
-writes REPORT/cpu_transfer.json, .md, .png and cpu_transfer_records.jsonl. Rerunning resumes: finished points
+writes REPORT/cpu_transfer.json, .md, .png and the records (.jsonl.gz). Rerunning resumes: finished points
 are skipped, a killed training continues from its last checkpoint. `run_seeds` runs a piece of the seeds (the
 report then covers the seeds finished so far). `report` recomputes every number from the committed records.
 
@@ -39,7 +39,7 @@ from cipr.experiments.transfer import TransferConfig
 class ReportOptions:
     """`cipr-transfer report`: where the records are.
 
-    - `report_dir`: the folder holding cpu_transfer_records.jsonl and cpu_transfer.json (rewritten in place).
+    - `report_dir`: the folder of cpu_transfer_records.jsonl.gz and cpu_transfer.json (rewritten in place).
     """
 
     report_dir: str = "docs/results"

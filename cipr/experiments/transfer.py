@@ -11,7 +11,7 @@ is trained and evaluated in this one process, with one model in memory at a time
       points/<arm>_s<seed>/            the point's cipr-train run folder (its weights deleted once evaluated)
       records/<arm>_s<seed>.jsonl      one record per (item, perturbation type), once the point is done
       records/<arm>_s<seed>.json       the point's timings
-    REPORT/cpu_transfer.json, .md, .png and cpu_transfer_records.jsonl (every record, the report's only input)
+    REPORT/cpu_transfer.json, .md, .png and cpu_transfer_records.jsonl.gz (every record: the report's input)
 
 Evaluation items (`transfer_items`) are synthetic single-call items with three tools from the test stream of a
 seed no run has used (`eval_seed`), minus every item equal to a training-pool item or to the first 500 test
@@ -48,7 +48,7 @@ from cipr.tools.interface import Example
 
 log = logging.getLogger(__name__)
 
-RECORDS = "cpu_transfer_records.jsonl"
+RECORDS = "cpu_transfer_records.jsonl.gz"
 SPLITS = ("near", "hard")
 AVOID_SEEDS = (0, 1, 2, 3)
 AVOID_ITEMS = 500
