@@ -215,7 +215,6 @@ def test_interface_filtering_is_by_environment_names():
 
 
 def test_text_without_a_call_ends_the_turn_and_too_many_steps_force_quit(tmp_path):
-    from cipr.envs.base import EpisodeLimits
     from cipr.envs.toyshop import ToyShop
 
     env = make_env("toyshop", seed=0)
@@ -226,7 +225,7 @@ def test_text_without_a_call_ends_the_turn_and_too_many_steps_force_quit(tmp_pat
     replies = {task: ["Sorry, I cannot shop.", *[search] * 4]}  # malformed (no <think>), opens no call
 
     def factory(item):
-        return ToyShop(seed=0, actions="tools", limits=EpisodeLimits(16, 4, max_steps_per_turn=2))
+        return ToyShop(seed=0, actions="tools", max_steps_per_turn=2)
 
     run_episodes([_item(task, view)], Scripted(replies), FMT, tmp_path, RunnerConfig(progress=False),
                  env_factory=factory)

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean
@@ -264,28 +264,37 @@ def _calls(value: Any, interface: Interface, raw: RawRow, field: str,
         if tc.get("type", "function") != "function":
             raise raw.bad("unsupported call type", f"call type {tc.get('type')!r} is not 'function'",
                           f"{where}.type")
-        fn = tc.get("function", tc)
         if "function" in tc:
             where += ".function"
-        if not isinstance(fn, Mapping):
-            raise raw.bad("malformed call", "'function' must be an object", where)
-        name = fn.get("name")
-        if not isinstance(name, str) or not name:
-            raise raw.bad("call without a name", f"the call's name must be a non-empty string, got {name!r}",
-                          f"{where}.name")
+        name, args = call_parts(tc.get("function", tc), raw, where,
+                                lambda value, at, kind: _json_field(value, raw, at, kind))
         if name not in interface:
             raise raw.bad("call to undeclared tool", f"calls {name!r}, which 'tools' does not declare "
                           f"(declared: {', '.join(interface.names) or 'none'})", f"{where}.name")
-        args = _json_field(fn.get("arguments", {}), raw, f"{where}.arguments", "arguments not valid JSON")
-        if args is None:
-            args = {}
-        if not isinstance(args, Mapping):
-            raise raw.bad("arguments not an object",
-                          f"arguments must be a JSON object, got {type(args).__name__}", f"{where}.arguments")
         if isinstance(tc.get("id"), str):
             ids[tc["id"]] = name
-        calls.append(Call(name, dict(args)))
+        calls.append(Call(name, args))
     return tuple(calls)
+
+
+def call_parts(fn: Any, raw: RawRow, where: str,
+               decode: Callable[[Any, str, str], Any]) -> tuple[str, dict[str, Any]]:
+    """A call's `{name, arguments}` object checked: its name, and its arguments as an object (a string is
+    decoded by `decode(value, field, kind)`, null is `{}`); a BadRow naming the field under `where` if not.
+    The `messages` reader and every public format's reader (`cipr.data.row_formats`) check calls so."""
+    if not isinstance(fn, Mapping):
+        raise raw.bad("malformed call", "'function' must be an object", where)
+    name = fn.get("name")
+    if not isinstance(name, str) or not name:
+        raise raw.bad("call without a name", f"the call's name must be a non-empty string, got {name!r}",
+                      f"{where}.name")
+    args = decode(fn.get("arguments", {}), f"{where}.arguments", "arguments not valid JSON")
+    if args is None:
+        args = {}
+    if not isinstance(args, Mapping):
+        raise raw.bad("arguments not an object",
+                      f"arguments must be a JSON object, got {type(args).__name__}", f"{where}.arguments")
+    return name, dict(args)
 
 
 def _tool_name(m: Mapping[str, Any], before: Sequence[Message], interface: Interface, ids: Mapping[str, str],

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, ClassVar, Literal
 
 from cipr.envs.base import EpisodeLimits, EpisodeScore, StepResult, check_split, no_such_tool
 from cipr.tools.interface import Call, Interface, Message, Tool
@@ -137,7 +137,8 @@ class ToyShopConfig:
     - `seed`: the catalog and the tasks; `n_products`: catalog size.
     - `actions`: `tools` (the nine tools, multi-turn) or `webshop` (WebShop's two actions).
     - `n_tasks`, `heldout_fraction`, `split_seed`: the task ids and their seeded train/held-out split.
-    - `max_turns`, `max_calls`: the episode's bounds (`cipr.envs.base.EpisodeLimits`).
+    - `max_turns`, `max_calls`, `max_steps_per_turn` (null: no bound): the episode's bounds
+      (`cipr.envs.base.EpisodeLimits`).
     """
 
     seed: int = 0
@@ -148,6 +149,7 @@ class ToyShopConfig:
     split_seed: int = 0
     max_turns: int = 16
     max_calls: int = 4
+    max_steps_per_turn: int | None = None
 
     def __post_init__(self) -> None:
         if self.actions not in ("tools", "webshop"):
@@ -159,9 +161,7 @@ class ToyShopConfig:
             raise ValueError(f"toyshop: heldout_fraction={self.heldout_fraction} must lie in (0, 1)")
 
     def build(self) -> ToyShop:
-        return ToyShop(seed=self.seed, n_products=self.n_products, actions=self.actions, n_tasks=self.n_tasks,
-                       heldout_fraction=self.heldout_fraction, split_seed=self.split_seed,
-                       limits=EpisodeLimits(self.max_turns, self.max_calls))
+        return ToyShop(**asdict(self))
 
 
 def task_number(task_id: Any) -> int:
@@ -182,17 +182,15 @@ class _Page:
 
 
 @dataclass
-class ToyShop:
-    """The shop: a seeded catalog, tasks with a satisfying product, WebShop pages or the nine tools."""
+class ToyShop(ToyShopConfig):
+    """The shop: a seeded catalog, tasks with a satisfying product, WebShop pages or the nine tools.
 
-    seed: int = 0
-    n_products: int = 120
+    Its options are `ToyShopConfig`'s fields, with WebShop's two actions as the default (`ToyShop(seed=...)`
+    is the distillation path's shop; `ToyShopConfig().build()` the multi-turn environment's).
+    """
+
     actions: Literal["tools", "webshop"] = "webshop"
-    n_tasks: int = 1000
-    heldout_fraction: float = 0.2
-    split_seed: int = 0
-    limits: EpisodeLimits = field(default_factory=lambda: EpisodeLimits(16, 4))
-    name: str = "toyshop"
+    name: ClassVar[str] = "toyshop"
     catalog: list[Product] = field(init=False)
     _page: str = field(init=False, default="start")
     _task: Task | None = field(init=False, default=None)
@@ -207,6 +205,7 @@ class ToyShop:
     _last_reward: float = field(init=False, default=0.0)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         rng = random.Random(self.seed)
         self.catalog = [
             Product(f"B{rng.randrange(16**8):08X}", rng.choice(_TYPES), rng.choice(_COLORS),
@@ -215,6 +214,10 @@ class ToyShop:
             for _ in range(self.n_products)
         ]
         self._by_id = {p.pid: p for p in self.catalog}
+
+    @property
+    def limits(self) -> EpisodeLimits:
+        return EpisodeLimits(self.max_turns, self.max_calls, self.max_steps_per_turn)
 
     @property
     def interface(self) -> Interface:  # type: ignore[override]
@@ -500,7 +503,7 @@ class ToyShop:
     def expert_calls(self, task_id: Any) -> list[list[Call]]:
         """The tools variant's scripted expert: per user turn, the calls that earn reward 1 (played on a
         copy of the shop, so this one is left as it was)."""
-        shop = ToyShop(seed=self.seed, n_products=self.n_products, actions="tools")
+        shop = replace(self, actions="tools")
         shop.reset(task_id)
         t = shop._task
         good = next(p for p in shop.catalog if p.kind == t.kind and p.color == t.color

@@ -150,6 +150,13 @@ def leading_think(text: str) -> LeadingThink:
     return LeadingThink(text[i + len(THINK):j].strip(), j + len(THINK_END))
 
 
+def skip_space(text: str, i: int) -> int:
+    """The first index at or after `i` that is not whitespace (`len(text)` when there is none)."""
+    while i < len(text) and text[i].isspace():
+        i += 1
+    return i
+
+
 @dataclass
 class ThinkScan:
     """What a format's response scan starts with (Hermes, ToolRL): the leading reasoning and the errors."""
@@ -164,6 +171,14 @@ class ThinkScan:
         if found.error is not None:
             self.errors.append(found.error)
         return found
+
+    def answer_start(self, text: str) -> int | None:
+        """Read the opening `<think>` block (`read_think`); where the answer starts: after the block and the
+        whitespace behind it, 0 without a block, None when the block is never closed."""
+        think = self.read_think(text)
+        if think.error is not None:
+            return None
+        return skip_space(text, think.end) if think.end is not None else 0
 
 
 def native_message(m: Message) -> dict[str, Any]:

@@ -50,7 +50,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cipr.formats.base import Decision, ParseResult, TemplateFormat, native_message
+from cipr.formats.base import Decision, ParseResult, TemplateFormat, native_message, skip_space
 from cipr.formats.json_calls import decode_at, dumps
 from cipr.tools.interface import Call, Message
 
@@ -99,9 +99,7 @@ def _header(header: str, at: int, s: _Scan) -> tuple[str | None, str | None]:
 
 def _arguments(text: str, msg: _Message, body: int, s: _Scan) -> int:
     """Read a call's arguments from `body`; returns where the message's terminator should be."""
-    j = body
-    while j < len(text) and text[j].isspace():
-        j += 1
+    j = skip_space(text, body)
     value, end, error = decode_at(text, j)
     if error is not None:
         s.errors.append(f"call to {msg.name!r}: {error}")
@@ -113,9 +111,7 @@ def _arguments(text: str, msg: _Message, body: int, s: _Scan) -> int:
     else:
         msg.call = Call(msg.name or "", value)
     msg.args_end = end
-    while end < len(text) and text[end].isspace():
-        end += 1
-    return end
+    return skip_space(text, end)
 
 
 def _scan(text: str) -> _Scan:

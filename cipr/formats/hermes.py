@@ -41,7 +41,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cipr.formats.base import THINK, THINK_END, CallFormat, Decision, ParseResult, ThinkScan, native_message
+from cipr.formats.base import (
+    THINK,
+    THINK_END,
+    CallFormat,
+    Decision,
+    ParseResult,
+    ThinkScan,
+    native_message,
+    skip_space,
+)
 from cipr.formats.json_calls import (
     CALL_NAME_OPENER,
     ReadCall,
@@ -89,15 +98,10 @@ class _Scan(ThinkScan):
 def _scan(text: str) -> _Scan:
     s = _Scan()
     n = len(text)
-    think = s.read_think(text)
-    if think.error is not None:
+    start = s.answer_start(text)
+    if start is None:
         return s
-    i = 0
-    if think.end is not None:
-        i = think.end
-        while i < n and text[i].isspace():
-            i += 1
-    s.answer = i
+    i = s.answer = start
     while i <= n:
         k = text.find(_CALL, i)
         end = k if k >= 0 else n
@@ -105,15 +109,11 @@ def _scan(text: str) -> _Scan:
         if k < 0:
             break
         body = k + len(_CALL)
-        j = body
-        while j < n and text[j].isspace():
-            j += 1
+        j = skip_space(text, body)
         value, end, error = decode_at(text, j)
         if error is None:
             read = read_value(value, "arguments", j)
-            after = end
-            while after < n and text[after].isspace():
-                after += 1
+            after = skip_space(text, end)
             close, again = text.find(_CALL_END, after), text.find(_CALL, after)
             if close > after and (again < 0 or close < again):
                 s.errors.append(f"unexpected text after the call at char {after}: "

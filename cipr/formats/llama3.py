@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cipr.formats.base import Decision, ParseResult, TemplateFormat, native_message
+from cipr.formats.base import Decision, ParseResult, TemplateFormat, native_message, skip_space
 from cipr.formats.json_calls import (
     CALL_NAME_OPENER,
     ReadCall,
@@ -72,17 +72,12 @@ class _Scan:
     errors: list[str] = field(default_factory=list)
 
 
-def _skip(text: str, i: int) -> int:
-    while i < len(text) and text[i].isspace():
-        i += 1
-    return i
-
 
 def _scan(text: str) -> _Scan:
-    s = _Scan(answer=_skip(text, 0))
+    s = _Scan(answer=skip_space(text, 0))
     i = s.answer
     if text.startswith(PYTHON_TAG, i):
-        i = _skip(text, i + len(PYTHON_TAG))
+        i = skip_space(text, i + len(PYTHON_TAG))
     if not text.startswith("{", i):
         return s
     s.calls, separator, n = True, None, len(text)
@@ -96,11 +91,11 @@ def _scan(text: str) -> _Scan:
         s.objects.append(_Object(i, end, separator, read))
         if read.error:
             s.errors.append(read.error)
-        j = _skip(text, end)
+        j = skip_space(text, end)
         if j >= n:
             return s
         if text[j] == ";":
-            k = _skip(text, j + 1)
+            k = skip_space(text, j + 1)
             if text.startswith("{", k):
                 separator, i = j, k
                 continue

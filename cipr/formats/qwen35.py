@@ -56,6 +56,7 @@ from cipr.formats.base import (
     TemplateFormat,
     ThinkScan,
     native_message,
+    skip_space,
 )
 from cipr.formats.json_calls import dumps
 from cipr.tools.interface import Call, Message
@@ -98,11 +99,6 @@ def read_value(text: str) -> Any:
     return text
 
 
-def _skip(text: str, i: int) -> int:
-    while i < len(text) and text[i].isspace():
-        i += 1
-    return i
-
 
 def _tag_value(text: str, i: int) -> tuple[str | None, int]:
     """The text from `i` up to the `>` that closes it on the same line, and the index after `>`."""
@@ -129,7 +125,7 @@ class _Scan(ThinkScan):
 
 def _read_block(text: str, b: _Block, s: _Scan) -> int:
     """Read the block opened at `b.open` into `b`; returns where the scan goes on."""
-    i = _skip(text, b.open + len(CALL))
+    i = skip_space(text, b.open + len(CALL))
     error = None
     if not text.startswith(FUNCTION, i):
         error = f"<tool_call> at char {b.open} does not open with <function=NAME>"
@@ -139,7 +135,7 @@ def _read_block(text: str, b: _Block, s: _Scan) -> int:
             error = f"the function name at char {i} is empty or not closed by '>' on its line"
     args: dict[str, Any] = {}
     while error is None:
-        i = _skip(text, i)
+        i = skip_space(text, i)
         if text.startswith(PARAMETER, i):
             key, j = _tag_value(text, i + len(PARAMETER))
             end = text.find(PARAMETER_END, j)
@@ -154,7 +150,7 @@ def _read_block(text: str, b: _Block, s: _Scan) -> int:
                 args[key] = read_value(value[:-1] if value.endswith("\n") else value)
                 i = end + len(PARAMETER_END)
         elif text.startswith(FUNCTION_END, i):
-            i = _skip(text, i + len(FUNCTION_END))
+            i = skip_space(text, i + len(FUNCTION_END))
             if text.startswith(CALL_END, i):
                 b.close, b.call = i + len(CALL_END), Call(b.name or "", args)
                 return b.close
@@ -175,10 +171,10 @@ def _read_block(text: str, b: _Block, s: _Scan) -> int:
 
 def _scan(text: str) -> _Scan:
     s = _Scan()
-    think = s.read_think(text)
-    if think.error is not None:
+    start = s.answer_start(text)
+    if start is None:
         return s
-    i = s.answer = _skip(text, think.end) if think.end is not None else 0
+    i = s.answer = start
     while True:
         k = text.find(CALL, i)
         piece = text[i:k if k >= 0 else len(text)]

@@ -60,7 +60,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cipr.formats.base import THINK, THINK_END, CallFormat, Decision, ParseResult, ThinkScan
+from cipr.formats.base import THINK, THINK_END, CallFormat, Decision, ParseResult, ThinkScan, skip_space
 from cipr.formats.json_calls import CALL_NAME_OPENER, ReadCall, call_object, read_call_at, to_plain
 from cipr.formats.json_calls import name_text as json_name_text
 from cipr.tools.interface import Call, Interface, Message, Tool
@@ -154,11 +154,6 @@ class _Scan(ThinkScan):
         return tuple(line.read.call for b in self.blocks for line in b.lines if line.read.call is not None)
 
 
-def _skip_ws(text: str, i: int) -> int:
-    while i < len(text) and text[i].isspace():
-        i += 1
-    return i
-
 
 def _next_tag(text: str, i: int, tags: Sequence[str]) -> int:
     found = [k for k in (text.find(t, i) for t in tags) if k >= 0]
@@ -171,13 +166,13 @@ def _scan(text: str) -> _Scan:
     think = s.read_think(text)
     if think.error is not None:
         return s
-    i = _skip_ws(text, 0)
+    i = skip_space(text, 0)
     if think.end is not None:
         i = think.end
     else:
         s.errors.append("missing <think> ... </think> at the start")
     while True:
-        i = _skip_ws(text, i)
+        i = skip_space(text, i)
         if i >= n:
             break
         if text.startswith(_CALLS, i):
@@ -222,8 +217,7 @@ def _read_block(text: str, start: int, block: _Block, errors: list[str]) -> int:
     n = len(text)
     j = start
     while True:
-        while j < n and text[j].isspace():
-            j += 1
+        j = skip_space(text, j)
         if j >= n:
             return n
         if text.startswith(_CALLS_END, j):

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cipr.data.messages import BadRow, RawRow
+from cipr.data.messages import BadRow, RawRow, call_parts
 
 _DECODER = json.JSONDecoder()
 
@@ -98,20 +98,8 @@ class Builder:
         """One call (`{name, arguments}`, or wrapped in `function`), its arguments decoded and checked."""
         if not isinstance(value, Mapping):
             raise self.bad("malformed call", f"a call must be an object, got {type(value).__name__}", where)
-        fn = value.get("function", value)
-        if not isinstance(fn, Mapping):
-            raise self.bad("malformed call", "'function' must be an object", where)
-        name = fn.get("name")
-        if not isinstance(name, str) or not name:
-            raise self.bad("call without a name", f"the call's name must be a non-empty string, got {name!r}",
-                           f"{where}.name")
-        args = self.decoded(fn.get("arguments", {}), f"{where}.arguments", "arguments not valid JSON")
-        if args is None:
-            args = {}
-        if not isinstance(args, Mapping):
-            raise self.bad("arguments not an object", f"arguments must be an object, got "
-                           f"{type(args).__name__}", f"{where}.arguments")
-        return {"name": name, "arguments": dict(args)}
+        name, args = call_parts(value.get("function", value), self.raw, where, self.decoded)
+        return {"name": name, "arguments": args}
 
     def message(self, role: str, content: str | None, where: str, calls: Sequence[tuple[Any, str]] = (),
                 name: str | None = None) -> None:
