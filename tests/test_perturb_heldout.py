@@ -20,8 +20,8 @@ from perturb_examples import (
 from cipr.perturb import HELD_OUT, apply_perturbation, list_perturbations
 from cipr.perturb.cost_latency import EXPLICIT_REQUESTS, IMPLICIT_REQUESTS, CostLatencySpec, annotate
 from cipr.perturb.naming import abbreviate, resembling_name, typo
-from cipr.perturb.pool import UNRELATED_TOOLS
 from cipr.perturb.typos import TypoConfig, add_typos
+from cipr.perturb.vocabulary import vocabulary
 from cipr.scoring.bfcl import score_bfcl
 from cipr.tools.interface import Call, Example, Interface, Message, Tool
 
@@ -118,7 +118,7 @@ def test_similar_name_distractor_per_called_tool() -> None:
     p, corr = apply_perturbation(ex, "distractor_similar_name", seed=2)
     added = [i for i in range(len(corr)) if corr.is_added(i)]
     assert len(added) == 2
-    pool = {(t.description, str(t.parameters)) for t in UNRELATED_TOOLS}
+    pool = {(t.description, str(t.parameters)) for t in vocabulary().unrelated_tools}
     for i in added:
         t, target = p.interface[i], corr.twin_of[i]
         assert corr.roles[i] == "distractor" and target in {c.name for c in ex.reference}

@@ -21,8 +21,8 @@ from cipr.perturb.cost_latency import (
     annotate,
     draw_values,
 )
-from cipr.perturb.pool import UNRELATED_ARGUMENTS
 from cipr.perturb.training import COST_WORDINGS, DEGRADED_WORDINGS, VARIANTS
+from cipr.perturb.vocabulary import vocabulary
 from cipr.scoring.bfcl import score_bfcl
 from cipr.tools.canonical import canonicalize
 from cipr.tools.interface import Call, Example
@@ -73,7 +73,7 @@ def test_description_twins_state_a_degradation_and_keep_the_schema() -> None:
 def test_schema_twins_swap_a_needed_argument_for_an_unrelated_one() -> None:
     ex = _canon(weather_example())
     called = ex.reference[0].name
-    unrelated = [s for _, s in UNRELATED_ARGUMENTS]
+    unrelated = [s for _, s in vocabulary().unrelated_arguments]
     for seed in range(6):
         p, corr = perturb_for_training(ex, TrainingPerturbationConfig(schema_twin_prob=1.0), seed=seed)
         for i, tool in enumerate(p.interface):

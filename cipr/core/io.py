@@ -14,7 +14,8 @@ bytes already read), `read_json`/`parse_json` and `read_jsonl`/`iter_jsonl`: tex
 UTF-8, and bytes that are not UTF-8 or text that is not JSON become one DataError naming the file and
 the byte offset, or the line and column. `read_jsonl` also says what becomes of a last line torn by a
 killed writer (`complete_lines`). A parquet file's rows are read by `read_parquet_rows`, with the same
-one DataError for a file that is not parquet.
+one DataError for a file that is not parquet. A YAML data file shipped in the package (the synthetic
+catalog, the perturbations' vocabulary) is read and checked against its JSON Schema by `read_checked_yaml`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import IO, Any, Literal
 
@@ -258,3 +260,22 @@ def read_parquet_rows(path: str | Path) -> list[dict[str, Any]]:
         return pq.read_table(path).to_pylist()
     except Exception as e:  # pyarrow raises several types for a file that is not parquet
         raise DataError(f"not a readable parquet file: {e}", file=str(path)) from e
+
+
+def read_checked_yaml(source: Traversable | Path, schema: Mapping[str, Any]) -> Any:
+    """A YAML file's data, checked against the JSON Schema `schema`; one DataError naming the file and, for
+    data that does not fit, the entry's path (`domains.weather.0.name`)."""
+    import yaml
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import best_match
+
+    where = str(source)
+    try:
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's when built with it (faster)
+        raw = yaml.load(source.read_text(encoding="utf-8"), Loader=loader)
+    except yaml.YAMLError as e:
+        raise DataError(f"not valid YAML: {e}", file=where) from None
+    error = best_match(Draft202012Validator(schema).iter_errors(raw))
+    if error is not None:
+        raise DataError(error.message, file=where, item=".".join(map(str, error.absolute_path)) or None)
+    return raw

@@ -39,6 +39,7 @@ from importlib.resources.abc import Traversable
 from typing import Any
 
 from cipr.core.errors import DataError
+from cipr.core.io import read_checked_yaml
 from cipr.tools.interface import Call, Example, Interface, Message, Tool
 
 CATALOG_FILE = "synthetic_catalog.yaml"
@@ -116,19 +117,8 @@ def _load() -> _Catalog:
 
 def _read(source: Traversable) -> _Catalog:
     """Read and check a catalog file; DataError names the file, the entry and the field."""
-    import yaml
-    from jsonschema import Draft202012Validator
-    from jsonschema.exceptions import best_match
-
     where = str(source)
-    try:
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's when built with it (faster)
-        raw = yaml.load(source.read_text(encoding="utf-8"), Loader=loader)
-    except yaml.YAMLError as e:
-        raise DataError(f"not valid YAML: {e}", file=where) from None
-    error = best_match(Draft202012Validator(_SHAPE).iter_errors(raw))
-    if error is not None:
-        raise DataError(error.message, file=where, item=".".join(map(str, error.absolute_path)) or None)
+    raw = read_checked_yaml(source, _SHAPE)
     tools = tuple(_catalog_tool(domain, entry, where) for domain, entries in raw["domains"].items()
                   for entry in entries)
     twice = sorted(n for n, k in Counter(c.tool.name for c in tools).items() if k > 1)

@@ -50,8 +50,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cipr.formats.base import Decision, ParseResult, TemplateFormat, native_message, skip_space
+from cipr.formats.base import Decision, ParseResult, TemplateFormat, native_message
 from cipr.formats.json_calls import decode_at, dumps
+from cipr.formats.scan import refuse_tags, skip_space
 from cipr.tools.interface import Call, Message
 
 START, CHANNEL, MESSAGE = "<|start|>assistant", "<|channel|>", "<|message|>"
@@ -171,13 +172,6 @@ def _scan(text: str) -> _Scan:
     return s
 
 
-def _check(text: str, what: str) -> None:
-    for tag in CONTROL:
-        if tag in text:
-            raise ValueError(f"gpt-oss format: the {what} text contains {tag!r}, so it could not be parsed "
-                             "back")
-
-
 @dataclass(frozen=True)
 class GptOssFormat(TemplateFormat):
     """gpt-oss tool calls (`end_decision`: see `TemplateFormat`)."""
@@ -197,7 +191,7 @@ class GptOssFormat(TemplateFormat):
                       think: str | None = None) -> str:
         """Analysis message (reasoning, or a call turn's text), then a message per call, or the final one."""
         for text, what in ((think, "think"), (response, "response")):
-            _check(text or "", what)
+            refuse_tags(text or "", CONTROL, what, "gpt-oss")
         analysis = think
         if calls:
             if response and think:

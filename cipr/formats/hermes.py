@@ -41,16 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cipr.formats.base import (
-    THINK,
-    THINK_END,
-    CallFormat,
-    Decision,
-    ParseResult,
-    ThinkScan,
-    native_message,
-    skip_space,
-)
+from cipr.formats.base import CallFormat, Decision, ParseResult, native_message
 from cipr.formats.json_calls import (
     CALL_NAME_OPENER,
     ReadCall,
@@ -61,6 +52,7 @@ from cipr.formats.json_calls import (
     read_value,
 )
 from cipr.formats.json_calls import name_text as json_name_text
+from cipr.formats.scan import THINK, THINK_END, ThinkScan, refuse_tags, skip_space
 from cipr.tools.interface import Call, Interface, Message
 
 _CALL, _CALL_END = "<tool_call>", "</tool_call>"
@@ -196,10 +188,10 @@ class HermesFormat(CallFormat):
         """`<think>\\n..\\n</think>\\n\\n` (if any), the response text, then a `<tool_call>` block a call."""
         text = ""
         if think is not None:
-            _check_text(think, (THINK_END,), "think")
+            refuse_tags(think, (THINK_END,), "think", "Hermes")
             text = f"{THINK}\n{think}\n{THINK_END}\n\n"
         body = response or ""
-        _check_text(body, (_CALL, _CALL_END, THINK, THINK_END), "response")
+        refuse_tags(body, (_CALL, _CALL_END, THINK, THINK_END), "response", "Hermes")
         for call in calls:
             body += ("\n" if body else "") + f"{_CALL}\n{call_object(call, 'arguments')}\n{_CALL_END}"
         return text + body
@@ -232,10 +224,3 @@ class HermesFormat(CallFormat):
 
     def name_text(self, name: str) -> str:
         return json_name_text(name)
-
-
-def _check_text(text: str, tags: Sequence[str], what: str) -> None:
-    for tag in tags:
-        if tag in text:
-            raise ValueError(f"Hermes format: the {what} text contains {tag!r}, so it could not be parsed "
-                             "back")

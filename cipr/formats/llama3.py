@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cipr.formats.base import Decision, ParseResult, TemplateFormat, native_message, skip_space
+from cipr.formats.base import Decision, ParseResult, TemplateFormat, native_message
 from cipr.formats.json_calls import (
     CALL_NAME_OPENER,
     ReadCall,
@@ -47,6 +47,7 @@ from cipr.formats.json_calls import (
     read_value,
 )
 from cipr.formats.json_calls import name_text as json_name_text
+from cipr.formats.scan import skip_space
 from cipr.tools.interface import Call, Message
 
 PYTHON_TAG = "<|python_tag|>"

@@ -48,17 +48,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cipr.formats.base import (
-    THINK,
-    THINK_END,
-    Decision,
-    ParseResult,
-    TemplateFormat,
-    ThinkScan,
-    native_message,
-    skip_space,
-)
+from cipr.formats.base import Decision, ParseResult, TemplateFormat, native_message
 from cipr.formats.json_calls import dumps
+from cipr.formats.scan import THINK, THINK_END, ThinkScan, refuse_tags, skip_space
 from cipr.tools.interface import Call, Message
 
 CALL, CALL_END = "<tool_call>", "</tool_call>"
@@ -189,13 +181,6 @@ def _scan(text: str) -> _Scan:
         i = _read_block(text, s.blocks[-1], s)
 
 
-def _check(text: str, tags: Sequence[str], what: str) -> None:
-    for tag in tags:
-        if tag in text:
-            raise ValueError(f"Qwen3.5 format: the {what} {text[:40]!r} contains {tag!r}, so it could not be "
-                             f"parsed back")
-
-
 def _check_name(name: str, what: str) -> None:
     if not name or ">" in name or "\n" in name:
         raise ValueError(f"Qwen3.5 format: the {what} {name!r} is empty or holds '>' or a newline, so it "
@@ -209,7 +194,7 @@ def render_call(call: Call, *, json_scalars: bool = False) -> str:
     for key, value in call.arguments.items():
         _check_name(key, "parameter name")
         if isinstance(value, str):
-            _check(value, (PARAMETER_END,), "value")
+            refuse_tags(value, (PARAMETER_END,), "value", "Qwen3.5")
         params += f"{PARAMETER}{key}>\n{render_value(value, json_scalars=json_scalars)}\n{PARAMETER_END}\n"
     return f"{FIRST_OPENER}{call.name}>\n{params}{FUNCTION_END}\n{CALL_END}"
 
@@ -235,10 +220,10 @@ class Qwen35XmlFormat(TemplateFormat):
         """The think block (if any), the text, then the blocks (`\\n\\n` after text, `\\n` between)."""
         head = ""
         if think is not None:
-            _check(think, (THINK_END,), "reasoning")
+            refuse_tags(think, (THINK_END,), "reasoning", "Qwen3.5")
             head = f"{THINK}\n{think.strip()}\n{THINK_END}\n\n"
         body = (response or "").strip()
-        _check(body, (CALL, *_STRAY), "response")
+        refuse_tags(body, (CALL, *_STRAY), "response", "Qwen3.5")
         for k, call in enumerate(calls):
             sep = "\n" if k else "\n\n" if body else ""
             body += sep + render_call(call, json_scalars=self.json_scalars)

@@ -60,9 +60,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cipr.formats.base import THINK, THINK_END, CallFormat, Decision, ParseResult, ThinkScan, skip_space
+from cipr.formats.base import CallFormat, Decision, ParseResult
 from cipr.formats.json_calls import CALL_NAME_OPENER, ReadCall, call_object, read_call_at, to_plain
 from cipr.formats.json_calls import name_text as json_name_text
+from cipr.formats.scan import THINK, THINK_END, ThinkScan, refuse_tags, skip_space
 from cipr.tools.interface import Call, Interface, Message, Tool
 
 CALL_THINK = "I should use the appropriate tool with proper parameters to respond to the user's need."
@@ -297,13 +298,13 @@ class ToolRLFormat(CallFormat):
         """`<think> .. </think>`, then the `<tool_call>` block and/or `<response>` (empty if neither)."""
         if think is None:
             think = CALL_THINK if calls else RESPONSE_THINK
-        _check_text(think, THINK_END, "think")
+        refuse_tags(think, (THINK_END,), "think", "ToolRL")
         parts = [f"{THINK} {think} {THINK_END}"]
         if calls:
             parts.append(_CALLS + "\n" + "\n".join(call_object(c, "parameters", ascii=True) for c in calls)
                          + "\n" + _CALLS_END)
         if response is not None or not calls:
-            _check_text(response or "", _RESP_END, "response")
+            refuse_tags(response or "", (_RESP_END,), "response", "ToolRL")
             parts.append(f"{_RESP} {response or ''} {_RESP_END}")
         return "\n".join(parts)
 
@@ -330,12 +331,6 @@ class ToolRLFormat(CallFormat):
 
     def name_text(self, name: str) -> str:
         return json_name_text(name, ascii=True)
-
-
-def _check_text(text: str, closing: str, what: str) -> None:
-    if closing in text:
-        raise ValueError(f"ToolRL format: the {what} text contains {closing!r}, so it could not be parsed "
-                         "back")
 
 
 def _observation(messages: Sequence[Message]) -> str:

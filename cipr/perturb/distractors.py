@@ -22,7 +22,8 @@ from typing import Any
 
 from cipr.perturb.draft import Draft, Entry
 from cipr.perturb.naming import resembling_name, typo, unique
-from cipr.perturb.pool import UNRELATED_ARGUMENTS, pick_unrelated
+from cipr.perturb.pool import pick_unrelated
+from cipr.perturb.vocabulary import vocabulary
 from cipr.tools.interface import Tool
 
 _TYPE_SWAP = {"string": "integer", "integer": "string", "number": "string", "boolean": "string",
@@ -56,7 +57,7 @@ def corrupt_parameters(tool: Tool, rng: random.Random) -> Tool:
     """`tool`'s parameters renamed by typos and retyped, so that no correct call validates."""
     props = tool.properties
     if not props:
-        name, schema = rng.choice(UNRELATED_ARGUMENTS)
+        name, schema = rng.choice(vocabulary().unrelated_arguments)
         return Tool(tool.name, tool.description, {"type": "object", "properties": {name: dict(schema)},
                                                   "required": [name], "additionalProperties": False})
     taken = set(props)

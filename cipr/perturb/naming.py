@@ -1,5 +1,5 @@
 """Identifier helpers shared by the perturbations: splitting names into words, character typos,
-abbreviations, look-alike names, drifted argument names.
+abbreviations, look-alike names, drifted argument names (their word lists: `cipr.perturb.vocabulary`).
 
 Every function that invents a name takes the set of names already taken and never returns one of
 them, so a perturbation cannot create an accidental duplicate.
@@ -11,40 +11,9 @@ import random
 import re
 from collections.abc import Callable, Collection
 
+from cipr.perturb.vocabulary import vocabulary
+
 _TOKEN = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+|[^A-Za-z\d]+")
-
-# Keyboard neighbours (QWERTY) for substitution typos.
-_NEIGHBOURS = {
-    "q": "wa", "w": "qes", "e": "wrd", "r": "etf", "t": "ryg", "y": "tuh", "u": "yij", "i": "uok",
-    "o": "ipl", "p": "ol", "a": "qsz", "s": "awdz", "d": "sefx", "f": "drgc", "g": "fthv", "h": "gyjb",
-    "j": "hukn", "k": "jilm", "l": "kop", "z": "asx", "x": "zsdc", "c": "xdfv", "v": "cfgb", "b": "vghn",
-    "n": "bhjm", "m": "njk",
-}
-
-COMMON_ABBREVIATIONS = {
-    "calculate": "calc", "calculation": "calc", "information": "info", "temperature": "temp",
-    "number": "num", "maximum": "max", "minimum": "min", "average": "avg", "message": "msg",
-    "configuration": "config", "document": "doc", "database": "db", "application": "app",
-    "request": "req", "response": "resp", "parameter": "param", "parameters": "params", "value": "val",
-    "account": "acct", "address": "addr", "reference": "ref", "description": "desc", "location": "loc",
-    "statistics": "stats", "directory": "dir", "management": "mgmt", "manager": "mgr", "service": "svc",
-    "environment": "env", "identifier": "id", "generate": "gen", "convert": "conv", "conversion": "conv",
-    "retrieve": "retr", "weather": "wthr", "forecast": "fcst", "distance": "dist", "probability": "prob",
-    "function": "fn", "transaction": "txn", "quantity": "qty", "previous": "prev", "current": "cur",
-    "initialize": "init", "execute": "exec", "schedule": "sched", "search": "srch", "update": "upd",
-    "create": "crt", "delete": "del", "format": "fmt", "string": "str", "image": "img", "user": "usr",
-}
-
-ARG_SYNONYMS = {
-    "city": "location", "location": "place", "query": "q", "q": "query", "name": "title", "title": "label",
-    "start": "begin", "end": "finish", "date": "day", "time": "timestamp", "number": "num", "num": "count",
-    "count": "total", "amount": "value", "value": "amount", "price": "cost", "id": "identifier",
-    "type": "kind", "category": "group", "limit": "max_results", "size": "length", "text": "content",
-    "message": "body", "email": "mail", "url": "link", "path": "file_path", "file": "filename",
-    "language": "lang", "lang": "language", "country": "region", "user": "username", "unit": "units",
-    "units": "unit_system", "year": "yr", "month": "mon", "format": "output_format", "mode": "method",
-    "description": "details", "address": "addr", "width": "w", "height": "h", "radius": "r",
-}
 
 
 def words(name: str) -> list[str]:
@@ -59,8 +28,9 @@ def is_word(token: str) -> bool:
 def abbreviate_word(word: str) -> str:
     """A common abbreviation, else the first letter plus the next consonants, at most four letters."""
     lower = word.lower()
-    if lower in COMMON_ABBREVIATIONS:
-        short = COMMON_ABBREVIATIONS[lower]
+    abbreviations = vocabulary().abbreviations
+    if lower in abbreviations:
+        short = abbreviations[lower]
     elif len(word) <= 4:
         return word
     else:
@@ -93,6 +63,7 @@ def typo(word: str, rng: random.Random, *, keep_first: bool = True) -> str:
     """One character-level typo: swap two adjacent letters, drop, double, or hit a neighbouring key.
     The result always differs from `word` (words of one letter get a doubled letter)."""
     start = 1 if keep_first and len(word) > 2 else 0
+    neighbours = vocabulary().keyboard_neighbours
     for _ in range(8):
         op = rng.choice(("swap", "drop", "double", "neighbour"))
         i = rng.randrange(start, len(word))
@@ -102,8 +73,8 @@ def typo(word: str, rng: random.Random, *, keep_first: bool = True) -> str:
             out = word[:i] + word[i + 1:]
         elif op == "double":
             out = word[:i] + word[i] + word[i:]
-        elif op == "neighbour" and word[i].lower() in _NEIGHBOURS:
-            ch = rng.choice(_NEIGHBOURS[word[i].lower()])
+        elif op == "neighbour" and word[i].lower() in neighbours:
+            ch = rng.choice(neighbours[word[i].lower()])
             out = word[:i] + (ch.upper() if word[i].isupper() else ch) + word[i + 1:]
         else:
             continue
@@ -170,8 +141,9 @@ def drifted_name(name: str, rng: random.Random, taken: Collection[str]) -> str:
     (snake_case <-> camelCase), or an added or dropped qualifier (`_name`, `_id`, `_value`)."""
     candidates: list[str] = []
     lower = name.lower()
-    if lower in ARG_SYNONYMS:
-        candidates.append(ARG_SYNONYMS[lower])
+    synonyms = vocabulary().argument_synonyms
+    if lower in synonyms:
+        candidates.append(synonyms[lower])
     if "_" in name:
         candidates.append(snake_to_camel(name))
     elif any(ch.isupper() for ch in name[1:]):

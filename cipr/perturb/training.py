@@ -5,8 +5,9 @@ canonical tools it was given. Steps, in the paper's order:
 1. Twin expansion: every tool gets a degraded twin, either a *description twin* (a wording from
    `DEGRADED_WORDINGS` before or after the original text: deprecated, unmaintained, less accurate or slower,
    never costlier; see below) or a *schema twin* (one argument the task needs, the one a reference call passes
-   for a called tool, else a required one, else any, replaced by one from `UNRELATED_ARGUMENTS`). A tool
-   without arguments gets a description twin. Originals, their descriptions and the query are unchanged.
+   for a called tool, else a required one, else any, replaced by one of `cipr.perturb.vocabulary`'s unrelated
+   arguments). A tool without arguments gets a description twin. Originals, their descriptions and the query
+   are unchanged.
 2. Relabeling: every tool of the expanded list gets a fresh neutral id (a canonical id mentioned in the
    messages or a description becomes its equivalent's new id). `relabel="random"` (default) draws distinct
    numbers from 1..`id_space`, so an id says nothing about position or the old id; `"positional"` numbers them
@@ -42,7 +43,7 @@ from typing import Literal
 
 from cipr.perturb.correspondence import Correspondence
 from cipr.perturb.draft import Draft, Entry, arg_ids, rename_schema_args, rng_for
-from cipr.perturb.pool import UNRELATED_ARGUMENTS
+from cipr.perturb.vocabulary import vocabulary
 from cipr.tools.canonical import canonical_tool_id, canonicalize
 from cipr.tools.interface import Example, Tool
 
@@ -128,7 +129,7 @@ def degraded_twin(tool: Tool, needed: list[str], rng: random.Random,
     props = tool.properties
     if props and rng.random() < config.schema_twin_prob:
         target = rng.choice(needed or list(tool.required) or list(props))
-        _, schema = rng.choice(UNRELATED_ARGUMENTS)
+        _, schema = rng.choice(vocabulary().unrelated_arguments)
         new_props = {k: (dict(schema) if k == target else v) for k, v in props.items()}
         params = dict(tool.parameters)
         params["properties"] = new_props

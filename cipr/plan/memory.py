@@ -52,7 +52,7 @@ keeps card - u x card - CONTEXT_GB (CUDA context and NCCL, an allowance).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 GB = 2 ** 30
 CONTEXT_GB = 1.0
@@ -68,19 +68,27 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(frozen=True)
-class ModelStates:
-    """Bytes per process of the weights, gradients and optimizer state (module docstring table)."""
+class _Parts:
+    """Bytes in parts that add up (`PARTS`, summed in that order) to `total`."""
 
-    weights: float
-    gradients: float
-    optimizer: float
+    PARTS: ClassVar[tuple[str, ...]] = ()
 
     @property
     def total(self) -> float:
-        return self.weights + self.gradients + self.optimizer
+        return sum(getattr(self, part) for part in self.PARTS)
 
     def to_dict(self) -> dict[str, float]:
         return {**asdict(self), "total": self.total}
+
+
+@dataclass(frozen=True)
+class ModelStates(_Parts):
+    """Bytes per process of the weights, gradients and optimizer state (module docstring table)."""
+
+    PARTS: ClassVar[tuple[str, ...]] = ("weights", "gradients", "optimizer")
+    weights: float
+    gradients: float
+    optimizer: float
 
 
 def model_states(strategy: str, world: int, params: int, trainable: int, weight_bytes: int, *,
@@ -117,22 +125,16 @@ def buffers(strategy: str, world: int, trainable: int, weight_bytes: int) -> flo
 
 
 @dataclass(frozen=True)
-class Activations:
+class Activations(_Parts):
     """Activation bytes of one micro-batch (module docstring formulas)."""
 
+    PARTS: ClassVar[tuple[str, ...]] = ("layers", "logits", "mask")
     batch: int
     seq: int
     scored: int
     layers: float
     logits: float
     mask: float
-
-    @property
-    def total(self) -> float:
-        return self.layers + self.logits + self.mask
-
-    def to_dict(self) -> dict[str, float]:
-        return {**asdict(self), "total": self.total}
 
 
 def activations(*, batch: int, seq: int, scored: int, layers: int, hidden: int, intermediate: int,
