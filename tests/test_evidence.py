@@ -48,7 +48,8 @@ def test_command_line_options_become_the_plan(capsys, monkeypatch):
     from cipr.cli.evidence import main
     from cipr.core.config import from_overrides
     from cipr.experiments import evidence
-    from cipr.experiments.evidence import Point, train_command
+    from cipr.experiments.evidence import train_command
+    from cipr.experiments.points import Point
 
     monkeypatch.setattr(evidence, "run_evidence", lambda *a: pytest.fail("bad input reached the experiment"))
 
@@ -57,7 +58,7 @@ def test_command_line_options_become_the_plan(capsys, monkeypatch):
     arms = config.all_arms
     assert [a.name for a in arms] == \
         ["baseline", "multi_interface", "cipr", "cipr_lambda0.1", "cipr_lambda10"]
-    command = train_command(config, Point(arms[4], 0))
+    command = train_command(config, Point(arms[4].name, 0))
     assert command[-6:] == ["algo=cipr_sft", "algo.rescore_weight=10.0", "trainer.seed=0", "model=tiny",
                             "model.name_or_path=/m/x", "hydra.sweep.dir=/s"]
     for argv, message in ((["limit=0"], "limit=0 must be >= 1"), (["seed=[0]"], "Did you mean 'seeds'?"),

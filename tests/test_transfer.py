@@ -13,8 +13,8 @@ import pytest
 from safetensors.torch import load_file
 from support.tiny_models import save_tiny
 
+from cipr.experiments.points import Point
 from cipr.experiments.transfer import (
-    Point,
     TransferConfig,
     compose_train,
     heldout_exclude,

@@ -47,6 +47,7 @@ from cipr.core.errors import ConfigError, DataError
 from cipr.core.io import read_json, write_json_atomic, write_text_atomic
 from cipr.eval.consistency_metric import read_records
 from cipr.eval.stats import mean_estimate
+from cipr.experiments.points import Point
 
 log = logging.getLogger(__name__)
 
@@ -133,30 +134,29 @@ class EvidenceConfig:
         return (*self.arms, *(Arm(f"cipr_lambda{lam:g}", ("algo=cipr_sft", f"algo.rescore_weight={lam}"),
                                   "canonical", 3.0) for lam in self.lambdas))
 
-
-@dataclass(frozen=True)
-class Point:
-    arm: Arm
-    seed: int
-
-    @property
-    def label(self) -> str:
-        return f"{self.arm.name}_s{self.seed}"
+    def arm(self, name: str) -> Arm:
+        """The arm named `name` among `all_arms`."""
+        found = [a for a in self.all_arms if a.name == name]
+        if not found:
+            raise ConfigError(f"no arm named {name!r}; the arms are "
+                              f"{', '.join(a.name for a in self.all_arms)}")
+        return found[0]
 
 
 def train_command(config: EvidenceConfig, point: Point) -> list[str]:
     """The cipr-train command of one point (a single run of the sweep config, not a multirun)."""
-    return [sys.executable, "-m", "cipr.cli.train", f"+sweep={config.sweep}", *point.arm.overrides,
+    return [sys.executable, "-m", "cipr.cli.train", f"+sweep={config.sweep}",
+            *config.arm(point.arm).overrides,
             f"trainer.seed={point.seed}", *(f"{k}={override_text(v)}" for k, v in config.train.items())]
 
 
 def run_dir_of(config: EvidenceConfig, point: Point) -> Path:
     """The point's run folder, found by what cipr-train wrote (its config.json names the seed and algo)."""
     sweep = Path(config.sweep_dir)
-    candidates = []
+    candidates, arm = [], config.arm(point.arm)
     for cfg_path in sorted(sweep.glob("*/config.json")):
         cfg = read_json(cfg_path)
-        if cfg.get("trainer", {}).get("seed") == point.seed and _matches(cfg.get("algo", {}), point.arm):
+        if cfg.get("trainer", {}).get("seed") == point.seed and _matches(cfg.get("algo", {}), arm):
             candidates.append(cfg_path.parent)
     if len(candidates) != 1:
         raise DataError(f"{len(candidates)} run folders match point {point.label} (expected one)",
@@ -222,7 +222,8 @@ def evaluate_point(config: EvidenceConfig, point: Point, run_dir: Path, work: Pa
                     "benchmark": list(config.benchmark)}
         if (out / DONE).is_file() and read_json(out / DONE) == identity:
             continue
-        evaluate(compose_eval_config([*_eval_overrides(config, model_dir, out, point.arm.names), *overrides]))
+        names = config.arm(point.arm).names
+        evaluate(compose_eval_config([*_eval_overrides(config, model_dir, out, names), *overrides]))
         write_json_atomic(out / DONE, identity)
         ran = True
     return ran
@@ -445,10 +446,10 @@ def run_evidence(config: EvidenceConfig, command: str, predictions: Mapping[str,
     sweep = Path(config.sweep_dir)
     work = sweep / EVIDENCE
     (work / "logs").mkdir(parents=True, exist_ok=True)
-    points = [Point(arm, seed) for arm in config.all_arms for seed in config.seeds]
+    points = [Point(arm.name, seed) for arm in config.all_arms for seed in config.seeds]
     warm_pending = not (sweep / "warm_start" / "stage.json").is_file()  # trained inside the first point
     todo = {p.label: (not _trained(config, p), not _evaluated(work, p)) for p in points}  # to estimate
-    clock = Clock(sum(p.arm.weight * (t + e) for p in points for t, e in [todo[p.label]])
+    clock = Clock(sum(config.arm(p.arm).weight * (t + e) for p in points for t, e in [todo[p.label]])
                   + WARM_START_WEIGHT * warm_pending)
     timings_path = work / "timings.json"
     timings: dict[str, float] = read_json(timings_path) if timings_path.is_file() else {}
@@ -471,17 +472,17 @@ def run_evidence(config: EvidenceConfig, command: str, predictions: Mapping[str,
         record(f"train/{point.label}", time.time() - t0)
         extra = WARM_START_WEIGHT if warm_pending and k == 1 else 0.0
         print(f"[evidence] {k}/{len(points)} {point.label}: trained ({time.time() - t0:.0f} s); "
-              f"{clock.advance(point.arm.weight * todo[point.label][0] + extra)}", flush=True)
+              f"{clock.advance(config.arm(point.arm).weight * todo[point.label][0] + extra)}", flush=True)
         t0 = time.time()
         if evaluate_point(config, point, run_dir_of(config, point), work):
             record(f"eval/{point.label}", time.time() - t0)
         print(f"[evidence] {k}/{len(points)} {point.label}: evaluated ({time.time() - t0:.0f} s); "
-              f"{clock.advance(point.arm.weight * todo[point.label][1])}", flush=True)
+              f"{clock.advance(config.arm(point.arm).weight * todo[point.label][1])}", flush=True)
     metrics: dict[str, dict[int, Any]] = defaultdict(dict)
     for point in points:
         m = point_metrics(config, work, point)
         if m is not None:
-            metrics[point.arm.name][point.seed] = m
+            metrics[point.arm][point.seed] = m
     report = build_report(config, metrics, predictions)
     report["command"] = command
     report["wall_s"] = round(math.fsum(timings.values()), 1)

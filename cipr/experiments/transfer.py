@@ -44,6 +44,7 @@ from typing import Any
 from cipr.core.config import override_text
 from cipr.core.errors import ConfigError
 from cipr.core.io import read_json, read_jsonl, write_json_atomic, write_text_atomic
+from cipr.experiments.points import Point
 from cipr.tools.interface import Example
 
 log = logging.getLogger(__name__)
@@ -112,16 +113,6 @@ class TransferConfig:
         for key in ("items_per_split", "secondary_items", "batch_size"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key}={getattr(self, key)} must be >= 1")
-
-
-@dataclass(frozen=True)
-class Point:
-    arm: str
-    seed: int
-
-    @property
-    def label(self) -> str:
-        return f"{self.arm}_s{self.seed}"
 
 
 def heldout_exclude(seed: str = "cipr-transfer-heldout") -> list[str]:
