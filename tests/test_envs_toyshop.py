@@ -3,7 +3,7 @@
 import pytest
 
 from cipr.core.errors import ConfigError
-from cipr.envs.base import EpisodeScore, no_such_tool
+from cipr.envs.base import EpisodeLimits, EpisodeScore, no_such_tool
 from cipr.envs.registry import make_env
 from cipr.envs.toyshop import ACTIONS, TOOLS, ToyShop
 from cipr.tools.interface import Call
@@ -34,6 +34,9 @@ def test_the_tools_overlap_and_the_registry_builds_them():
         make_env("toyshop", sede=1)
     with pytest.raises(ConfigError, match="heldout_fraction"):
         make_env("toyshop", heldout_fraction=1.5)
+    with pytest.raises(ConfigError, match="max_steps_per_turn=0 must be >= 1"):
+        make_env("toyshop", max_steps_per_turn=0)
+    assert make_env("toyshop", max_steps_per_turn=3).limits == EpisodeLimits(16, 4, 3)
     with pytest.raises(ConfigError, match="bfcl_multi_turn"):
         make_env("webshop_live")
 

@@ -159,6 +159,10 @@ class ToyShopConfig:
                              ">= 2")
         if not 0.0 < self.heldout_fraction < 1.0:
             raise ValueError(f"toyshop: heldout_fraction={self.heldout_fraction} must lie in (0, 1)")
+        try:
+            EpisodeLimits(self.max_turns, self.max_calls, self.max_steps_per_turn)
+        except ValueError as e:
+            raise ValueError(f"toyshop: {e}") from None
 
     def build(self) -> ToyShop:
         return ToyShop(**asdict(self))
