@@ -146,3 +146,16 @@ def test_the_command_trains_reads_reports_and_recomputes(tmp_path, one_thread):
     before = (report / "cpu_transfer.md").read_text()
     assert main(["report", f"report_dir={report}"]) == 0
     assert (report / "cpu_transfer.md").read_text() == before
+
+
+def test_report_names_a_records_file_that_is_not_gzip_or_not_json_lines(tmp_path):
+    from cipr.core.errors import DataError
+    from cipr.experiments.transfer_analysis import RECORDS, recompute
+
+    (tmp_path / "cpu_transfer.json").write_text('{"meta": {}}')
+    (tmp_path / RECORDS).write_bytes(b"plain text, not gzip")
+    with pytest.raises(DataError, match=f"file '{tmp_path / RECORDS}'.*not a readable gzip file"):
+        recompute(tmp_path)
+    (tmp_path / RECORDS).write_bytes(gzip.compress(b'{"arm": "cipr"}\n{"arm": \n'))
+    with pytest.raises(DataError, match="line 2"):
+        recompute(tmp_path)

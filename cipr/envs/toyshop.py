@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, Literal
 
 from cipr.envs.base import EpisodeLimits, EpisodeScore, StepResult, check_split, no_such_tool
@@ -165,7 +165,7 @@ class ToyShopConfig:
             raise ValueError(f"toyshop: {e}") from None
 
     def build(self) -> ToyShop:
-        return ToyShop(**asdict(self))
+        return ToyShop(**{f.name: getattr(self, f.name) for f in fields(ToyShopConfig)})
 
 
 def task_number(task_id: Any) -> int:

@@ -49,7 +49,6 @@ from cipr.tools.interface import Example
 
 log = logging.getLogger(__name__)
 
-RECORDS = "cpu_transfer_records.jsonl.gz"
 SPLITS = ("near", "hard")
 AVOID_SEEDS = (0, 1, 2, 3)
 AVOID_ITEMS = 500

@@ -27,7 +27,15 @@ from typing import Any
 
 import numpy as np
 
-from cipr.core.io import atomic_write, read_json, write_json_atomic, write_text_atomic
+from cipr.core.errors import DataError
+from cipr.core.io import (
+    atomic_write,
+    decode_text,
+    iter_jsonl,
+    read_json,
+    write_json_atomic,
+    write_text_atomic,
+)
 
 BOUND = -0.03
 LOG_EPS = 1e-3
@@ -299,5 +307,9 @@ def write_report(records: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], 
 def recompute(report_dir: Path) -> dict[str, Any]:
     """Every number again from `report_dir`'s records and the meta its JSON recorded."""
     meta = read_json(report_dir / "cpu_transfer.json")["meta"]
-    text = gzip.decompress((report_dir / RECORDS).read_bytes()).decode("utf-8")
-    return write_report([json.loads(line) for line in text.splitlines() if line.strip()], meta, report_dir)
+    path = report_dir / RECORDS
+    try:
+        data = gzip.decompress(path.read_bytes())
+    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError; a cut file, EOFError
+        raise DataError(f"not a readable gzip file: {e}", file=str(path)) from None
+    return write_report([r for _, r in iter_jsonl(decode_text(data, path), path)], meta, report_dir)

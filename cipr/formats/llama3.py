@@ -73,7 +73,6 @@ class _Scan:
     errors: list[str] = field(default_factory=list)
 
 
-
 def _scan(text: str) -> _Scan:
     s = _Scan(answer=skip_space(text, 0))
     i = s.answer

@@ -91,7 +91,6 @@ def read_value(text: str) -> Any:
     return text
 
 
-
 def _tag_value(text: str, i: int) -> tuple[str | None, int]:
     """The text from `i` up to the `>` that closes it on the same line, and the index after `>`."""
     close, line = text.find(">", i), text.find("\n", i)

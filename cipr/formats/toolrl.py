@@ -155,7 +155,6 @@ class _Scan(ThinkScan):
         return tuple(line.read.call for b in self.blocks for line in b.lines if line.read.call is not None)
 
 
-
 def _next_tag(text: str, i: int, tags: Sequence[str]) -> int:
     found = [k for k in (text.find(t, i) for t in tags) if k >= 0]
     return min(found) if found else len(text)
