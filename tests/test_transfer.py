@@ -21,7 +21,15 @@ from cipr.experiments.transfer import (
     point_overrides,
     transfer_items,
 )
-from cipr.experiments.transfer_analysis import analyze, decision, matrix, paired_t, two_way_bootstrap
+from cipr.experiments.transfer_analysis import (
+    analyze,
+    decision,
+    leave_one_seed_out,
+    matrix,
+    paired_t,
+    render,
+    two_way_bootstrap,
+)
 
 
 def test_paired_t_by_hand():
@@ -81,6 +89,32 @@ def test_analysis_recovers_a_planted_effect_and_names_the_decision():
     assert analyze(noisy, meta)["decision"] in ("bounded", "inconclusive")
     seeds, items, by_arm = matrix(noisy, "kl", "relabel_random", "hard")
     assert seeds == [0, 1, 2, 3] and items == ["x3", "x4", "x5"] and by_arm["cipr"].shape == (4, 3)
+
+
+def test_leave_one_seed_out_drops_the_farthest_seed_by_hand():
+    out = leave_one_seed_out([0.1, 0.0, 0.2, 1.0], [5, 6, 7, 8])
+    assert out["seed"] == 8 and out["difference"] == 1.0
+    assert out["without"]["n"] == 3 and out["without"]["mean"] == pytest.approx(0.1)
+    assert leave_one_seed_out([0.1, 0.2, 0.3], [0, 1, 2]) == {}
+
+
+def test_a_failed_positive_control_comes_first_and_bounded_is_called_one_sided():
+    meta = {"design": {"primary": "relabel_random", "heldin": "relabel_function",
+                       "types": ["relabel_random", "relabel_function"],
+                       "items": {"near": [1, 2, 3], "hard": [4, 5, 6]}}}
+    records = _records(0.0)
+    rng = np.random.default_rng(1)
+    for r in records:  # no effect on either type: P0 fails; the primary interval straddles 0 narrowly
+        r["kl"] += float(rng.normal(0, 0.001))
+    report = analyze(records, meta)
+    assert not report["outcome"]["P0_shown"] and report["decision"] == "bounded"
+    text = render(report)
+    result = text.split("## Result", 1)[1]
+    assert result.index("**The positive control did not hold**") < result.index("**Bounded (one-sided)")
+    assert "not read as a test of transfer" in result and "not harm" in result
+    assert f"seed {report['sensitivity']['seed']}" in result
+    shown = render(analyze(_records(-0.05), meta))
+    assert "positive control did not hold" not in shown and "**Transfer is shown**" in shown
 
 
 def test_the_sweep_holds_the_drawn_held_out_split_and_the_items_respect_it(tmp_path):
