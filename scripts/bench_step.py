@@ -107,7 +107,8 @@ def make_trainer(algo: str, model: Any, tokenizer: Any, fmt: Any, prompts: Any, 
         algo_cfg = AlgoConfig(name="cipr" if algo.startswith("cipr") else algo, rescore_weight=weights[0],
                               rollout_weight=weights[1], fold_action_read=algo != "cipr_unfolded")
         trainer = CIPRGRPOTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer,
-                                  prompts=prompts, scorer=scorer, algo=algo_cfg, fmt=fmt)
+                                  prompts=prompts, scorer=scorer, algo=algo_cfg, fmt=fmt,
+                                  objective=algo_cfg.objective())
     ReplayRollouts(prompts.records, fmt, tokenizer, max_completion_length=max_len).install(trainer)
     trainer.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     trainer.create_optimizer()

@@ -210,16 +210,30 @@ def record(only: list[str] | None) -> dict[str, Any]:
     return out
 
 
+RENAMED = {"consistency/rescore_kl": "consistency/rescore/kl",
+           "consistency/rollout_kl": "consistency/rollout/kl",
+           **{f"rescore/{k}": f"consistency/rescore/{k}" for k in ("kl", "max", "tv", "argmax_agree",
+                                                                   "none_canon", "none_other", "decisions",
+                                                                   "responses")}}
+"""Metric names the one-objective refactor (issue 56) changed, old -> new (the values are compared)."""
+
+
 def compare(before: dict[str, Any], after: dict[str, Any], rtol: float) -> bool:
-    """Print each case's largest relative difference; True when every number is within `rtol`."""
+    """Print each case's largest relative difference; True when every number is within `rtol`. Metrics only
+    the new record has (names the refactor added) are listed, not compared."""
     ok = True
     for name in before:
         if name not in after:
             continue
         a, b = before[name], after[name]
         worst, where = 0.0, ""
+        added: set[str] = set()
         for i, (x, y) in enumerate(zip(a["steps"], b["steps"], strict=True)):
+            x = {RENAMED.get(k, k): v for k, v in x.items()}
             for key in sorted(set(x) | set(y)):
+                if key not in x:
+                    added.add(key)
+                    continue
                 if key not in x or key not in y:
                     print(f"  {name} step {i + 1}: {key} only {'before' if key in x else 'after'}")
                     continue
@@ -232,7 +246,8 @@ def compare(before: dict[str, Any], after: dict[str, Any], rtol: float) -> bool:
         same = a["weights_sha256"] == b["weights_sha256"]
         ok &= worst <= rtol
         print(f"{name}: largest relative difference {worst:.2e}{' (' + where + ')' if where else ''}; "
-              f"weights {'bit-identical' if same else 'differ'}")
+              f"weights {'bit-identical' if same else 'differ'}"
+              f"{'; new metrics: ' + ', '.join(sorted(added)) if added else ''}")
     return ok
 
 

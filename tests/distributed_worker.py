@@ -25,13 +25,12 @@ def main() -> None:
     config, out = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
     rank = int(os.environ.get("RANK", "0"))
     seen: list[dict] = []
-    compute_loss = grpo.CIPRGRPOTrainer._compute_loss
+    compute_loss = grpo.CIPRGRPOTrainer.compute_loss
 
-    def recording_loss(self, model, inputs):
-        records = self.prompt_set.records
+    def recording_loss(self, model, inputs, *args, **kwargs):
         seen.append({"step": self.state.global_step,
-                     "rows": [[records[r.row].pair_id, records[r.row].side] for r in inputs["cipr_rollout"]]})
-        return compute_loss(self, model, inputs)
+                     "rows": [[row.record.pair_id, row.record.side] for row in inputs["cipr_rows"]]})
+        return compute_loss(self, model, inputs, *args, **kwargs)
 
     def saving_train(original, stage):
         def train(self, *args, **kwargs):
@@ -42,7 +41,7 @@ def main() -> None:
             return result
         return train
 
-    grpo.CIPRGRPOTrainer._compute_loss = recording_loss
+    grpo.CIPRGRPOTrainer.compute_loss = recording_loss
     grpo.CIPRGRPOTrainer.train = saving_train(grpo.CIPRGRPOTrainer.train, "grpo")
     sft.WarmStartTrainer.train = saving_train(sft.WarmStartTrainer.train, "warm_start")
     run(config_from_dict(config))

@@ -509,7 +509,7 @@ def test_one_cipr_step_trains_on_a_published_format(tmp_path, tiny_dir, fmt, row
         cfg = config_from_dict(OmegaConf.to_container(compose("train", overrides=overrides), resolve=True))
     run_dir = run(cfg)
     steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert any(r.get("kind") == "step" and "consistency/rescore_kl" in r for r in steps)
+    assert any(r.get("kind") == "step" and "consistency/rescore/kl" in r for r in steps)
 
 
 def test_the_readmes_example_files_are_the_rows_above():

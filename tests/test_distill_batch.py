@@ -167,7 +167,7 @@ def test_all_terms_are_zero_when_student_equals_teacher_and_names_do_not_change(
     loss, m = batch_loss(copy.deepcopy(teacher), teacher, tok, [item], [item.student], FMT, LossWeights())
     assert m["distill/token_kl"] == pytest.approx(0.0, abs=1e-6)
     assert m["distill/action_kl"] == pytest.approx(0.0, abs=1e-6)
-    assert m["rescore/kl"] == pytest.approx(0.0, abs=1e-7)
+    assert m["consistency/rescore/kl"] == pytest.approx(0.0, abs=1e-7)
     assert loss.item() == pytest.approx(0.0, abs=1e-5)
 
 
@@ -180,10 +180,10 @@ def test_rescoring_is_zero_for_a_relabel_the_model_cannot_see_and_positive_other
     swap = {"function_01": "function_02", "function_02": "function_01"}
     swapped = [render_conversation(rename_example(it.student_example, swap)[0], FMT, tok) for it in items]
     _, m = batch_loss(blind, teacher, tok, items, swapped, FMT, LossWeights())
-    assert m["rescore/kl"] == pytest.approx(0.0, abs=1e-6)
-    assert m["rescore/argmax_agree"] == 1.0
+    assert m["consistency/rescore/kl"] == pytest.approx(0.0, abs=1e-6)
+    assert m["consistency/rescore/argmax_agree"] == 1.0
     _, m = batch_loss(teacher, teacher, tok, items, swapped, FMT, LossWeights())
-    assert m["rescore/kl"] > 1e-3
+    assert m["consistency/rescore/kl"] > 1e-3
 
 
 def test_one_forward_gives_the_same_logits_as_a_plain_forward(setup, monkeypatch):

@@ -76,5 +76,5 @@ def test_processes_end_with_identical_weights(two_process_run):
     steps = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     cipr = [r for r in steps if r.get("stage") == "grpo" and r.get("kind") == "step"]
     assert [r["step"] for r in cipr] == [1, 2]
-    assert all(r["consistency/rescore_kl"] > 0 and r["consistency/rollout_kl"] > 0 for r in cipr)
+    assert all(r["consistency/rescore/kl"] > 0 and r["consistency/rollout/kl"] > 0 for r in cipr)
     assert (out / "run" / "grpo" / "stage.json").is_file()

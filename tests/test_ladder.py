@@ -51,7 +51,7 @@ def test_sweep_config_lists_every_algorithm_and_shares_one_warm_start():
     cfg, run_dir, shared = _compose("+sweep=ladder", "algo=cipr_no_rollout", "trainer.seed=2")
     assert run_dir == "runs/ladder/smollm2-135m/cipr_rs0.1_ro0.0_s2"
     assert shared == "runs/ladder/smollm2-135m/warm_start"
-    assert cfg.algo.name == "cipr" and cfg.algo.rollout_weight == 0.0 and \
+    assert cfg.algo.name == "cipr" and cfg.algo.terms["rollout"].weight is None and \
         cfg.trainer.warm_start.names == "mixed"
     assert str(cfg.hydra.sweeper.params["algo"]).split(",") == \
         ["grpo", "multi_interface", "masking", "cipr", "cipr_no_rescore", "cipr_no_rollout"]

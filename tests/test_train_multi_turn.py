@@ -391,15 +391,15 @@ def replayed(monkeypatch):
             replays.append(self._replay)
         return self._replay.generate(prompt_ids, step=self.state.global_step)
 
-    original = CIPRGRPOTrainer._compute_loss
+    original = CIPRGRPOTrainer.compute_loss
 
-    def spy(self, model, inputs):
+    def spy(self, model, inputs, *args, **kwargs):
         SEEN.append({k: inputs[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask",
-                                            "tool_mask", "cipr_rollout")})
-        return original(self, model, inputs)
+                                            "tool_mask", "cipr_rows")})
+        return original(self, model, inputs, *args, **kwargs)
 
     monkeypatch.setattr(CIPRGRPOTrainer, "_generate_single_turn", generate)
-    monkeypatch.setattr(CIPRGRPOTrainer, "_compute_loss", spy)
+    monkeypatch.setattr(CIPRGRPOTrainer, "compute_loss", spy)
     SEEN.clear()
     return replays
 
@@ -417,7 +417,7 @@ def test_one_multi_turn_cipr_step(warm_dir, tmp_path, replayed):
     (line,) = _steps(run_dir)
     assert line["turns_per_episode"] >= 2 and "time/env" in line and "frac_reward_zero_std" in line
     assert line["frac_reward_zero_std"] < 1.0 and "episode/success_rate" in line
-    for key in ("consistency/rescore_kl", "consistency/rollout_kl", "consistency/rollout/groups"):
+    for key in ("consistency/rescore/kl", "consistency/rollout/kl", "consistency/rollout/groups"):
         assert math.isfinite(line[key]), key
     assert line["consistency/rollout/groups"] > line["consistency/rollout/pairs"] >= 1  # several turns a pair
     assert line["consistency/relabel_failures"] == 0
@@ -426,8 +426,9 @@ def test_one_multi_turn_cipr_step(warm_dir, tmp_path, replayed):
     for row, m, ids in replay.sampled:
         drawn.setdefault((row, m), []).append(ids)
     (batch,) = SEEN
-    rows = batch["cipr_rollout"]
+    rows = [row.rollout for row in batch["cipr_rows"]]
     assert len(rows) == 8
+    assert all(row.record is replay.runner.episodes.records[row.rollout.row] for row in batch["cipr_rows"])
     tools = {tuple(replay.runner.episodes.records[e.row].tools) for e in rows}
     assert len(tools) >= 3  # the canonical interface and two perturbed copies at least
     loss_mask = batch["completion_mask"] * batch["tool_mask"]
@@ -547,7 +548,7 @@ def test_embedded_model_trains_on_toyshop_episodes_and_its_export_plays_them(tmp
     assert [r["step"] for r in lines if r.get("stage") == "grpo"] == [1, 2]
     for line in (r for r in lines if r.get("stage") == "grpo"):
         for key in ("turns_per_episode", "frac_reward_zero_std", "time/env", "episode/success_rate",
-                    "episode/env_reward", "consistency/rescore_kl", "reward"):
+                    "episode/env_reward", "consistency/rescore/kl", "reward"):
             assert key in line and math.isfinite(line[key]), key
         assert line["turns_per_episode"] >= 1
     exported = _command("cipr.cli.export", f"run_dir={run_dir}", f"out_dir={tmp_path / 'export'}")

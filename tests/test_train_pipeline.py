@@ -78,7 +78,7 @@ def make_config(tiny_dir: Path, run_dir: Path, algo: str = "cipr", **trainer: An
 def replayed(monkeypatch):
     """Make every GRPO trainer draw its rollouts from ReplayRollouts; returns the per-step batches seen."""
     seen: list[list[tuple[int, str]]] = []
-    original = CIPRGRPOTrainer._compute_loss
+    original = CIPRGRPOTrainer.compute_loss
 
     def generate(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         if not hasattr(self, "_replay"):
@@ -86,13 +86,12 @@ def replayed(monkeypatch):
                                           max_completion_length=self.max_completion_length)
         return self._replay.generate(prompt_ids, images, multimodal_fields, num_generations)
 
-    def compute_loss(self, model, inputs):
-        records = self.prompt_set.records
-        seen.append([(records[r.row].pair_id, records[r.row].side) for r in inputs["cipr_rollout"]])
-        return original(self, model, inputs)
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        seen.append([(row.record.pair_id, row.record.side) for row in inputs["cipr_rows"]])
+        return original(self, model, inputs, *args, **kwargs)
 
     monkeypatch.setattr(CIPRGRPOTrainer, "_generate_single_turn", generate)
-    monkeypatch.setattr(CIPRGRPOTrainer, "_compute_loss", compute_loss)
+    monkeypatch.setattr(CIPRGRPOTrainer, "compute_loss", compute_loss)
     return seen
 
 
@@ -144,7 +143,7 @@ def test_two_optimizer_steps_of_every_grpo_algorithm(warm_dir, tmp_path, replaye
         assert all("reward/perturbed" in r and "rollout/twin_call_rate" in r for r in lines)
     if algo == "cipr":
         for r in lines:  # interfaces differ (twins, new ids, new order): both terms are positive
-            assert r["consistency/rescore_kl"] > 0 and r["consistency/rollout_kl"] > 0
+            assert r["consistency/rescore/kl"] > 0 and r["consistency/rollout/kl"] > 0
             assert r["actions/entropy"] > 0 and 0 < r["actions/p_no_call"] < 1
         # pairs never split: two micro-batches per step (gradient accumulation 2), where TRL's row
         # shuffle would separate a canonical group from its perturbed copy's group
@@ -169,7 +168,7 @@ def test_folded_read_gives_trl_loss_at_a_sampling_temperature_below_one(warm_dir
         cfg.rollout.temperature = 0.7
         first[fold] = steps(run(cfg), "grpo")[0]
     assert first[True]["actions/folded"] > 0 and first[False]["actions/folded"] == 0
-    for key in ("loss", "grad_norm", "consistency/rescore_kl", "consistency/rollout_kl", "task"):
+    for key in ("loss", "grad_norm", "consistency/rescore/kl", "consistency/rollout/kl", "task"):
         assert first[True][key] == pytest.approx(first[False][key], rel=1e-4, abs=1e-6), key
 
 
@@ -297,7 +296,7 @@ def test_lora_adapter_trains_saves_and_feeds_the_next_stage(warm_dir, tmp_path, 
     assert (run_dir / "grpo" / "checkpoint-2" / "adapter_model.safetensors").is_file()
     lines = steps(run_dir, "grpo")
     assert [r["step"] for r in lines] == [1, 2] and all(math.isfinite(r["loss"]) for r in lines)
-    assert all(r["consistency/rollout_kl"] >= 0 for r in lines)
+    assert all(r["consistency/rollout/kl"] >= 0 for r in lines)
 
 
 def test_resume_truncation_drops_metrics_and_samples_past_the_checkpoint(tmp_path):

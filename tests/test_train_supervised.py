@@ -94,7 +94,7 @@ def test_pairs_stay_whole_in_every_batch(tiny_dir, tmp_path, monkeypatch):
     original = SupervisedTrainer.compute_loss
 
     def spy(self, model, inputs, *args, **kwargs):
-        seen.append(inputs["row_id"].tolist())
+        seen.append([r.row for r in inputs["cipr_records"]])
         return original(self, model, inputs, *args, **kwargs)
 
     monkeypatch.setattr(SupervisedTrainer, "compute_loss", spy)
@@ -158,7 +158,7 @@ def test_rescoring_term_gradient_reaches_the_model_through_the_relabeled_side_on
     canonical = [r for r in prompts.records if r.side == "canonical"][:3]
     value, metrics = rescoring_term(model, tokenizer, canonical, fmt, RelabelConfig(), [1, 2, 3])
     assert value is not None and value.dtype == torch.float64 and value.item() > 0
-    assert metrics["rescore/responses"] == 3 and metrics["relabel_failures"] == 0
+    assert metrics["consistency/rescore/responses"] == 3 and metrics["relabel_failures"] == 0
     value.backward()
     grads = [p.grad for p in model.parameters() if p.requires_grad]
     assert any(g is not None and g.abs().sum() > 0 for g in grads)

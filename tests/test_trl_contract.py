@@ -35,7 +35,7 @@ METHODS: list[tuple[str, str, list[str], str]] = [
     ("GRPOTrainer", "_prepare_inputs", ["self", "generation_batch"],
      f"{_GRPO} override (unit shuffle, reads _step / _buffered_inputs)"),
     ("GRPOTrainer", "_generate_and_score_completions", ["self", "inputs"],
-     f"{_GRPO} override (attaches cipr_rollout)"),
+     f"{_GRPO} override (attaches cipr_rows: each row's record and rollout)"),
     ("GRPOTrainer", "_generate_single_turn",
      ["self", "prompt_ids", "images", "multimodal_fields", "num_generations", "has_tool_images"],
      f"{_GRPO} override (shared prompt prefill)"),
@@ -45,8 +45,10 @@ METHODS: list[tuple[str, str, list[str], str]] = [
       "spatial_shapes", "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids",
       "image_position_ids"],
      f"{_GRPO} override (folded log-probabilities) and CIPRGRPOTrainer._task_logps"),
+    ("GRPOTrainer", "compute_loss", ["self", "model", "inputs", "return_outputs", "num_items_in_batch"],
+     f"{_GRPO} override, public (TRL's task loss + the consistency objective)"),
     ("GRPOTrainer", "_compute_loss", ["self", "model", "inputs"],
-     f"{_GRPO} override (task loss + consistency)"),
+     f"{_GRPO} not overridden: TRL's compute_loss calls it for the task loss"),
     ("GRPOTrainer", "training_step", ["self", "model", "inputs", "num_items_in_batch"],
      f"{_GRPO} relies on it advancing _step once per micro-batch"),
     ("GRPOTrainer", "log", ["self", "logs", "start_time"], f"{_GRPO} override (drops all-NaN metrics)"),
@@ -111,7 +113,7 @@ ATTRIBUTES: dict[str, str] = {
     "_step": "_prepare_inputs, extra_state / load_extra_state (micro-step counter)",
     "_buffered_inputs": "_prepare_inputs, extra_state / load_extra_state (the generation batch's "
                         "micro-batches)",
-    "_metrics": "_log_rollouts, _compute_loss, log (metric lists by mode)",
+    "_metrics": "_log_rollouts, compute_loss, log (metric lists by mode)",
     "_entropy_bonus_enabled": "_fold_rows (folding needs no entropy term)",
     "_dist": "_generate_single_turn (summon_full_params)",
     "_tokenizer": "_generate_single_turn (pad id)",
@@ -121,7 +123,7 @@ ATTRIBUTES: dict[str, str] = {
     "shuffle_dataset": "_get_train_sampler",
     "top_entropy_quantile": "_fold_rows",
     "aux_loss_enabled": "_fold_rows (TRL adds the MoE load-balancing loss from its own forward)",
-    "temperature": "_compute_loss (temperature of the folded read's token log-probabilities)",
+    "temperature": "compute_loss (temperature of the folded read's token log-probabilities)",
     "use_vllm": "_init_trl, _generate_single_turn",
     "use_transformers_continuous_batching": "_generate_single_turn",
     "generation_config": "_generate_single_turn, _sample_turn (a turn's max_new_tokens)",
@@ -172,6 +174,9 @@ def test_trl_function_signatures():
 def test_compute_loss_gets_log_probs_through_the_overridden_hook():
     from trl import GRPOTrainer
 
+    assert "self._compute_loss(model, inputs)" in inspect.getsource(GRPOTrainer.compute_loss), _moved(
+        "GRPOTrainer.compute_loss", f"{_GRPO} CIPRGRPOTrainer.compute_loss",
+        "it no longer computes the task loss through self._compute_loss")
     source = inspect.getsource(GRPOTrainer._compute_loss)
     assert "self._get_per_token_logps_and_entropies(" in source and "compute_entropy=" in source, _moved(
         "GRPOTrainer._compute_loss", f"{_GRPO} CIPRGRPOTrainer._get_per_token_logps_and_entropies",

@@ -355,7 +355,7 @@ def test_colocate_multi_turn_cipr_samples_every_turn_with_the_pushed_weights(tmp
     check_pushes(pushes, "multi-turn")
     (step,) = grpo_steps(run_dir)
     assert step["turns_per_episode"] >= 1 and "episode/success_rate" in step and "time/env" in step, step
-    assert "consistency/rescore_kl" in step and "reward/perturbed" in step
+    assert "consistency/rescore/kl" in step and "reward/perturbed" in step
 
 
 # -- 3. export, vLLM OpenAI server, server-mode rollouts -----------------------------------------

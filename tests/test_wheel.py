@@ -84,6 +84,6 @@ def test_one_training_step_from_the_wheel_with_a_users_config_folder(installed, 
                "logging.progress_bar=false", "trainer.run_dir=run"], work)
     assert out.returncode == 0, out.stderr[-3000:]
     steps = [json.loads(x) for x in (work / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert any(r.get("stage") == "grpo" and r.get("kind") == "step" and "consistency/rescore_kl" in r
+    assert any(r.get("stage") == "grpo" and r.get("kind") == "step" and "consistency/rescore/kl" in r
                for r in steps)
     assert (work / "run" / "summary.json").is_file() and not (tmp_path / "outputs").exists()

@@ -32,7 +32,7 @@ from cipr.distill.loss import action_kl, combine, token_kl
 from cipr.distill.naming import named, relabel_example, rename_pairs
 from cipr.formats.base import CallFormat
 from cipr.method.actions import ActionQuery, ActionReaderConfig, plain_head, read_actions
-from cipr.method.consistency import rescoring_kl
+from cipr.method.objective import Objective, rescore_pairs
 from cipr.method.relabel import RelabelConfig
 from cipr.tools.canonical import RewriteText
 from cipr.tools.interface import Example
@@ -153,30 +153,37 @@ def read_with_logits(model: Any, tokenizer: Any, queries: Sequence[ActionQuery],
 
 @dataclass(frozen=True)
 class LossWeights:
-    """Weights of the three terms (see `cipr.distill.loss.combine`)."""
+    """Weights of the distillation task loss's two terms (see `cipr.distill.loss.combine`) and the smoothing
+    of its KLs; the consistency terms are the objective's (`cipr.method.objective`)."""
 
     token: float = 1.0
     action: float = 1.0
-    rescore: float = 1.0
-    detach_reference: bool = True
     eps: float = 1e-6
+
+
+def default_objective(eps: float = 1e-6) -> Objective:
+    """The built-in rescoring term at weight 1, the canonical side detached (`algo=distill`'s default)."""
+    return Objective.builtin(rescore=1.0, eps=eps)
 
 
 def batch_loss(student: Any, teacher: Any, tokenizer: Any, items: Sequence[DistillItem],
                relabeled: Sequence[Rendered] | None, fmt: CallFormat, weights: LossWeights, *,
+               objective: Objective | None = None,
                teacher_context: Callable[[], Any] = contextlib.nullcontext,
                reader: ActionReaderConfig | None = None,
                token_positions: Callable[[int], float] | None = None
                ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The distillation loss of a batch: token KL + action KL (teacher → student) + λ · rescoring KL.
+    """The distillation loss of a batch: token KL + action KL (teacher → student) + the consistency objective.
 
     `token_positions`: this batch's aligned positions -> the token KL's divisor (default: themselves;
     several processes: all processes' positions over their number). `teacher_context` is entered around
     the teacher's forwards (e.g. a LoRA student's `disable_adapter`). `relabeled` (one per item): the
-    rescoring term's input, computed only with it.
+    rescoring pairs' other side, read only with it. `objective`: the consistency terms (None:
+    `default_objective`).
     """
     if not items:
         raise ValueError("an empty batch")
+    objective = objective if objective is not None else default_objective(weights.eps)
     num_actions = max(it.num_tools for it in items)
     rows = [b for b, it in enumerate(items) for _ in range(len(it.alignment))]
     cols_t = [k - 1 for it in items for k in it.alignment.a_index]
@@ -187,7 +194,7 @@ def batch_loss(student: Any, teacher: Any, tokenizer: Any, items: Sequence[Disti
                                              [action_query(it.teacher, fmt) for it in items], num_actions,
                                              [it.teacher_tokens.ids for it in items], rows, cols_t, reader)
     queries = [action_query(it.student, fmt) for it in items]
-    use_rescore = weights.rescore > 0 and relabeled is not None
+    use_rescore = objective.uses("rescore") and relabeled is not None
     if use_rescore:
         if len(relabeled) != len(items):
             raise ValueError(f"{len(relabeled)} relabeled views for {len(items)} trajectories")
@@ -199,10 +206,12 @@ def batch_loss(student: Any, teacher: Any, tokenizer: Any, items: Sequence[Disti
     positions = token_positions(len(rows)) if token_positions is not None else None
     terms = {"token": token_kl(t_logits, s_logits, positions),
              "action": action_kl(t_probs, s_probs[:n], seg, eps=weights.eps)}
+    loss, metrics = combine(terms, {"token": weights.token, "action": weights.action})
     if use_rescore:
-        terms["rescore"] = rescoring_kl(s_probs[:n], s_probs[n:], seg,
-                                        detach_reference=weights.detach_reference, eps=weights.eps)
-    loss, metrics = combine(terms, {"token": weights.token, "action": weights.action,
-                                    **({"rescore": weights.rescore} if use_rescore else {})})
+        pairs = rescore_pairs(s_probs[:n], s_probs[n:], seg, renormalize=False)
+        value, consistency = objective(loss, rescore=pairs)
+        loss = loss + value
+        metrics.update(consistency)
+        metrics["distill/loss"] = float(loss.detach())
     metrics["distill/unpaired_student_tokens"] = float(sum(it.alignment.b_unpaired for it in items))
     return loss, metrics

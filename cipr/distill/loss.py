@@ -9,8 +9,9 @@ names). The sides write action names with different tokens, so it is taken in tw
   actions indexed by equivalence (tool i under any name is class i, ∅ last), so `search` on the
   teacher side and `function_01` on the student side are one action.
 
-`combine` adds them with the rescoring consistency KL (`cipr.method.consistency.rescoring_kl`, student
-under canonical vs relabeled names) as `w_token · token + w_action · action + λ_rescore · rescore`.
+`combine` adds them as `w_token · token + w_action · action`; `cipr.distill.batch.batch_loss` adds the
+consistency objective's terms (`cipr.method.objective`: the rescoring KL, student under canonical vs
+relabeled names).
 
 Choices the paper leaves open:
 - Direction: forward KL(teacher || student), the teacher as reference (the paper's "KL from the

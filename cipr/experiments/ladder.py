@@ -104,7 +104,13 @@ def method_label(algo: Mapping[str, Any]) -> str:
     """The paper's row label for a run's `algo` section."""
     name = algo.get("name")
     if name == "cipr":
-        rs, ro = float(algo.get("rescore_weight", 0)), float(algo.get("rollout_weight", 0))
+        terms = algo.get("terms") or {}
+
+        def weight(name: str) -> float:
+            alias = algo.get(f"{name}_weight")
+            return float(alias if alias is not None else (terms.get(name) or {}).get("weight") or 0.0)
+
+        rs, ro = weight("rescore"), weight("rollout")
         if rs and ro:
             return "+ CIPR"
         return "+ CIPR w/o rescoring KL" if ro else "+ CIPR w/o rollout KL" if rs else "+ CIPR (no KL)"

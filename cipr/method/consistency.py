@@ -81,6 +81,31 @@ def _metrics(per_item: torch.Tensor, ref: torch.Tensor, other: torch.Tensor, pre
             f"{prefix}/none_other": float(other[:, -1].mean()) if other.numel() else 0.0}
 
 
+def mean_kl(p_ref: torch.Tensor, p_other: torch.Tensor, segments: torch.Tensor, *,
+            direction: Direction = "forward", eps: float = 1e-6) -> tuple[torch.Tensor, dict[str, float]]:
+    """The consistency KL of paired rows: KL per row, averaged within each segment, then over segments.
+
+    Shapes: p_ref, p_other [N, A] (row n of one side paired with row n of the other; ∅ last); segments [N]
+    (long) the unit each row belongs to (a response's decisions, or a pair's groups). `p_ref` is used as
+    given (detach it for a fixed reference). The built-in `rescore` and `rollout` terms of
+    `cipr.method.objective`. Returns a scalar (a zero that keeps the graph when N = 0) and metrics "kl",
+    "max" (per row), "tv", "argmax_agree", "none_canon", "none_other" (∅ mass of each side), "rows",
+    "segments".
+    """
+    if p_ref.shape != p_other.shape or p_ref.dim() != 2 or segments.shape != p_ref.shape[:1]:
+        raise ValueError(f"expected p_ref [N, A], p_other [N, A] and segments [N]; got {tuple(p_ref.shape)}, "
+                         f"{tuple(p_other.shape)}, {tuple(segments.shape)}")
+    per_row = kl_rows(p_ref, p_other, direction=direction, eps=eps)
+    if per_row.numel() == 0:
+        value, count = p_other.sum() * 0.0, 0
+    else:
+        per_segment, ids = _segment_mean(per_row, segments)
+        value, count = per_segment.mean(), len(ids)
+    metrics = {"kl": float(value.detach()), "rows": float(per_row.numel()), "segments": float(count)}
+    metrics.update({k.split("/", 1)[1]: v for k, v in _metrics(per_row, p_ref, p_other, "x").items()})
+    return value, metrics
+
+
 def rescoring_kl(p_canon: torch.Tensor, p_relab: torch.Tensor, segments: torch.Tensor, *,
                  detach_reference: bool = True, direction: Direction = "forward", eps: float = 1e-6
                  ) -> tuple[torch.Tensor, dict[str, float]]:

@@ -512,7 +512,7 @@ def model_card(manifest: Manifest, train_config: dict[str, Any] | None, run_summ
         for stage, rec in (run_summary.get("final") or {}).items():
             if rec:
                 keep = {k: v for k, v in rec.items()
-                        if k in ("step", "loss", "reward", "consistency/rescore_kl", "consistency/rollout_kl",
+                        if k in ("step", "loss", "reward", "consistency/rescore/kl", "consistency/rollout/kl",
                                  "rollout/no_call_rate", "rollout/twin_call_rate")}
                 lines.append(f"- {stage} final step: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else
                                                                    f"{k} {v}" for k, v in keep.items()))

@@ -17,10 +17,15 @@ targets instead of GRPO (paper §3.4; `supervised.py`): `grpo` is then the plain
 original names, and `cipr` is SFT + λ_rescore·KL_rescore (there are no rollouts, so no rollout term).
 The shared warm start, when configured, runs first as in the RL regime.
 
-`cipr` with both weights at zero computes `multi_interface`'s loss (it still reads the action
-distributions); either weight alone switches one term off. `masking` (Lin et al., 2025; `data.py`):
-random tool and argument names in training only. The perturbation of `multi_interface`/`cipr` is
-defined on canonical names, so it is not combined with original or masked names.
+The consistency terms are `algo.terms` (`cipr.method.objective`: the built-in `rescore` and `rollout`, or a
+term from your own file, `algo.terms.NAME.fn=module:function`); `algo.rescore_weight` and
+`algo.rollout_weight` are aliases of `algo.terms.rescore.weight` and `algo.terms.rollout.weight`.
+`cipr` with every weight at zero computes `multi_interface`'s loss (it still reads the action distributions
+and logs the terms: the trace of a control arm); a weight of null switches a term off.
+
+`masking` (Lin et al., 2025; `data.py`): random tool and argument names in training only. The perturbation
+of `multi_interface`/`cipr` is defined on canonical names, so it is not combined with original or masked
+names.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from typing import Literal
 from cipr.core.config import ConfigError
 from cipr.distill.batch import LossWeights
 from cipr.distill.evaluate import EvalConfig, check_eval
+from cipr.method.objective import Objective, TermConfig, resolve_terms
 from cipr.method.relabel import RelabelConfig
 
 AlgoName = Literal["sft", "grpo", "multi_interface", "masking", "cipr"]
@@ -44,7 +50,9 @@ class AlgoConfig:
 
     - `names`: the names the policy sees in training.
     - `perturbed`: pair every prompt with its perturbed copy (both enter the task loss).
-    - `rescore_weight` / `rollout_weight`: λ of the rescoring and rollout consistency KL (0 = off).
+    - `terms`: the consistency terms by name (`cipr.method.objective.TermConfig`: weight, fn, kind, options).
+    - `rescore_weight` / `rollout_weight`: aliases of `terms.rescore.weight` / `terms.rollout.weight` (null:
+      as `terms` says).
     - `detach_reference`: the canonical side of each KL is a fixed target (no gradient through it).
       The paper leaves this open; detaching makes the term pull the perturbed/relabelled side toward
       the canonical one and never the reverse, so consistency cannot be met by degrading the
@@ -63,8 +71,10 @@ class AlgoConfig:
     name: AlgoName = "cipr"
     names: Names = "canonical"
     perturbed: bool = True
-    rescore_weight: float = 0.1
-    rollout_weight: float = 0.1
+    terms: dict[str, TermConfig] = field(default_factory=lambda: {"rescore": TermConfig(0.1),
+                                                                   "rollout": TermConfig(0.1)})
+    rescore_weight: float | None = None
+    rollout_weight: float | None = None
     detach_reference: bool = True
     fold_action_read: bool = True
     regime: Literal["rl", "supervised"] = "rl"
@@ -85,17 +95,63 @@ class AlgoConfig:
         """Dataset rows per sampling unit: 2 (canonical + perturbed) when paired, else 1."""
         return 2 if self.perturbed else 1
 
+    def __post_init__(self) -> None:
+        self.terms = apply_aliases(self.terms, {"rescore": self.rescore_weight,
+                                                "rollout": self.rollout_weight})
+        self.rescore_weight = self.rollout_weight = None  # read into `terms`: one source of truth
+
+    @property
+    def active_terms(self) -> dict[str, TermConfig]:
+        """The terms that run (weight not null)."""
+        return {k: t for k, t in self.terms.items() if t.weight is not None}
+
     @property
     def reads_actions(self) -> bool:
-        return self.name == "cipr"
+        return self.name == "cipr" and bool(self.active_terms)
+
+    def objective(self) -> Objective:
+        """The run's consistency terms (`cipr.method.objective`); none but for algo=cipr, and no rollout term
+        in the supervised regime (it has no rollouts)."""
+        if not self.reads_actions:
+            return Objective([])
+        kinds = ("rescore",) if self.regime == "supervised" else ("rescore", "rollout")
+        return Objective.from_config(self.terms, detach_reference=self.detach_reference, allowed=kinds)
+
+    def term_weight(self, name: str) -> float:
+        """A term's weight (0 when it is off or absent)."""
+        term = self.terms.get(name)
+        return float(term.weight or 0.0) if term is not None else 0.0
+
+
+def apply_aliases(terms: dict[str, TermConfig], weights: dict[str, float | None]) -> dict[str, TermConfig]:
+    """`terms` with each alias weight that is set (`algo.rescore_weight`, ...) written into its term: an
+    alias wins over the term's own weight (it was set on purpose); a positive alias adds the built-in term
+    where `terms` lacks it, a zero one leaves it absent."""
+    out = {k: TermConfig(**(vars(t) if isinstance(t, TermConfig) else t)) for k, t in terms.items()}
+    for name, weight in weights.items():
+        if weight is not None and (name in out or weight > 0):
+            out[name] = TermConfig(**{**vars(out.get(name, TermConfig())), "weight": float(weight)})
+    return out
 
 
 def validate_algo(cfg: AlgoConfig) -> None:
     """Reject combinations that cannot mean what they say, naming the override that fixes them."""
-    if (cfg.rescore_weight or cfg.rollout_weight) and cfg.name != "cipr":
-        raise ConfigError(f"algo.name={cfg.name} with consistency weights (rescore_weight="
-                          f"{cfg.rescore_weight}, rollout_weight={cfg.rollout_weight}): the consistency "
-                          f"terms belong to algo=cipr; set them to 0 or use algo=cipr")
+    weighted = {k: t.weight for k, t in cfg.active_terms.items() if t.weight}
+    if weighted and cfg.name != "cipr":
+        listed = ", ".join(f"{k}={w}" for k, w in weighted.items())
+        raise ConfigError(f"algo.name={cfg.name} with consistency terms ({listed}): the consistency terms "
+                          f"belong to algo=cipr; set their weights to 0 (algo.terms.NAME.weight) or use "
+                          f"algo=cipr")
+    if cfg.name == "cipr":
+        kinds = ("rescore",) if cfg.regime == "supervised" else ("rescore", "rollout")
+        try:
+            resolve_terms(cfg.terms, allowed=kinds)
+        except ConfigError as e:
+            if cfg.regime == "supervised" and "needs pairs this regime" in str(e):
+                raise ConfigError(f"{e}. algo.regime=supervised has no rollouts, so no rollout term: set "
+                                  f"algo.rollout_weight=0; the paper's supervised CIPR (§3.4) is SFT + the "
+                                  f"rescoring KL") from None
+            raise
     if cfg.name in ("cipr", "multi_interface") and not cfg.perturbed:
         raise ConfigError(f"algo={cfg.name} trains on paired canonical/perturbed prompts: set "
                           f"algo.perturbed=true")
@@ -104,15 +160,11 @@ def validate_algo(cfg: AlgoConfig) -> None:
                           f"defined on canonical names); got algo.names={cfg.names}")
     if cfg.name == "masking" and cfg.names != "masked":
         raise ConfigError("algo=masking trains with random-string names: set algo.names=masked")
-    if cfg.regime == "supervised" and cfg.rollout_weight:
-        raise ConfigError(f"algo.regime=supervised has no rollouts, so no rollout term: set "
-                          f"algo.rollout_weight=0 (got {cfg.rollout_weight}); the paper's supervised CIPR "
-                          f"(§3.4) is SFT + the rescoring KL")
     if cfg.action_weight and cfg.regime != "supervised":
         raise ConfigError(f"algo.action_weight={cfg.action_weight} belongs to the supervised regime: set "
                           f"algo.regime=supervised or algo.action_weight=0")
-    if cfg.rescore_weight < 0 or cfg.rollout_weight < 0 or cfg.action_weight < 0:
-        raise ConfigError("algo.rescore_weight, algo.rollout_weight and algo.action_weight must be >= 0")
+    if cfg.action_weight < 0:
+        raise ConfigError("algo.action_weight must be >= 0")
 
 
 @dataclass
@@ -121,7 +173,8 @@ class DistillConfig:
 
     - `token_weight`, `action_weight`: the task loss, KL(teacher original || student canonical) on
       aligned tokens and on action distributions at decisions (`cipr.distill.loss`).
-    - `rescore_weight`: λ of the rescoring consistency KL (student canonical vs relabeled); 0 turns it off.
+    - `terms`: the consistency terms (`cipr.method.objective`; rescore-kind only: student canonical vs
+      relabeled); `rescore_weight` is an alias of `terms.rescore.weight`.
     - `detach_reference`: the canonical side of the rescoring KL is a fixed target
       (`cipr.method.consistency`).
     - `relabel`: the fresh-name scheme (`cipr.method.relabel.RelabelConfig`).
@@ -136,7 +189,8 @@ class DistillConfig:
     names: Literal["canonical"] = "canonical"
     token_weight: float = 1.0
     action_weight: float = 1.0
-    rescore_weight: float = 1.0
+    terms: dict[str, TermConfig] = field(default_factory=lambda: {"rescore": TermConfig(1.0)})
+    rescore_weight: float | None = None
     detach_reference: bool = True
     eps: float = 1e-6
     teacher_dtype: Literal["model", "bfloat16"] = "model"
@@ -144,10 +198,18 @@ class DistillConfig:
     relabel: RelabelConfig = field(default_factory=RelabelConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
+    def __post_init__(self) -> None:
+        self.terms = apply_aliases(self.terms, {"rescore": self.rescore_weight})
+        self.rescore_weight = None
+
     @property
     def weights(self) -> LossWeights:
-        return LossWeights(self.token_weight, self.action_weight, self.rescore_weight, self.detach_reference,
-                           self.eps)
+        return LossWeights(self.token_weight, self.action_weight, self.eps)
+
+    def objective(self) -> Objective:
+        """The consistency terms (rescore-kind only: distillation has no rollouts)."""
+        return Objective.from_config(self.terms, detach_reference=self.detach_reference, eps=self.eps,
+                                     allowed=("rescore",))
 
     @property
     def reads_actions(self) -> bool:
@@ -159,8 +221,9 @@ def validate_distill(cfg: DistillConfig, lora: bool) -> None:
     if cfg.teacher_dtype != "model" and lora:
         raise ConfigError("algo.teacher_dtype must be 'model' with model.lora.enabled (the teacher is the "
                           "base)")
-    if min(cfg.token_weight, cfg.action_weight, cfg.rescore_weight) < 0:
-        raise ConfigError("algo.token_weight, algo.action_weight and algo.rescore_weight must be >= 0")
+    if min(cfg.token_weight, cfg.action_weight) < 0:
+        raise ConfigError("algo.token_weight and algo.action_weight must be >= 0")
+    cfg.objective()
     if not (cfg.token_weight or cfg.action_weight):
         raise ConfigError("algo.token_weight and algo.action_weight are both 0: the student would not learn "
                           "from the teacher (the rescoring term alone only makes it consistent with itself)")

@@ -109,6 +109,7 @@ class DistillTrainer(CheckpointMixin, Trainer):
         self.items = list(items)
         self.fmt = fmt
         self.algo = algo
+        self.objective = algo.objective()
         self.teacher = teacher
         self.teacher_context = teacher_context
         self._sums: dict[str, float] = defaultdict(float)
@@ -119,7 +120,7 @@ class DistillTrainer(CheckpointMixin, Trainer):
         batch = [self.items[i] for i in inputs["index"].tolist()]
         tokenizer = self.processing_class
         relabeled = None
-        if self.algo.rescore_weight > 0:
+        if self.objective.uses("rescore"):
             step = self.state.global_step
             seed = self.algo.relabel.seed
             relabeled = [relabeled_view(it, self.fmt, tokenizer, self.algo.relabel,
@@ -127,7 +128,8 @@ class DistillTrainer(CheckpointMixin, Trainer):
         autocast = self.algo.autocast_bf16 and self.args.device.type == "cpu"
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             loss, metrics = batch_loss(model, self.teacher, tokenizer, batch, relabeled, self.fmt,
-                                       self.algo.weights, teacher_context=self.teacher_context,
+                                       self.algo.weights, objective=self.objective,
+                                       teacher_context=self.teacher_context,
                                        token_positions=self._positions)
         check_finite(loss, self.state.global_step, metrics)
         for k, v in metrics.items():

@@ -69,17 +69,16 @@ from trl.trainer.utils import split_tensor_dict
 
 from cipr.formats.base import CallFormat
 from cipr.method.actions import ActionQuery, ActionReaderConfig, read_actions
-from cipr.method.consistency import renormalized as exact
-from cipr.method.consistency import rescoring_kl, rollout_kl
+from cipr.method.objective import Objective, Pairs, rescore_pairs, rollout_pairs
 from cipr.method.pairing import decision_rows, rollout_index
 from cipr.method.relabel import RelabelConfig, relabel
 from cipr.runtime.generation import consecutive_runs, sample_shared_prefill
 from cipr.train.algo import AlgoConfig
 from cipr.train.checkpoint import CheckpointMixin, check_finite
 from cipr.train.data import PromptSet
-from cipr.train.episode_terms import relabel_episode, turn_index, turn_rollout_kl
+from cipr.train.episode_terms import relabel_episode, turn_index
 from cipr.train.episodes import EpisodeRunner, EpisodeScorer, episode_metrics, episode_totals
-from cipr.train.reward import Rollout, RolloutScorer
+from cipr.train.reward import BatchRow, RolloutScorer
 from cipr.train.rollout import (
     check_vllm_loadable,
     eager_engine,
@@ -137,8 +136,9 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
     """GRPO with paired interfaces and CIPR's consistency terms (module docstring)."""
 
     def __init__(self, *args: Any, prompts: PromptSet, scorer: RolloutScorer | EpisodeScorer,
-                 algo: AlgoConfig, fmt: CallFormat, relabel_config: RelabelConfig | None = None,
-                 fold_allowed: bool = True, share_prefill: bool = True,
+                 algo: AlgoConfig, fmt: CallFormat, objective: Objective | None = None,
+                 relabel_config: RelabelConfig | None = None, fold_allowed: bool = True,
+                 share_prefill: bool = True,
                  vllm_enforce_eager: bool | None = None,
                  sample_log: Callable[[int, list[dict[str, Any]]], None] | None = None,
                  samples_per_step: int = 0, episodes: EpisodeRunner | None = None, **kwargs: Any) -> None:
@@ -152,6 +152,7 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         self.scorer = scorer
         self.algo = algo
         self.fmt = fmt
+        self.objective = objective or Objective([])
         self.relabel_config = relabel_config or RelabelConfig()
         self._cipr_sampler: PairedRepeatSampler | None = None
         self._given_task_logps: torch.Tensor | None = None
@@ -253,14 +254,15 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
             if len(rollouts) != len(inputs):
                 raise RuntimeError(f"the reward function scored {len(rollouts)} completions "
                                    f"for {len(inputs)} rows")
-            output["cipr_rollout"] = rollouts
+            records = self.prompt_set.records
+            output["cipr_rows"] = [BatchRow(records[r.row], r) for r in rollouts]
             if self.model.training:
-                self._log_rollouts(rollouts)
+                self._log_rollouts(output["cipr_rows"])
             return output
 
-    def _log_rollouts(self, rollouts: Sequence[Rollout]) -> None:
+    def _log_rollouts(self, rows: Sequence[BatchRow]) -> None:
         metrics = self._metrics["train"]
-        records = self.prompt_set.records
+        rollouts = [row.rollout for row in rows]
         n = len(rollouts)
         if self.episodes is not None:  # over every process's episodes (rank 0 writes the metrics)
             totals = torch.tensor([episode_totals(rollouts)], dtype=torch.float64,  # type: ignore[arg-type]
@@ -272,23 +274,24 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         metrics["rollout/no_call_rate"].append(sum(r.no_call for r in rollouts) / n)
         metrics["rollout/decisions_per_response"].append(sum(len(r.decisions) for r in rollouts) / n)
         for side in ("canonical", "perturbed"):
-            chosen = [r for r in rollouts if records[r.row].side == side]
+            chosen = [row.rollout for row in rows if row.record.side == side]
             if chosen:
                 metrics[f"reward/{side}"].append(sum(r.reward for r in chosen) / len(chosen))
-        perturbed = [r for r in rollouts if records[r.row].side == "perturbed"]
+        perturbed = [row.rollout for row in rows if row.record.side == "perturbed"]
         calls = sum(len(r.calls) for r in perturbed)
         if perturbed:
             metrics["rollout/twin_call_rate"].append(sum(r.twin_calls for r in perturbed) / calls
                                                      if calls else 0.0)
         if self._sample_log is not None and self._samples_per_step > 0:
             self._sample_log(self.state.global_step + 1, [
-                {"pair_id": records[r.row].pair_id, "side": records[r.row].side,
-                 "id": records[r.row].example.id,
-                 "reference": [c.name for c in records[r.row].example.reference], "completion": r.text,
-                 "ended": r.ended, "calls": [c.name for c in r.calls], "twin_calls": r.twin_calls,
-                 "format": r.format, "correctness": r.correctness,
-                 **({"turns": r.turns, "success": r.success} if self.episodes is not None else {})}
-                for r in rollouts[:self._samples_per_step]])
+                {"pair_id": row.record.pair_id, "side": row.record.side, "id": row.record.example.id,
+                 "reference": [c.name for c in row.record.example.reference], "completion": row.rollout.text,
+                 "ended": row.rollout.ended, "calls": [c.name for c in row.rollout.calls],
+                 "twin_calls": row.rollout.twin_calls, "format": row.rollout.format,
+                 "correctness": row.rollout.correctness,
+                 **({"turns": row.rollout.turns, "success": row.rollout.success}
+                    if self.episodes is not None else {})}
+                for row in rows[:self._samples_per_step]])
 
     # -- multi-turn episodes (TRL's rollout_func) -------------------------------------------------
     def _rollout_episodes(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
@@ -416,10 +419,11 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         forward = getattr(base, "forward", None)
         return forward is not None and "logits_to_keep" in inspect.signature(forward).parameters
 
-    def _query(self, row: int, text: str, ended: bool, decisions: Sequence[Any]) -> ActionQuery:
-        record = self.prompt_set.records[row]
-        response = text + (self.processing_class.eos_token if ended else "")
-        return ActionQuery(record.prompt, response, tuple(decisions), record.tools, record.classes)
+    def _query(self, row: BatchRow) -> ActionQuery:
+        r = row.rollout
+        response = r.text + (self.processing_class.eos_token if r.ended else "")
+        record = row.record
+        return ActionQuery(record.prompt, response, tuple(r.decisions), record.tools, record.classes)
 
     def _fold_rows(self, inputs: dict[str, Any], queries: Sequence[ActionQuery]) -> list[bool] | None:
         """Per row, whether re-tokenizing it gives exactly the prompt and completion ids the loss uses.
@@ -454,34 +458,36 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
             logps = logps.index_copy(0, idx, own.to(logps.dtype))
         return logps
 
-    def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> torch.Tensor:
+        """TRL's GRPO loss on every row (both interfaces), plus the consistency objective's terms when it has
+        any, divided by the gradient-accumulation steps as TRL scales its own loss (module docstring)."""
         with self._timed("loss_forward"):
-            return self._loss(model, inputs)
+            if not self.objective:
+                loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+                check_finite(loss, self.state.global_step)
+                return loss
+            return self._loss(model, inputs, return_outputs, num_items_in_batch)
 
-    def _loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
-        """The task loss, plus the consistency terms when the algorithm reads actions (module docstring)."""
-        if not self.algo.reads_actions:
-            loss = super()._compute_loss(model, inputs)
-            check_finite(loss, self.state.global_step)
-            return loss
-        rollouts: list[Rollout] = inputs["cipr_rollout"]
-        records = self.prompt_set.records
-        queries = [self._query(r.row, r.text, r.ended, r.decisions) for r in rollouts]
-        num_actions = max(records[r.row].num_actions for r in rollouts)
+    def _loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool, num_items_in_batch: Any
+              ) -> torch.Tensor:
+        rows: list[BatchRow] = inputs["cipr_rows"]
+        queries = [self._query(row) for row in rows]
+        num_actions = max(row.record.num_actions for row in rows)
         metrics = self._metrics["train" if self.model.training else "eval"]
-        rows = self._fold_rows(inputs, queries)
-        folded = rows is not None and any(rows)
-        metrics["actions/folded"].append(sum(rows) / len(rows) if rows else 0.0)
+        fold = self._fold_rows(inputs, queries)
+        folded = fold is not None and any(fold)
+        metrics["actions/folded"].append(sum(fold) / len(fold) if fold else 0.0)
         reader = ActionReaderConfig(response_logprobs=folded, response_temperature=self.temperature)
         with self.accelerator.autocast(), self._timed("action_read"):
             reading = read_actions(model, self.processing_class, queries, num_actions, reader)
         with self._timed("task_loss"):
             if folded:
-                with self.given_task_logps(self._task_logps(model, inputs, reading.response_logprobs, rows)):
-                    task = super()._compute_loss(model, inputs)
+                with self.given_task_logps(self._task_logps(model, inputs, reading.response_logprobs, fold)):
+                    task = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
             else:
-                task = super()._compute_loss(model, inputs)
-        terms, parts = self._consistency(model, rollouts, reading.probs, reading.sequence, num_actions)
+                task = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        terms, parts = self._consistency(model, rows, reading.probs, reading.sequence, num_actions)
         scale = self.current_gradient_accumulation_steps if self.model.training else 1.0
         loss = task + (terms / scale).to(task.dtype)
         parts["task"] = float(task.detach()) * scale
@@ -490,67 +496,55 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         check_finite(loss, self.state.global_step, parts)
         return loss
 
-    def _consistency(self, model: Any, rollouts: Sequence[Rollout], probs: torch.Tensor,
-                     sequence: torch.Tensor, num_actions: int) -> tuple[torch.Tensor, dict[str, float]]:
-        """λ_rescore·KL_rescore + λ_rollout·KL_rollout for one micro-batch, and its metrics."""
-        records = self.prompt_set.records
-        algo = self.algo
+    def _consistency(self, model: Any, rows: Sequence[BatchRow], probs: torch.Tensor, sequence: torch.Tensor,
+                     num_actions: int) -> tuple[torch.Tensor, dict[str, float]]:
+        """The objective's terms for one micro-batch (`cipr.method.objective`), and their metrics."""
         parts: dict[str, float] = {}
-        total = probs.sum() * 0.0
         if probs.numel():
-            entropy = action_entropy(probs)
-            parts["actions/entropy"] = float(entropy.mean())
+            parts["actions/entropy"] = float(action_entropy(probs).mean())
             parts["actions/p_no_call"] = float(probs[:, -1].detach().mean())
-        side = [records[r.row].side for r in rollouts]
         seq = sequence.tolist()
-
-        if algo.rollout_weight > 0:
-            term = self._rollout_term if self.episodes is None else self._turn_rollout_term
-            value, metrics = term(rollouts, side, probs, seq)
-            if value is not None:
-                total = total + algo.rollout_weight * value
-                parts["consistency/rollout_kl"] = float(value.detach())
-                parts.update({f"consistency/{k}": v for k, v in metrics.items() if k != "rollout/kl"})
-        if algo.rescore_weight > 0:
-            value, metrics = self._rescore_term(model, rollouts, side, probs, seq, num_actions)
-            if value is not None:
-                total = total + algo.rescore_weight * value
-                parts["consistency/rescore_kl"] = float(value.detach())
-                parts.update({f"consistency/{k}": v for k, v in metrics.items() if k != "rescore/kl"})
+        rollout = rescore = None
+        if self.objective.uses("rollout"):
+            build = self._rollout_pairs if self.episodes is None else self._turn_pairs
+            rollout, skipped = build(rows, probs, seq)
+            parts.update({f"consistency/{k}": v for k, v in skipped.items()})
+        if self.objective.uses("rescore"):
+            rescore, failures = self._rescore_pairs(model, rows, probs, seq, num_actions)
+            parts["consistency/relabel_failures"] = failures
+        total, metrics = self.objective(probs, rescore=rescore, rollout=rollout)
+        parts.update(metrics)
         return total, parts
 
-    def _rollout_term(self, rollouts: Sequence[Rollout], side: Sequence[str], probs: torch.Tensor,
-                      seq: Sequence[int]) -> tuple[torch.Tensor | None, dict[str, float]]:
-        records = self.prompt_set.records
-        index, metrics = rollout_index([records[r.row].pair_id for r in rollouts], side,
-                                       [bool(r.decisions) for r in rollouts], seq, device=probs.device)
+    def _rollout_pairs(self, rows: Sequence[BatchRow], probs: torch.Tensor, seq: Sequence[int]
+                       ) -> tuple[Pairs | None, dict[str, float]]:
+        """The rollout term's pairs: each complete pair's G responses per side (`cipr.method.pairing`)."""
+        index, metrics = rollout_index([row.record.pair_id for row in rows],
+                                       [row.record.side for row in rows],
+                                       [bool(row.rollout.decisions) for row in rows], seq,
+                                       device=probs.device)
         if index is None:
             return None, metrics
         canon, pert = index.canonical, index.perturbed
-        value, kl_metrics = rollout_kl(exact(probs[canon.decisions]), canon.segments,
-                                       exact(probs[pert.decisions]), pert.segments, canon_groups=canon.groups,
-                                       pert_groups=pert.groups, detach_reference=self.algo.detach_reference)
-        kl_metrics.update(metrics)
-        return value, kl_metrics
+        pairs = torch.arange(int(canon.groups.max()) + 1, device=probs.device)
+        return rollout_pairs(probs[canon.decisions], canon.segments, canon.groups, probs[pert.decisions],
+                             pert.segments, pert.groups, pairs), metrics
 
-    def _turn_rollout_term(self, rollouts: Sequence[Any], side: Sequence[str], probs: torch.Tensor,
-                           seq: Sequence[int]) -> tuple[torch.Tensor | None, dict[str, float]]:
-        """The rollout term of episodes, turn by turn (`cipr.train.episode_terms.turn_rollout_kl`)."""
-        records = self.prompt_set.records
-        turns = [k for r in rollouts for k in r.turn_of]
-        index, metrics = turn_index([records[r.row].pair_id for r in rollouts], side, seq, turns,
-                                    device=probs.device)
+    def _turn_pairs(self, rows: Sequence[BatchRow], probs: torch.Tensor, seq: Sequence[int]
+                    ) -> tuple[Pairs | None, dict[str, float]]:
+        """The rollout term's pairs of episodes, turn by turn (`cipr.train.episode_terms.turn_index`)."""
+        turns = [k for row in rows for k in row.rollout.turn_of]
+        index, metrics = turn_index([row.record.pair_id for row in rows], [row.record.side for row in rows],
+                                    seq, turns, device=probs.device)
         if index is None:
             return None, metrics
         canon, pert = index.canonical, index.perturbed
-        value, kl_metrics = turn_rollout_kl(exact(probs[canon.decisions]), canon,
-                                            exact(probs[pert.decisions]), pert, index.group_pairs,
-                                            detach_reference=self.algo.detach_reference)
-        kl_metrics.update(metrics)
-        return value, kl_metrics
+        return rollout_pairs(probs[canon.decisions], canon.units, canon.unit_groups, probs[pert.decisions],
+                             pert.units, pert.unit_groups, index.group_pairs), metrics
 
-    def _relabeled(self, record: Any, rollout: Any, seed: int) -> ActionQuery:
+    def _relabeled(self, row: BatchRow, seed: int) -> ActionQuery:
         """The relabeled (x̃, ỹ) of a canonical rollout (an episode: every turn); ValueError when it fails."""
+        record, rollout = row.record, row.rollout
         if self.episodes is not None:
             ep = relabel_episode(record.prompt, rollout.text, rollout.turn_spans, record.tools, self.fmt,
                                  self.relabel_config, seed=seed)
@@ -561,36 +555,28 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         response += self.processing_class.eos_token if rollout.ended else ""
         return ActionQuery(prompt, response, decisions, tools, record.classes)
 
-    def _rescore_term(self, model: Any, rollouts: Sequence[Rollout], side: Sequence[str], probs: torch.Tensor,
-                      seq: Sequence[int], num_actions: int) -> tuple[torch.Tensor | None, dict[str, float]]:
-        records = self.prompt_set.records
+    def _rescore_pairs(self, model: Any, rows: Sequence[BatchRow], probs: torch.Tensor, seq: Sequence[int],
+                       num_actions: int) -> tuple[Pairs | None, float]:
+        """The rescoring term's pairs: each canonical rollout's decisions against its relabeled copy's."""
         queries: list[ActionQuery] = []
         kept: list[int] = []
         failures = 0
-        for b, r in enumerate(rollouts):
-            if side[b] != "canonical" or not r.decisions:
+        for b, row in enumerate(rows):
+            if row.record.side != "canonical" or not row.rollout.decisions:
                 continue
-            record = records[r.row]
-            seed = (self.args.seed * 1_000_003 + self.state.global_step) * 100_003 + r.row * 101 + b
+            seed = (self.args.seed * 1_000_003 + self.state.global_step) * 100_003 + row.record.row * 101 + b
             try:
-                queries.append(self._relabeled(record, r, seed))
+                queries.append(self._relabeled(row, seed))
             except ValueError:
                 failures += 1
                 continue
             kept.append(b)
-        metrics = {"relabel_failures": float(failures)}
         if not queries:
-            return None, metrics
+            return None, float(failures)
         with self.accelerator.autocast(), self._timed("rescore_read"):
             relabeled = read_actions(model, self.processing_class, queries, num_actions)
         p_canon = probs[decision_rows(kept, seq, device=probs.device)]
-        if p_canon.shape != relabeled.probs.shape:
-            raise RuntimeError(f"relabeled decisions {tuple(relabeled.probs.shape)} do not match "
-                               f"the canonical ones {tuple(p_canon.shape)}")
-        value, kl_metrics = rescoring_kl(exact(p_canon), exact(relabeled.probs), relabeled.sequence,
-                                         detach_reference=self.algo.detach_reference)
-        metrics.update(kl_metrics)
-        return value, metrics
+        return rescore_pairs(p_canon, relabeled.probs, relabeled.sequence), float(failures)
 
     # -- checkpoint state ------------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:

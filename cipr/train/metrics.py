@@ -1,17 +1,17 @@
 """Per-step metrics: one JSON line per optimizer step in `metrics.jsonl`, and wandb when configured.
 
-Every line carries `stage`, the stage's optimizer `step`, and the Trainer's logs for that step. The
-GRPO stage adds (`grpo.py`): `reward`, `reward/format`, `reward/correctness`; `consistency/rescore_kl`,
-`consistency/rollout_kl`; `actions/entropy` (of the action distributions at decisions),
-`actions/p_no_call` (mean π(∅)); `rollout/no_call_rate` (the paper's failure mode: consistency can be
-met by not calling), `rollout/twin_call_rate` (calls to a degraded twin among perturbed-side calls),
-`rollout/decisions_per_response`. Every step line has `speed/tokens_per_second` (prompt + completion
-tokens over wall time) and `memory/peak_gb` (`peak_memory_gb`). GRPO lines split the step's wall time
-(seconds, mean per micro-batch): `time/generate`, `time/generate_and_score` (+ rewards and TRL's
-bookkeeping), `time/loss_forward` and within it `time/action_read` (folded read), `time/task_loss`
-(TRL's loss) and `time/rescore_read`, and `time/backward` (the rest of the micro-step); the rest of
-`speed/step_seconds` is the optimizer step and logging. Evaluation lines (`kind: "eval"`) record the
-reward of greedy responses on held-out prompts before and after the warm start.
+Every line carries `stage`, the stage's optimizer `step`, and the Trainer's logs for that step. The GRPO stage
+adds (`grpo.py`): `reward`, `reward/format`, `reward/correctness`; `consistency/rescore/kl`,
+`consistency/rollout/kl` (every term: `cipr.method.objective`); `actions/entropy` (of the action distributions
+at decisions), `actions/p_no_call` (mean π(∅)); `rollout/no_call_rate` (the paper's failure mode: consistency
+can be met by not calling), `rollout/twin_call_rate` (calls to a degraded twin among perturbed-side calls),
+`rollout/decisions_per_response`. Every step line has `speed/tokens_per_second` (prompt + completion tokens
+over wall time) and `memory/peak_gb` (`peak_memory_gb`). GRPO lines split the step's wall time (seconds, mean
+per micro-batch): `time/generate`, `time/generate_and_score` (+ rewards and TRL's bookkeeping),
+`time/loss_forward` and within it `time/action_read` (folded read), `time/task_loss` (TRL's loss) and
+`time/rescore_read`, and `time/backward` (the rest of the micro-step); the rest of `speed/step_seconds` is the
+optimizer step and logging. Evaluation lines (`kind: "eval"`) record the reward of greedy responses on
+held-out prompts before and after the warm start.
 
 On resume, lines past the checkpoint's step (and of later stages) are dropped first, so the file reads
 as one uninterrupted run; the wandb run id comes from the run folder, so wandb continues the same run.

@@ -77,6 +77,16 @@ def score_text(fmt: CallFormat, text: str, record: PromptRecord) -> Rollout:
     return Rollout(record.row, text, True, tuple(fmt.decisions(text)), tuple(calls), twin_calls, form, corr)
 
 
+@dataclass(frozen=True)
+class BatchRow:
+    """One row of a GRPO batch as the loss receives it: the prompt's record (its side, pair, tools and their
+    equivalence classes) and what was sampled for it (a `Rollout`, or an `cipr.train.episodes.Episode`).
+    Built where the generation batch is scored, so the loss never looks a record up by row id."""
+
+    record: PromptRecord
+    rollout: Any
+
+
 class RolloutScorer:
     """TRL reward function over the prompt rows; keeps the last batch's `Rollout`s for the trainer."""
 

@@ -334,9 +334,7 @@ def _run_sft(cfg: TrainConfig, stage: str, model: Any, tokenizer: Any, prompts: 
         if stage == "supervised":
             return build_supervised_trainer(
                 model, tokenizer, prompts.records, args, ws.max_length, fmt=fmt, unit_size=prompts.unit_size,
-                action_weight=cfg.algo.action_weight, detach_reference=cfg.algo.detach_reference,
-                rescore_weight=cfg.algo.rescore_weight if cfg.algo.reads_actions else None,
-                callbacks=callbacks)
+                action_weight=cfg.algo.action_weight, objective=cfg.algo.objective(), callbacks=callbacks)
         if stage == "warm_start" and ws.action_weight > 0:
             return build_supervised_trainer(model, tokenizer, prompts.records, args, ws.max_length, fmt=fmt,
                                             unit_size=1, action_weight=ws.action_weight, callbacks=callbacks)
@@ -428,6 +426,7 @@ def _run_grpo(cfg: TrainConfig, model: Any, tokenizer: Any, prompts: PromptSet, 
             RolloutScorer(prompts.records, fmt, tokenizer, stop_ids)
         trainer = CIPRGRPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(prompts.rows()),
                                   processing_class=tokenizer, prompts=prompts, algo=cfg.algo, fmt=fmt,
+                                  objective=cfg.algo.objective(),
                                   scorer=scorer, episodes=episodes,
                                   fold_allowed=not (rollout.uses_vllm
                                                     and rollout.importance_sampling_correction),

@@ -10,7 +10,7 @@ backward per row plus the relabeled read. Per algorithm (`algo.py`):
 - `cipr`: the same rows, plus λ_rescore · KL_rescore on the canonical rows: the action distributions at
   the decisions of the reference target y under the canonical prompt x, against those of (x̃, ỹ),
   the same pair with fresh `function_XX` names (`cipr.method.relabel`, seeded by seed, step and row).
-  There are no rollouts, so there is no rollout term (`algo.rollout_weight` must be 0).
+  There are no rollouts, so there is no rollout term (a nonzero `algo.terms.rollout.weight` is refused).
 
 Action supervision (`action_weight` > 0, `algo.action_weight` / `trainer.warm_start.action_weight`): the
 task loss becomes the SFT token loss plus `action_weight` times the cross-entropy of the action
@@ -43,7 +43,7 @@ import torch
 
 from cipr.formats.base import CallFormat
 from cipr.method.actions import ActionQuery, ActionReaderConfig, read_actions
-from cipr.method.consistency import renormalized, rescoring_kl
+from cipr.method.objective import Objective, Pairs, rescore_pairs
 from cipr.method.relabel import RelabelConfig, relabel
 from cipr.train.checkpoint import check_finite
 from cipr.train.data import PromptRecord
@@ -51,6 +51,7 @@ from cipr.train.sampler import PairedRepeatSampler
 from cipr.train.sft import WarmStartTrainer
 
 ROW = "row_id"
+RECORDS = "cipr_records"
 
 
 def canonical_queries(records: Sequence[PromptRecord], fmt: CallFormat,
@@ -109,17 +110,18 @@ def relabeled_queries(records: Sequence[PromptRecord], fmt: CallFormat, config: 
     return out, kept
 
 
-def rescoring_term(model: Any, tokenizer: Any, records: Sequence[PromptRecord], fmt: CallFormat,
-                   config: RelabelConfig, seeds: Sequence[int], *, detach_reference: bool = True,
-                   p_canon: torch.Tensor | None = None) -> tuple[torch.Tensor | None, dict[str, float]]:
-    """KL_rescore over `records` (canonical rows with reference targets): the value and its metrics.
+def rescoring_pairs(model: Any, tokenizer: Any, records: Sequence[PromptRecord], fmt: CallFormat,
+                    config: RelabelConfig, seeds: Sequence[int], *, detach_reference: bool = True,
+                    p_canon: torch.Tensor | None = None) -> tuple[Pairs | None, int]:
+    """The rescoring term's pairs over `records` (canonical rows with reference targets), and the relabel
+    failures.
 
     `p_canon`: the records' canonical action distributions [D, A] when already read (else read here, [D] the
     decisions of the records in order)."""
     relabeled, kept = relabeled_queries(records, fmt, config, seeds)
-    metrics = {"relabel_failures": float(len(records) - len(kept))}
+    failures = len(records) - len(kept)
     if not relabeled:
-        return None, metrics
+        return None, failures
     num_actions = max(r.num_actions for r in records)
     if p_canon is None:
         with torch.no_grad() if detach_reference else torch.enable_grad():
@@ -130,33 +132,40 @@ def rescoring_term(model: Any, tokenizer: Any, records: Sequence[PromptRecord], 
     rows = [starts[i] + j for i in kept for j in range(counts[i])]
     p_canon = p_canon[torch.tensor(rows, dtype=torch.long, device=p_canon.device)]
     reading = read_actions(model, tokenizer, relabeled, num_actions)
-    if p_canon.shape != reading.probs.shape:
-        raise RuntimeError(f"relabeled decisions {tuple(reading.probs.shape)} do not match "
-                           f"the canonical ones {tuple(p_canon.shape)}")
-    value, kl_metrics = rescoring_kl(renormalized(p_canon), renormalized(reading.probs), reading.sequence,
-                                     detach_reference=detach_reference)
-    metrics.update(kl_metrics)
-    return value, metrics
+    return rescore_pairs(p_canon, reading.probs, reading.sequence), failures
+
+
+def rescoring_term(model: Any, tokenizer: Any, records: Sequence[PromptRecord], fmt: CallFormat,
+                   config: RelabelConfig, seeds: Sequence[int], *, detach_reference: bool = True,
+                   p_canon: torch.Tensor | None = None) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """The built-in rescoring KL alone over `records` (value, metrics), for scripts and tests; training goes
+    through the run's `Objective`. None when no record could be relabeled."""
+    pairs, failures = rescoring_pairs(model, tokenizer, records, fmt, config, seeds,
+                                      detach_reference=detach_reference, p_canon=p_canon)
+    if pairs is None:
+        return None, {"relabel_failures": float(failures)}
+    value, metrics = Objective.builtin(rescore=1.0, detach_reference=detach_reference)(pairs.p_other,
+                                                                                        rescore=pairs)
+    return value, {"relabel_failures": float(failures), **metrics}
 
 
 class SupervisedTrainer(WarmStartTrainer):
-    """SFT over an algorithm's rows: pairs kept together, action supervision, CIPR's rescoring term.
+    """SFT over an algorithm's rows: pairs kept together, action supervision, the consistency objective.
 
-    `rescore_weight`: λ of the rescoring term, None for none (an algorithm other than CIPR); CIPR at 0 still
-    reads and logs it. `action_weight`: the action cross-entropy's weight (0: TRL's SFT loss alone).
+    `objective`: the consistency terms (`cipr.method.objective`; rescore-kind only: no rollouts), None or
+    empty
+    for none (an algorithm other than CIPR); a weight-0 term is still read and logged. `action_weight`: the
+    action cross-entropy's weight (0: TRL's SFT loss alone).
     """
 
-    def __init__(self, *, records: Sequence[PromptRecord], fmt: CallFormat, unit_size: int,
-                 rescore_weight: float | None = None, action_weight: float = 0.0,
-                 detach_reference: bool = True, relabel_config: RelabelConfig | None = None,
+    def __init__(self, *, fmt: CallFormat, unit_size: int, objective: Objective | None = None,
+                 action_weight: float = 0.0, relabel_config: RelabelConfig | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.records = list(records)
         self.fmt = fmt
         self.unit_size = unit_size
-        self.rescore_weight = rescore_weight
+        self.objective = objective or Objective([])
         self.action_weight = action_weight
-        self.detach_reference = detach_reference
         self.relabel_config = relabel_config or RelabelConfig()
 
     def _get_train_sampler(self, dataset: Any = None) -> PairedRepeatSampler:
@@ -221,8 +230,7 @@ class SupervisedTrainer(WarmStartTrainer):
 
     def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> Any:
-        rows = inputs.pop(ROW).tolist()
-        batch = [self.records[r] for r in rows]
+        batch: list[PromptRecord] = inputs.pop(RECORDS)
         p_canon = None
         if self.action_weight > 0:
             if return_outputs:
@@ -234,29 +242,33 @@ class SupervisedTrainer(WarmStartTrainer):
         else:
             out = super().compute_loss(model, inputs, return_outputs=return_outputs,
                                        num_items_in_batch=num_items_in_batch)
-        if self.rescore_weight is None or not model.training:
+        if not self.objective.uses("rescore") or not model.training:
             return out
         loss = out[0] if return_outputs else out
         canonical = [r for r in batch if r.side == "canonical"]
         seeds = [(self.args.seed * 1_000_003 + self.state.global_step) * 100_003 + r.row for r in canonical]
-        value, metrics = rescoring_term(model, self.processing_class, canonical, self.fmt,
-                                        self.relabel_config, seeds, detach_reference=self.detach_reference,
-                                        p_canon=p_canon.detach()
-                                        if p_canon is not None and self.detach_reference else p_canon)
-        self._log(metrics, "consistency/")
-        if value is None:
+        detach = self.objective.detach_reference
+        pairs, failures = rescoring_pairs(model, self.processing_class, canonical, self.fmt,
+                                          self.relabel_config, seeds, detach_reference=detach,
+                                          p_canon=p_canon.detach() if p_canon is not None and detach
+                                          else p_canon)
+        self._log({"consistency/relabel_failures": float(failures)})
+        if pairs is None:
             return out
-        loss = loss + self._accumulated(self.rescore_weight * value.to(loss.dtype), num_items_in_batch)
+        value, metrics = self.objective(loss, rescore=pairs)
+        self._log(metrics)
+        loss = loss + self._accumulated(value.to(loss.dtype), num_items_in_batch)
         check_finite(loss, self.state.global_step, metrics)
         return (loss, out[1]) if return_outputs else loss
 
 
-def collate_with_rows(collator: Any) -> Any:
-    """TRL's collator, with each example's `row_id` carried through as a tensor."""
+def collate_with_records(collator: Any, records: Sequence[PromptRecord]) -> Any:
+    """TRL's collator, with each example's `PromptRecord` carried through (`RECORDS`), so the loss receives
+    the batch's rows themselves (side, pair, tools, target) rather than ids to look them up by."""
 
     def collate(examples: list[dict[str, Any]]) -> dict[str, Any]:
         batch = collator([{k: v for k, v in e.items() if k != ROW} for e in examples])
-        batch[ROW] = torch.tensor([e[ROW] for e in examples], dtype=torch.long)
+        batch[RECORDS] = [records[e[ROW]] for e in examples]
         return batch
 
     return collate
@@ -264,8 +276,8 @@ def collate_with_rows(collator: Any) -> Any:
 
 def build_supervised_trainer(model: Any, tokenizer: Any, records: Sequence[PromptRecord],
                              args: dict[str, Any], max_length: int | None, *, fmt: CallFormat, unit_size: int,
-                             rescore_weight: float | None = None, action_weight: float = 0.0,
-                             detach_reference: bool = True,
+                             objective: Objective | None = None, action_weight: float = 0.0,
+                             relabel_config: RelabelConfig | None = None,
                              callbacks: Sequence[Any] = ()) -> SupervisedTrainer:
     """A supervised trainer over `records` (TrainingArguments fields `args`, see `schedule.common_args`)."""
     from datasets import Dataset
@@ -277,9 +289,9 @@ def build_supervised_trainer(model: Any, tokenizer: Any, records: Sequence[Promp
     config = SFTConfig(**args, max_length=max_length, completion_only_loss=True, packing=False,
                        remove_unused_columns=False)
     dataset = Dataset.from_list([{"prompt": r.prompt, "completion": r.target, ROW: r.row} for r in records])
-    trainer = SupervisedTrainer(records=records, fmt=fmt, unit_size=unit_size, rescore_weight=rescore_weight,
-                                action_weight=action_weight, detach_reference=detach_reference, model=model,
+    trainer = SupervisedTrainer(fmt=fmt, unit_size=unit_size, objective=objective,
+                                action_weight=action_weight, relabel_config=relabel_config, model=model,
                                 args=config, train_dataset=dataset, processing_class=tokenizer,
                                 callbacks=list(callbacks))
-    trainer.data_collator = collate_with_rows(trainer.data_collator)
+    trainer.data_collator = collate_with_records(trainer.data_collator, records)
     return trainer

@@ -1,0 +1,303 @@
+"""CIPR's consistency objective in one place: which terms run, on which pairs, with which weights and seeds.
+
+Every training engine (GRPO single- and multi-turn, the supervised regime, self-distillation) reads the
+action distributions of its batch, builds the pairs below where the batch is built, and calls `Objective`;
+the engine adds what it returns to its task loss (scaled by gradient accumulation as it scales its own).
+A researcher changes the method here, or from their own file, never in a trainer.
+
+Terms. Every term has the signature of `cipr.method.consistency.rescoring_kl`:
+
+    fn(p_ref [N, A], p_other [N, A], segments [N], **options) -> (scalar tensor, dict[str, float])
+
+over paired rows of action distributions (one index set of equivalence classes, ∅ last; rows renormalized
+to sum to 1 in float64). Its kind says which rows it is given:
+- `rescore`: the decisions of responses to the canonical prompt (GRPO's canonical rollouts, the supervised
+  regime's reference targets, distillation's trajectories, every turn of an episode): `p_ref` read under the
+  canonical prompt, `p_other` at the same decision of the same pair relabeled with fresh neutral names
+  (`relabel_seed`), `segments` the response of each decision (each response weighs once).
+- `rollout`: GRPO's G responses under each interface: per group (a pair; in multi-turn episodes a (pair,
+  turn) group), `p_ref` the canonical responses' average action distribution and `p_other` the perturbed
+  ones', `segments` the pair of each group (a pair's turns weigh 1/n_turns, pairs equally). Only GRPO has
+  rollouts; the supervised regime and distillation refuse a rollout term.
+With `detach_reference` (the default) `p_ref` carries no gradient: the canonical policy moves only under the
+task loss. Built in: `rescore` and `rollout`, both `cipr.method.consistency.mean_kl` (KL(ref ‖ other) per
+row, averaged per segment, then over segments).
+
+Configuration (`algo.terms`, one `TermConfig` per name): `weight` (None: the term is off; 0: computed and
+logged every step, not trained on: a trace of a control arm), `fn` (`module:function` importable from the
+user's PYTHONPATH; None: the built-in of this name), `kind` (None: the built-in's, `rescore` for a user
+function), `options` (keyword arguments of `fn`). A bad `fn` (no module, no function, not callable, a wrong
+signature or return) is a ConfigError naming `algo.terms.<name>.fn` before any training (`resolve_terms`
+calls it once on a small example).
+
+Metrics (into metrics.jsonl): `consistency/<term>/<name>` for every name a term returns (the built-ins:
+`kl`, `max`, `tv`, `argmax_agree`, `none_canon`, `none_other`, `rows`, `segments`), `consistency/<term>/value`
+its returned scalar, and the pairs' own counts (`consistency/rescore/decisions`, `.../responses`,
+`consistency/relabel_failures`, `consistency/rollout/groups`, `consistency/pairs_skipped`, ...).
+
+The relabel seed: `relabel_seed(seed, step, example_id, response)`, one rule for every engine (docstring).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from cipr.core.errors import ConfigError
+from cipr.method.consistency import group_distribution, mean_kl, renormalized
+
+Kind = Literal["rescore", "rollout"]
+KINDS: tuple[str, ...] = ("rescore", "rollout")
+TermFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+BUILTINS: dict[str, tuple[TermFn, str]] = {"rescore": (mean_kl, "rescore"), "rollout": (mean_kl, "rollout")}
+"""Built-in terms by name: (function, kind)."""
+
+
+def register_term(name: str, kind: str = "rescore") -> Callable[[TermFn], TermFn]:
+    """Decorator: make `fn` the built-in term `name` of `kind` (for code imported before the run; a user's
+    own file is named by `algo.terms.<name>.fn` instead)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+
+    def register(fn: TermFn) -> TermFn:
+        BUILTINS[name] = (fn, kind)
+        return fn
+
+    return register
+
+
+@dataclass
+class TermConfig:
+    """One consistency term (module docstring).
+
+    - `weight`: its λ in the loss; null: off (not computed); 0: computed and logged, not trained on.
+    - `fn`: `module:function` of a term from your own file; null: the built-in term of this name.
+    - `kind`: `rescore` or `rollout` (which pairs the term sees); null: the built-in's, else `rescore`.
+    - `options`: keyword arguments passed to the function.
+    """
+
+    weight: float | None = 0.0
+    fn: str | None = None
+    kind: Kind | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Term:
+    """A resolved term: its name, function, kind, weight and options."""
+
+    name: str
+    fn: TermFn
+    kind: str
+    weight: float
+    options: Mapping[str, Any]
+
+
+def relabel_seed(seed: int, step: int, example_id: str, response: int = 0) -> int:
+    """The seed of one relabeling (x̃, ỹ), the same rule in every engine: a 63-bit integer from SHA-256 of
+    (run seed, optimizer step, example id, response index among the example's responses in the step).
+
+    The example id (not a row or batch position) keys it, so a pair draws the same names whatever batch or
+    process it lands in, a resumed run redraws what the uninterrupted run drew, and two engines relabel the
+    same example at the same step alike; the step changes the names every step (a term that memorized one
+    relabeling would not generalize); `response` tells GRPO's G responses to one prompt apart (0 for the
+    single target of the supervised regime and distillation)."""
+    text = f"{seed}\x1f{step}\x1f{example_id}\x1f{response}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1
+
+
+def _import(text: str, where: str) -> Callable[..., Any]:
+    module_name, sep, attr = text.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"{where}={text!r}: write it as module:function (the module importable from "
+                          f"PYTHONPATH)")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"{where}={text!r}: cannot import module {module_name!r} ({e}); is its folder on "
+                          f"PYTHONPATH?") from None
+    fn: Any = module
+    for part in attr.split("."):
+        if not hasattr(fn, part):
+            raise ConfigError(f"{where}={text!r}: module {module_name!r} has no {attr!r}")
+        fn = getattr(fn, part)
+    if not callable(fn):
+        raise ConfigError(f"{where}={text!r}: {attr!r} is not callable")
+    return fn
+
+
+def _check_signature(fn: Callable[..., Any], options: Mapping[str, Any], where: str) -> None:
+    try:
+        inspect.signature(fn).bind(torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, dtype=torch.long),
+                                   **options)
+    except TypeError as e:
+        raise ConfigError(f"{where}: the function must take (p_ref, p_other, segments, **options) "
+                          f"like rescoring_kl; calling it with the configured options fails: {e}") from None
+    except ValueError:  # a builtin without a signature: the probe call decides
+        pass
+
+
+def _probe(fn: TermFn, options: Mapping[str, Any], where: str) -> None:
+    """Call `fn` once on two 3-row distributions with gradient and check what it returns."""
+    p = torch.tensor([[0.6, 0.3, 0.1], [0.2, 0.2, 0.6], [0.5, 0.25, 0.25]], dtype=torch.float64)
+    logits = torch.zeros(3, 3, dtype=torch.float64, requires_grad=True)
+    q = torch.softmax(logits + torch.tensor([[0.1, 0.0, 0.0], [0.0, 0.2, 0.0], [0.0, 0.0, 0.3]],
+                                            dtype=torch.float64), -1)
+    try:
+        out = fn(p, q, torch.tensor([0, 0, 1]), **options)
+    except Exception as e:  # noqa: BLE001 - the user's code: any failure is reported as this one error
+        raise ConfigError(f"{where}: the function fails on a small example: {type(e).__name__}: "
+                          f"{e}") from None
+    if not (isinstance(out, tuple) and len(out) == 2):
+        raise ConfigError(f"{where}: the function must return (scalar tensor, dict of floats); it returned "
+                          f"{type(out).__name__}")
+    value, metrics = out
+    if not isinstance(value, torch.Tensor) or value.numel() != 1:
+        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else ""
+        raise ConfigError(f"{where}: the first return value must be a scalar tensor, got "
+                          f"{type(value).__name__}{shape}")
+    if not isinstance(metrics, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
+            for k, v in metrics.items()):
+        raise ConfigError(f"{where}: the second return value must be a dict of str to float")
+    if not value.requires_grad:
+        raise ConfigError(f"{where}: the returned value carries no gradient from p_other (compute it with "
+                          f"torch operations on the inputs)")
+
+
+def resolve_terms(terms: Mapping[str, TermConfig], *, where: str = "algo.terms",
+                  allowed: Sequence[str] = KINDS) -> list[Term]:
+    """The terms that are on (weight not null), each function imported and checked (module docstring);
+    ConfigError naming the option otherwise. `allowed`: the kinds the engine has pairs for."""
+    out = []
+    for name, cfg in terms.items():
+        key = f"{where}.{name}"
+        if cfg.weight is None:
+            continue
+        if cfg.weight < 0 or cfg.weight != cfg.weight:
+            raise ConfigError(f"{key}.weight={cfg.weight} must be >= 0 (null turns the term off)")
+        if cfg.fn is None:
+            if name not in BUILTINS:
+                raise ConfigError(f"{key}: no built-in term is named {name!r} (built in: "
+                                  f"{', '.join(BUILTINS)}); set {key}.fn=module:function for your own")
+            fn, kind = BUILTINS[name]
+        else:
+            fn, kind = _import(cfg.fn, f"{key}.fn"), "rescore"
+            _check_signature(fn, cfg.options, f"{key}.fn={cfg.fn}")
+            _probe(fn, cfg.options, f"{key}.fn={cfg.fn}")
+        kind = cfg.kind or kind
+        if kind not in KINDS:
+            raise ConfigError(f"{key}.kind={kind!r}; choose rescore or rollout")
+        if kind not in allowed:
+            if not cfg.weight:  # nothing to compute and nothing trained on: the term does not apply here
+                continue
+            raise ConfigError(f"{key}: a {kind} term needs pairs this regime does not have (it has "
+                              f"{' and '.join(allowed) or 'none'}); set {key}.weight=0 or null")
+        out.append(Term(name, fn, kind, float(cfg.weight), dict(cfg.options)))
+    return out
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """One kind's paired rows for the terms: p_ref, p_other [N, A], segments [N] (module docstring), and the
+    counts of how they were built (logged as `consistency/<name>`)."""
+
+    p_ref: torch.Tensor
+    p_other: torch.Tensor
+    segments: torch.Tensor
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+def rescore_pairs(p_canon: torch.Tensor, p_relabeled: torch.Tensor, segments: torch.Tensor,
+                  metrics: Mapping[str, float] | None = None, *, renormalize: bool = True) -> Pairs:
+    """The rescoring pairs from the canonical decisions [D, A] and the relabeled ones [D, A] (decision d of
+    both the same one), segments [D] the response of each; rows renormalized in float64 (`renormalized`:
+    float32 rows sum to 1 only within ~1e-7, which makes the KL of nearly equal rows slightly negative)."""
+    if p_canon.shape != p_relabeled.shape:
+        raise RuntimeError(f"relabeled decisions {tuple(p_relabeled.shape)} do not match the canonical ones "
+                           f"{tuple(p_canon.shape)}")
+    if renormalize:
+        p_canon, p_relabeled = renormalized(p_canon), renormalized(p_relabeled)
+    counts = {"rescore/decisions": float(len(segments)),
+              "rescore/responses": float(len(torch.unique(segments)))}
+    return Pairs(p_canon, p_relabeled, segments, {**counts, **(metrics or {})})
+
+
+def rollout_pairs(p_canon: torch.Tensor, canon_units: torch.Tensor, canon_groups: torch.Tensor,
+                  p_pert: torch.Tensor, pert_units: torch.Tensor, pert_groups: torch.Tensor,
+                  group_pairs: torch.Tensor, metrics: Mapping[str, float] | None = None) -> Pairs:
+    """The rollout pairs: each side's decisions [Ds, A] (renormalized in float64) averaged per unit (a
+    response, or an episode's turn: `*_units` [Ds]), then per group (`*_groups` [Us], ids 0..Gn-1 shared by
+    both sides); segments = `group_pairs` [Gn], the pair of each group."""
+    if p_canon.shape[1:] != p_pert.shape[1:]:
+        raise ValueError(f"the two sides need one action index set, got A={p_canon.shape[1]} and "
+                         f"A={p_pert.shape[1]}")
+    canon_avg, canon_ids = group_distribution(renormalized(p_canon), canon_units, canon_groups)
+    pert_avg, pert_ids = group_distribution(renormalized(p_pert), pert_units, pert_groups)
+    if not torch.equal(canon_ids.cpu(), pert_ids.cpu()):
+        raise ValueError(f"the two sides have different groups: {canon_ids.tolist()} vs {pert_ids.tolist()}")
+    segments = group_pairs.to(canon_ids.device)[canon_ids]
+    counts = {"rollout/groups": float(len(canon_ids)), "rollout/pairs": float(len(torch.unique(segments)))}
+    return Pairs(canon_avg, pert_avg, segments, {**counts, **(metrics or {})})
+
+
+class Objective:
+    """The consistency terms of a run (module docstring): `objective(rescore=..., rollout=...)` -> (Σ λ·term,
+    metrics)."""
+
+    def __init__(self, terms: Sequence[Term], *, detach_reference: bool = True, eps: float = 1e-6) -> None:
+        self.terms = list(terms)
+        self.detach_reference = detach_reference
+        self.eps = eps
+
+    @classmethod
+    def from_config(cls, terms: Mapping[str, TermConfig], *, detach_reference: bool = True, eps: float = 1e-6,
+                    where: str = "algo.terms", allowed: Sequence[str] = KINDS) -> Objective:
+        return cls(resolve_terms(terms, where=where, allowed=allowed), detach_reference=detach_reference,
+                   eps=eps)
+
+    @classmethod
+    def builtin(cls, *, detach_reference: bool = True, eps: float = 1e-6, **weights: float) -> Objective:
+        """The built-in terms at the given weights, e.g. `Objective.builtin(rescore=1.0)`."""
+        return cls([Term(name, *BUILTINS[name], float(w), {}) for name, w in weights.items()],
+                   detach_reference=detach_reference, eps=eps)
+
+    def uses(self, kind: str) -> bool:
+        """Whether any term of `kind` runs (so the engine builds its pairs)."""
+        return any(t.kind == kind for t in self.terms)
+
+    def __bool__(self) -> bool:
+        return bool(self.terms)
+
+    def __call__(self, zero: torch.Tensor, *, rescore: Pairs | None = None, rollout: Pairs | None = None
+                 ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Σ weight · value over the terms whose pairs are given (a weight-0 term is computed and logged, not
+        added), as a tensor (`zero * 0`, keeping its graph, when nothing is added), and the metrics."""
+        pairs = {"rescore": rescore, "rollout": rollout}
+        metrics: dict[str, float] = {}
+        for given in pairs.values():
+            if given is not None:
+                metrics.update({f"consistency/{k}": float(v) for k, v in given.metrics.items()})
+        total: torch.Tensor | None = None
+        for term in self.terms:
+            given = pairs[term.kind]
+            if given is None:
+                continue
+            ref = given.p_ref.detach() if self.detach_reference else given.p_ref
+            options = dict(term.options)
+            if term.fn is mean_kl:
+                options.setdefault("eps", self.eps)
+            value, term_metrics = term.fn(ref, given.p_other, given.segments, **options)
+            prefix = f"consistency/{term.name}/"
+            metrics[prefix + "value"] = float(value.detach())
+            metrics.update({prefix + k.removeprefix(f"{term.name}/"): float(v)
+                            for k, v in term_metrics.items()})
+            if term.weight:
+                total = term.weight * value if total is None else total + term.weight * value
+        return (zero.sum() * 0.0 if total is None else total), metrics
