@@ -36,8 +36,8 @@ def test_run_trains_checkpoints_evaluates_and_resumes(tiny_dir, tmp_path):
     steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     step_lines = [r for r in steps if r.get("kind") == "step"]
     assert [r["step"] for r in step_lines] == [1, 2]
-    assert all(r["stage"] == "distill" and r["loss"] >= 0 and "consistency/rescore/kl" in r and "distill/token_kl" in r
-               for r in step_lines)
+    assert all(r["stage"] == "distill" and r["loss"] >= 0 and "consistency/rescore/kl" in r
+               and "distill/token_kl" in r for r in step_lines)
     assert json.loads((out / "distill" / "latest.json").read_text())["step"] == 2
     assert (out / "distill" / "final").is_dir() and (out / "distill" / "stage.json").is_file()
     table = (out / "eval" / "table.md").read_text()

@@ -120,7 +120,8 @@ def test_a_failed_positive_control_comes_first_and_bounded_is_called_one_sided()
 def test_the_sweep_holds_the_drawn_held_out_split_and_the_items_respect_it(tmp_path):
     cfg = compose_train(point_overrides(TransferConfig(out_dir=str(tmp_path)), Point("cipr", 3)))
     assert list(cfg.data.exclude) == heldout_exclude()
-    assert cfg.algo.name == "cipr" and cfg.algo.terms["rescore"].weight == 1.0 and cfg.algo.action_weight == 1.0
+    assert cfg.algo.name == "cipr" and cfg.algo.terms["rescore"].weight == 1.0
+    assert cfg.algo.action_weight == 1.0
     assert cfg.trainer.seed == 3 and cfg.data.perturbation_seed == 3
     items = transfer_items(cfg.data, 6, eval_seed=5)
     held_tools = {e for e in cfg.data.exclude if "#" not in e}

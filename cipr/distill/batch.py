@@ -3,7 +3,7 @@
 A `DistillItem` holds, computed once per trajectory: the teacher's rendering (original names), the
 student's (canonical, free text rewritten), their tokens and alignment, checked to have the same
 decisions taking the same actions. At every step the student's example is relabeled with fresh
-neutral names (seeded by step and trajectory) for the rescoring KL.
+neutral names (`cipr.method.objective.relabel_seed`: step and trajectory) for the rescoring KL.
 
 `batch_loss` runs one teacher forward without gradient and one student forward with gradient (canonical
 and relabeled together): each an action read whose decoder hidden states also give the next-token
@@ -208,7 +208,7 @@ def batch_loss(student: Any, teacher: Any, tokenizer: Any, items: Sequence[Disti
              "action": action_kl(t_probs, s_probs[:n], seg, eps=weights.eps)}
     loss, metrics = combine(terms, {"token": weights.token, "action": weights.action})
     if use_rescore:
-        pairs = rescore_pairs(s_probs[:n], s_probs[n:], seg, renormalize=False)
+        pairs = rescore_pairs(s_probs[:n], s_probs[n:], seg)
         value, consistency = objective(loss, rescore=pairs)
         loss = loss + value
         metrics.update(consistency)

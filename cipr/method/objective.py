@@ -215,15 +215,14 @@ class Pairs:
 
 
 def rescore_pairs(p_canon: torch.Tensor, p_relabeled: torch.Tensor, segments: torch.Tensor,
-                  metrics: Mapping[str, float] | None = None, *, renormalize: bool = True) -> Pairs:
+                  metrics: Mapping[str, float] | None = None) -> Pairs:
     """The rescoring pairs from the canonical decisions [D, A] and the relabeled ones [D, A] (decision d of
     both the same one), segments [D] the response of each; rows renormalized in float64 (`renormalized`:
     float32 rows sum to 1 only within ~1e-7, which makes the KL of nearly equal rows slightly negative)."""
     if p_canon.shape != p_relabeled.shape:
         raise RuntimeError(f"relabeled decisions {tuple(p_relabeled.shape)} do not match the canonical ones "
                            f"{tuple(p_canon.shape)}")
-    if renormalize:
-        p_canon, p_relabeled = renormalized(p_canon), renormalized(p_relabeled)
+    p_canon, p_relabeled = renormalized(p_canon), renormalized(p_relabeled)
     counts = {"rescore/decisions": float(len(segments)),
               "rescore/responses": float(len(torch.unique(segments)))}
     return Pairs(p_canon, p_relabeled, segments, {**counts, **(metrics or {})})

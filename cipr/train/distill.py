@@ -34,8 +34,8 @@ checkpoints, LoRA via PEFT, and accelerate or DeepSpeed where configured. Choice
   still distills from the released weights.
 - A batch is `per_device_train_batch_size` trajectories; the loss is averaged as `cipr.distill.loss`
   says and the Trainer scales it by gradient accumulation.
-- Each step's relabeling seed is (relabel seed, trajectory id, optimizer step), so a resumed run
-  redraws the same names.
+- Each step's relabeling seed is `cipr.method.objective.relabel_seed` (relabel seed, step, trajectory
+  id), so a resumed run redraws the same names.
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ from cipr.distill.evaluate import (
     write_report,
 )
 from cipr.formats.base import CallFormat
+from cipr.method.objective import relabel_seed
 from cipr.train.algo import DistillConfig
 from cipr.train.checkpoint import CheckpointMixin, check_finite, load_trained, stage_done, write_json_atomic
 from cipr.train.config import TrainConfig
@@ -122,9 +123,9 @@ class DistillTrainer(CheckpointMixin, Trainer):
         relabeled = None
         if self.objective.uses("rescore"):
             step = self.state.global_step
-            seed = self.algo.relabel.seed
             relabeled = [relabeled_view(it, self.fmt, tokenizer, self.algo.relabel,
-                                        f"{seed}\x1f{it.example.id}\x1f{step}") for it in batch]
+                                        relabel_seed(self.algo.relabel.seed, step, it.example.id))
+                         for it in batch]
         autocast = self.algo.autocast_bf16 and self.args.device.type == "cpu"
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             loss, metrics = batch_loss(model, self.teacher, tokenizer, batch, relabeled, self.fmt,

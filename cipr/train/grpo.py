@@ -44,8 +44,8 @@ Choices the paper leaves open:
   with none (cut off before any call or answer) adds no term. A pair enters the rollout term only
   when both sides have a response with a decision; the rest are counted in `consistency/pairs_skipped`.
 - Rescoring uses the canonical rollouts only (the paper's y is a response to the canonical x), with
-  fresh `function_XX` names drawn per step and row (seeded by seed, step and row); a rollout whose
-  decisions do not survive relabeling is counted in `consistency/relabel_failures` and skipped.
+  fresh `function_XX` names drawn per step and response (`cipr.method.objective.relabel_seed`); a rollout
+  whose decisions do not survive relabeling is counted in `consistency/relabel_failures` and skipped.
 - Both terms follow `cipr.method.consistency` defaults: canonical side as reference (detached unless
   `algo.detach_reference=false`), KL(canonical || other), each response weighted once. The KLs are
   evaluated in float64 on rows renormalized to sum to 1 (`exact`): float32 rows sum to 1 only within
@@ -69,7 +69,7 @@ from trl.trainer.utils import split_tensor_dict
 
 from cipr.formats.base import CallFormat
 from cipr.method.actions import ActionQuery, ActionReaderConfig, read_actions
-from cipr.method.objective import Objective, Pairs, rescore_pairs, rollout_pairs
+from cipr.method.objective import Objective, Pairs, relabel_seed, rescore_pairs, rollout_pairs
 from cipr.method.pairing import decision_rows, rollout_index
 from cipr.method.relabel import RelabelConfig, relabel
 from cipr.runtime.generation import consecutive_runs, sample_shared_prefill
@@ -561,10 +561,12 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         queries: list[ActionQuery] = []
         kept: list[int] = []
         failures = 0
+        drawn: dict[int, int] = {}
         for b, row in enumerate(rows):
+            response = drawn[row.record.row] = drawn.get(row.record.row, -1) + 1  # k-th of the prompt's G
             if row.record.side != "canonical" or not row.rollout.decisions:
                 continue
-            seed = (self.args.seed * 1_000_003 + self.state.global_step) * 100_003 + row.record.row * 101 + b
+            seed = relabel_seed(self.args.seed, self.state.global_step, row.record.example.id, response)
             try:
                 queries.append(self._relabeled(row, seed))
             except ValueError:

@@ -9,7 +9,8 @@ backward per row plus the relabeled read. Per algorithm (`algo.py`):
   reordering), the two rows of a pair in the same batch (`PairedRepeatSampler` with one "generation").
 - `cipr`: the same rows, plus λ_rescore · KL_rescore on the canonical rows: the action distributions at
   the decisions of the reference target y under the canonical prompt x, against those of (x̃, ỹ),
-  the same pair with fresh `function_XX` names (`cipr.method.relabel`, seeded by seed, step and row).
+  the same pair with fresh `function_XX` names (`cipr.method.relabel`, seeded by
+  `cipr.method.objective.relabel_seed`).
   There are no rollouts, so there is no rollout term (a nonzero `algo.terms.rollout.weight` is refused).
 
 Action supervision (`action_weight` > 0, `algo.action_weight` / `trainer.warm_start.action_weight`): the
@@ -43,7 +44,7 @@ import torch
 
 from cipr.formats.base import CallFormat
 from cipr.method.actions import ActionQuery, ActionReaderConfig, read_actions
-from cipr.method.objective import Objective, Pairs, rescore_pairs
+from cipr.method.objective import Objective, Pairs, relabel_seed, rescore_pairs
 from cipr.method.relabel import RelabelConfig, relabel
 from cipr.train.checkpoint import check_finite
 from cipr.train.data import PromptRecord
@@ -246,7 +247,7 @@ class SupervisedTrainer(WarmStartTrainer):
             return out
         loss = out[0] if return_outputs else out
         canonical = [r for r in batch if r.side == "canonical"]
-        seeds = [(self.args.seed * 1_000_003 + self.state.global_step) * 100_003 + r.row for r in canonical]
+        seeds = [relabel_seed(self.args.seed, self.state.global_step, r.example.id) for r in canonical]
         detach = self.objective.detach_reference
         pairs, failures = rescoring_pairs(model, self.processing_class, canonical, self.fmt,
                                           self.relabel_config, seeds, detach_reference=detach,
