@@ -64,6 +64,7 @@ def build(model_name: str, workdir: Path, pairs: int, g: int, max_len: int, tool
     from support.tiny_models import save_tiny
 
     from cipr.formats import get_format
+    from cipr.perturb.config import PerturbConfig
     from cipr.runtime.model import ModelConfig, load_model
     from cipr.train.data import DataConfig, build_prompts, load_examples
 
@@ -75,7 +76,7 @@ def build(model_name: str, workdir: Path, pairs: int, g: int, max_len: int, tool
     model, tokenizer = load_model(cfg)
     fmt = get_format(cfg.call_format)
     data = DataConfig(n=pairs * 4 + 2, eval_examples=2, tools_per_example=tools)
-    prompts = build_prompts(load_examples(data), data, names="canonical", perturbed=True, fmt=fmt,
+    prompts = build_prompts(load_examples(data), data, PerturbConfig(names="canonical", paired=True), fmt=fmt,
                             tokenizer=tokenizer)
     return model, tokenizer, fmt, prompts
 

@@ -43,13 +43,12 @@ SUPERVISED = {"source": "synthetic", "n": 14, "eval_examples": 2, "tools_per_exa
               "parallel_fraction": 0.0, "no_call_fraction": 0.0, "same_domain_distractors": 0.0}
 WARM = 60
 ALGOS = {
-    "grpo": {"name": "grpo", "names": "original", "perturbed": False, "rescore_weight": 0.0,
+    "grpo": {"name": "grpo", "rescore_weight": 0.0,
              "rollout_weight": 0.0},
-    "multi_interface": {"name": "multi_interface", "names": "canonical", "perturbed": True,
-                        "rescore_weight": 0.0, "rollout_weight": 0.0},
-    "masking": {"name": "masking", "names": "masked", "perturbed": False, "rescore_weight": 0.0,
+    "multi_interface": {"name": "multi_interface", "rescore_weight": 0.0, "rollout_weight": 0.0},
+    "masking": {"name": "masking", "rescore_weight": 0.0,
                 "rollout_weight": 0.0},
-    "cipr": {"name": "cipr", "names": "canonical", "perturbed": True, "rescore_weight": 0.5,
+    "cipr": {"name": "cipr", "rescore_weight": 0.5,
              "rollout_weight": 0.5},
 }
 

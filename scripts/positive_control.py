@@ -54,6 +54,7 @@ def main() -> None:
     from cipr.formats import get_format
     from cipr.method.actions import ActionReaderConfig, read_actions
     from cipr.method.relabel import RelabelConfig
+    from cipr.perturb.config import PerturbConfig
     from cipr.train.data import DataConfig, build_prompts
     from cipr.train.data import load_examples as load_training
     from cipr.train.supervised import action_nll, canonical_queries, reference_classes, rescoring_term
@@ -68,8 +69,9 @@ def main() -> None:
     items, _, _ = build(cfg)
     pairs, _ = build_pairs(load_examples(cfg), items, cfg.seed)
     data = DataConfig(n=400, seed=7, eval_examples=0, **options)
-    records = [r for r in build_prompts(load_training(data), data, names="canonical", perturbed=False,
-                                        fmt=fmt, tokenizer=tokenizer).records]
+    perturb = PerturbConfig(names="canonical", paired=False)
+    records = [r for r in build_prompts(load_training(data), data, perturb, fmt=fmt,
+                                        tokenizer=tokenizer).records]
 
     def load() -> torch.nn.Module:
         m = AutoModelForCausalLM.from_pretrained(args.model_dir, attn_implementation="sdpa")

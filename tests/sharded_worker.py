@@ -38,6 +38,7 @@ def read_under(plan: dict) -> None:
 
     from cipr.formats import get_format
     from cipr.method.actions import ActionReaderConfig, read_actions
+    from cipr.perturb.config import PerturbConfig
     from cipr.train.data import DataConfig, build_prompts, load_examples
     from cipr.train.supervised import canonical_queries, reference_classes
 
@@ -46,7 +47,7 @@ def read_under(plan: dict) -> None:
     model = AutoModelForCausalLM.from_pretrained(plan["model"], dtype=torch.float32)
     fmt = get_format("compact")
     data = DataConfig(source="synthetic", n=8, seed=0, eval_examples=0, tools_per_example=(2, 2))
-    records = build_prompts(load_examples(data), data, names="canonical", perturbed=True, fmt=fmt,
+    records = build_prompts(load_examples(data), data, PerturbConfig(names="canonical", paired=True), fmt=fmt,
                             tokenizer=tokenizer).records[:4]
     queries = canonical_queries(records, fmt, tokenizer.eos_token)
     num_actions = max(r.num_actions for r in records)

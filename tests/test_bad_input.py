@@ -64,7 +64,7 @@ def train_config(run_dir: Path, model: Path, steps: int = 2, **trainer) -> dict:
         "model": {"name_or_path": str(model), "gguf_package": None, "gguf_file": None, "short_name": "tiny",
                   "dtype": "float32", "call_format": "hermes", "attn_implementation": "eager"},
         "data": {"source": "synthetic", "n": 8, "seed": 0, "eval_examples": 0},
-        "algo": {"name": "sft", "names": "canonical", "perturbed": False, "rescore_weight": 0.0,
+        "algo": {"name": "sft", "rescore_weight": 0.0,
                  "rollout_weight": 0.0},
         "trainer": {"run_dir": str(run_dir), "max_steps": steps, "save_steps": 1, "save_total_limit": None,
                     "per_device_train_batch_size": 2, "learning_rate": 1e-3, "torch_threads": 1, **trainer},

@@ -19,6 +19,7 @@ import pytest
 from cipr.core.errors import ConfigError, DataError
 from cipr.core.io import read_jsonl
 from cipr.data.messages import BadRow, load_messages, messages_stats
+from cipr.perturb.config import PerturbConfig
 from cipr.tools.canonical import canonicalize
 from cipr.tools.interface import Call, Example, Message
 
@@ -299,7 +300,8 @@ def test_training_source(tmp_path):
     examples = load_examples(cfg)
     assert _without_location(examples) == _without_location(load_messages(EXAMPLE).examples)
     assert len(load_examples(DataConfig(source="messages", path=str(EXAMPLE), n=5))) == 5
-    prompts = build_prompts(examples, cfg, names="canonical", perturbed=True, fmt=get_format("toolrl"),
+    prompts = build_prompts(examples, cfg, PerturbConfig(names="canonical", paired=True),
+                            fmt=get_format("toolrl"),
                             tokenizer=_ChatStub())
     assert len(prompts.records) == 2 * (12 - 2) and not prompts.skipped
     records = [r for r in prompts.records + prompts.eval_records if r.example.id == "flights-1_m6"]
@@ -309,7 +311,8 @@ def test_training_source(tmp_path):
     skip = DataConfig(source="messages", path=str(bad), n=0, eval_examples=2, on_bad_row="skip")
     examples, skipped = load_source(skip)
     assert len(examples) == 12 and skipped == Counter({"bad row: unknown role": 1})
-    prompts = build_prompts(examples, skip, names="original", perturbed=False, fmt=get_format("toolrl"),
+    prompts = build_prompts(examples, skip, PerturbConfig(names="original", paired=False),
+                            fmt=get_format("toolrl"),
                             tokenizer=_ChatStub(), skipped=skipped)
     assert prompts.skipped == Counter({"bad row: unknown role": 1})
     with pytest.raises(BadRow):

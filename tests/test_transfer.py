@@ -122,7 +122,7 @@ def test_the_sweep_holds_the_drawn_held_out_split_and_the_items_respect_it(tmp_p
     assert list(cfg.data.exclude) == heldout_exclude()
     assert cfg.algo.name == "cipr" and cfg.algo.terms["rescore"].weight == 1.0
     assert cfg.algo.action_weight == 1.0
-    assert cfg.trainer.seed == 3 and cfg.data.perturbation_seed == 3
+    assert cfg.trainer.seed == 3 and cfg.perturb.seed == 3
     items = transfer_items(cfg.data, 6, eval_seed=5)
     held_tools = {e for e in cfg.data.exclude if "#" not in e}
     held_templates = {tuple(e.split("#")) for e in cfg.data.exclude if "#" in e}

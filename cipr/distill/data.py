@@ -56,7 +56,6 @@ class TrajectoryDataConfig:
     eval_examples: int = 8
     max_observation_chars: int | None = 400
     max_turns: int | None = None
-    rewrite_text: Literal["identifiers", "all", "none"] = "all"
     call_format: str | None = "webshop"
 
 

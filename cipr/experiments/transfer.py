@@ -136,7 +136,7 @@ def point_overrides(config: TransferConfig, point: Point) -> list[str]:
             ["algo=cipr_sft", f"algo.rescore_weight={config.rescore_weight}"])
     out = Path(config.out_dir)
     return [f"+sweep={config.sweep}", *algo, f"trainer.seed={point.seed}",
-            f"data.perturbation_seed={point.seed}", f"trainer.run_dir={out / 'points' / point.label}",
+            f"perturb.seed={point.seed}", f"trainer.run_dir={out / 'points' / point.label}",
             f"trainer.warm_start.shared_dir={out / 'warm_start'}",
             *(f"{k}={override_text(v)}" for k, v in config.train.items())]
 

@@ -23,21 +23,11 @@ import random
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from cipr.formats.base import CallFormat, Decision
+from cipr.perturb.config import RelabelConfig
 from cipr.perturb.renaming import fresh_names as _fresh_names
 from cipr.tools.canonical import rewrite_text
-
-
-@dataclass(frozen=True)
-class RelabelConfig:
-    """How fresh names are made: scheme, digits of numbered schemes, number pool, seed."""
-
-    scheme: Literal["function", "tool", "random"] = "function"
-    width: int = 2
-    pool: int = 99
-    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -78,7 +68,7 @@ def relabel(prompt: str, response: str, tools: Sequence[str], fmt: CallFormat,
         raise ValueError(f"tool names repeat "
                          f"({', '.join(sorted(t for t in set(tools) if list(tools).count(t) > 1))}): "
                          f"relabeling needs one name per tool")
-    rng = random.Random(config.seed if seed is None else seed)
+    rng = random.Random((config.seed or 0) if seed is None else seed)
     avoid = _words([prompt, response]) - set(tools)
     names = fresh_names(tools, config, rng, avoid)
     mapping = dict(zip(tools, names, strict=True))

@@ -150,9 +150,9 @@ def _checks_without_data(cfg: Any, findings: Findings) -> None:
 
     try:
         if isinstance(cfg.algo, DistillConfig):
-            validate_distill(cfg.algo, cfg.model.lora.enabled)
+            validate_distill(cfg.algo, cfg.model.lora.enabled, cfg.perturb)
         else:
-            validate_algo(cfg.algo)
+            validate_algo(cfg.algo, cfg.perturb)
     except ConfigError as e:
         findings.errors.append(str(e))
     if cfg.algo.reads_actions and cfg.model.attn_implementation not in ("sdpa", "eager"):

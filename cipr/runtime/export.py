@@ -310,7 +310,8 @@ def _training_identity(source: ExportSource, cfg: ExportConfig) -> tuple[str, st
     """(call format, training names, algorithm, base model) from the run config or the options."""
     if source.train_config is not None:
         model, algo = source.train_config["model"], source.train_config["algo"]
-        fmt, names = model.get("call_format"), algo.get("names")
+        perturb = source.train_config.get("perturb") or {}
+        fmt, names = model.get("call_format"), perturb.get("names") or algo.get("names")  # older runs: algo
         base = model.get("name_or_path") or (f"{model.get('gguf_package')}/{model.get('gguf_file')}"
                                              if model.get("gguf_file") else None)
         algo_name = algo.get("name")
@@ -319,7 +320,7 @@ def _training_identity(source: ExportSource, cfg: ExportConfig) -> tuple[str, st
             raise DataError("the run config has no call format", file=where, field="model.call_format")
         if names not in TRAINING_NAMES:
             raise DataError(f"{names!r} is not one of {', '.join(TRAINING_NAMES)}", file=where,
-                            field="algo.names")
+                            field="perturb.names")
         if cfg.call_format and cfg.call_format != fmt:
             log.warning("call format %s given, but the run trained with %s: recording %s", cfg.call_format,
                         fmt, cfg.call_format)

@@ -23,9 +23,11 @@ term from your own file, `algo.terms.NAME.fn=module:function`); `algo.rescore_we
 `cipr` with every weight at zero computes `multi_interface`'s loss (it still reads the action distributions
 and logs the terms: the trace of a control arm); a weight of null switches a term off.
 
-`masking` (Lin et al., 2025; `data.py`): random tool and argument names in training only. The perturbation
-of `multi_interface`/`cipr` is defined on canonical names, so it is not combined with original or masked
-names.
+The names and copies columns are the algorithm's defaults in the `perturb` group
+(`cipr.perturb.config.PerturbConfig`: `perturb.names`, `perturb.paired`, the preset, twin wordings, seeds and
+the relabeling, shared by every regime). `masking` (Lin et al., 2025; `data.py`): random tool and argument
+names in training only. The perturbation of `multi_interface`/`cipr` is defined on canonical names, so it is
+not combined with original or masked names.
 """
 
 from __future__ import annotations
@@ -37,10 +39,9 @@ from cipr.core.config import ConfigError
 from cipr.distill.batch import LossWeights
 from cipr.distill.evaluate import EvalConfig, check_eval
 from cipr.method.objective import Objective, TermConfig, resolve_terms
-from cipr.method.relabel import RelabelConfig
+from cipr.perturb.config import PerturbConfig
 
 AlgoName = Literal["sft", "grpo", "multi_interface", "masking", "cipr"]
-Names = Literal["original", "canonical", "masked"]
 
 
 @dataclass
@@ -48,8 +49,6 @@ class AlgoConfig:
     """What is optimized: what tells the compared algorithms apart (GRPO's clipping, KL and loss type
     are the shared recipe, in `trainer`: see `cipr.train.schedule.TrainerConfig`).
 
-    - `names`: the names the policy sees in training.
-    - `perturbed`: pair every prompt with its perturbed copy (both enter the task loss).
     - `terms`: the consistency terms by name (`cipr.method.objective.TermConfig`: weight, fn, kind, options).
     - `rescore_weight` / `rollout_weight`: aliases of `terms.rescore.weight` / `terms.rollout.weight` (null:
       as `terms` says).
@@ -69,8 +68,6 @@ class AlgoConfig:
     """
 
     name: AlgoName = "cipr"
-    names: Names = "canonical"
-    perturbed: bool = True
     terms: dict[str, TermConfig] = field(default_factory=lambda: {"rescore": TermConfig(0.1),
                                                                    "rollout": TermConfig(0.1)})
     rescore_weight: float | None = None
@@ -90,10 +87,6 @@ class AlgoConfig:
         """An SFT stage with the algorithm's rows (and terms) after the warm start."""
         return self.name != "sft" and self.regime == "supervised"
 
-    @property
-    def unit_size(self) -> int:
-        """Dataset rows per sampling unit: 2 (canonical + perturbed) when paired, else 1."""
-        return 2 if self.perturbed else 1
 
     def __post_init__(self) -> None:
         self.terms = apply_aliases(self.terms, {"rescore": self.rescore_weight,
@@ -134,8 +127,9 @@ def apply_aliases(terms: dict[str, TermConfig], weights: dict[str, float | None]
     return out
 
 
-def validate_algo(cfg: AlgoConfig) -> None:
-    """Reject combinations that cannot mean what they say, naming the override that fixes them."""
+def validate_algo(cfg: AlgoConfig, perturb: PerturbConfig) -> None:
+    """Reject combinations that cannot mean what they say, naming the override that fixes them (`perturb`:
+    the run's resolved perturbation group)."""
     weighted = {k: t.weight for k, t in cfg.active_terms.items() if t.weight}
     if weighted and cfg.name != "cipr":
         listed = ", ".join(f"{k}={w}" for k, w in weighted.items())
@@ -152,14 +146,14 @@ def validate_algo(cfg: AlgoConfig) -> None:
                                   f"algo.rollout_weight=0; the paper's supervised CIPR (§3.4) is SFT + the "
                                   f"rescoring KL") from None
             raise
-    if cfg.name in ("cipr", "multi_interface") and not cfg.perturbed:
+    if cfg.name in ("cipr", "multi_interface") and not perturb.paired:
         raise ConfigError(f"algo={cfg.name} trains on paired canonical/perturbed prompts: set "
-                          f"algo.perturbed=true")
-    if cfg.perturbed and cfg.names != "canonical":
-        raise ConfigError(f"algo.perturbed=true needs algo.names=canonical (the training perturbation is "
-                          f"defined on canonical names); got algo.names={cfg.names}")
-    if cfg.name == "masking" and cfg.names != "masked":
-        raise ConfigError("algo=masking trains with random-string names: set algo.names=masked")
+                          f"perturb.paired=true")
+    if perturb.paired and perturb.names != "canonical":
+        raise ConfigError(f"perturb.paired=true needs perturb.names=canonical (the training perturbation is "
+                          f"defined on canonical names); got perturb.names={perturb.names}")
+    if cfg.name == "masking" and perturb.names != "masked":
+        raise ConfigError("algo=masking trains with random-string names: set perturb.names=masked")
     if cfg.action_weight and cfg.regime != "supervised":
         raise ConfigError(f"algo.action_weight={cfg.action_weight} belongs to the supervised regime: set "
                           f"algo.regime=supervised or algo.action_weight=0")
@@ -177,7 +171,6 @@ class DistillConfig:
       relabeled); `rescore_weight` is an alias of `terms.rescore.weight`.
     - `detach_reference`: the canonical side of the rescoring KL is a fixed target
       (`cipr.method.consistency`).
-    - `relabel`: the fresh-name scheme (`cipr.method.relabel.RelabelConfig`).
     - `teacher_dtype`: "bfloat16" runs the frozen teacher in bfloat16 (inference only); "model" keeps
       the loaded dtype. Without LoRA only.
     - `autocast_bf16`: on CPU, run the student's forward and backward under bfloat16 autocast (weights
@@ -186,7 +179,6 @@ class DistillConfig:
     """
 
     name: Literal["distill"] = "distill"
-    names: Literal["canonical"] = "canonical"
     token_weight: float = 1.0
     action_weight: float = 1.0
     terms: dict[str, TermConfig] = field(default_factory=lambda: {"rescore": TermConfig(1.0)})
@@ -195,7 +187,6 @@ class DistillConfig:
     eps: float = 1e-6
     teacher_dtype: Literal["model", "bfloat16"] = "model"
     autocast_bf16: bool = False
-    relabel: RelabelConfig = field(default_factory=RelabelConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
@@ -216,8 +207,11 @@ class DistillConfig:
         return True
 
 
-def validate_distill(cfg: DistillConfig, lora: bool) -> None:
+def validate_distill(cfg: DistillConfig, lora: bool, perturb: PerturbConfig) -> None:
     """Reject weights and evaluation settings that cannot mean what they say, naming the option."""
+    if perturb.names != "canonical" or perturb.paired:
+        raise ConfigError(f"algo=distill trains the student under canonical names on unpaired trajectories: "
+                          f"perturb.names={perturb.names}, perturb.paired={perturb.paired}; leave both unset")
     if cfg.teacher_dtype != "model" and lora:
         raise ConfigError("algo.teacher_dtype must be 'model' with model.lora.enabled (the teacher is the "
                           "base)")

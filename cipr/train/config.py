@@ -8,6 +8,9 @@ per algorithm, picked by `algo.name`, and `rollout` belongs to the algorithms th
 | sft, grpo, multi_interface, masking, cipr | `AlgoConfig`    | `DataConfig`: prompts   | used    |
 | distill                                   | `DistillConfig` | `TrajectoryDataConfig`  | unused  |
 
+`perturb` is the interfaces every regime trains on (names, pairing, the training perturbation and the
+relabeling: `cipr.perturb.config`), its nulls filled with the algorithm's own.
+
 `env` is the environment of multi-turn GRPO (`rollout.mode=multi_turn`): `{"name": ..., **options}`, the
 options being that environment's config (`cipr.envs.registry.env_config`, checked strictly); `name: none`
 (the default) plays no episodes.
@@ -33,6 +36,7 @@ from typing import Any
 
 from cipr.core.config import TRAIN_CONFIG_DIR, ConfigError, from_dict, to_dict
 from cipr.distill.data import TrajectoryDataConfig, trajectory_section
+from cipr.perturb.config import MOVED, PerturbConfig, resolved
 from cipr.runtime.model import ModelConfig
 from cipr.train.algo import AlgoConfig, DistillConfig
 from cipr.train.data import DataConfig
@@ -54,16 +58,21 @@ class TrainConfig:
     algo: AlgoConfig | DistillConfig = field(default_factory=AlgoConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     env: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
+    perturb: PerturbConfig = field(default_factory=PerturbConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+
+    def __post_init__(self) -> None:
+        self.perturb = resolved(self.perturb, self.algo.name)  # the algorithm's names and pairing where null
 
 
 def config_from_dict(data: Mapping[str, Any]) -> TrainConfig:
     """A TrainConfig from a composed (Hydra) config; unknown keys, bad values and set options that the
     algorithm ignores (module docstring) raise ConfigError."""
     data = {k: v for k, v in data.items() if k != "hydra"}
+    refuse_moved(data)
     algo, section = dict(data.pop("algo", None) or {}), dict(data.pop("data", None) or {})
     name = algo.get("name", AlgoConfig.name)
     distill = name == "distill"
@@ -82,8 +91,19 @@ def config_from_dict(data: Mapping[str, Any]) -> TrainConfig:
     (algo_cls, data_cls), (other_algo, other_data) = SECTIONS[distill], SECTIONS[not distill]
     algo = _without_foreign("algo", algo, algo_cls, other_algo, why)
     section = _without_foreign("data", section, data_cls, other_data, why)
+    perturb = from_dict(PerturbConfig, data.pop("perturb", None), "perturb")  # resolved for the chosen algo
     return dataclasses.replace(from_dict(TrainConfig, data), algo=from_dict(algo_cls, algo, "algo"),
-                               data=from_dict(data_cls, section, "data"))
+                               data=from_dict(data_cls, section, "data"), perturb=perturb)
+
+
+def refuse_moved(data: Mapping[str, Any]) -> None:
+    """ConfigError naming the new key for a key that moved into the `perturb` group (`MOVED`)."""
+    for old, new in MOVED.items():
+        section, key = old.split(".")
+        given = data.get(section) or {}
+        if key in given and given[key] is not None:
+            raise ConfigError(f"{old} is now {new} (the perturbation settings' one group): set "
+                              f"{new}={given[key]}")
 
 
 def call_format_name(cfg: TrainConfig) -> str:

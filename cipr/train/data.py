@@ -5,15 +5,15 @@ Sources (`data.source`): `synthetic` (`cipr.data.synthetic`, `tools_per_example`
 `test.parquet` here), `toolrl_sft` (ToolRL's 400-example SFT JSON), `messages` (your own `messages` +
 `tools` rows, TRL / OpenAI chat style, from the file or folder `data.path`: `cipr.data.messages`;
 `data.on_bad_row=skip` counts and skips malformed rows instead of stopping at the first). Names
-(`algo.names`): `original`; `canonical` (`cipr.tools.canonical.canonicalize`); `masked`, function
-masking (Lin et al., 2025): every tool and argument name becomes a random string (a letter then
-`mask_length - 1` letters and digits) drawn from (seed, example id), applied as canonicalization is;
-training only.
+(`perturb.names`, `cipr.perturb.config`): `original`; `canonical` (`cipr.tools.canonical.canonicalize`);
+`masked`, function masking (Lin et al., 2025): every tool and argument name becomes a random string (a
+letter then `perturb.mask_length - 1` letters and digits) drawn from (seed, example id), applied as
+canonicalization is; training only.
 
-With `algo.perturbed`, every canonical example is followed by its perturbed copy
-(`cipr.perturb.training.perturb_for_training`: twins, relabeling, reordering; `data.perturbation`
-picks the ablation variant and `data.twin_wordings` the twin wordings: `default`, never a cost cue,
-or the `with_cost` ablation), and the two rows share a `pair_id`. Each row records the equivalence
+With `perturb.paired`, every canonical example is followed by its perturbed copy
+(`cipr.perturb.training.perturb_for_training`: twins, relabeling, reordering; `perturb.preset` picks the
+ablation variant and `perturb.twin_wordings` the twin wordings: `default`, never a cost cue, or the
+`with_cost` ablation), and the two rows share a `pair_id`. Each row records the equivalence
 class of each declared tool: canonical tool i has class i; a perturbed tool has the class of the
 canonical tool it is equivalent to, and each added twin a class of its own after the n canonical ones
 (`num_actions` = n + twins), so the two sides' action distributions live on one index set.
@@ -45,6 +45,7 @@ from cipr.core.errors import DataError
 from cipr.data.row_formats import check_messages_options
 from cipr.data.synthetic import SyntheticConfig
 from cipr.formats.base import CallFormat
+from cipr.perturb.config import PerturbConfig
 from cipr.tools.canonical import NameMap, apply_name_map, canonicalize
 from cipr.tools.interface import Example, Interface, Tool
 
@@ -58,11 +59,10 @@ class DataConfig:
     `n` (how many examples; 0 = all of a file) and `seed` (held-out split, masking, perturbation) mean the
     same for every source. The synthetic source hands them with `tools_per_example`, `parallel_fraction`,
     `no_call_fraction`, `same_domain_distractors`, `tools` (a narrower catalog) and `exclude` (tools and
-    templates held back) to `cipr.data.synthetic.SyntheticConfig` (defaults and checks). `perturbation_seed`
-    draws the perturbed copies (twins, relabeling, order; None: `seed`), so runs can share their examples and
-    differ in their copies. `format` (`auto`, `messages`, `xlam`, `hermes_fc`, `glaive`) and `on_bad_row`
-    (`raise` or `skip`) are the messages source's (`cipr.data.row_formats.load_rows`: published formats read
-    as messages rows); the other sources always raise.
+    templates held back) to `cipr.data.synthetic.SyntheticConfig` (defaults and checks). `format` (`auto`,
+    `messages`, `xlam`, `hermes_fc`, `glaive`) and `on_bad_row` (`raise` or `skip`) are the messages source's
+    (`cipr.data.row_formats.load_rows`: published formats read as messages rows); the other sources always
+    raise.
     """
 
     source: Literal["synthetic", "toolrl", "toolrl_sft", "messages"] = "synthetic"
@@ -77,12 +77,7 @@ class DataConfig:
     same_domain_distractors: float = SyntheticConfig.same_domain_distractors
     tools: tuple[str, ...] = SyntheticConfig.tools
     exclude: tuple[str, ...] = SyntheticConfig.exclude
-    perturbation_seed: int | None = None
     eval_examples: int = 8
-    perturbation: Literal["full", "reorder_only", "twins_only", "single_near_duplicate"] = "full"
-    twin_wordings: Literal["default", "with_cost"] = "default"
-    rewrite_text: Literal["identifiers", "all", "none"] = "identifiers"
-    mask_length: int = 8
     sft_think: Literal["placeholder", "example"] = "placeholder"
 
 
@@ -235,7 +230,7 @@ def mask_example(example: Example, *, seed: int, length: int = 8,
                  rewrite: Literal["identifiers", "all", "none"] = "identifiers") -> tuple[Example, NameMap]:
     """Function masking: random-string tool and argument names, applied like canonicalization."""
     if length < 2:
-        raise ConfigError("data.mask_length must be >= 2")
+        raise ConfigError("perturb.mask_length must be >= 2")
     rng = random.Random(f"{seed}\x1f{example.id}\x1fmask")
     taken: set[str] = set()
     tools: list[Tool] = []
@@ -270,17 +265,19 @@ def _record(row: int, pair_id: int, side: Side, example: Example, fmt: CallForma
                         num_actions, tuple(twin_of) or (None,) * len(classes))
 
 
-def build_prompts(examples: Sequence[Example], cfg: DataConfig, *, names: str, perturbed: bool,
-                  fmt: CallFormat, tokenizer: Any, skipped: Mapping[str, int] | None = None) -> PromptSet:
-    """Render every usable example under `names` (paired with its perturbed copy when `perturbed`);
-    `skipped`: what the loader skipped (`load_source`), carried into `PromptSet.skipped`."""
+def build_prompts(examples: Sequence[Example], cfg: DataConfig, perturb: PerturbConfig, *, fmt: CallFormat,
+                  tokenizer: Any, skipped: Mapping[str, int] | None = None) -> PromptSet:
+    """Render every usable example under `perturb.names` (paired with its perturbed copy when
+    `perturb.paired`; `perturb` resolved, `cipr.perturb.config.resolved`); `skipped`: what the loader skipped
+    (`load_source`), carried into `PromptSet.skipped`."""
+    names, perturbed, rewrite = perturb.names, bool(perturb.paired), perturb.rewrite_text or "identifiers"
     if perturbed and names != "canonical":
-        raise ConfigError("perturbed copies are built from canonical names: set algo.names=canonical")
+        raise ConfigError("perturbed copies are built from canonical names: set perturb.names=canonical")
     skipped = Counter(skipped or {})
     order = list(range(len(examples)))
     random.Random(f"{cfg.seed}\x1fheld-out").shuffle(order)
     held_out = set(order[:cfg.eval_examples])
-    perturb_cfg = _perturbation_config(cfg.perturbation, cfg.twin_wordings) if perturbed else None
+    perturb_cfg = _perturbation_config(perturb.preset, perturb.twin_wordings) if perturbed else None
     train: list[PromptRecord] = []
     evals: list[PromptRecord] = []
     for index, source in enumerate(examples):
@@ -288,9 +285,9 @@ def build_prompts(examples: Sequence[Example], cfg: DataConfig, *, names: str, p
             skipped["no declared tools"] += 1
             continue
         if names == "canonical":
-            example, _ = canonicalize(source, cfg.rewrite_text)
+            example, _ = canonicalize(source, rewrite)
         elif names == "masked":
-            example, _ = mask_example(source, seed=cfg.seed, length=cfg.mask_length, rewrite=cfg.rewrite_text)
+            example, _ = mask_example(source, seed=cfg.seed, length=perturb.mask_length, rewrite=rewrite)
         else:
             example = source
         think = source.meta.get("think") if cfg.sft_think == "example" and names == "original" else None
@@ -307,7 +304,7 @@ def build_prompts(examples: Sequence[Example], cfg: DataConfig, *, names: str, p
         from cipr.perturb.training import perturb_for_training
 
         try:
-            seed = cfg.seed if cfg.perturbation_seed is None else cfg.perturbation_seed
+            seed = cfg.seed if perturb.seed is None else perturb.seed
             copy, corr = perturb_for_training(example, perturb_cfg, seed=seed)
         except (ValueError, DataError) as e:
             skipped[f"perturbation failed: {type(e).__name__}"] += 1

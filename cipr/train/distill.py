@@ -68,6 +68,7 @@ from cipr.distill.evaluate import (
 )
 from cipr.formats.base import CallFormat
 from cipr.method.objective import relabel_seed
+from cipr.perturb.config import RelabelConfig
 from cipr.train.algo import DistillConfig
 from cipr.train.checkpoint import CheckpointMixin, check_finite, load_trained, stage_done, write_json_atomic
 from cipr.train.config import TrainConfig
@@ -102,7 +103,8 @@ class DistillTrainer(CheckpointMixin, Trainer):
     """HF Trainer over trajectory indices (dataset 0..n-1) with the batch's self-distillation loss."""
 
     def __init__(self, *, items: Sequence[DistillItem], fmt: CallFormat, algo: DistillConfig, teacher: Any,
-                 teacher_context: Callable[[], Any], **kwargs: Any) -> None:
+                 teacher_context: Callable[[], Any], relabel: RelabelConfig | None = None,
+                 **kwargs: Any) -> None:
         kwargs.setdefault("data_collator", collate_indices)
         super().__init__(train_dataset=list(range(len(items))), **kwargs)
         if teacher is not self.model:
@@ -111,6 +113,7 @@ class DistillTrainer(CheckpointMixin, Trainer):
         self.fmt = fmt
         self.algo = algo
         self.objective = algo.objective()
+        self.relabel = relabel or RelabelConfig()
         self.teacher = teacher
         self.teacher_context = teacher_context
         self._sums: dict[str, float] = defaultdict(float)
@@ -123,9 +126,9 @@ class DistillTrainer(CheckpointMixin, Trainer):
         relabeled = None
         if self.objective.uses("rescore"):
             step = self.state.global_step
-            relabeled = [relabeled_view(it, self.fmt, tokenizer, self.algo.relabel,
-                                        relabel_seed(self.algo.relabel.seed, step, it.example.id))
-                         for it in batch]
+            base = self.args.seed if self.relabel.seed is None else self.relabel.seed
+            relabeled = [relabeled_view(it, self.fmt, tokenizer, self.relabel,
+                                        relabel_seed(base, step, it.example.id)) for it in batch]
         autocast = self.algo.autocast_bf16 and self.args.device.type == "cpu"
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             loss, metrics = batch_loss(model, self.teacher, tokenizer, batch, relabeled, self.fmt,
@@ -180,7 +183,7 @@ def run_distill(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter, fmt: Cal
     call_format = fmt(tokenizer)
     train_examples, eval_examples, counts = load_split(cfg.data)
     check_namings(eval_examples, cfg.algo.eval)
-    rewrite = cfg.data.rewrite_text
+    rewrite = cfg.perturb.rewrite_text
     train = build_items(train_examples, call_format, tokenizer, rewrite=rewrite)
     held = build_items(eval_examples, call_format, tokenizer, rewrite=rewrite)
     skipped = dict(train.skipped + held.skipped)
@@ -258,7 +261,7 @@ def _train(cfg: TrainConfig, student: Any, tokenizer: Any, items: list, fmt: Cal
         teacher, context = teacher_for(student, algo.teacher_dtype)
         return DistillTrainer(model=student, args=TrainingArguments(**args), processing_class=tokenizer,
                               items=items, fmt=fmt, algo=algo, teacher=teacher, teacher_context=context,
-                              callbacks=callbacks)
+                              relabel=cfg.perturb.relabel, callbacks=callbacks)
 
     return run_stage(cfg, STAGE, stage_dir, writer, build)[0]
 
@@ -275,7 +278,7 @@ def _readings(model: Any, tokenizer: Any, examples: list, fmt: CallFormat, cfg: 
     model, ev = _eval_model(model, cfg), cfg.algo.eval
     out = {}
     for naming in namings:
-        rendered = render_named(examples, fmt, tokenizer, naming, rewrite=cfg.data.rewrite_text,
+        rendered = render_named(examples, fmt, tokenizer, naming, rewrite=cfg.perturb.rewrite_text,
                                 renames=ev.renames)
         out[naming] = read_rendered(model, tokenizer, rendered, fmt, batch_size=ev.batch_size)
     return out
@@ -296,7 +299,7 @@ def _live(model: Any, tokenizer: Any, fmt: CallFormat, cfg: TrainConfig) -> dict
             return ToyShop(seed=cfg.data.seed)
     tasks = list(range(ev.live_first_task, ev.live_first_task + ev.live_tasks))
     return {naming: live_evaluate(greedy_policy(model, tokenizer), tokenizer, factory, tasks, fmt, naming,
-                                  rewrite=cfg.data.rewrite_text, renames=ev.renames,
+                                  rewrite=cfg.perturb.rewrite_text, renames=ev.renames,
                                   max_steps=ev.live_max_steps,
                                   max_new_tokens=ev.live_max_new_tokens,
                                   max_observation_chars=cfg.data.max_observation_chars)

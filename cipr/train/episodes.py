@@ -7,7 +7,7 @@ next user message (`Environment.end_turn`) or the end -> ... at most `limits.max
 (and `limits.max_steps_per_turn` turns with calls per user turn) -> `Environment.score()`.
 
 Rows and interfaces. One dataset row per (task, side): the task's tools and first message form an Example
-(`cipr.train.data.build_prompts` renders it under `algo.names`, paired with its perturbed copy for
+(`cipr.train.data.build_prompts` renders it under `perturb.names`, paired with its perturbed copy for
 multi_interface and cipr), so each episode sees its own tool list, and a pair's two rows start from the same
 task (the environment is reset to the same state). A task whose tools change during the episode (BFCL's
 miss_func reveals a function at a later turn) is skipped and counted: the tool list is part of the prompt,
@@ -17,7 +17,7 @@ perturbation's correspondence and then the name map. A call to an undeclared nam
 `cipr.envs.base.no_such_tool`, one to a degraded twin (declared, no equivalent) "unavailable", a turn whose
 calls cannot be parsed `unparseable`, calls past `max_calls` `over_call_limit`; none is executed; the
 environment never sees an episode's names, and the texts it sends (later user messages, observations) are
-rewritten into them as canonicalization rewrites the first message (`data.rewrite_text`).
+rewritten into them as canonicalization rewrites the first message (`perturb.rewrite_text`).
 
 Token-exact trajectories. The completion is the concatenation of the sampled ids of every turn (kept as
 sampled, never re-tokenized) and of the ids between turns: the observation (or next user) messages with
@@ -55,6 +55,7 @@ from cipr.core.config import ConfigError
 from cipr.core.errors import DataError
 from cipr.envs.base import EpisodeLimits, no_such_tool, over_call_limit, unparseable
 from cipr.formats.base import CallFormat, Decision, ParseResult, supports_native_tools
+from cipr.perturb.config import PerturbConfig
 from cipr.tools.canonical import RewriteText, UndeclaredToolError, canonicalize, rewrite_text
 from cipr.tools.interface import Call, Example, Interface, Message
 from cipr.train.data import DataConfig, PromptRecord, PromptSet, build_prompts
@@ -176,26 +177,28 @@ class EpisodeNames:
         return rewrite_text(text, inverse, self.rewrite) if inverse else text
 
 
-def episode_names(source: Example, record: PromptRecord, data: DataConfig, names: str) -> EpisodeNames:
-    """The `EpisodeNames` of `record` (built by `build_prompts` from `source`), by the same deterministic
-    steps (canonicalization or masking, then the training perturbation for a perturbed row)."""
+def episode_names(source: Example, record: PromptRecord, data: DataConfig, perturb: PerturbConfig
+                  ) -> EpisodeNames:
+    """The `EpisodeNames` of `record` (built by `build_prompts` from `source` under the resolved `perturb`),
+    by the same deterministic steps (canonicalization or masking, then the training perturbation for a
+    perturbed row)."""
     from cipr.train.data import _perturbation_config, mask_example
 
-    if names == "original":
-        out = EpisodeNames({t: (t, {}) for t in source.interface.names}, {}, data.rewrite_text)
+    rewrite = perturb.rewrite_text or "identifiers"
+    if perturb.names == "original":
+        out = EpisodeNames({t: (t, {}) for t in source.interface.names}, {}, rewrite)
     else:
-        if names == "masked":
-            example, nmap = mask_example(source, seed=data.seed, length=data.mask_length,
-                                         rewrite=data.rewrite_text)
+        if perturb.names == "masked":
+            example, nmap = mask_example(source, seed=data.seed, length=perturb.mask_length, rewrite=rewrite)
         else:
-            example, nmap = canonicalize(source, data.rewrite_text)
+            example, nmap = canonicalize(source, rewrite)
         out = EpisodeNames({cid: (orig, dict(nmap.arguments.get(cid, {}))) for cid, orig in nmap.tools},
-                           nmap.forward, data.rewrite_text)
+                           nmap.forward, rewrite)
         if record.side == "perturbed":
             from cipr.perturb.training import perturb_for_training
 
-            seed = data.seed if data.perturbation_seed is None else data.perturbation_seed
-            preset = _perturbation_config(data.perturbation, data.twin_wordings)
+            seed = data.seed if perturb.seed is None else perturb.seed
+            preset = _perturbation_config(perturb.preset, perturb.twin_wordings)
             _, corr = perturb_for_training(example, preset, seed=seed)
             corr = corr.compose(nmap.backward, nmap.arguments)
             forward: dict[str, str] = {}
@@ -204,7 +207,7 @@ def episode_names(source: Example, record: PromptRecord, data: DataConfig, names
                     forward.setdefault(sources[0], written)
             out = EpisodeNames({w: ((s[0], dict(a)) if s else None)
                                 for w, s, a in zip(corr.names, corr.sources, corr.arguments, strict=True)},
-                               forward, data.rewrite_text)
+                               forward, rewrite)
     if tuple(out.back) != tuple(record.tools):
         raise RuntimeError(f"episode {record.example.id} ({record.side}): the names rebuilt for the "
                            f"environment {tuple(out.back)} are not the row's tools {record.tools}")
@@ -230,11 +233,11 @@ class EpisodeSet(PromptSet):
                           [self.first[i] for i in rows])
 
 
-def build_episodes(tasks: int, data: DataConfig, algo: Any, fmt: CallFormat, tokenizer: Any,
+def build_episodes(tasks: int, data: DataConfig, perturb: PerturbConfig, fmt: CallFormat, tokenizer: Any,
                    factory: Callable[[], Environment]) -> EpisodeSet:
     """One row per training task (the first `tasks` of the environment's `train` split, 0: all), under
-    `algo.names`, each followed by its perturbed copy when `algo.perturbed`; perturbation options and seeds
-    come from `data`. Tasks whose tools change during the episode are skipped and counted."""
+    `perturb.names`, each followed by its perturbed copy when `perturb.paired` (`perturb` resolved). Tasks
+    whose tools change during the episode are skipped and counted."""
     world = factory()
     task_ids = list(world.tasks("train"))
     if tasks:
@@ -254,12 +257,12 @@ def build_episodes(tasks: int, data: DataConfig, algo: Any, fmt: CallFormat, tok
     if not sources:
         raise DataError(f"no training task left of {len(task_ids)} (skipped: {skipped})", item=world.name,
                         field="tasks")
-    prompts = build_prompts(sources, dataclasses.replace(data, eval_examples=0), names=algo.names,
-                            perturbed=algo.perturbed, fmt=fmt, tokenizer=tokenizer, skipped=skipped)
+    prompts = build_prompts(sources, dataclasses.replace(data, eval_examples=0), perturb, fmt=fmt,
+                            tokenizer=tokenizer, skipped=skipped)
     records = prompts.records
     return EpisodeSet(records, [], prompts.unit_size, prompts.skipped,
                       [kept[r.pair_id] for r in records],
-                      [episode_names(sources[r.pair_id], r, data, algo.names) for r in records],
+                      [episode_names(sources[r.pair_id], r, data, perturb) for r in records],
                       [first[r.pair_id] for r in records])
 
 

@@ -566,7 +566,8 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
             response = drawn[row.record.row] = drawn.get(row.record.row, -1) + 1  # k-th of the prompt's G
             if row.record.side != "canonical" or not row.rollout.decisions:
                 continue
-            seed = relabel_seed(self.args.seed, self.state.global_step, row.record.example.id, response)
+            base = self.args.seed if self.relabel_config.seed is None else self.relabel_config.seed
+            seed = relabel_seed(base, self.state.global_step, row.record.example.id, response)
             try:
                 queries.append(self._relabeled(row, seed))
             except ValueError:

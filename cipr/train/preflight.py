@@ -140,7 +140,7 @@ def batch_plan(cfg: TrainConfig, train_units: int, world: int, findings: Finding
     `findings` (None when the schedule itself is refused)."""
     t, stage = cfg.trainer, _main_stage(cfg)
     grpo = stage == "grpo"
-    unit_size = getattr(cfg.algo, "unit_size", 1)
+    unit_size = cfg.perturb.unit_size
     g = cfg.rollout.num_generations if grpo else 1
     try:
         validate_schedule(t, 1 if stage in ("sft", "distill") else unit_size * g)
@@ -274,8 +274,7 @@ def render_sample(cfg: TrainConfig, tokenizer: Any, format_name: str, examples: 
     from cipr.train.data import build_prompts
 
     data = dataclasses.replace(cfg.data, eval_examples=0)
-    return build_prompts(examples, data, names=cfg.algo.names, perturbed=cfg.algo.perturbed,
-                         fmt=get_format(format_name), tokenizer=tokenizer)
+    return build_prompts(examples, data, cfg.perturb, fmt=get_format(format_name), tokenizer=tokenizer)
 
 
 def token_lengths(tokenizer: Any, texts: Sequence[str]) -> list[int]:
@@ -411,7 +410,7 @@ def preflight(cfg: TrainConfig, tokenizer: Any, examples: Sequence[Any], *, worl
             if records:
                 first_prompt, first_target = records[0].prompt, records[0].target
     lengths = check_lengths(cfg, prompts_p, targets_c, findings, max_left_out) if prompts_p else {}
-    unit = getattr(cfg.algo, "unit_size", 1)
+    unit = cfg.perturb.unit_size
     kept = 1.0
     if sample and rendered:
         units_rendered = rendered // unit

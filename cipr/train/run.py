@@ -63,7 +63,7 @@ __all__ = ["TrainConfig", "batch_geometry", "config_from_dict", "grpo_args", "ru
 
 log = logging.getLogger("cipr.train")
 
-COMPARED_SECTIONS = ("model", "data", "algo", "rollout")  # algo=distill: the first three (it has no rollouts)
+COMPARED_SECTIONS = ("model", "data", "algo", "perturb", "rollout")  # algo=distill: all but rollout
 
 
 def _stages(cfg: TrainConfig) -> list[str]:
@@ -85,14 +85,16 @@ def _own_stages(cfg: TrainConfig) -> list[str]:
 def validate(cfg: TrainConfig) -> None:
     """Every check that needs neither model nor data in memory; raises ConfigError with the fix."""
     if isinstance(cfg.algo, DistillConfig):
-        validate_distill(cfg.algo, cfg.model.lora.enabled)
+        validate_distill(cfg.algo, cfg.model.lora.enabled, cfg.perturb)
         check_data(cfg.data)
         validate_schedule(cfg.trainer, 1)
     else:
-        validate_algo(cfg.algo)
+        validate_algo(cfg.algo, cfg.perturb)
         check_source(cfg.data)
+        if cfg.perturb.mask_length < 2:
+            raise ConfigError("perturb.mask_length must be >= 2")
         generations = cfg.rollout.num_generations if cfg.algo.uses_grpo else 1
-        validate_schedule(cfg.trainer, 1 if cfg.algo.name == "sft" else cfg.algo.unit_size * generations)
+        validate_schedule(cfg.trainer, 1 if cfg.algo.name == "sft" else cfg.perturb.unit_size * generations)
         if cfg.algo.uses_grpo:
             batch_geometry(cfg)
             check_backend(cfg.rollout)
@@ -163,7 +165,7 @@ def run(cfg: TrainConfig) -> Path:
     if cfg.trainer.torch_threads:
         torch.set_num_threads(cfg.trainer.torch_threads)
     run_dir = Path(cfg.trainer.run_dir).expanduser()
-    compared = COMPARED_SECTIONS[:3] if cfg.algo.name == "distill" else COMPARED_SECTIONS
+    compared = tuple(s for s in COMPARED_SECTIONS if s != "rollout" or cfg.algo.name != "distill")
     if cfg.rollout.multi_turn:
         compared = (*compared, "env")
     main = prepare(run_dir, to_dict(cfg), compared, lambda: _started(cfg, run_dir))
@@ -225,9 +227,8 @@ def _run_prompts(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter) -> dict
         weights = _stage_dir(cfg, run_dir, "warm_start") / "final"
     model, tokenizer = load_trained(cfg.model, weights)
     fmt = _call_format(cfg, tokenizer)
-    names = cfg.algo.names
-    prompts = build_prompts(examples, cfg.data, names=names, perturbed=cfg.algo.perturbed, fmt=fmt,
-                            tokenizer=tokenizer, skipped=load_skipped)
+    prompts = build_prompts(examples, cfg.data, cfg.perturb, fmt=fmt, tokenizer=tokenizer,
+                            skipped=load_skipped)
     if cfg.algo.uses_grpo and cfg.trainer.max_prompt_length is not None:
         prompts = prompts.without_long_prompts(tokenizer, cfg.trainer.max_prompt_length)
     if prompts.skipped:
@@ -270,7 +271,7 @@ def _run_prompts(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter) -> dict
     _log_probes(evals)
     return {"warm_start_dir": str(stage_dir(cfg, run_dir)) if "warm_start" in stages else None, "eval": evals,
             "train_prompts": len(prompts.records),
-            "twin_wordings": cfg.data.twin_wordings if cfg.algo.perturbed else None,
+            "twin_wordings": cfg.perturb.twin_wordings if cfg.perturb.paired else None,
             "grpo_batch": batch_geometry(cfg).to_dict() if cfg.algo.uses_grpo else None,
             "held_out_prompts": len(prompts.eval_records), "skipped_examples": dict(prompts.skipped)}
 
@@ -334,7 +335,8 @@ def _run_sft(cfg: TrainConfig, stage: str, model: Any, tokenizer: Any, prompts: 
         if stage == "supervised":
             return build_supervised_trainer(
                 model, tokenizer, prompts.records, args, ws.max_length, fmt=fmt, unit_size=prompts.unit_size,
-                action_weight=cfg.algo.action_weight, objective=cfg.algo.objective(), callbacks=callbacks)
+                action_weight=cfg.algo.action_weight, objective=cfg.algo.objective(),
+                relabel_config=cfg.perturb.relabel, callbacks=callbacks)
         if stage == "warm_start" and ws.action_weight > 0:
             return build_supervised_trainer(model, tokenizer, prompts.records, args, ws.max_length, fmt=fmt,
                                             unit_size=1, action_weight=ws.action_weight, callbacks=callbacks)
@@ -351,8 +353,8 @@ def _run_sft(cfg: TrainConfig, stage: str, model: Any, tokenizer: Any, prompts: 
 
 def batch_geometry(cfg: TrainConfig, world: int | None = None) -> GrpoBatch:
     """The GRPO stage's prompts, completions and accumulation on `world` processes (default: this run's)."""
-    return grpo_batch(cfg.trainer, num_generations=cfg.rollout.num_generations, unit_size=cfg.algo.unit_size,
-                      pairing_budget=cfg.algo.pairing_budget,
+    return grpo_batch(cfg.trainer, num_generations=cfg.rollout.num_generations,
+                      unit_size=cfg.perturb.unit_size, pairing_budget=cfg.algo.pairing_budget,
                       world=world if world is not None else world_size(cfg.launcher))
 
 
@@ -378,7 +380,7 @@ def _episodes(cfg: TrainConfig, tokenizer: Any, fmt: Any) -> tuple[PromptSet, An
 
     rollout = cfg.rollout
     factory = env_factory(cfg.env)
-    episodes = build_episodes(rollout.episode_tasks, cfg.data, cfg.algo, fmt, tokenizer, factory)
+    episodes = build_episodes(rollout.episode_tasks, cfg.data, cfg.perturb, fmt, tokenizer, factory)
     if cfg.trainer.max_prompt_length is not None:
         episodes = episodes.without_long_prompts(tokenizer, cfg.trainer.max_prompt_length)
     if episodes.skipped:
@@ -426,7 +428,7 @@ def _run_grpo(cfg: TrainConfig, model: Any, tokenizer: Any, prompts: PromptSet, 
             RolloutScorer(prompts.records, fmt, tokenizer, stop_ids)
         trainer = CIPRGRPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(prompts.rows()),
                                   processing_class=tokenizer, prompts=prompts, algo=cfg.algo, fmt=fmt,
-                                  objective=cfg.algo.objective(),
+                                  objective=cfg.algo.objective(), relabel_config=cfg.perturb.relabel,
                                   scorer=scorer, episodes=episodes,
                                   fold_allowed=not (rollout.uses_vllm
                                                     and rollout.importance_sampling_correction),

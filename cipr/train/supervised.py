@@ -247,7 +247,8 @@ class SupervisedTrainer(WarmStartTrainer):
             return out
         loss = out[0] if return_outputs else out
         canonical = [r for r in batch if r.side == "canonical"]
-        seeds = [relabel_seed(self.args.seed, self.state.global_step, r.example.id) for r in canonical]
+        base = self.args.seed if self.relabel_config.seed is None else self.relabel_config.seed
+        seeds = [relabel_seed(base, self.state.global_step, r.example.id) for r in canonical]
         detach = self.objective.detach_reference
         pairs, failures = rescoring_pairs(model, self.processing_class, canonical, self.fmt,
                                           self.relabel_config, seeds, detach_reference=detach,

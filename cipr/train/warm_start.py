@@ -47,8 +47,8 @@ def identity(cfg: Any) -> dict[str, Any]:
     ws["seed"] = warm_start_seed(cfg)
     model = dataclasses.asdict(cfg.model)
     data = dataclasses.asdict(cfg.data)
-    data.pop("perturbation_seed", None)  # the warm start trains on no perturbed copy
-    return {"model": model, "data": data, "warm_start": ws,
+    names = {"rewrite_text": cfg.perturb.rewrite_text, "mask_length": cfg.perturb.mask_length}  # no copies
+    return {"model": model, "data": data, "names": names, "warm_start": ws,
             "precision": cfg.trainer.precision, "max_grad_norm": cfg.trainer.max_grad_norm,
             "weight_decay": cfg.trainer.weight_decay, "optim": cfg.trainer.optim}
 
@@ -146,5 +146,6 @@ def warm_start_prompts(cfg: Any, examples: Sequence[Any], fmt: Any, tokenizer: A
     if names is None:
         return default
     namings = ("original", "canonical") if names == "mixed" else (names,)
-    return _interleave([build_prompts(examples, cfg.data, names=n, perturbed=False, fmt=fmt,
+    return _interleave([build_prompts(examples, cfg.data,
+                                      dataclasses.replace(cfg.perturb, names=n, paired=False), fmt=fmt,
                                       tokenizer=tokenizer) for n in namings])
