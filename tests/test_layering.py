@@ -1,4 +1,4 @@
-"""Each layer of the package imports only from the layers below it (README, "Layout").
+"""Each layer of the package imports only from the layers below it (docs/layout.md).
 
 Every `import` and `from ... import` in cipr/ is read with `ast`, including those inside functions
 (a deferred import is still a dependency), and mapped to its unit: a top-level module (`cipr/core/io.py`
@@ -84,7 +84,7 @@ def _files() -> list[Path]:
 def test_every_unit_has_a_layer():
     units = {_unit(_module(p)) for p in _files()}
     assert not units - set(LEVEL), \
-        f"add these to a layer in tests/test_layering.py and the README: {units - set(LEVEL)}"
+        f"add these to a layer in tests/test_layering.py and docs/layout.md: {units - set(LEVEL)}"
 
 
 def _back_edges(files: list[tuple[Path, str | None]]) -> tuple[list[str], set[tuple[str, str]]]:

@@ -225,8 +225,8 @@ def measure_embedded_step() -> dict[str, float]:
     import psutil
     import torch
 
-    from cipr.experiments.transfer import compose_train
     from cipr.runtime.model import load_model
+    from cipr.train.config import compose_train
 
     logging.disable(logging.WARNING)
     cfg = compose_train([])
@@ -325,7 +325,7 @@ def test_length_stats():
 
 
 def test_batch_plan_counts_sft_like_stages():
-    from cipr.experiments.transfer import compose_train
+    from cipr.train.config import compose_train
 
     cfg = compose_train(["algo=sft", "trainer.max_steps=10", "trainer.per_device_train_batch_size=4",
                          "trainer.gradient_accumulation_steps=2"])
@@ -340,7 +340,7 @@ def test_preflight_refuses_what_cipr_train_would_run_wrong(tiny_tokenizer):
     import copy
 
     from cipr.data.synthetic import SyntheticConfig
-    from cipr.experiments.transfer import compose_train
+    from cipr.train.config import compose_train
 
     examples = SyntheticConfig(n=12, seed=0).generate()
     tok = copy.deepcopy(tiny_tokenizer)

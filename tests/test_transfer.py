@@ -16,7 +16,6 @@ from support.tiny_models import save_tiny
 from cipr.experiments.points import Point
 from cipr.experiments.transfer import (
     TransferConfig,
-    compose_train,
     heldout_exclude,
     point_overrides,
     transfer_items,
@@ -30,6 +29,7 @@ from cipr.experiments.transfer_analysis import (
     render,
     two_way_bootstrap,
 )
+from cipr.train.config import compose_train
 
 
 def test_paired_t_by_hand():

@@ -29,6 +29,7 @@ checkpoint is intact).
 
 from __future__ import annotations
 
+import re
 import sys
 
 import hydra
@@ -46,6 +47,16 @@ def relaunch_command(num_processes: int, port: int, accelerate_config: str | Non
     from cipr.ops.launch import accelerate_command
 
     return accelerate_command(num_processes, port, accelerate_config, argv)
+
+
+TERM_OPTION = re.compile(r"^algo\.terms\.[A-Za-z_]\w*(\.|=)")
+
+
+def term_overrides(argv: list[str]) -> list[str]:
+    """`algo.terms.NAME.KEY=VALUE` as `++algo.terms.NAME.KEY=VALUE` (add or override): a term named on the
+    command line need not exist in the algorithm's YAML (`algo.terms.js.fn=my_terms:js`, docs/extending.md),
+    while every other key stays checked by Hydra and the strict loader."""
+    return [f"++{a}" if TERM_OPTION.match(a) else a for a in argv]
 
 
 def _main(cfg: DictConfig) -> int:
@@ -83,6 +94,7 @@ def main() -> None:
         except ConfigError as e:
             report("cipr-train", e)
             sys.exit(EXIT_INPUT)
+    sys.argv[1:] = term_overrides(sys.argv[1:])
     _hydra_entry()
 
 

@@ -22,11 +22,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cipr.core.errors import ConfigError
+from cipr.core.errors import ConfigError, DataError
 from cipr.core.io import read_json, read_text, write_text_atomic
 
 CONFIG_JSON = "config.json"
 CONFIG_YAML = "config.yaml"
+STAGES_JSON = "stages.json"
 
 
 def is_main_process() -> bool:
@@ -73,6 +74,26 @@ def write_config(run_dir: Path, config: Mapping[str, Any]) -> None:
 
     write_text_atomic(run_dir / CONFIG_JSON, json.dumps(config, indent=2))
     write_text_atomic(run_dir / CONFIG_YAML, yaml.safe_dump(dict(config), sort_keys=False))
+
+
+def write_stages(run_dir: Path, stages: Sequence[str]) -> None:
+    """Record the stages a training run trains, in order (`stages.json`); the last one's final/ is its
+    result. Written by the trainer, read by everything below or beside it that needs a run's result
+    (`read_result_stage`), so no other layer repeats the trainer's stage names."""
+    write_text_atomic(run_dir / STAGES_JSON, json.dumps({"stages": list(stages), "result": stages[-1]}))
+
+
+def read_result_stage(run_dir: Path) -> str:
+    """The stage whose final/ is `run_dir`'s result, as its trainer recorded it (DataError naming the file
+    when the folder predates the record: give the stage explicitly)."""
+    path = run_dir / STAGES_JSON
+    if not path.is_file():
+        raise DataError(f"no {STAGES_JSON}: a run folder written before stages were recorded; name the stage "
+                        f"(stage=grpo, supervised, sft or distill)", file=str(run_dir))
+    result = read_json(path).get("result")
+    if not isinstance(result, str) or not result:
+        raise DataError("no result stage recorded", file=str(path), field="result")
+    return result
 
 
 def prepare(run_dir: Path, config: Mapping[str, Any], sections: Sequence[str],

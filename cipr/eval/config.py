@@ -112,6 +112,8 @@ class EvalConfig:
     - `threads`: torch CPU threads (None: torch's default); keep them within the free cores.
     - `attn_implementation`: passed to `from_pretrained` (`sdpa`, `eager`, `flash_attention_2`); None or
       `auto` keeps the model's default (SDPA for most families).
+    - `plugins`: modules of your own imported first (from PYTHONPATH), e.g. one that registers a
+      perturbation type (`cipr.perturb.register_perturbation`; docs/extending.md).
     - `generate`: false reads only the held-out consistency metric (`consistency.enabled=true`): no
       results.jsonl; summary.json / report.md hold the consistency section alone.
     """
@@ -140,13 +142,18 @@ class EvalConfig:
     replay: Literal["reference", "familiar"] = "reference"
     guard: GuardEvalConfig = field(default_factory=GuardEvalConfig)  # the guard's drift evaluation
     progress: bool = True
+    plugins: list[str] = field(default_factory=list)
     generate: bool = True
     openai: OpenAIBackendConfig = field(default_factory=OpenAIBackendConfig)
     vllm: VLLMBackendConfig = field(default_factory=VLLMBackendConfig)
     consistency: ConsistencyConfig = field(default_factory=ConsistencyConfig)  # held-out action consistency
 
     def __post_init__(self) -> None:
-        """Checks a `Literal` cannot state (from_dict checks the choices; this catches direct use)."""
+        """Checks a `Literal` cannot state (from_dict checks the choices; this catches direct use); imports
+        the plugins, so that what they register is known to every check after it."""
+        from cipr.core.plugins import import_plugins
+
+        import_plugins(self.plugins)
         if self.benchmark.name not in BENCHMARKS:
             raise ConfigError(f"benchmark={self.benchmark.name!r}; choose one of {', '.join(BENCHMARKS)}")
         if self.backend not in BACKENDS:

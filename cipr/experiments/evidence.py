@@ -234,9 +234,10 @@ def _trained(config: EvidenceConfig, point: Point) -> bool:
         run_dir = run_dir_of(config, point)
     except DataError:
         return False
-    from cipr.runtime.export import result_stage
+    from cipr.core.run_folder import STAGES_JSON, read_result_stage
 
-    return (run_dir / result_stage(read_json(run_dir / "config.json")["algo"]) / "stage.json").is_file()
+    return (run_dir / STAGES_JSON).is_file() and \
+        (run_dir / read_result_stage(run_dir) / "stage.json").is_file()
 
 
 def _evaluated(work: Path, point: Point) -> bool:

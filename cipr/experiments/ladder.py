@@ -34,6 +34,7 @@ from typing import Any
 from cipr.core.config import override_text
 from cipr.core.errors import ConfigError, DataError
 from cipr.core.io import read_json, write_json_atomic, write_text_atomic
+from cipr.core.run_folder import STAGES_JSON, read_result_stage
 from cipr.eval.consistency_metric import METRICS, SCALE, format_cell, item_values, read_records
 from cipr.eval.report import (
     RESULTS,
@@ -46,7 +47,6 @@ from cipr.eval.report import (
     table,
 )
 from cipr.eval.stats import mean_estimate, paired_difference
-from cipr.runtime.export import result_stage
 
 log = logging.getLogger(__name__)
 
@@ -118,9 +118,10 @@ def method_label(algo: Mapping[str, Any]) -> str:
     return labels.get(name, str(name))
 
 
-def eval_names(algo: Mapping[str, Any]) -> tuple[str, ...]:
-    """Names a point is evaluated under: as deployed, plus the adapter for ToolRL-GRPO (gray rows)."""
-    trained = algo.get("names")
+def eval_names(algo: Mapping[str, Any], perturb: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+    """Names a point is evaluated under: as deployed, plus the adapter for ToolRL-GRPO (gray rows); the
+    training names from the run's `perturb` section (older runs: `algo`)."""
+    trained = (perturb or {}).get("names") or algo.get("names")
     if algo.get("name") == "grpo":
         return ("original", "canonical")
     return ("canonical",) if trained == "canonical" else ("original",)
@@ -135,8 +136,10 @@ def discover(sweep_dir: Path) -> list[Point]:
             continue
         config = read_json(cfg_path)
         algo = config.get("algo", {})
-        finished = (run_dir / result_stage(algo) / "stage.json").is_file()
-        points.append(Point(run_dir.name, run_dir, method_label(algo), eval_names(algo), finished,
+        finished = (run_dir / STAGES_JSON).is_file() and \
+            (run_dir / read_result_stage(run_dir) / "stage.json").is_file()
+        names = eval_names(algo, config.get("perturb"))
+        points.append(Point(run_dir.name, run_dir, method_label(algo), names, finished,
                             config.get("trainer", {}).get("seed")))
     return points
 

@@ -46,6 +46,7 @@ from cipr.core.errors import ConfigError
 from cipr.core.io import read_json, read_jsonl, write_json_atomic, write_text_atomic
 from cipr.experiments.points import Point
 from cipr.tools.interface import Example
+from cipr.train.config import compose_train
 
 log = logging.getLogger(__name__)
 
@@ -141,19 +142,6 @@ def point_overrides(config: TransferConfig, point: Point) -> list[str]:
             *(f"{k}={override_text(v)}" for k, v in config.train.items())]
 
 
-def compose_train(overrides: Sequence[str]) -> Any:
-    """A `TrainConfig` from cipr-train overrides, as `cipr-train` composes it."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from cipr.core.config import TRAIN_CONFIG_DIR
-    from cipr.train.config import config_from_dict
-
-    with initialize_config_dir(config_dir=str(TRAIN_CONFIG_DIR), version_base="1.3"):
-        composed = compose("train", overrides=list(overrides))
-    return config_from_dict(OmegaConf.to_container(composed, resolve=True))
-
-
 def _key(example: Example) -> tuple[str, str]:
     calls = json.dumps([c.to_dict() for c in example.reference], sort_keys=True)
     return example.messages[0].content, calls
@@ -217,13 +205,12 @@ def build_pairs(config: TransferConfig, items: Mapping[str, Sequence[Example]]) 
 
 def train_point(config: TransferConfig, point: Point) -> Path:
     """Train one point (resuming a killed one) and return the folder of its final weights."""
-    from cipr.runtime.export import result_stage
-    from cipr.train.run import run
+    from cipr.train.run import result_stage, run
 
     cfg = compose_train(point_overrides(config, point))
     run_dir = run(cfg)
     gc.collect()
-    return run_dir / result_stage({"name": cfg.algo.name, "regime": cfg.algo.regime}) / "final"
+    return run_dir / result_stage(cfg) / "final"
 
 
 def evaluate_point(config: TransferConfig, point: Point, weights: Path, pairs: Sequence[tuple[str, Any]],

@@ -19,10 +19,12 @@ from cipr.perturb.registry import (
     PERTURBATIONS,
     apply_perturbation,
     list_perturbations,
+    register_perturbation,
 )
 from cipr.perturb.rotbench import canonical_level, reapply_level, shipped_correspondence
 from cipr.perturb.training import TrainingPerturbationConfig, in_distribution, perturb_for_training
 
 __all__ = ["GROUPS", "Correspondence", "HELD_OUT", "ORDERED_TYPES", "PERTURBATIONS",
            "TrainingPerturbationConfig", "apply_perturbation", "canonical_level", "in_distribution",
-           "list_perturbations", "perturb_for_training", "reapply_level", "shipped_correspondence"]
+           "list_perturbations", "perturb_for_training", "reapply_level", "register_perturbation",
+           "shipped_correspondence"]

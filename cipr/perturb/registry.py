@@ -138,6 +138,22 @@ AFTER_ADAPTER = ("relabel_function", "relabel_random", *_SHOWN_TEXT)
 """Types applied to the interface the model sees (under canonical names, after canonicalization)."""
 
 
+def register_perturbation(name: str, group: str, description: str, fn: Apply) -> Apply:
+    """Add a held-out perturbation type from your own code (docs/extending.md): `fn(example, *, seed, names,
+    order) -> (Example, Correspondence)`, a pure function of (example, seed) that applies `names`
+    ("original" or "canonical") as the built-in types do (`cipr.perturb.draft.Draft.finish`). `group` is an
+    existing group or a new one; a type outside `GROUPS` runs when asked for by name or by its group (never
+    inside the `held_out` default). ValueError for a name already taken or a function that is not callable."""
+    if not name or not name.replace("_", "").isalnum():
+        raise ValueError(f"perturbation name {name!r}: use letters, digits and underscores")
+    if name in PERTURBATIONS or name == "original":
+        raise ValueError(f"perturbation {name!r} is already registered")
+    if not callable(fn):
+        raise ValueError(f"perturbation {name!r}: {fn!r} is not callable")
+    PERTURBATIONS[name] = (group, description, fn)
+    return fn
+
+
 def list_perturbations() -> list[tuple[str, str, str]]:
     """(name, group, one-line description) of every perturbation type, in registry order."""
     return [(name, group, desc) for name, (group, desc, _) in PERTURBATIONS.items()]

@@ -84,7 +84,7 @@ def _compose(overrides: Sequence[str]) -> Any:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from cipr.experiments.transfer import compose_train
+    from cipr.train.config import compose_train
 
     try:
         return compose_train([o for o in overrides if not o.startswith("hydra.")])

@@ -59,6 +59,7 @@ from cipr.core.io import (
     write_json_atomic,
     write_text_atomic,
 )
+from cipr.core.run_folder import STAGES_JSON, read_result_stage
 from cipr.runtime.special_tokens import align_generation_config
 
 log = logging.getLogger(__name__)
@@ -67,9 +68,6 @@ MANIFEST = "cipr_manifest.json"
 MANIFEST_VERSION = 1
 TRAINING_NAMES = ("original", "canonical", "masked")
 # The stage whose `final/` is the run's result, by algorithm (cipr.train.run._stages).
-RESULT_STAGE = {"sft": "sft"}
-DEFAULT_RESULT_STAGE = "grpo"
-RL_ALGOS = ("grpo", "multi_interface", "masking", "cipr")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json", "adapter_config.json")
 
@@ -240,17 +238,6 @@ def _run_config(run_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data.get("model"), dict) and isinstance(data.get("algo"), dict) else None
 
 
-def result_stage(algo: dict[str, Any]) -> str:
-    """The stage whose weights are a run's result, from its `algo` section (supervised: `supervised`)."""
-    if algo.get("regime") == "supervised" and algo.get("name") in RL_ALGOS:
-        return "supervised"
-    return RESULT_STAGE.get(algo.get("name"), DEFAULT_RESULT_STAGE)
-
-
-def _result_stage(config: dict[str, Any]) -> str:
-    return result_stage(config["algo"])
-
-
 def _stage_step(stage_dir: Path) -> int | None:
     done = stage_dir / "stage.json"
     if done.is_file():
@@ -265,7 +252,7 @@ def locate(path: str | Path, stage: str | None = None) -> ExportSource:
         raise DataError("not a folder: give a cipr-train run folder or a checkpoint folder", file=str(path))
     config = _run_config(path)
     if config is not None:
-        stage = stage or _result_stage(config)
+        stage = stage or read_result_stage(path)
         stage_dir = path / stage
         done = stage_dir / "stage.json"
         if not done.is_file():
@@ -302,7 +289,8 @@ def locate(path: str | Path, stage: str | None = None) -> ExportSource:
         finished = False
     else:
         step = _stage_step(stage_dir)
-        finished = (stage_dir / "stage.json").is_file() and stage_dir.name == _result_stage(config)
+        finished = (stage_dir / "stage.json").is_file() and (run_dir / STAGES_JSON).is_file() and \
+            stage_dir.name == read_result_stage(run_dir)
     return ExportSource(path, run_dir, stage_dir.name, step, finished, config)
 
 

@@ -49,7 +49,8 @@ class AlgoConfig:
     """What is optimized: what tells the compared algorithms apart (GRPO's clipping, KL and loss type
     are the shared recipe, in `trainer`: see `cipr.train.schedule.TrainerConfig`).
 
-    - `terms`: the consistency terms by name (`cipr.method.objective.TermConfig`: weight, fn, kind, options).
+    - `terms`: the consistency terms by name (`cipr.method.objective.TermConfig`: weight, fn, kind, options;
+      null: the algorithm's own, `rescore` and `rollout` at 0.1 for cipr, none for the others).
     - `rescore_weight` / `rollout_weight`: aliases of `terms.rescore.weight` / `terms.rollout.weight` (null:
       as `terms` says).
     - `detach_reference`: the canonical side of each KL is a fixed target (no gradient through it).
@@ -68,8 +69,7 @@ class AlgoConfig:
     """
 
     name: AlgoName = "cipr"
-    terms: dict[str, TermConfig] = field(default_factory=lambda: {"rescore": TermConfig(0.1),
-                                                                   "rollout": TermConfig(0.1)})
+    terms: dict[str, TermConfig] | None = None
     rescore_weight: float | None = None
     rollout_weight: float | None = None
     detach_reference: bool = True
@@ -89,6 +89,9 @@ class AlgoConfig:
 
 
     def __post_init__(self) -> None:
+        if self.terms is None:  # the algorithm's own: CIPR's two terms at the GRPO recipe's 0.1, else none
+            cipr = {"rescore": TermConfig(0.1), "rollout": TermConfig(0.1)}
+            self.terms = cipr if self.name == "cipr" else {}
         self.terms = apply_aliases(self.terms, {"rescore": self.rescore_weight,
                                                 "rollout": self.rollout_weight})
         self.rescore_weight = self.rollout_weight = None  # read into `terms`: one source of truth

@@ -30,7 +30,7 @@ compared key by key; a key the input leaves out is never set.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +94,16 @@ def config_from_dict(data: Mapping[str, Any]) -> TrainConfig:
     perturb = from_dict(PerturbConfig, data.pop("perturb", None), "perturb")  # resolved for the chosen algo
     return dataclasses.replace(from_dict(TrainConfig, data), algo=from_dict(algo_cls, algo, "algo"),
                                data=from_dict(data_cls, section, "data"), perturb=perturb)
+
+
+def compose_train(overrides: Sequence[str]) -> TrainConfig:
+    """A `TrainConfig` from cipr-train overrides, as `cipr-train` composes it (configs/train/train.yaml)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(TRAIN_CONFIG_DIR), version_base="1.3"):
+        composed = compose("train", overrides=list(overrides))
+    return config_from_dict(OmegaConf.to_container(composed, resolve=True))  # type: ignore[arg-type]
 
 
 def refuse_moved(data: Mapping[str, Any]) -> None:

@@ -2,6 +2,8 @@
 
     run_dir/
       config.json, config.yaml   the resolved configuration
+      stages.json      the stages this run trains, in order, and the one whose final/ is its result (read by
+                       cipr-export and the experiment drivers: `cipr.core.run_folder.read_result_stage`)
       metrics.jsonl    one line per optimizer step of every stage, plus eval and stage-end lines
       summary.json     what ran, final metrics per stage, held-out probes (before/after the warm start and
                        GRPO) or algo=distill's evaluation, peak memory
@@ -32,7 +34,7 @@ from typing import Any
 import torch
 
 from cipr.core.config import ConfigError, to_dict
-from cipr.core.run_folder import prepare
+from cipr.core.run_folder import prepare, write_stages
 from cipr.distill.data import check_data
 from cipr.runtime.model import resolve_source
 from cipr.train.algo import DistillConfig, validate_algo, validate_distill
@@ -59,7 +61,8 @@ from cipr.train.stage import run_stage
 from cipr.train.strategy import sharded, validate_distributed
 from cipr.train.warm_start import claim, stage_dir, validate_shared, warm_start_prompts
 
-__all__ = ["TrainConfig", "batch_geometry", "config_from_dict", "grpo_args", "run", "validate"]
+__all__ = ["TrainConfig", "batch_geometry", "config_from_dict", "grpo_args", "result_stage", "run",
+           "validate"]
 
 log = logging.getLogger("cipr.train")
 
@@ -71,6 +74,11 @@ def _stages(cfg: TrainConfig) -> list[str]:
         return [cfg.algo.name]
     main = "supervised" if cfg.algo.supervised else "grpo"
     return (["warm_start"] if cfg.trainer.warm_start.steps > 0 else []) + [main]
+
+
+def result_stage(cfg: TrainConfig) -> str:
+    """The stage whose `final/` holds the run's result (the last one: sft, grpo, supervised or distill)."""
+    return _stages(cfg)[-1]
 
 
 def _stage_dir(cfg: TrainConfig, run_dir: Path, stage: str) -> Path:
@@ -169,6 +177,8 @@ def run(cfg: TrainConfig) -> Path:
     if cfg.rollout.multi_turn:
         compared = (*compared, "env")
     main = prepare(run_dir, to_dict(cfg), compared, lambda: _started(cfg, run_dir))
+    if main:
+        write_stages(run_dir, _stages(cfg))
     writer = MetricsWriter(run_dir, cfg.logging.wandb, to_dict(cfg), enabled=main)
     try:
         if cfg.algo.name == "distill":

@@ -1,0 +1,317 @@
+"""The consistency objective (`cipr.method.objective`): the relabel seed, the terms' math by hand and against
+the earlier per-engine functions, the checks of a user's term, and a term from a file outside the package
+training through `cipr-train`'s contract (supervised regime via the command line, GRPO in process)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from cipr.core.config import ConfigError
+from cipr.method.consistency import kl_rows, mean_kl, renormalized, rescoring_kl, rollout_kl
+from cipr.method.objective import (
+    Objective,
+    Pairs,
+    TermConfig,
+    relabel_seed,
+    rescore_pairs,
+    resolve_terms,
+    rollout_pairs,
+)
+from cipr.method.pairing import rollout_index
+from cipr.train.episode_terms import turn_index, turn_rollout_kl
+
+JS = '''
+import torch
+
+
+def js_divergence(p_ref, p_other, segments, *, eps=1e-8):
+    """Jensen-Shannon divergence per row, averaged per segment, then over segments."""
+    m = 0.5 * (p_ref + p_other)
+
+    def kl(p, q):
+        return (p * (torch.log(p + eps) - torch.log(q + eps))).sum(-1)
+
+    per_row = 0.5 * kl(p_ref, m) + 0.5 * kl(p_other, m)
+    ids, inverse = torch.unique(segments, return_inverse=True)
+    sums = torch.zeros(len(ids), dtype=per_row.dtype).index_add(0, inverse, per_row)
+    counts = torch.bincount(inverse, minlength=len(ids)).to(per_row.dtype)
+    value = (sums / counts).mean()
+    return value, {"js": float(value.detach()), "max": float(per_row.detach().max())}
+
+
+def returns_a_float(p_ref, p_other, segments):
+    return 0.5
+
+
+def no_gradient(p_ref, p_other, segments):
+    return torch.tensor(0.0), {}
+
+
+def two_arguments(p_ref, p_other):
+    return p_other.sum(), {}
+
+
+def text_metrics(p_ref, p_other, segments):
+    return p_other.sum(), {"note": "fine"}
+
+
+NOT_CALLABLE = 3
+'''
+
+
+@pytest.fixture(scope="module")
+def user_dir(tmp_path_factory) -> Path:
+    """A folder outside the package with the user's own term file (`my_terms.py`)."""
+    folder = tmp_path_factory.mktemp("user")
+    (folder / "my_terms.py").write_text(textwrap.dedent(JS))
+    return folder
+
+
+@pytest.fixture
+def on_path(user_dir, monkeypatch) -> Path:
+    monkeypatch.syspath_prepend(str(user_dir))
+    sys.modules.pop("my_terms", None)
+    return user_dir
+
+
+def T(rows: list[list[float]]) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+# -- the relabel seed ----------------------------------------------------------------------------------------
+def test_relabel_seed_is_the_documented_hash_and_separates_every_argument():
+    digest = hashlib.sha256(b"7\x1f3\x1fbfcl/simple_1\x1f2").digest()
+    assert relabel_seed(7, 3, "bfcl/simple_1", 2) == int.from_bytes(digest[:8], "big") >> 1
+    base = relabel_seed(0, 0, "x", 0)
+    assert 0 <= base < 2 ** 63 and base == relabel_seed(0, 0, "x")
+    assert len({base, relabel_seed(1, 0, "x"), relabel_seed(0, 1, "x"), relabel_seed(0, 0, "y"),
+                relabel_seed(0, 0, "x", 1)}) == 5
+
+
+# -- the math ------------------------------------------------------------------------------------------------
+def test_mean_kl_by_hand_and_against_a_loop():
+    p = T([[0.5, 0.5], [0.9, 0.1], [0.2, 0.8]])
+    q = T([[0.25, 0.75], [0.9, 0.1], [0.5, 0.5]])
+    value, m = mean_kl(p, q, torch.tensor([0, 0, 1]), eps=0.0)
+    kl0 = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)
+    kl2 = 0.2 * math.log(0.2 / 0.5) + 0.8 * math.log(0.8 / 0.5)
+    assert value.item() == pytest.approx(((kl0 + 0.0) / 2 + kl2) / 2, rel=1e-12)
+    assert m["rows"] == 3 and m["segments"] == 2 and m["max"] == pytest.approx(kl2)
+    torch.manual_seed(0)
+    a = torch.softmax(torch.randn(9, 4, dtype=torch.float64), -1)
+    b = torch.softmax(torch.randn(9, 4, dtype=torch.float64), -1)
+    seg = torch.tensor([0, 0, 1, 2, 2, 2, 3, 4, 4])
+    loop = torch.stack([kl_rows(a[seg == s], b[seg == s]).mean() for s in seg.unique()]).mean()
+    assert mean_kl(a, b, seg)[0].item() == pytest.approx(loop.item(), rel=1e-12)
+    with pytest.raises(ValueError, match=r"p_ref \[N, A\]"):
+        mean_kl(a, b[:, :3], seg)
+    empty, _ = mean_kl(a[:0], b[:0], seg[:0])
+    assert empty.item() == 0.0
+
+
+def test_the_rescoring_pairs_give_rescoring_kl_bit_for_bit():
+    torch.manual_seed(1)
+    p, q = torch.softmax(torch.randn(6, 5), -1), torch.softmax(torch.randn(6, 5), -1)
+    seg = torch.tensor([0, 0, 1, 1, 1, 2])
+    value, metrics = Objective.builtin(rescore=1.0)(q, rescore=rescore_pairs(p, q, seg))
+    expected, _ = rescoring_kl(p.double() / p.double().sum(-1, keepdim=True),
+                               q.double() / q.double().sum(-1, keepdim=True), seg)
+    assert torch.equal(value, expected)
+    assert metrics["consistency/rescore/kl"] == metrics["consistency/rescore/value"] == float(expected)
+    assert metrics["consistency/rescore/decisions"] == 6 and metrics["consistency/rescore/responses"] == 3
+
+
+def test_the_rollout_pairs_give_rollout_kl_and_the_turn_aligned_kl_bit_for_bit():
+    torch.manual_seed(2)
+    pair_ids = [0, 0, 0, 0, 1, 1, 1, 1]
+    sides = ["canonical", "canonical", "perturbed", "perturbed"] * 2
+    sequence = [0, 0, 1, 2, 3, 3, 4, 5, 6, 7, 7]
+    probs = renormalized(torch.softmax(torch.randn(len(sequence), 4, dtype=torch.float64), -1))  # as read
+    index, _ = rollout_index(pair_ids, sides, [True] * 8, sequence)
+    c, p = index.canonical, index.perturbed
+    pairs = rollout_pairs(probs[c.decisions], c.segments, c.groups, probs[p.decisions], p.segments, p.groups,
+                          torch.arange(2))
+    value, _ = Objective.builtin(rollout=1.0)(probs, rollout=pairs)
+    single, _ = rollout_kl(probs[c.decisions], c.segments, probs[p.decisions], p.segments,
+                           canon_groups=c.groups, pert_groups=p.groups)
+    assert torch.equal(value, single)
+    turns = [0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 1]
+    tindex, _ = turn_index(pair_ids, sides, sequence, turns)
+    tc, tp = tindex.canonical, tindex.perturbed
+    pairs = rollout_pairs(probs[tc.decisions], tc.units, tc.unit_groups, probs[tp.decisions], tp.units,
+                          tp.unit_groups, tindex.group_pairs)
+    value, metrics = Objective.builtin(rollout=1.0)(probs, rollout=pairs)
+    turned, _ = turn_rollout_kl(probs[tc.decisions], tc, probs[tp.decisions], tp, tindex.group_pairs)
+    assert torch.equal(value, turned) and metrics["consistency/rollout/pairs"] == 2
+
+
+def test_weights_sum_zero_weights_are_logged_only_and_the_reference_is_detached():
+    logits = torch.zeros(3, 3, dtype=torch.float64, requires_grad=True)
+    p_ref = torch.softmax(logits, -1)
+    p_other = T([[0.6, 0.3, 0.1], [0.2, 0.2, 0.6], [0.5, 0.25, 0.25]]).requires_grad_(True)
+    pairs = Pairs(p_ref, p_other, torch.tensor([0, 1, 1]))
+    one, _ = Objective.builtin(rescore=1.0)(p_other, rescore=pairs)
+    both, metrics = Objective.builtin(rescore=2.0, rollout=3.0)(p_other, rescore=pairs, rollout=pairs)
+    assert both.item() == pytest.approx(5 * one.item(), rel=1e-12)
+    zero, metrics = Objective.builtin(rescore=0.0)(p_other, rescore=pairs)
+    assert zero.item() == 0.0 and metrics["consistency/rescore/kl"] == pytest.approx(one.item())
+    one.backward()
+    assert logits.grad is None and p_other.grad.abs().sum() > 0  # detached reference: no gradient through it
+    free, _ = Objective.builtin(rescore=1.0, detach_reference=False)(p_other, rescore=pairs)
+    free.backward()
+    assert logits.grad is not None and logits.grad.abs().sum() > 0
+
+
+# -- terms from the user's file: the checks ------------------------------------------------------------------
+def test_a_users_term_resolves_and_computes_like_written(on_path):
+    (term,) = resolve_terms({"js": TermConfig(0.5, "my_terms:js_divergence", options={"eps": 1e-9})})
+    assert term.kind == "rescore" and term.weight == 0.5 and term.options == {"eps": 1e-9}
+    p, q = T([[0.6, 0.4]]), T([[0.4, 0.6]])
+    value, metrics = Objective([term])(q, rescore=Pairs(p, q, torch.tensor([0])))
+    m = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    by_hand = 0.5 * float((p[0] * (p[0] / m).log()).sum() + (q[0] * (q[0] / m).log()).sum())
+    assert value.item() == pytest.approx(0.5 * by_hand, rel=1e-6)
+    assert metrics["consistency/js/js"] == pytest.approx(by_hand, rel=1e-6)
+    assert "consistency/js/max" in metrics
+
+
+@pytest.mark.parametrize("fn, message", [
+    ("nowhere_cipr_test:js", r"algo.terms.js.fn='nowhere_cipr_test:js': cannot import module"),
+    ("my_terms:absent", r"module 'my_terms' has no 'absent'"),
+    ("my_terms", r"write it as module:function"),
+    ("my_terms:NOT_CALLABLE", r"'NOT_CALLABLE' is not callable"),
+    ("my_terms:two_arguments", r"must take \(p_ref, p_other, segments, \*\*options\)"),
+    ("my_terms:returns_a_float", r"must return \(scalar tensor, dict of floats\)"),
+    ("my_terms:no_gradient", r"carries no gradient"),
+    ("my_terms:text_metrics", r"must be a dict of str to float"),
+])
+def test_a_bad_users_term_is_one_clear_error(on_path, fn, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve_terms({"js": TermConfig(1.0, fn)})
+
+
+def test_term_config_errors_name_the_option():
+    with pytest.raises(ConfigError, match=r"algo.terms.kl2: no built-in term is named 'kl2'"):
+        resolve_terms({"kl2": TermConfig(1.0)})
+    with pytest.raises(ConfigError, match=r"algo.terms.rescore.weight=-1.0 must be >= 0"):
+        resolve_terms({"rescore": TermConfig(-1.0)})
+    with pytest.raises(ConfigError, match=r"algo.terms.rollout: a rollout term needs pairs"):
+        resolve_terms({"rollout": TermConfig(0.5)}, allowed=("rescore",))
+    off = {"rollout": TermConfig(0.0), "rescore": TermConfig(None)}  # nothing to compute here, and off
+    assert resolve_terms(off, allowed=("rescore",)) == []
+
+
+# -- terms from the user's file: training through cipr-train's contract --------------------------------------
+@pytest.fixture(scope="module")
+def warm_dir(tmp_path_factory) -> Path:
+    """The tiny model after 24 SFT steps in the compact format: it puts mass on opening a call."""
+    from support.tiny_models import save_tiny
+
+    from cipr.core.config import from_dict
+    from cipr.train.run import TrainConfig, run
+
+    base = save_tiny(tmp_path_factory.mktemp("tiny") / "model")
+    cfg = from_dict(TrainConfig, {
+        "model": {"name_or_path": str(base), "gguf_package": None, "gguf_file": None, "short_name": "tiny",
+                  "call_format": "compact"},
+        "data": {"source": "synthetic", "n": 14, "eval_examples": 2, "tools_per_example": [2, 3], "seed": 0,
+                 "parallel_fraction": 0.0, "no_call_fraction": 0.0, "same_domain_distractors": 0.0},
+        "algo": {"name": "sft"},
+        "trainer": {"run_dir": str(tmp_path_factory.mktemp("sft") / "run"), "max_steps": 24, "save_steps": 24,
+                    "per_device_train_batch_size": 2, "learning_rate": 1e-2, "seed": 0,
+                    "gradient_checkpointing": False, "warm_start": {"steps": 0, "eval_examples": 0}},
+        "logging": {"progress_bar": False}})
+    return run(cfg) / "sft" / "final"
+
+
+def _overrides(model: Path, run_dir: Path, regime: str) -> list[str]:
+    common = [f"model.name_or_path={model}", "model=tiny", "model.call_format=compact", "data.n=14",
+              "data.eval_examples=2", "data.tools_per_example=[2,3]", "data.parallel_fraction=0.0",
+              "data.no_call_fraction=0.0", "trainer.max_steps=2", "trainer.save_steps=2",
+              "trainer.learning_rate=1e-3", "trainer.warm_start.steps=0",
+              "trainer.warm_start.eval_examples=0", "trainer.gradient_checkpointing=false",
+              "logging.progress_bar=false", f"trainer.run_dir={run_dir}"]
+    if regime == "supervised":
+        return ["algo=cipr_sft", "algo.terms.rescore.weight=null", "trainer.per_device_train_batch_size=2",
+                *common]
+    return ["algo=cipr", "algo.terms.rescore.weight=null", "algo.terms.rollout.weight=null",
+            "rollout.num_generations=2", "rollout.max_completion_length=64",
+            "trainer.per_device_train_batch_size=4", *common]
+
+
+def _steps(run_dir: Path) -> list[dict[str, Any]]:
+    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+            if r.get("kind") == "step"]
+
+
+def _moved(a: Path, b: Path, stage: str) -> bool:
+    x = load_file(str(a / stage / "final" / "model.safetensors"))
+    y = load_file(str(b / stage / "final" / "model.safetensors"))
+    return any(not torch.equal(x[k], y[k]) for k in x)
+
+
+def test_a_users_term_trains_the_supervised_regime_from_the_command_line(warm_dir, user_dir, tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(user_dir), os.environ.get("PYTHONPATH", "")]),
+           "HF_HUB_OFFLINE": "1"}
+    term = ["algo.terms.js.fn=my_terms:js_divergence", "algo.terms.js.weight=2.0"]
+    runs = {}
+    for name, extra in (("with", term), ("without", [])):
+        runs[name] = tmp_path / name
+        proc = subprocess.run([sys.executable, "-m", "cipr.cli.train",
+                               *_overrides(warm_dir, runs[name], "supervised"), *extra],
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = _steps(runs["with"])
+    assert len(lines) == 2 and all(r["consistency/js/js"] > 0 and "consistency/js/max" in r for r in lines)
+    assert all(r["consistency/js/value"] == r["consistency/js/js"] for r in lines)
+    assert not any(k.startswith("consistency/js") for r in _steps(runs["without"]) for k in r)
+    assert _moved(runs["with"], runs["without"], "supervised")  # the term changed the update
+    bad = subprocess.run([sys.executable, "-m", "cipr.cli.train", *_overrides(warm_dir, tmp_path / "bad",
+                                                                              "supervised"),
+                          "algo.terms.js.fn=my_terms:returns_a_float"], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert "algo.terms.js.fn=my_terms:returns_a_float" in bad.stderr
+
+
+def test_a_users_term_trains_single_turn_grpo(warm_dir, on_path, tmp_path, monkeypatch):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from cipr.cli.train import term_overrides
+    from cipr.core.config import TRAIN_CONFIG_DIR
+    from cipr.train.grpo import CIPRGRPOTrainer
+    from cipr.train.replay import ReplayRollouts
+    from cipr.train.run import config_from_dict, run
+
+    def generate(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        if not hasattr(self, "_replay"):
+            self._replay = ReplayRollouts(self.prompt_set.records, self.fmt, self.processing_class,
+                                          max_completion_length=self.max_completion_length)
+        return self._replay.generate(prompt_ids, images, multimodal_fields, num_generations)
+
+    monkeypatch.setattr(CIPRGRPOTrainer, "_generate_single_turn", generate)
+    runs = {}
+    for name, extra in (("with", ["algo.terms.js.fn=my_terms:js_divergence", "algo.terms.js.weight=2.0"]),
+                        ("without", [])):
+        argv = term_overrides([*_overrides(warm_dir, tmp_path / name, "rl"), *extra])
+        with initialize_config_dir(config_dir=str(TRAIN_CONFIG_DIR), version_base="1.3"):
+            composed = OmegaConf.to_container(compose("train", overrides=argv), resolve=True)
+        torch.manual_seed(0)
+        runs[name] = run(config_from_dict(composed))
+    lines = _steps(runs["with"])
+    assert len(lines) == 2 and all(r["consistency/js/js"] > 0 for r in lines)
+    assert all(r["consistency/rescore/decisions"] > 0 for r in lines)  # the rescoring pairs the term saw
+    assert _moved(runs["with"], runs["without"], "grpo")
