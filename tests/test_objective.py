@@ -30,7 +30,6 @@ from cipr.method.objective import (
     rollout_pairs,
 )
 from cipr.method.pairing import rollout_index
-from cipr.train.episode_terms import turn_index, turn_rollout_kl
 
 JS = '''
 import torch
@@ -133,7 +132,8 @@ def test_the_rescoring_pairs_give_rescoring_kl_bit_for_bit():
     assert metrics["consistency/rescore/decisions"] == 6 and metrics["consistency/rescore/responses"] == 3
 
 
-def test_the_rollout_pairs_give_rollout_kl_and_the_turn_aligned_kl_bit_for_bit():
+def test_the_rollout_pairs_give_rollout_kl_bit_for_bit():
+    """(The turn-aligned pairs: tests/test_train_multi_turn.py, by hand and against a loop.)"""
     torch.manual_seed(2)
     pair_ids = [0, 0, 0, 0, 1, 1, 1, 1]
     sides = ["canonical", "canonical", "perturbed", "perturbed"] * 2
@@ -147,14 +147,6 @@ def test_the_rollout_pairs_give_rollout_kl_and_the_turn_aligned_kl_bit_for_bit()
     single, _ = rollout_kl(probs[c.decisions], c.segments, probs[p.decisions], p.segments,
                            canon_groups=c.groups, pert_groups=p.groups)
     assert torch.equal(value, single)
-    turns = [0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 1]
-    tindex, _ = turn_index(pair_ids, sides, sequence, turns)
-    tc, tp = tindex.canonical, tindex.perturbed
-    pairs = rollout_pairs(probs[tc.decisions], tc.units, tc.unit_groups, probs[tp.decisions], tp.units,
-                          tp.unit_groups, tindex.group_pairs)
-    value, metrics = Objective.builtin(rollout=1.0)(probs, rollout=pairs)
-    turned, _ = turn_rollout_kl(probs[tc.decisions], tc, probs[tp.decisions], tp, tindex.group_pairs)
-    assert torch.equal(value, turned) and metrics["consistency/rollout/pairs"] == 2
 
 
 def test_weights_sum_zero_weights_are_logged_only_and_the_reference_is_detached():

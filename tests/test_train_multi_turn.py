@@ -21,10 +21,11 @@ from cipr.core.config import ConfigError, from_dict
 from cipr.envs.base import no_such_tool
 from cipr.formats import get_format
 from cipr.method.consistency import kl_rows, rescoring_kl
+from cipr.method.objective import Objective, rollout_pairs
 from cipr.perturb.config import PerturbConfig, resolved
 from cipr.tools.interface import Call, Message
 from cipr.train.data import DataConfig
-from cipr.train.episode_terms import TurnSide, relabel_episode, turn_index, turn_rollout_kl
+from cipr.train.episode_terms import TurnSide, relabel_episode, turn_index
 from cipr.train.episodes import (
     UNAVAILABLE,
     EpisodeOptions,
@@ -37,6 +38,14 @@ from cipr.train.run import TrainConfig, run, validate
 
 TOYSHOP = {"name": "toyshop", "n_tasks": 40, "max_turns": 8}
 PAIRED = resolved(PerturbConfig(), "cipr")  # canonical names, each task with its perturbed copy
+
+
+def turn_rollout_kl(p_canon, canon, p_pert, pert, group_pairs, *, eps=1e-6):
+    """The multi-turn engine's rollout term: its turn-aligned pairs (`rollout_pairs`), the objective."""
+    pairs = rollout_pairs(p_canon, canon.units, canon.unit_groups, p_pert, pert.units, pert.unit_groups,
+                          group_pairs)
+    value, metrics = Objective.builtin(rollout=1.0, eps=eps)(p_pert, rollout=pairs)
+    return value, {k.removeprefix("consistency/"): v for k, v in metrics.items()}
 
 
 def _probs(rows: list[list[float]]) -> torch.Tensor:

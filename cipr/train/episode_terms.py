@@ -1,10 +1,11 @@
-"""CIPR's consistency terms on multi-turn episodes: the turn-aligned rollout KL and the episode relabeling.
+"""CIPR's consistency terms on multi-turn episodes: the turn-aligned index of the rollout term and the episode
+relabeling (the KLs themselves are `cipr.method.objective`'s: `rollout_pairs` over the index built here).
 
 An episode (`cipr.train.episodes`) is one response in the single-turn terms' sense: its text is every
 assistant turn with the observations between them, and its decisions are those of every turn (the call
 format's `decisions` of each turn's text, at their offsets in the episode's text). So the action reader
-reads every decision on the multi-turn context in one pass, and the rescoring term is
-`cipr.method.consistency.rescoring_kl` with one segment per episode.
+reads every decision on the multi-turn context in one pass, and the rescoring term sees one segment per
+episode.
 
 Weighting across turns (stated in docs/method.md, tested in tests/test_train_multi_turn.py):
 - Rescoring: each decision of an episode weighs 1/n_decisions of that episode, episodes equally (the
@@ -29,7 +30,6 @@ from dataclasses import dataclass
 import torch
 
 from cipr.formats.base import CallFormat, Decision
-from cipr.method.consistency import group_distribution, kl_rows
 from cipr.method.relabel import RelabelConfig, fresh_names
 from cipr.tools.canonical import rewrite_text
 
@@ -106,43 +106,6 @@ def turn_index(pair_ids: Sequence[int], sides: Sequence[str], sequence: Sequence
     return TurnIndex(out["canonical"], out["perturbed"],
                      torch.tensor([pair_pos[p] for p, _ in groups], dtype=torch.long, device=device),
                      torch.tensor([k for _, k in groups], dtype=torch.long, device=device)), metrics
-
-
-def turn_rollout_kl(p_canon: torch.Tensor, canon: TurnSide, p_pert: torch.Tensor, pert: TurnSide,
-                    group_pairs: torch.Tensor, *, detach_reference: bool = True, eps: float = 1e-6
-                    ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Turn-aligned rollout KL (module docstring): per (pair, turn) group KL(canonical avg || perturbed avg),
-    the turns of a pair averaged, then the pairs.
-
-    Shapes: p_canon [Dc, A], p_pert [Dp, A] (the sides' decisions, rows summing to 1, ∅ last); each side's
-    `units` [Ds] and `unit_groups` [Us]; group_pairs [Gn]. Returns a scalar and metrics ("rollout/kl",
-    "rollout/max" per group, "rollout/tv", "rollout/argmax_agree", "rollout/none_canon", "rollout/none_other",
-    "rollout/groups", "rollout/pairs")."""
-    if p_canon.shape[1:] != p_pert.shape[1:]:
-        raise ValueError(f"the two sides need one action index set, got A={p_canon.shape[1]} and "
-                         f"A={p_pert.shape[1]}")
-    canon_avg, canon_ids = group_distribution(p_canon, canon.units, canon.unit_groups)
-    pert_avg, pert_ids = group_distribution(p_pert, pert.units, pert.unit_groups)
-    if not torch.equal(canon_ids.cpu(), pert_ids.cpu()):
-        raise ValueError(f"the two sides have different groups: {canon_ids.tolist()} vs {pert_ids.tolist()}")
-    ref = canon_avg.detach() if detach_reference else canon_avg
-    per_group = kl_rows(ref, pert_avg, eps=eps)
-    pair_of = group_pairs.to(per_group.device)[canon_ids.to(group_pairs.device)]
-    pairs, inverse = torch.unique(pair_of, return_inverse=True)
-    zeros = torch.zeros(len(pairs), dtype=per_group.dtype, device=per_group.device)
-    sums = zeros.index_add(0, inverse, per_group)
-    counts = zeros.index_add(0, inverse, torch.ones_like(per_group))
-    value = (sums / counts).mean() if per_group.numel() else p_pert.sum() * 0.0
-    a, b = canon_avg.detach(), pert_avg.detach()
-    metrics = {"rollout/kl": float(value.detach()), "rollout/groups": float(per_group.numel()),
-               "rollout/pairs": float(len(pairs)),
-               "rollout/max": float(per_group.detach().max()) if per_group.numel() else 0.0,
-               "rollout/tv": float(0.5 * (a - b).abs().sum(-1).mean()) if a.numel() else 0.0,
-               "rollout/argmax_agree": float((a.argmax(-1) == b.argmax(-1)).float().mean())
-               if a.numel() else 0.0,
-               "rollout/none_canon": float(a[:, -1].mean()) if a.numel() else 0.0,
-               "rollout/none_other": float(b[:, -1].mean()) if b.numel() else 0.0}
-    return value, metrics
 
 
 @dataclass(frozen=True)
