@@ -237,6 +237,28 @@ def read_jsonl(path: str | Path, *, torn: Literal["error", "skip", "cut"] = "err
     return [value for _, value in iter_jsonl(decode_text(data, path), path)]
 
 
+def write_jsonl_gz(path: str | Path, rows: Iterable[Any]) -> None:
+    """`rows` as gzip-compressed JSON lines (sorted keys, mtime 0: the same rows give the same bytes), written
+    atomically: how experiments commit their per-item records."""
+    import gzip
+
+    text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
+    with atomic_write(path, "wb", encoding=None) as f:
+        f.write(gzip.compress(text.encode("utf-8"), mtime=0))
+
+
+def read_jsonl_gz(path: str | Path) -> list[Any]:
+    """The rows of a gzip-compressed JSON-lines file (DataError naming the file, and the line when one is
+    not JSON)."""
+    import gzip
+
+    try:
+        data = gzip.decompress(Path(path).read_bytes())
+    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError; a cut file, EOFError
+        raise DataError(f"not a readable gzip file: {e}", file=str(path)) from None
+    return [r for _, r in iter_jsonl(decode_text(data, path), path)]
+
+
 def read_json_list(path: str | Path, what: str, expected: str = "a JSON list of items") -> list[Any]:
     """The JSON list in `path`, a benchmark file: MissingInputError naming `what` when there is no such
     file, DataError naming the file when it is not JSON or not a list (`expected` says what it should be)."""

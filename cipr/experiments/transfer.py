@@ -33,7 +33,6 @@ import json
 import logging
 import math
 import random
-import shutil
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -44,7 +43,7 @@ from typing import Any
 from cipr.core.config import override_text
 from cipr.core.errors import ConfigError
 from cipr.core.io import read_json, read_jsonl, write_json_atomic, write_text_atomic
-from cipr.experiments.points import Point
+from cipr.experiments.points import Point, drop_weights, point_done
 from cipr.tools.interface import Example
 from cipr.train.config import compose_train
 
@@ -213,9 +212,11 @@ def train_point(config: TransferConfig, point: Point) -> Path:
     return run_dir / result_stage(cfg) / "final"
 
 
-def evaluate_point(config: TransferConfig, point: Point, weights: Path, pairs: Sequence[tuple[str, Any]],
-                   fmt: Any) -> list[dict[str, Any]]:
-    """The point's records: every pair read with the trained model (the reader batched over items)."""
+def evaluate_point(point: Point, weights: Path, pairs: Sequence[tuple[str, Any]], fmt: Any, *,
+                   threads: int | None, batch_size: int, extra: dict[str, Any] | None = None
+                   ) -> list[dict[str, Any]]:
+    """The point's records: every (split, pair) read with the weights in `weights` (the reader batched over
+    items, `batch_size` sequences a forward, `threads` torch threads); `extra` is added to every record."""
     import torch
     from tqdm import tqdm
 
@@ -223,21 +224,21 @@ def evaluate_point(config: TransferConfig, point: Point, weights: Path, pairs: S
     from cipr.runtime.model import load_inference_model
 
     model, tokenizer = load_inference_model(str(weights), device="cpu", dtype="float32",
-                                            threads=config.threads, attn_implementation="sdpa")
+                                            threads=threads, attn_implementation="sdpa")
     by_item: dict[str, list[tuple[str, Any]]] = defaultdict(list)
     for split, pair in pairs:
         by_item[pair.item.id].append((split, pair))
     records: list[dict[str, Any]] = []
-    chunk = max(1, config.batch_size // 2)
+    chunk = max(1, batch_size // 2)
     ids = list(by_item)
     with torch.inference_mode(), tqdm(total=len(ids), desc=f"read {point.label}", unit="item") as bar:
         for start in range(0, len(ids), chunk):
             group = [sp for i in ids[start:start + chunk] for sp in by_item[i]]
             split_of = {p.item.id: s for s, p in group}
             for rec in measure(model, tokenizer, fmt, [p for _, p in group],
-                               ConsistencyConfig(batch_size=config.batch_size)):
+                               ConsistencyConfig(batch_size=batch_size)):
                 records.append({"point": point.label, "arm": point.arm, "seed": point.seed,
-                                "split": split_of[rec["id"]], **rec})
+                                "split": split_of[rec["id"]], **(extra or {}), **rec})
             bar.update(len(ids[start:start + chunk]))
     del model
     gc.collect()
@@ -260,7 +261,7 @@ def run_transfer(config: TransferConfig) -> dict[str, Any] | None:
     pairs = build_pairs(config, items)
     fmt = get_format(base.model.call_format)
     seeds = config.seeds if config.run_seeds is None else config.run_seeds
-    todo = [Point(a, s) for s in seeds for a in config.arms if not _done(out, Point(a, s), len(pairs))]
+    todo = [Point(a, s) for s in seeds for a in config.arms if not point_done(out, Point(a, s), len(pairs))]
     log.info("transfer: %d items (%s), %d reads a point; %d points to run", sum(map(len, items.values())),
              ", ".join(f"{s} {len(v)}" for s, v in items.items()), len(pairs), len(todo))
     with tqdm(total=len(todo), desc="transfer points", unit="point") as bar:
@@ -268,11 +269,12 @@ def run_transfer(config: TransferConfig) -> dict[str, Any] | None:
             started = time.time()
             weights = train_point(config, point)
             trained = time.time()
-            records = evaluate_point(config, point, weights, pairs, fmt)
+            records = evaluate_point(point, weights, pairs, fmt, threads=config.threads,
+                                     batch_size=config.batch_size)
             timing = {"train_s": trained - started, "eval_s": time.time() - trained, "reads": len(records)}
             _write_point(out, point, records, timing)
             if not config.keep_weights:
-                _drop_weights(out / "points" / point.label)
+                drop_weights(out / "points" / point.label)
             bar.set_postfix_str(f"{point.label}: train {timing['train_s']:.0f} s, "
                                 f"read {timing['eval_s']:.0f} s")
             bar.update()
@@ -296,11 +298,6 @@ def _design(config: TransferConfig, items: Mapping[str, Sequence[Example]]) -> d
             "train": dict(config.train)}
 
 
-def _done(out: Path, point: Point, reads: int) -> bool:
-    path = out / "records" / f"{point.label}.json"
-    return path.is_file() and read_json(path).get("reads") == reads
-
-
 def _write_point(out: Path, point: Point, records: Sequence[Mapping[str, Any]],
                  timing: Mapping[str, Any]) -> None:
     folder = out / "records"
@@ -308,11 +305,3 @@ def _write_point(out: Path, point: Point, records: Sequence[Mapping[str, Any]],
     write_text_atomic(folder / f"{point.label}.jsonl",
                       "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
     write_json_atomic(folder / f"{point.label}.json", dict(timing))  # last: marks the point done
-
-
-def _drop_weights(run_dir: Path) -> None:
-    """Delete a point's checkpoints and final weights, keeping its config, metrics and summary."""
-    for stage in run_dir.iterdir() if run_dir.is_dir() else ():
-        if stage.is_dir():
-            for folder in [*stage.glob("checkpoint-*"), stage / "final"]:
-                shutil.rmtree(folder, ignore_errors=True)

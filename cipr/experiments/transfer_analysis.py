@@ -18,8 +18,6 @@ The analysis (docs/results/cpu_transfer_preregistration.md):
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -27,15 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from cipr.core.errors import DataError
-from cipr.core.io import (
-    atomic_write,
-    decode_text,
-    iter_jsonl,
-    read_json,
-    write_json_atomic,
-    write_text_atomic,
-)
+from cipr.core.io import read_json, read_jsonl_gz, write_json_atomic, write_jsonl_gz, write_text_atomic
 
 BOUND = -0.03
 LOG_EPS = 1e-3
@@ -328,11 +318,8 @@ def write_report(records: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], 
     """Write cpu_transfer.json, .md, .png and the records into `out`; returns the report."""
     out.mkdir(parents=True, exist_ok=True)
     report = analyze(records, meta)
-    ordered = sorted(records, key=lambda r: (r["arm"], int(r["seed"]), r["split"], r["id"],
-                                             r["perturbation"]))
-    text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in ordered)
-    with atomic_write(out / RECORDS, "wb", encoding=None) as f:  # mtime 0: the same records, the same bytes
-        f.write(gzip.compress(text.encode("utf-8"), mtime=0))
+    write_jsonl_gz(out / RECORDS, sorted(records, key=lambda r: (r["arm"], int(r["seed"]), r["split"],
+                                                                 r["id"], r["perturbation"])))
     write_json_atomic(out / "cpu_transfer.json", {**report, "meta": dict(meta)})
     write_text_atomic(out / "cpu_transfer.md", render(report))
     if report.get("primary"):
@@ -343,9 +330,4 @@ def write_report(records: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], 
 def recompute(report_dir: Path) -> dict[str, Any]:
     """Every number again from `report_dir`'s records and the meta its JSON recorded."""
     meta = read_json(report_dir / "cpu_transfer.json")["meta"]
-    path = report_dir / RECORDS
-    try:
-        data = gzip.decompress(path.read_bytes())
-    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError; a cut file, EOFError
-        raise DataError(f"not a readable gzip file: {e}", file=str(path)) from None
-    return write_report([r for _, r in iter_jsonl(decode_text(data, path), path)], meta, report_dir)
+    return write_report(read_jsonl_gz(report_dir / RECORDS), meta, report_dir)

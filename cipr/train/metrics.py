@@ -57,6 +57,7 @@ class LoggingConfig:
     log_completions: bool = False
     print_metrics: bool = False
     rollout_samples: int = 16  # completions per GRPO step written to rollouts.jsonl (rank 0's; 0: none)
+    trace: bool = False  # supervised regime: each term on the step's own pairs before/after its update
 
 
 def peak_memory_gb() -> float:

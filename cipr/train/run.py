@@ -346,7 +346,7 @@ def _run_sft(cfg: TrainConfig, stage: str, model: Any, tokenizer: Any, prompts: 
             return build_supervised_trainer(
                 model, tokenizer, prompts.records, args, ws.max_length, fmt=fmt, unit_size=prompts.unit_size,
                 action_weight=cfg.algo.action_weight, objective=cfg.algo.objective(),
-                relabel_config=cfg.perturb.relabel, callbacks=callbacks)
+                relabel_config=cfg.perturb.relabel, trace=cfg.logging.trace, callbacks=callbacks)
         if stage == "warm_start" and ws.action_weight > 0:
             return build_supervised_trainer(model, tokenizer, prompts.records, args, ws.max_length, fmt=fmt,
                                             unit_size=1, action_weight=ws.action_weight, callbacks=callbacks)

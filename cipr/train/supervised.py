@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from transformers import TrainerCallback
 
 from cipr.formats.base import CallFormat
 from cipr.method.actions import ActionQuery, ActionReaderConfig, read_actions
@@ -161,13 +162,40 @@ class SupervisedTrainer(WarmStartTrainer):
 
     def __init__(self, *, fmt: CallFormat, unit_size: int, objective: Objective | None = None,
                  action_weight: float = 0.0, relabel_config: RelabelConfig | None = None,
-                 **kwargs: Any) -> None:
+                 trace: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.fmt = fmt
         self.unit_size = unit_size
         self.objective = objective or Objective([])
         self.action_weight = action_weight
         self.relabel_config = relabel_config or RelabelConfig()
+        self.trace = trace and self.objective.uses("rescore")
+        self._traced: list[tuple[list[PromptRecord], list[int]]] = []
+        if self.trace:
+            self.add_callback(TraceCallback(self))
+
+    def trace_after(self) -> None:
+        """The terms' values on this step's own pairs (the same examples, the same relabelings) after its
+        optimizer update, logged as `trace/<term>/after` beside `trace/<term>/before` (`logging.trace`): the
+        term working on the pairs it trained on. Read in eval mode without gradient; changes no weight."""
+        batches, self._traced = self._traced, []
+        if not batches:
+            return
+        model = self.model
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                for records, seeds in batches:
+                    pairs, _ = rescoring_pairs(model, self.processing_class, records, self.fmt,
+                                               self.relabel_config, seeds)
+                    if pairs is None:
+                        continue
+                    _, metrics = self.objective(pairs.p_other, rescore=pairs)
+                    self._log({f"trace/{t.name}/after": metrics[f"consistency/{t.name}/value"]
+                               for t in self.objective.terms if t.kind == "rescore"})
+        finally:
+            model.train(was_training)
 
     def _get_train_sampler(self, dataset: Any = None) -> PairedRepeatSampler:
         dataset = dataset if dataset is not None else self.train_dataset
@@ -250,18 +278,35 @@ class SupervisedTrainer(WarmStartTrainer):
         base = self.args.seed if self.relabel_config.seed is None else self.relabel_config.seed
         seeds = [relabel_seed(base, self.state.global_step, r.example.id) for r in canonical]
         detach = self.objective.detach_reference
-        pairs, failures = rescoring_pairs(model, self.processing_class, canonical, self.fmt,
-                                          self.relabel_config, seeds, detach_reference=detach,
-                                          p_canon=p_canon.detach() if p_canon is not None and detach
-                                          else p_canon)
+        trained = any(t.weight for t in self.objective.terms)  # all at weight 0: read for the log only
+        with torch.enable_grad() if trained else torch.no_grad():
+            pairs, failures = rescoring_pairs(model, self.processing_class, canonical, self.fmt,
+                                              self.relabel_config, seeds, detach_reference=detach,
+                                              p_canon=p_canon.detach() if p_canon is not None and detach
+                                              else p_canon)
         self._log({"consistency/relabel_failures": float(failures)})
         if pairs is None:
             return out
         value, metrics = self.objective(loss, rescore=pairs)
         self._log(metrics)
+        if self.trace:
+            self._traced.append((canonical, seeds))
+            self._log({f"trace/{t.name}/before": metrics[f"consistency/{t.name}/value"]
+                       for t in self.objective.terms if t.kind == "rescore"})
         loss = loss + self._accumulated(value.to(loss.dtype), num_items_in_batch)
         check_finite(loss, self.state.global_step, metrics)
         return (loss, out[1]) if return_outputs else loss
+
+
+class TraceCallback(TrainerCallback):
+    """Calls `SupervisedTrainer.trace_after` once per optimizer step, after the update and before the step's
+    metrics are logged."""
+
+    def __init__(self, trainer: SupervisedTrainer) -> None:
+        self.trainer = trainer
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.trainer.trace_after()
 
 
 def collate_with_records(collator: Any, records: Sequence[PromptRecord]) -> Any:
@@ -279,7 +324,7 @@ def collate_with_records(collator: Any, records: Sequence[PromptRecord]) -> Any:
 def build_supervised_trainer(model: Any, tokenizer: Any, records: Sequence[PromptRecord],
                              args: dict[str, Any], max_length: int | None, *, fmt: CallFormat, unit_size: int,
                              objective: Objective | None = None, action_weight: float = 0.0,
-                             relabel_config: RelabelConfig | None = None,
+                             relabel_config: RelabelConfig | None = None, trace: bool = False,
                              callbacks: Sequence[Any] = ()) -> SupervisedTrainer:
     """A supervised trainer over `records` (TrainingArguments fields `args`, see `schedule.common_args`)."""
     from datasets import Dataset
@@ -292,7 +337,8 @@ def build_supervised_trainer(model: Any, tokenizer: Any, records: Sequence[Promp
                        remove_unused_columns=False)
     dataset = Dataset.from_list([{"prompt": r.prompt, "completion": r.target, ROW: r.row} for r in records])
     trainer = SupervisedTrainer(fmt=fmt, unit_size=unit_size, objective=objective,
-                                action_weight=action_weight, relabel_config=relabel_config, model=model,
+                                action_weight=action_weight, relabel_config=relabel_config, trace=trace,
+                                model=model,
                                 args=config, train_dataset=dataset, processing_class=tokenizer,
                                 callbacks=list(callbacks))
     trainer.data_collator = collate_with_records(trainer.data_collator, records)

@@ -1,0 +1,241 @@
+"""Every number of the dose study's report, recomputed from its per-item records and training traces.
+
+Inputs: the records of `cipr.experiments.dose` (one per point, checkpoint and calibration item), the traces
+(one per point and optimizer step) and the run's meta (design, timings). Outputs: cpu_dose.json, cpu_dose.md,
+cpu_dose.png (held-in KL and original accuracy by step and λ), cpu_dose_trace.png (each step's term on its
+own pairs before and after the update) and the inputs as cpu_dose_records.jsonl.gz and
+cpu_dose_trace.jsonl.gz (gzip, mtime 0: the same rows give the same bytes), from which `cipr-dose report`
+recomputes the rest.
+
+The analysis (docs/results/cpu_dose_preregistration.md):
+- per point and checkpoint, the held-in KL and the original action accuracy are means over the items;
+- each λ > 0 is compared with λ = 0 at the same step by the paired difference per seed (Student t, 95%);
+- decision rule: the smallest λ, then the earliest step, whose mean KL difference is at most −`REDUCTION` of
+  λ = 0's mean KL at that step, whose interval lies below 0, and whose mean accuracy difference is at least
+  `ACCURACY_MARGIN` points; none if no (λ, step) qualifies;
+- traces: per point, the mean over steps of (after − before) and of the before-value by step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cipr.core.io import read_json, read_jsonl_gz, write_json_atomic, write_jsonl_gz, write_text_atomic
+from cipr.experiments.transfer_analysis import paired_t
+
+REDUCTION = 0.30
+ACCURACY_MARGIN = -2.0
+RECORDS = "cpu_dose_records.jsonl.gz"
+TRACES = "cpu_dose_trace.jsonl.gz"
+RULE = (f"the smallest lambda, then the earliest step, whose paired held-in KL difference against "
+        f"lambda = 0 at the same step is at most -{REDUCTION:.0%} of lambda = 0's mean with a 95% t interval "
+        f"below 0, and whose mean original-accuracy difference is at least {ACCURACY_MARGIN:+.0f} points; "
+        f"none if no point qualifies")
+
+
+def key(lam: float) -> str:
+    """A λ as the JSON key it is reported under ("0", "1", "2.5")."""
+    return f"{lam:g}"
+
+
+def per_seed(records: Sequence[Mapping[str, Any]], metric: str, lam: float, step: int, seeds: Sequence[int],
+             scale: float = 1.0) -> list[float]:
+    """Per seed (in `seeds` order), the mean of `metric` over the items of point (λ, seed) at `step` (NaN
+    where a seed has none)."""
+    values: dict[int, list[float]] = defaultdict(list)
+    for r in records:
+        if float(r["lambda"]) == lam and int(r["step"]) == step and r.get(metric) is not None:
+            values[int(r["seed"])].append(float(r[metric]))
+    return [math.fsum(values[s]) / len(values[s]) * scale if values[s] else float("nan") for s in seeds]
+
+
+def decide(comparisons: Mapping[str, Mapping[str, Any]], lambdas: Sequence[float], steps: Sequence[int]
+           ) -> dict[str, Any] | None:
+    """The pre-registered rule (module docstring) over `comparisons[λ key][step]`: the dose, or None."""
+    for lam in sorted(v for v in lambdas if v > 0):
+        for step in sorted(steps):
+            c = comparisons.get(key(lam), {}).get(str(step))
+            if c and c["qualifies"]:
+                return {"lambda": lam, "step": step}
+    return None
+
+
+def compare(kl: Mapping[str, Mapping[str, list[float]]], acc: Mapping[str, Mapping[str, list[float]]],
+            lam: float, step: int) -> dict[str, Any] | None:
+    """λ against λ = 0 at `step`, paired over the seeds both have: KL and accuracy differences, the relative
+    reduction and whether the rule's three conditions hold."""
+    a, b = np.array(kl[key(0.0)][str(step)]), np.array(kl[key(lam)][str(step)])
+    x, y = np.array(acc[key(0.0)][str(step)]), np.array(acc[key(lam)][str(step)])
+    ok = ~(np.isnan(a) | np.isnan(b) | np.isnan(x) | np.isnan(y))
+    if ok.sum() < 2:
+        return None
+    d_kl, d_acc = paired_t(list(b[ok] - a[ok])), paired_t(list(y[ok] - x[ok]))
+    base = float(a[ok].mean())
+    reduction = -d_kl["mean"] / base if base > 0 else float("nan")
+    qualifies = bool(reduction >= REDUCTION and d_kl["high"] < 0 and d_acc["mean"] >= ACCURACY_MARGIN)
+    return {"kl_difference": d_kl, "accuracy_difference": d_acc, "control_kl": base,
+            "relative_reduction": reduction, "qualifies": qualifies, "seeds": int(ok.sum())}
+
+
+def trace_summary(traces: Sequence[Mapping[str, Any]], lambdas: Sequence[float], seeds: Sequence[int]
+                  ) -> dict[str, Any]:
+    """Per λ: per seed the mean over steps of the term before the update and of (after − before); and the
+    mean over seeds of the before-value at each step."""
+    out: dict[str, Any] = {}
+    for lam in lambdas:
+        rows = [t for t in traces if float(t["lambda"]) == lam and t.get("before") is not None
+                and t.get("after") is not None]
+        by_seed = {s: [t for t in rows if int(t["seed"]) == s] for s in seeds}
+        steps = sorted({int(t["step"]) for t in rows})
+        out[key(lam)] = {
+            "before": [float(np.mean([t["before"] for t in by_seed[s]])) if by_seed[s] else float("nan")
+                       for s in seeds],
+            "change": [float(np.mean([t["after"] - t["before"] for t in by_seed[s]])) if by_seed[s]
+                       else float("nan") for s in seeds],
+            "by_step": {str(st): float(np.mean([t["before"] for t in rows if int(t["step"]) == st]))
+                        for st in steps}}
+        out[key(lam)]["change_t"] = paired_t(out[key(lam)]["change"]) if len(seeds) > 1 else None
+    return out
+
+
+def analyze(records: Sequence[Mapping[str, Any]], traces: Sequence[Mapping[str, Any]],
+            meta: Mapping[str, Any]) -> dict[str, Any]:
+    """cpu_dose.json: the per-seed values, the comparisons against λ = 0, the traces and the decision."""
+    design = meta["design"]
+    lambdas, steps, seeds = list(design["lambdas"]), list(design["steps"]), list(design["seeds"])
+    records = [r for r in records if "skipped" not in r]
+    kl = {key(lam): {str(st): per_seed(records, "kl", lam, st, seeds) for st in steps} for lam in lambdas}
+    acc = {key(lam): {str(st): per_seed(records, "action_acc_ref", lam, st, seeds, 100.0) for st in steps}
+           for lam in lambdas}
+    comparisons = {key(lam): {str(st): compare(kl, acc, lam, st) for st in steps}
+                   for lam in lambdas if lam > 0}
+    dose = decide(comparisons, lambdas, steps)
+    return {"lambdas": lambdas, "steps": steps, "seeds": seeds,
+            "n_items": len({r["id"] for r in records}), "heldin": design["heldin"],
+            "heldin_kl": kl, "accuracy": acc, "comparisons": comparisons,
+            "decision": {"dose": dose, "rule": RULE}, "traces": trace_summary(traces, lambdas, seeds),
+            "wall_s": meta.get("wall_s"), "timings": meta.get("timings", {}), "design": design}
+
+
+def _fmt(c: Mapping[str, Any] | None, digits: int = 4) -> str:
+    if not c:
+        return "n/a"
+    return f"{c['mean']:+.{digits}f} [{c['low']:+.{digits}f}, {c['high']:+.{digits}f}]"
+
+
+def render(report: Mapping[str, Any]) -> str:
+    """cpu_dose.md: the result paragraph and the tables."""
+    lambdas, steps = report["lambdas"], report["steps"]
+    dose = report["decision"]["dose"]
+    lines = ["# Dose study, Stage A (CPU): does CIPR's rescoring term take hold, at which λ and step?", "",
+             "Pre-registration: [cpu_dose_preregistration.md](cpu_dose_preregistration.md) (committed before "
+             "the run). Every number below is recomputed from `cpu_dose_records.jsonl.gz` and "
+             "`cpu_dose_trace.jsonl.gz` by `cipr-dose report`.", "", "## Result", ""]
+    if dose is None:
+        lines.append(f"**No dose qualifies** under the pre-registered rule ({report['decision']['rule']}).")
+    else:
+        c = report["comparisons"][key(dose["lambda"])][str(dose["step"])]
+        lines.append(f"**The dose is λ = {dose['lambda']:g} at step {dose['step']}**: held-in "
+                     f"`{report['heldin']}` KL, λ − λ=0, {_fmt(c['kl_difference'])} nats over {c['seeds']} "
+                     f"seeds ({c['relative_reduction']:.0%} of λ=0's {c['control_kl']:.4f}); original action "
+                     f"accuracy {_fmt(c['accuracy_difference'], 1)} points.")
+    lines += ["", "## Held-in KL and original accuracy: λ − λ=0 at the same step (paired over seeds)", "",
+              "| λ | step | KL difference (nats) | relative | accuracy difference (points) | qualifies |",
+              "|---|---|---|---|---|---|"]
+    for lam in lambdas:
+        if lam == 0:
+            continue
+        for st in steps:
+            c = report["comparisons"][key(lam)][str(st)]
+            if c:
+                lines.append(f"| {lam:g} | {st} | {_fmt(c['kl_difference'])} | "
+                             f"{-c['relative_reduction']:+.0%} | {_fmt(c['accuracy_difference'], 1)} | "
+                             f"{'yes' if c['qualifies'] else 'no'} |")
+    lines += ["", "## Means over seeds", "", "| λ | step | held-in KL | original action acc. (%) |",
+              "|---|---|---|---|"]
+    for lam in lambdas:
+        for st in steps:
+            lines.append(f"| {lam:g} | {st} | {np.nanmean(report['heldin_kl'][key(lam)][str(st)]):.4f} | "
+                         f"{np.nanmean(report['accuracy'][key(lam)][str(st)]):.1f} |")
+    lines += ["", "## Training-time traces: the term on each step's own pairs", "",
+              "| λ | term before the update (mean over steps) | after − before (mean over steps) |",
+              "|---|---|---|"]
+    for lam in lambdas:
+        t = report["traces"][key(lam)]
+        lines.append(f"| {lam:g} | {np.nanmean(t['before']):.4f} | {_fmt(t['change_t'])} |")
+    lines += ["", "![held-in KL and accuracy by step](cpu_dose.png)", "",
+              "![the term before and after each update](cpu_dose_trace.png)", ""]
+    if report.get("wall_s"):
+        lines.append(f"Work time: {report['wall_s']:.0f} s over {len(report['timings'])} points (training, "
+                     "traces and reading; the shared warm start is inside the first point's training time).")
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: Mapping[str, Any], traces: Sequence[Mapping[str, Any]], out: Path) -> None:
+    """cpu_dose.png (KL and accuracy by step, one line per λ, seeds as dots) and cpu_dose_trace.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lambdas, steps = report["lambdas"], report["steps"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for lam in lambdas:
+        for ax, what in zip(axes, ("heldin_kl", "accuracy"), strict=True):
+            means = [np.nanmean(report[what][key(lam)][str(s)]) for s in steps]
+            line, = ax.plot(steps, means, marker="o", label=f"λ = {lam:g}")
+            for s in steps:
+                ax.scatter([s] * len(report[what][key(lam)][str(s)]), report[what][key(lam)][str(s)], s=8,
+                           alpha=0.4, color=line.get_color())
+    axes[0].set_ylabel(f"held-in {report['heldin']} KL (nats)")
+    axes[1].set_ylabel("original action accuracy (%)")
+    for ax in axes:
+        ax.set_xlabel("training step")
+        ax.set_xticks(steps)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(out / "cpu_dose.png", dpi=120)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for lam in lambdas:
+        rows = [t for t in traces if float(t["lambda"]) == lam and t.get("before") is not None]
+        xs = sorted({int(t["step"]) for t in rows})
+        before = [np.mean([t["before"] for t in rows if int(t["step"]) == x]) for x in xs]
+        after = [np.mean([t["after"] for t in rows if int(t["step"]) == x and t.get("after") is not None])
+                 for x in xs]
+        line, = ax.plot(xs, before, label=f"λ = {lam:g}: before the update")
+        ax.plot(xs, after, linestyle="--", color=line.get_color(), label=f"λ = {lam:g}: after")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("rescoring KL on the step's own pairs (nats; mean over seeds)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "cpu_dose_trace.png", dpi=120)
+    plt.close(fig)
+
+
+def write_report(records: Sequence[Mapping[str, Any]], traces: Sequence[Mapping[str, Any]],
+                 meta: Mapping[str, Any], out: Path) -> dict[str, Any]:
+    """Write cpu_dose.json, .md, the two plots and the compressed inputs into `out`; returns the report."""
+    out.mkdir(parents=True, exist_ok=True)
+    report = analyze(records, traces, meta)
+    write_jsonl_gz(out / RECORDS, sorted(records, key=lambda r: (float(r["lambda"]), int(r["seed"]),
+                                                                 int(r["step"]), r["id"])))
+    write_jsonl_gz(out / TRACES, sorted(traces, key=lambda r: (float(r["lambda"]), int(r["seed"]),
+                                                               int(r["step"]))))
+    write_json_atomic(out / "cpu_dose.json", {**report, "meta": dict(meta)})
+    write_text_atomic(out / "cpu_dose.md", render(report))
+    plot(report, traces, out)
+    return report
+
+
+def recompute(report_dir: Path) -> dict[str, Any]:
+    """Every number again from `report_dir`'s records and traces and the meta its JSON recorded."""
+    meta = read_json(report_dir / "cpu_dose.json")["meta"]
+    return write_report(read_jsonl_gz(report_dir / RECORDS), read_jsonl_gz(report_dir / TRACES), meta,
+                        report_dir)
