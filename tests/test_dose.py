@@ -130,7 +130,8 @@ def test_traces_show_each_step_before_and_after_and_lambda_zero_still_trains_lik
     tiny = save_tiny(tmp_path / "tiny")
     common = ["+sweep=cpu_dose", "model=tiny", f"model.name_or_path={tiny}", "trainer.max_steps=3",
               "trainer.save_steps=3", "trainer.warm_start.steps=0", "data.n=16",
-              "logging.progress_bar=false", "trainer.learning_rate=1e-2"]
+              "logging.progress_bar=false", "trainer.learning_rate=1e-2",
+              f"trainer.warm_start.shared_dir={tmp_path / 'warm_start'}"]  # never the study's own folder
     mi = run(compose_train([*common, "algo=multi_interface", f"trainer.run_dir={tmp_path / 'mi'}",
                             "logging.trace=false"]))
     runs = {lam: run(compose_train([*common, "algo=cipr_sft", f"algo.terms.rescore.weight={lam}",
