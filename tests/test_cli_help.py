@@ -41,3 +41,61 @@ def test_console_script_help_lists_options_and_an_example(name, monkeypatch, cap
     assert name in out and "option" in out.lower(), out[:500]
     assert EXAMPLE.search(out), f"{name} --help has no 'Example' line:\n{out[:2000]}"
     assert not any(tmp_path.iterdir()), f"{name} --help wrote {sorted(p.name for p in tmp_path.iterdir())}"
+
+
+# a misspelled key for every command, and for the Hydra ones a misspelled group and experiment too
+TYPOS: dict[str, list[list[str]]] = {name: [["limti=3"]] for name in SCRIPTS}
+for _verb_command, _verb in (("cipr-data", "stats"), ("cipr-guard", "diff"), ("cipr-dose", "run"),
+                             ("cipr-transfer", "run")):
+    TYPOS[_verb_command] = [[_verb, "limti=3"]]
+TYPOS["cipr-train"] = [["experiment=smoke", "algo.rescore_weigth=1"], ["algo=ciprr"], ["experiment=smokee"],
+                       ["algo.names=original"], ["trainer.max_steps=[1,"]]
+TYPOS["cipr-eval"] = [["limti=3"], ["benchmark=bfclx"]]
+TYPOS["cipr-plan"] = [["experiment=smoke", "algo.rescore_weigth=1"], ["experiment=smokee"]]
+
+
+@pytest.mark.parametrize(("name", "args"), [(n, a) for n in sorted(TYPOS) for a in TYPOS[n]])
+def test_a_typo_is_one_line_and_exit_status_2_for_every_command(name, args, monkeypatch, capsys, tmp_path):
+    """Unknown or misspelled options, config groups and experiments: one stderr line naming them (with the
+    closest valid names where there are some), exit status 2, and no run folder left behind."""
+    module, func = SCRIPTS[name].split(":")
+    entry = getattr(importlib.import_module(module), func)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [name, *args])
+    monkeypatch.delenv("CIPR_DEBUG", raising=False)
+    try:
+        code = entry()
+    except SystemExit as e:
+        code = e.code
+    captured = capsys.readouterr()
+    lines = [x for x in captured.err.splitlines() if x.strip() and "Warning" not in x and "WARNING" not in x]
+    assert code == 2, (captured.out, captured.err)
+    assert len(lines) == 1 and lines[0].startswith(f"{name}:"), captured.err
+    assert "HYDRA_FULL_ERROR" not in captured.err and "To append to your config use" not in captured.err
+    typo = next(a for a in args if "=" in a and not a.startswith("experiment=smoke") or a == args[-1])
+    named = typo.split("=", 1)[1] if typo.split("=", 1)[0] in ("algo", "experiment", "benchmark") else \
+        typo.split("=", 1)[0]
+    assert named.rstrip("[,") in lines[0] or "cannot read the options" in lines[0], lines[0]
+    assert not [p for p in tmp_path.rglob("*") if p.is_dir()], "a refused run left a folder"
+
+
+def test_a_run_refused_by_its_checks_leaves_no_folder_and_a_used_one_is_kept(monkeypatch, capsys, tmp_path):
+    from cipr.cli.train import main
+    from cipr.ops.launch import discard_if_unused
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CIPR_DEBUG", raising=False)
+    monkeypatch.setattr(sys, "argv", ["cipr-train", "model.name_or_path=/nonexistent/model",
+                                      "trainer.run_dir=runs/refused"])
+    with pytest.raises(SystemExit) as stop:
+        main()
+    assert stop.value.code == 2 and "is not a folder" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+    hydra_only = tmp_path / "hydra_only"
+    (hydra_only / ".hydra").mkdir(parents=True)
+    (hydra_only / "train.log").write_text("")
+    assert discard_if_unused(hydra_only) and not hydra_only.exists()
+    used = tmp_path / "used"
+    (used / ".hydra").mkdir(parents=True)
+    (used / "config.json").write_text("{}")
+    assert not discard_if_unused(used) and (used / "config.json").is_file()

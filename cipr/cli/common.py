@@ -18,6 +18,7 @@ import sys
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
 from cipr.core.config import from_overrides, override_text
@@ -58,6 +59,69 @@ def run_command(prog: str, doc: str | None, verbs: Mapping[str, Verb],
             return run(config) or 0
     except SystemExit as e:  # cli_errors' one line has been printed
         return e.code if isinstance(e.code, int) else EXIT_INPUT
+
+
+HYDRA_INFO_FLAGS = ("-h", "--help", "--hydra-help", "--info", "-i", "--cfg", "-c", "--resolve", "--version",
+                    "--shell-completion", "-sc")
+
+
+def hydra_overrides(argv: Sequence[str]) -> tuple[list[str], bool]:
+    """The overrides of a Hydra command line, and whether it should be checked at all: flags are dropped
+    (`-m`, `--config-dir DIR` becomes a search path), each sweep becomes its first value, and a command that
+    only prints (`--help`, `--cfg`, ...) or names its own config (`--config-name`) is not checked here."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    args, out = list(argv), []
+    if any(a in HYDRA_INFO_FLAGS or a.startswith(("--config-name", "-cn")) for a in args):
+        return [], False
+    parser = OverridesParser.create()
+    while args:
+        a = args.pop(0)
+        if a in ("-m", "--multirun"):
+            continue
+        if a in ("--config-dir", "-cd") or a.startswith("--config-dir="):
+            folder = a.split("=", 1)[1] if "=" in a else (args.pop(0) if args else "")
+            out.append(f"hydra.searchpath=[file://{Path(folder).resolve()}]")
+            continue
+        try:
+            (override,) = parser.parse_overrides([a])
+        except HydraException:
+            out.append(a)  # unreadable: composition reports it in one line
+            continue
+        if override.is_sweep_override():
+            values = list(override.sweep_string_iterator())
+            a = f"{a.split('=', 1)[0]}={values[0]}" if values else a
+        out.append(a)
+    return out, True
+
+
+def check_hydra_command(prog: str, argv: Sequence[str], config_dir: Path, config_name: str,
+                        version_base: str | None, to_config: Callable[[dict[str, Any]], Any],
+                        moved: Mapping[str, str] | None = None) -> None:
+    """Compose a Hydra command's configuration and read it into its dataclass before Hydra starts the run
+    (and creates its folder): a misspelled option, group or experiment, or a value of the wrong type, is exit
+    status 2 and one line naming it with the closest valid names (Hydra's own text only with --debug)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import InterpolationResolutionError
+
+    from cipr.core.config import compose_checked
+    from cipr.core.errors import debug_enabled, report
+
+    overrides, check = hydra_overrides(argv)
+    if not check or debug_enabled():
+        return
+    try:
+        composed = compose_checked(config_dir, config_name, overrides, version_base=version_base, moved=moved,
+                                   program=prog)
+        try:
+            data = OmegaConf.to_container(composed, resolve=True)
+        except InterpolationResolutionError:  # `${hydra:...}`: known only inside the run; Hydra checks it
+            return
+        to_config(data)  # type: ignore[arg-type]
+    except ConfigError as e:
+        report(prog, e)
+        raise SystemExit(EXIT_INPUT) from None
 
 
 def usage(prog: str, doc: str | None, verbs: Mapping[str, Verb]) -> str:

@@ -76,17 +76,31 @@ def _run(cfg: Any) -> dict[str, Any]:
                  f"report:  {out / 'report.md'}"]
         for names, e in summary["consistency"]["names"].items():
             kl = e["mean"].get("kl", {}).get("value")
-            lines.append(f"{names} names: {len(e['types'])} types, mean KL over held-out groups {kl}")
+            mean = f"mean KL over held-out groups {kl:.4f}" if kl is not None else \
+                "no held-out group to average (only the original interface was read)"
+            lines.append(f"{names} names: {len(e['types'])} types, {mean}")
         print("\n".join(lines))
         return summary
     lines = [f"results: {out / 'results.jsonl'}", f"summary: {out / 'summary.json'}",
              f"report:  {out / 'report.md'}", f"plots:   {out / 'plots'}"]
     for names, e in summary["names"].items():
-        acc = e["types"].get(summary["config"]["original"], {}).get("accuracy", {})
-        gap = e.get("gap", {})
-        lines.append(f"{names} names: original {acc.get('value')} %, gap {gap.get('value')} points")
+        lines.append(f"{names} names: {accuracy_line(e, summary['config']['original'])}")
     print("\n".join(lines))
     return summary
+
+
+def accuracy_line(entry: dict[str, Any], original: str) -> str:
+    """`original 62.5 % (n items), held-out mean 50.0 %, gap -12.5 points` for one naming of summary.json,
+    each part said in words where it is missing (no held-out type asked for, no original items)."""
+    acc = entry["types"].get(original, {}).get("accuracy", {})
+    parts = [f"original {acc['value']:.1f} %" if acc.get("value") is not None else "no original items"]
+    mean = entry.get("mean", {}).get("accuracy", {}).get("value")
+    gap = entry.get("gap", {}).get("value")
+    if mean is not None:
+        parts.append(f"held-out mean {mean:.1f} %")
+    parts.append(f"gap {gap:+.1f} points" if gap is not None else
+                 "no gap (no held-out perturbation type was evaluated)")
+    return ", ".join(parts)
 
 
 def main() -> None:
@@ -105,6 +119,10 @@ def main() -> None:
 
         report("cipr-eval", UnsafeOutputError(f"out_dir={out_dir!r}: {blocker} is a file; give a folder"))
         sys.exit(EXIT_INPUT)
+    from cipr.cli.common import check_hydra_command
+    from cipr.eval.config import eval_config_from_dict
+
+    check_hydra_command("cipr-eval", sys.argv[1:], Path(CONFIG_DIR), "eval", None, eval_config_from_dict)
     hydra.main(config_path=CONFIG_DIR, config_name="eval", version_base=None)(run)()
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -63,8 +64,20 @@ def _main(cfg: DictConfig) -> int:
     from cipr.ops.launch import run_entry
     from cipr.train.run import config_from_dict, run
 
-    return run_entry(OmegaConf.to_container(cfg, resolve=True), config_from_dict, run,
-                     "metrics.jsonl, summary.json, checkpoints (algo=distill: eval/table.md)")
+    return run_entry(OmegaConf.to_container(cfg, resolve=True), config_from_dict, run, written)
+
+
+def written(run_dir: Path) -> str:
+    """What a finished run wrote, for its closing line: the metrics and summary, each stage's final weights,
+    and the evaluation table or rollouts when there are any."""
+    from cipr.core.io import read_json
+    from cipr.core.run_folder import STAGES_JSON
+
+    stages = read_json(run_dir / STAGES_JSON)["stages"] if (run_dir / STAGES_JSON).is_file() else []
+    parts = [name for name in ("metrics.jsonl", "summary.json", "rollouts.jsonl", "eval/table.md")
+             if (run_dir / name).is_file()]
+    parts += [f"{stage}/final" for stage in stages if (run_dir / stage / "final").is_dir()]
+    return ", ".join(parts) or "nothing new"
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")
@@ -95,6 +108,13 @@ def main() -> None:
             report("cipr-train", e)
             sys.exit(EXIT_INPUT)
     sys.argv[1:] = term_overrides(sys.argv[1:])
+    from cipr.cli.common import check_hydra_command
+    from cipr.perturb.config import MOVED
+    from cipr.train.config import config_from_dict
+    from cipr.train.run import validate
+
+    check_hydra_command("cipr-train", sys.argv[1:], CONFIG_DIR, "train", "1.3",
+                        lambda data: validate(config_from_dict(data)), MOVED)
     _hydra_entry()
 
 

@@ -221,3 +221,76 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, Mapping):
         return {k: to_dict(v) for k, v in obj.items()}
     return obj
+
+
+def compose_checked(config_dir: str | Path, config_name: str, overrides: Sequence[str], *,
+                    version_base: str | None = "1.3", moved: Mapping[str, str] | None = None,
+                    program: str = "cipr") -> Any:
+    """Hydra's composition of `config_name` in `config_dir` with `overrides`, every Hydra error made one
+    ConfigError line that names the option and the closest valid names (`hydra_message`): a misspelled key, an
+    unknown group option or experiment, unreadable override syntax. `moved`: old dotted key -> new one."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base=version_base):
+            return compose(config_name, overrides=list(overrides))
+    except HydraException as e:
+        raise ConfigError(hydra_message(e, config_dir, config_name, overrides, version_base=version_base,
+                                        moved=moved or {}, program=program)) from None
+
+
+def _dotted_keys(node: Any, prefix: str = "") -> list[str]:
+    if not isinstance(node, Mapping):
+        return [prefix] if prefix else []
+    out = [prefix] if prefix else []
+    for k, v in node.items():
+        out += _dotted_keys(v, f"{prefix}.{k}" if prefix else str(k))
+    return out
+
+
+def hydra_message(e: Exception, config_dir: str | Path, config_name: str, overrides: Sequence[str], *,
+                  version_base: str | None, moved: Mapping[str, str], program: str) -> str:
+    """One line for a Hydra composition error (see `compose_checked`)."""
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else type(e).__name__
+    missing = re.search(r"Could not find '([^/']+)/([^']+)'", text)
+    if missing:
+        group, name = missing.groups()
+        options = [o.strip() for o in re.findall(r"^\t(\S+)$", text, re.M)]
+        if not options:
+            folder = Path(config_dir) / group
+            options = sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+        close = difflib.get_close_matches(name, options, n=2, cutoff=0.5)
+        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+        if group == "experiment" or len(options) > 12:
+            where = (f"; the {group} options are the files of configs/{Path(config_dir).name}/{group}/ "
+                     f"(`{program} --help` lists them)")
+        else:
+            where = f"; choose one of {', '.join(options)}" if options else ""
+        return f"unknown {group} {name!r}{hint}{where}"
+    override = re.search(r"Could not override '([^']+)'", text)
+    if override:
+        key = override.group(1)
+        if key in moved:
+            return f"{key} is now {moved[key]}: set {moved[key]}=..."
+        groups = [o for o in overrides  # the group choices (algo=..., experiment=...): they decide the keys
+                  if "=" in o and (Path(config_dir) / o.split("=", 1)[0].lstrip("+~")).is_dir()]
+        valid: list[str] = []
+        try:
+            from hydra import compose, initialize_config_dir
+            from omegaconf import OmegaConf
+
+            with initialize_config_dir(config_dir=str(config_dir), version_base=version_base):
+                base = compose(config_name, overrides=groups)
+            valid = [k for k in _dotted_keys(OmegaConf.to_container(base, resolve=False))
+                     if not k.startswith("hydra")]
+        except Exception:  # noqa: BLE001 - the suggestion is a courtesy; the message stands without it
+            pass
+        close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        return f"unknown option {key}{hint} (`{program} --help` lists every option with its default)"
+    if "override" in type(e).__name__.lower() or "parse" in first.lower() or "viable" in first.lower():
+        return (f"cannot read the options ({first}); options are key=value, lists [a,b], null for none "
+                f"(`{program} --help`)")
+    return first

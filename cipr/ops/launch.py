@@ -115,7 +115,7 @@ def leave_process_group() -> None:
 
 
 def run_entry(container: dict[str, Any], parse: Callable[[dict[str, Any]], Any], train: Callable[[Any], Any],
-              artifacts: str, argv: Sequence[str] | None = None) -> int:
+              artifacts: Callable[[Path], str], argv: Sequence[str] | None = None) -> int:
     """Parse a resolved config, re-launch it as `launcher.num_processes` processes or train it; the exit
     status.
 
@@ -123,7 +123,8 @@ def run_entry(container: dict[str, Any], parse: Callable[[dict[str, Any]], Any],
     or a missing or damaged input file, in one line naming it (`cipr.core.errors`); 3 non-finite loss (the
     last checkpoint is intact). `parse` raises ConfigError on bad input and gives a config with a `launcher`
     (num_processes, main_process_port, accelerate_config); `train` returns the run folder, named in the
-    closing line with its `artifacts`.
+    closing line with what `artifacts(run_folder)` says it holds. A run refused before its work leaves no
+    folder behind (`discard_if_unused`).
     """
     from cipr.core.errors import (
         EXIT_INPUT,
@@ -135,6 +136,7 @@ def run_entry(container: dict[str, Any], parse: Callable[[dict[str, Any]], Any],
         user_message,
     )
 
+    run_folder = (container.get("trainer") or {}).get("run_dir")
     try:
         config = parse(container)
         trainer = getattr(config, "trainer", None)
@@ -159,6 +161,24 @@ def run_entry(container: dict[str, Any], parse: Callable[[dict[str, Any]], Any],
             raise
         kind = "configuration error: " if isinstance(e, ConfigError) else ""
         print(f"cipr-train: {kind}{user_message(e)} (CIPR_DEBUG=1 shows the traceback)", file=sys.stderr)
+        if run_folder and "LOCAL_RANK" not in os.environ:
+            discard_if_unused(Path(run_folder))
         return EXIT_INPUT
-    print(f"cipr-train: done; run folder {run_dir} ({artifacts})")
+    print(f"cipr-train: done; run folder {run_dir} ({artifacts(Path(run_dir))})")
     return 0
+
+
+HYDRA_ONLY = {".hydra", "train.log", "main.log", "cipr-train.log"}
+"""What Hydra writes into a run folder before the run's own code starts."""
+
+
+def discard_if_unused(run_dir: Path) -> bool:
+    """Remove `run_dir` when it holds nothing but what Hydra wrote on start (`HYDRA_ONLY`): a run refused
+    before its work leaves no folder for the next run to step around. A folder with anything else (a
+    config.json, a checkpoint, a file of the user's) is never touched. Returns whether it was removed."""
+    import shutil
+
+    if not run_dir.is_dir() or any(p.name not in HYDRA_ONLY for p in run_dir.iterdir()):
+        return False
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return True

@@ -88,6 +88,8 @@ def _compose(overrides: Sequence[str]) -> Any:
 
     try:
         return compose_train([o for o in overrides if not o.startswith("hydra.")])
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("`cipr-train --help`", "`cipr-plan --help`")) from None
     except (HydraException, OmegaConfBaseException) as e:
         text = " ".join(str(e).split()) or type(e).__name__
         raise ConfigError(f"the overrides do not compose as cipr-train's: {text}") from None

@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cipr.core.config import TRAIN_CONFIG_DIR, ConfigError, from_dict, to_dict
+from cipr.core.config import TRAIN_CONFIG_DIR, ConfigError, compose_checked, from_dict, to_dict
 from cipr.distill.data import TrajectoryDataConfig, trajectory_section
 from cipr.perturb.config import MOVED, PerturbConfig, resolved
 from cipr.runtime.model import ModelConfig
@@ -97,12 +97,11 @@ def config_from_dict(data: Mapping[str, Any]) -> TrainConfig:
 
 
 def compose_train(overrides: Sequence[str]) -> TrainConfig:
-    """A `TrainConfig` from cipr-train overrides, as `cipr-train` composes it (configs/train/train.yaml)."""
-    from hydra import compose, initialize_config_dir
+    """A `TrainConfig` from cipr-train overrides, as `cipr-train` composes it (configs/train/train.yaml); a
+    composition error is one ConfigError line (`cipr.core.config.compose_checked`)."""
     from omegaconf import OmegaConf
 
-    with initialize_config_dir(config_dir=str(TRAIN_CONFIG_DIR), version_base="1.3"):
-        composed = compose("train", overrides=list(overrides))
+    composed = compose_checked(TRAIN_CONFIG_DIR, "train", list(overrides), moved=MOVED, program="cipr-train")
     return config_from_dict(OmegaConf.to_container(composed, resolve=True))  # type: ignore[arg-type]
 
 
