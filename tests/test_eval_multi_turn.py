@@ -134,11 +134,17 @@ def test_call_and_step_limits_end_or_cut_the_episode(tmp_path):
     assert rec["counts"]["executed"] == 6 and rec["counts"]["over_limit"] == 3 and not rec["correct"]
 
 
-def test_cipr_eval_runs_toyshop_episodes_with_the_adapter_and_resumes(tmp_path):
+def test_cipr_eval_runs_toyshop_episodes_with_the_adapter_and_resumes(tmp_path, caplog):
+    import logging
+
     out = tmp_path / "ev"
     overrides = ["benchmark=toyshop", "backend=replay", f"out_dir={out}", "limit=6", "progress=false",
                  "perturbations=[original,relabel_random,drift_distractors]"]
-    summary = evaluate(compose_eval_config(overrides))
+    with caplog.at_level(logging.INFO, logger="cipr.eval.evaluate"):
+        summary = evaluate(compose_eval_config(overrides))
+    # said before the run: limit counts tasks, and what they multiply into
+    assert "36 episodes: 6 task(s) x 3 perturbation type(s) (3 with their tool orders) x 2 naming(s)" in \
+        caplog.text
     for names in ("original", "canonical"):
         for t in ("original", "relabel_random", "drift_distractors"):
             assert summary["names"][names]["types"][t]["accuracy"]["value"] == 100.0

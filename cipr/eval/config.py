@@ -97,7 +97,9 @@ class EvalConfig:
     - `perturbations`: None or `[default]` for the benchmark's default; else names and groups.
     - `names`: None for the benchmark's default; `[original]`, `[canonical]` or both.
     - `limit`: at most this many items, taken round-robin over partitions (BFCL) or per level
-      (RoTBench), so a small run still covers every partition. None: all.
+      (RoTBench), so a small run still covers every partition; on the episodic benchmarks (toyshop,
+      bfcl_multi_turn) this many tasks, each played under every perturbation and naming (the count is
+      logged before the run). None: all.
     - `partitions`: BFCL partitions to load (None: all ten); for `bfcl_multi_turn` its categories
       (`multi_turn_base` or `base`, ...; None: all four).
     - `drop_finished`: HF backend, remove ended sequences from the batch (see

@@ -50,6 +50,7 @@ import json
 import logging
 import math
 import os
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -397,6 +398,18 @@ def episode_record(live: _Live) -> dict[str, Any]:
             "transcript": live.transcript}
 
 
+def episode_plan(items: Sequence[EpisodeItem]) -> str:
+    """What a multi-turn evaluation will run, said before it starts: `limit` counts tasks, and each task is
+    played under every perturbation type (the cost and latency ones in both tool orders) and every naming."""
+    tasks = len({it.id for it in items})
+    types = len({it.perturbation for it in items})
+    variants = len({(it.perturbation, it.order) for it in items})
+    names = sorted({it.names for it in items})
+    return (f"{len(items)} episodes: {tasks} task(s) x {types} perturbation type(s) ({variants} with their "
+            f"tool orders) x {len(names)} naming(s) ({', '.join(names)}); `limit` counts tasks, "
+            f"`perturbations=[original]` plays each task once")
+
+
 def default_env_factory(item: EpisodeItem) -> Environment:
     from cipr.envs.registry import make_env
 
@@ -419,12 +432,17 @@ def run_episodes(items: Sequence[EpisodeItem], backend: Backend, fmt: CallFormat
     done, torn = existing_keys(path)
     pending = [it for it in items if it.key not in done]
     stats = RunStats(total=len(items), skipped=len(items) - len(pending), torn_lines=torn)
+    started, turns = time.monotonic(), 0
     with path.open("a", encoding="utf-8") as f, tqdm(total=len(pending), desc=f"episodes {out.name}",
                                                      unit="episode", disable=not config.progress) as bar:
         for start in range(0, len(pending), max(1, config.chunk_size)):
             lives = [_start(it, env_factory) for it in pending[start:start + config.chunk_size]]
             while active := [lv for lv in lives if lv.end is None]:
                 gens = backend.generate([_request(lv) for lv in active])
+                turns += len(active)  # the bar moves every round of turns, not only when episodes end
+                rate = turns / max(time.monotonic() - started, 1e-9)
+                bar.set_postfix_str(f"{turns} turns, {rate:.2f} turns/s, {len(active)} running",
+                                    refresh=True)
                 if len(gens) != len(active):
                     raise RuntimeError(f"backend {backend.name} returned {len(gens)} outputs for "
                                        f"{len(active)} episodes")

@@ -146,6 +146,12 @@ def evaluate(cfg: EvalConfig, *, model: Any = None, tokenizer: Any = None, backe
     items, perts, build_report = build(cfg)
     if not items:
         raise ConfigError("nothing to evaluate: the benchmark, perturbations and names select no item")
+    from cipr.eval.config import MULTI_TURN
+
+    if cfg.benchmark.name in MULTI_TURN:
+        from cipr.eval.episodes import episode_plan
+
+        log.info("benchmark=%s: %s", cfg.benchmark.name, episode_plan(items))
     previous_meta(out_dir, cfg)
     check_same_selection(items, out_dir)
     write_meta(out_dir, cfg, perts, build_report.to_json(), len(items))
