@@ -200,3 +200,18 @@ def test_action_supervision_trains_from_one_reader_forward(tiny_dir, tmp_path, a
         assert r["action/scored"] == 4 and 0 <= r["action/accuracy"] <= 1  # one call in each of 4 rows
         assert r["loss"] == pytest.approx(r["token_loss"] + r["action/nll"], rel=1e-4)
         assert ("consistency/rescore/kl" in r) == (algo == "cipr")
+
+
+def test_a_supervised_run_after_its_own_warm_start_keeps_both_stages_metrics(tiny_dir, tmp_path):
+    """The supervised stage resuming its metrics after a warm start in the same folder (a KeyError once: the
+    stage order lacked `supervised`)."""
+    cfg = config(tiny_dir, tmp_path / "run", "cipr")
+    cfg.trainer.warm_start.steps = 1
+    run_dir = run(cfg)
+    stages = {r["stage"] for r in steps(run_dir)}
+    assert stages == {"warm_start", "supervised"}
+    from cipr.core.run_folder import truncate_metrics
+    from cipr.train.metrics import STAGES
+
+    assert truncate_metrics([run_dir / "metrics.jsonl"], "warm_start", 1, STAGES) > 0  # later stage dropped
+    assert {r["stage"] for r in steps(run_dir)} == {"warm_start"}

@@ -31,11 +31,33 @@ Verb = tuple[type, Callable[[Any], int | None]]
 
 
 def begin() -> None:
-    """HF_HUB_OFFLINE=1 unless downloads were allowed (`cipr.runtime.hub`), and INFO logging to stderr."""
+    """HF_HUB_OFFLINE=1 unless downloads were allowed (`cipr.runtime.hub`), INFO logging to stderr, and the
+    libraries' start-up noise off (`quiet_libraries`)."""
     from cipr.runtime.hub import stay_offline
 
     stay_offline()
+    quiet_libraries()
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+
+
+def quiet_libraries() -> None:
+    """Silence, at their source, the lines every run printed that tell the user nothing: DeepSpeed's 'Setting
+    accelerator to CPU' warning (DS_ACCELERATOR=cpu where no CUDA device is seen, unless already set) and
+    transformers' per-file and datasets' per-map progress bars ('Writing model shards', 'Loading weights',
+    'Tokenizing train dataset') between the metric lines.
+    Training and evaluation bars are the project's own and stay."""
+    import os
+
+    if "DS_ACCELERATOR" not in os.environ:
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ["DS_ACCELERATOR"] = "cpu"
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    datasets.disable_progress_bars()  # TRL's per-stage dataset preparation (tokenizing, labels, ...)
 
 
 def run_command(prog: str, doc: str | None, verbs: Mapping[str, Verb],

@@ -95,6 +95,9 @@ def main() -> None:
     from cipr.runtime.hub import stay_offline
 
     pop_debug_flag()
+    from cipr.cli.common import quiet_libraries
+
+    quiet_libraries()
     if "dry_run=true" in sys.argv[1:]:  # cipr-plan with the same overrides (cipr/cli/plan.py)
         from cipr.cli.plan import main as plan_main
 

@@ -153,8 +153,19 @@ def _template_text(spec: str) -> str:
     return read_text(named)
 
 
+def quiet_bpe_cleanup(tokenizer: Any) -> Any:
+    """`clean_up_tokenization_spaces=False` on a BPE tokenizer, where transformers ignores True anyway (the
+    cleanup is for WordPiece) and warns that it does at the first decode: the same text, no warning (and a
+    saved tokenizer carries False on to the next load)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and type(backend.model).__name__ == "BPE":
+        tokenizer.clean_up_tokenization_spaces = False
+    return tokenizer
+
+
 def prepare_tokenizer(tokenizer: Any, cfg: ModelConfig) -> Any:
     """Set chat template, eos (end of turn), pad token and padding side explicitly (module docstring)."""
+    quiet_bpe_cleanup(tokenizer)
     if cfg.chat_template:
         tokenizer.chat_template = _template_text(cfg.chat_template)
     if not getattr(tokenizer, "chat_template", None):
@@ -292,6 +303,7 @@ def inference_device_dtype(device: str = "auto", dtype: str = "auto") -> tuple[s
 
 def prepare_inference_tokenizer(tokenizer: Any) -> Any:
     """Pad token (end-of-text if the vocabulary has one and it is not eos, else eos) and left padding."""
+    quiet_bpe_cleanup(tokenizer)
     vocab = tokenizer.get_vocab()
     if tokenizer.pad_token is None or tokenizer.pad_token == tokenizer.eos_token:
         pad = "<|endoftext|>" if "<|endoftext|>" in vocab else tokenizer.eos_token

@@ -34,7 +34,7 @@ from transformers import TrainerCallback
 
 from cipr.core.io import read_jsonl
 
-STAGES = ("warm_start", "sft", "grpo", "distill")  # the order stages run in (distill runs alone)
+STAGES = ("warm_start", "sft", "grpo", "supervised", "distill")  # the order stages run in (distill alone)
 
 
 @dataclass
