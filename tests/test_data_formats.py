@@ -450,6 +450,11 @@ def test_converted_rows_are_messages_rows_that_load_alike(tmp_path, fmt, rows):
     direct = load_rows(path, fmt, on_bad_row="skip").examples
     assert _comparable(load_messages(again).examples) == _comparable(direct)
     assert all(set(r) <= {"id", "tools", "messages"} for r in converted)
+    for r in converted:  # one shape, OpenAI's: wrapped tools, wrapped calls with JSON-text arguments
+        assert all(t["type"] == "function" and set(t["function"]) >= {"name"} for t in r["tools"])
+        for c in (c for m in r["messages"] for c in m.get("tool_calls") or []):
+            assert c["type"] == "function" and isinstance(c["function"]["arguments"], str)
+            assert isinstance(json.loads(c["function"]["arguments"]), dict)
 
 
 def test_stats_report_the_format_and_counts(tmp_path):

@@ -155,6 +155,8 @@ def test_bad_row_error_names_file_line_and_field(tmp_path, change, field, kind):
     assert isinstance(e, DataError)
     assert (e.file, e.item, e.field, e.kind) == (str(path), "line 3", field, kind)
     assert "\n" not in str(e) and f"file '{path}', item 'line 3', field '{field}'" in str(e)
+    assert str(e).endswith("on_bad_row=skip (cipr-train: data.on_bad_row=skip) counts and skips such rows "
+                           "instead")
 
 
 def test_whole_row_problems(tmp_path):

@@ -431,7 +431,8 @@ def load_messages(path: str | Path, *, on_bad_row: OnBadRow = "raise", unit: Uni
                 raise raw.bad("duplicate id", f"id {row_id!r} is used by an earlier row", "id")
         except BadRow as e:
             if on_bad_row == "raise":
-                raise
+                hint = "on_bad_row=skip (cipr-train: data.on_bad_row=skip) counts and skips such rows instead"
+                raise BadRow(e.kind, f"{e.reason}; {hint}", file=e.file, item=e.item, field=e.field) from None
             out.skipped[e.kind] += 1
             details = out.skip_details.setdefault(e.kind, [])
             if len(details) < 3:

@@ -13,6 +13,7 @@ read in that format, so a file mixing formats reports the odd rows as bad.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -117,12 +118,37 @@ def load_rows(path: str | Path, fmt: str = AUTO, *, on_bad_row: OnBadRow = "rais
 
 def convert_rows(path: str | Path, fmt: str = AUTO, *,
                  on_bad_row: OnBadRow = "raise") -> tuple[list[dict[str, Any]], MessagesData]:
-    """The `messages` + `tools` rows of every usable row under `path` (what `cipr-data convert` writes), and
-    the load that checked them (its `skipped` counts the rows left out)."""
+    """The `messages` + `tools` rows of every usable row under `path` (what `cipr-data convert` writes), in
+    OpenAI's chat shapes throughout (`openai_shapes`), and the load that checked them (its `skipped` counts
+    the rows left out)."""
     rows = list(converted_rows(path, resolve_format(path, fmt)[0]))
     data = load_messages(path, on_bad_row=on_bad_row, unit="conversation", rows=rows)
     by_item = {(r.file, r.item): r.value for r in rows}
-    return [by_item[e.meta["file"], e.meta["item"]] for e in data.examples], data
+    return [openai_shapes(by_item[e.meta["file"], e.meta["item"]]) for e in data.examples], data
+
+
+def openai_shapes(row: Mapping[str, Any]) -> dict[str, Any]:
+    """`row` with every tool as `{"type": "function", "function": {name, description, parameters}}` and every
+    call as `{"type": "function", "function": {"name": ..., "arguments": <JSON text>}}`: the messages format
+    the project documents (OpenAI's chat API; TRL's conversational datasets read it), one shape in a file
+    whatever shape the source format's reader produced."""
+    def tool(t: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(t) if t.get("type") == "function" and "function" in t else {"type": "function",
+                                                                                  "function": dict(t)}
+
+    def call(c: Mapping[str, Any]) -> dict[str, Any]:
+        fn = dict(c["function"]) if "function" in c else {"name": c["name"], "arguments": c.get("arguments")}
+        args = fn.get("arguments")
+        fn["arguments"] = args if isinstance(args, str) else json.dumps({} if args is None else args,
+                                                                        ensure_ascii=False)
+        return {**{k: v for k, v in c.items() if k not in ("name", "arguments", "function")},
+                "type": "function", "function": fn}
+
+    out = dict(row)
+    out["tools"] = [tool(t) for t in row.get("tools") or []]
+    out["messages"] = [{**m, "tool_calls": [call(c) for c in m["tool_calls"]]} if m.get("tool_calls")
+                       else dict(m) for m in row.get("messages") or []]
+    return out
 
 
 def format_stats(path: str | Path, fmt: str = AUTO, *, on_bad_row: OnBadRow = "skip") -> dict[str, Any]:

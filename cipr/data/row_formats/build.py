@@ -37,12 +37,16 @@ def loose_json(text: str) -> Any:
     ValueError saying why when it is neither."""
     try:
         return json.loads(text)
+    except json.JSONDecodeError as e:
+        why = f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})"
     except (ValueError, RecursionError) as e:
-        why = f"not valid JSON ({e})"
+        why = f"not valid JSON ({str(e)[:100]})"
     try:
         return json_data(ast.literal_eval(text.strip()))
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as e:
-        raise ValueError(f"{why[:120]} nor a Python literal ({str(e)[:80]})") from None
+    except SyntaxError as e:  # its text names a made-up '<unknown>' file: keep the message alone
+        raise ValueError(f"{why}, nor a Python literal ({e.msg})") from None
+    except (ValueError, TypeError, MemoryError, RecursionError) as e:
+        raise ValueError(f"{why}, nor a Python literal ({str(e)[:80]})") from None
 
 
 def json_objects(text: str) -> list[Any]:
