@@ -26,6 +26,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _no_stale_log_handlers():
+    """Remove the root StreamHandlers a test added (a command run in process calls logging.basicConfig on the
+    stream pytest captured for that test): a later test's server thread logging through one would write to a
+    closed stream ('ValueError: I/O operation on closed file' in the output)."""
+    import logging
+
+    root = logging.getLogger()
+    before = list(root.handlers)
+    yield
+    for handler in list(root.handlers):
+        if handler not in before and type(handler) is logging.StreamHandler:
+            root.removeHandler(handler)
+
+
 LEFT_OUT: set[str] = set()
 """The `extended(name=...)` tests this session's time budget skipped (support/budget.py)."""
 
