@@ -26,9 +26,16 @@ from cipr.core.errors import ConfigError
 __all__ = ["CONFIG_ROOT", "EVAL_CONFIG_DIR", "TRAIN_CONFIG_DIR", "ConfigError", "from_dict", "from_overrides",
            "override_text", "to_dict"]
 
-CONFIG_ROOT = Path(str(importlib.resources.files("cipr.configs")))
-"""The config tree (the repository's configs/, shipped in the wheel as `cipr.configs`): one folder per Hydra
-command (train/, eval/) and accelerate/ (launcher configs)."""
+def _config_root() -> Path:
+    try:
+        return Path(str(importlib.resources.files("cipr.configs")))
+    except ModuleNotFoundError:  # the checkout on PYTHONPATH, not installed (a GPU node's copy of the tree)
+        return Path(__file__).resolve().parents[2] / "configs"
+
+
+CONFIG_ROOT = _config_root()
+"""The config tree (the repository's configs/, shipped in the wheel as `cipr.configs`; read from the checkout
+when the package is only on PYTHONPATH): one folder per Hydra command (train/, eval/) and accelerate/."""
 TRAIN_CONFIG_DIR = CONFIG_ROOT / "train"
 EVAL_CONFIG_DIR = CONFIG_ROOT / "eval"
 
