@@ -6,11 +6,12 @@
 - `_prepare_inputs`: whole units (a prompt's G completions, and its copy's G when paired) are shuffled
   and the cut into micro-batches falls on unit boundaries, so a micro-batch holds whole pairs (TRL
   shuffles row by row).
-- `_generate_and_score_completions`: attaches each row's prompt record and scored rollout (`reward.py`)
-  and logs rollout metrics.
-- `_compute_loss`: TRL's GRPO task loss on every row (both interfaces) plus, for `algo=cipr`,
-  λ_rescore·KL_rescore + λ_rollout·KL_rollout divided by the gradient-accumulation steps as TRL scales
-  its own loss.
+- `_generate_and_score_completions`: attaches each row's prompt record and scored rollout (`BatchRow`,
+  `cipr_rows`: the pair reaches the loss with the batch) and logs rollout metrics.
+- `compute_loss` (TRL's public one): TRL's GRPO task loss on every row (both interfaces) plus the
+  consistency objective's terms (`cipr.method.objective`: for `algo=cipr` λ_rescore·KL_rescore +
+  λ_rollout·KL_rollout, or a user's terms) divided by the gradient-accumulation steps as TRL scales its
+  own loss. docs/method.md ("TRL seam") lists every private method still overridden and why.
 
 Action reads. TRL's fused LM head never exposes logits, so with `algo.fold_action_read` one forward of
 `cipr.method.actions.read_actions(..., response_logprobs=True)` gives both the completion token
@@ -18,8 +19,8 @@ log-probabilities (at the sampling temperature, as TRL scores them) and the acti
 both interfaces (at temperature 1), from the same logits. The reader tokenizes text, so this holds
 for rows whose re-tokenized prompt and decoded completion give back the ids the loss uses; TRL's own
 forward scores the other rows (`actions/folded` logs the fraction folded). The folded log-probabilities
-reach TRL's loss through `_get_per_token_logps_and_entropies`, which TRL's `_compute_loss` calls with
-fixed arguments: `given_task_logps(logps)` holds them for that one call and clears them on exit (also
+reach TRL's loss through `_get_per_token_logps_and_entropies`, which TRL's `_compute_loss` (called by its
+`compute_loss`) calls with fixed arguments: `given_task_logps(logps)` holds them for that one call and clears them on exit (also
 on error); `tests/test_trl_contract.py` pins that TRL still scores through it. TRL's token entropy
 needs full logits and is logged as missing on the folded path; the action entropy is logged instead.
 The rescoring term always needs a second forward over the relabeled canonical rollouts (x̃, ỹ)
