@@ -15,16 +15,15 @@
 
 Action reads. TRL's fused LM head never exposes logits, so with `algo.fold_action_read` one forward of
 `cipr.method.actions.read_actions(..., response_logprobs=True)` gives both the completion token
-log-probabilities (at the sampling temperature, as TRL scores them) and the action distributions of
-both interfaces (at temperature 1), from the same logits. The reader tokenizes text, so this holds
-for rows whose re-tokenized prompt and decoded completion give back the ids the loss uses; TRL's own
-forward scores the other rows (`actions/folded` logs the fraction folded). The folded log-probabilities
-reach TRL's loss through `_get_per_token_logps_and_entropies`, which TRL's `_compute_loss` (called by its
-`compute_loss`) calls with fixed arguments: `given_task_logps(logps)` holds them for that one call and clears them on exit (also
-on error); `tests/test_trl_contract.py` pins that TRL still scores through it. TRL's token entropy
-needs full logits and is logged as missing on the folded path; the action entropy is logged instead.
-The rescoring term always needs a second forward over the relabeled canonical rollouts (x̃, ỹ)
-(`cipr.method.relabel`).
+log-probabilities (at the sampling temperature, as TRL scores them) and the action distributions of both
+interfaces (at temperature 1), from the same logits. The reader tokenizes text, so this holds for rows whose
+re-tokenized prompt and decoded completion give back the ids the loss uses; TRL's own forward scores the other
+rows (`actions/folded` logs the fraction folded). The folded log-probabilities reach TRL's loss through
+`_get_per_token_logps_and_entropies`, which TRL's `_compute_loss` (called by its `compute_loss`) calls with
+fixed arguments: `given_task_logps(logps)` holds them for that one call and clears them on exit (also on
+error); `tests/test_trl_contract.py` pins that TRL still scores through it. TRL's token entropy needs full
+logits and is logged as missing on the folded path; the action entropy is logged instead. The rescoring term
+always needs a second forward over the relabeled canonical rollouts (x̃, ỹ) (`cipr.method.relabel`).
 
 Multi-turn episodes (`rollout.mode=multi_turn`, `cipr.train.episodes`) go through TRL's `rollout_func`
 hook: TRL hands it the generation batch's prompts (after syncing vLLM's weights) and takes back prompt ids,
