@@ -1,25 +1,15 @@
 """The recipes of docs/extending.md, run as written: a perturbation type and a benchmark from a user's own
-files (the consistency term's recipe runs in tests/test_objective.py). The code blocks are read from the
-document itself, so a recipe that stops working fails here."""
+files (the consistency term's recipe is tests/test_objective.py's user file). The code blocks are read from
+the document itself (`support.recipes`), so a recipe that stops working fails here."""
 
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
 import pytest
-
-DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
-
-
-def recipe(filename: str) -> str:
-    """The python block of docs/extending.md whose first line is `# <filename>...`."""
-    for block in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S):
-        if block.startswith(f"# {filename}"):
-            return block
-    raise AssertionError(f"docs/extending.md has no python block for {filename}")
+from support.recipes import recipe
 
 
 @pytest.fixture
@@ -42,13 +32,6 @@ def _eval(tmp_path: Path, model_dir: Path, *overrides: str) -> dict:
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         cfg = compose(config_name="eval", overrides=[*base, *overrides])
     return run(cfg)
-
-
-def test_the_term_recipe_is_the_one_the_training_tests_run():
-    from test_objective import JS
-
-    assert "def js_divergence(p_ref, p_other, segments, *, eps=1e-8):" in recipe("my_terms.py")
-    assert "def js_divergence(p_ref, p_other, segments, *, eps=1e-8):" in JS
 
 
 def test_a_perturbation_type_from_a_users_file_is_evaluated(user_dir, tmp_path):

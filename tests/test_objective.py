@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file
+from support.recipes import recipe
 
 from cipr.core.config import ConfigError
 from cipr.method.consistency import kl_rows, mean_kl, renormalized, rescoring_kl, rollout_kl
@@ -31,23 +32,8 @@ from cipr.method.objective import (
 )
 from cipr.method.pairing import rollout_index
 
-JS = '''
+BAD = '''
 import torch
-
-
-def js_divergence(p_ref, p_other, segments, *, eps=1e-8):
-    """Jensen-Shannon divergence per row, averaged per segment, then over segments."""
-    m = 0.5 * (p_ref + p_other)
-
-    def kl(p, q):
-        return (p * (torch.log(p + eps) - torch.log(q + eps))).sum(-1)
-
-    per_row = 0.5 * kl(p_ref, m) + 0.5 * kl(p_other, m)
-    ids, inverse = torch.unique(segments, return_inverse=True)
-    sums = torch.zeros(len(ids), dtype=per_row.dtype).index_add(0, inverse, per_row)
-    counts = torch.bincount(inverse, minlength=len(ids)).to(per_row.dtype)
-    value = (sums / counts).mean()
-    return value, {"js": float(value.detach()), "max": float(per_row.detach().max())}
 
 
 def returns_a_float(p_ref, p_other, segments):
@@ -72,9 +58,10 @@ NOT_CALLABLE = 3
 
 @pytest.fixture(scope="module")
 def user_dir(tmp_path_factory) -> Path:
-    """A folder outside the package with the user's own term file (`my_terms.py`)."""
+    """A folder outside the package with the user's own term file (`my_terms.py`): docs/extending.md's recipe
+    as written, then functions that break the contract."""
     folder = tmp_path_factory.mktemp("user")
-    (folder / "my_terms.py").write_text(textwrap.dedent(JS))
+    (folder / "my_terms.py").write_text(recipe("my_terms.py") + textwrap.dedent(BAD))
     return folder
 
 
@@ -192,6 +179,38 @@ def test_a_users_term_resolves_and_computes_like_written(on_path):
 def test_a_bad_users_term_is_one_clear_error(on_path, fn, message):
     with pytest.raises(ConfigError, match=message):
         resolve_terms({"js": TermConfig(1.0, fn)})
+
+
+def test_a_sweep_over_a_known_term_key_replaces_the_sweep_files_values():
+    """cipr-train adds (++) only a term key the config lacks: a sweep over `algo.terms.rescore.weight` on the
+    command line replaces sweep=consistency's values (2 x 1 x 2 jobs), as its header says, while a new term
+    is added."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from cipr.cli.common import hydra_overrides
+    from cipr.train.config import term_overrides
+
+    argv = ["-m", "algo.terms.rescore.weight=0,0.1", "algo.terms.rollout.weight=0.1", "trainer.seed=0,1",
+            "algo.terms.js.fn=my_terms:js_divergence"]
+    out = term_overrides(argv, hydra_overrides(argv)[0])
+    assert out == [*argv[:4], "++algo.terms.js.fn=my_terms:js_divergence"]
+    sweep_file = ["algo.terms.rescore.weight=0.0,0.05,0.1,0.2", "algo.terms.rollout.weight=0.0,0.1",
+                  "trainer.seed=0,1,2"]
+    jobs = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides([*sweep_file, *out[1:]]),
+                                        None)[0]
+    assert len(jobs) == 4
+    expected = {(f"algo.terms.rescore.weight={w}", "algo.terms.rollout.weight=0.1", f"trainer.seed={s}")
+                for w in (0, 0.1) for s in (0, 1)}
+    assert {tuple(j[:3]) for j in jobs} == expected
+
+
+def test_the_planner_composes_a_users_term_as_cipr_train_does(on_path):
+    from cipr.train.config import compose_train
+
+    cfg = compose_train(["algo.terms.js.fn=my_terms:js_divergence", "algo.terms.js.weight=0.5"])
+    assert cfg.algo.terms["js"].fn == "my_terms:js_divergence" and cfg.algo.terms["js"].weight == 0.5
+    assert cfg.algo.terms["rescore"].weight == 0.1
 
 
 def test_term_config_errors_name_the_option():

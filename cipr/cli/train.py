@@ -29,7 +29,6 @@ checkpoint is intact).
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
@@ -48,16 +47,6 @@ def relaunch_command(num_processes: int, port: int, accelerate_config: str | Non
     from cipr.ops.launch import accelerate_command
 
     return accelerate_command(num_processes, port, accelerate_config, argv)
-
-
-TERM_OPTION = re.compile(r"^algo\.terms\.[A-Za-z_]\w*(\.|=)")
-
-
-def term_overrides(argv: list[str]) -> list[str]:
-    """`algo.terms.NAME.KEY=VALUE` as `++algo.terms.NAME.KEY=VALUE` (add or override): a term named on the
-    command line need not exist in the algorithm's YAML (`algo.terms.js.fn=my_terms:js`, docs/extending.md),
-    while every other key stays checked by Hydra and the strict loader."""
-    return [f"++{a}" if TERM_OPTION.match(a) else a for a in argv]
 
 
 def _main(cfg: DictConfig) -> int:
@@ -110,10 +99,15 @@ def main() -> None:
         except ConfigError as e:
             report("cipr-train", e)
             sys.exit(EXIT_INPUT)
-    sys.argv[1:] = term_overrides(sys.argv[1:])
-    from cipr.cli.common import check_hydra_command
+    from cipr.cli.common import check_hydra_command, hydra_overrides
+    from cipr.core.errors import cli_errors
     from cipr.perturb.config import MOVED
-    from cipr.train.config import config_from_dict
+    from cipr.train.config import TERM_OPTION, config_from_dict, term_overrides
+
+    probe, check = hydra_overrides(sys.argv[1:])
+    with cli_errors("cipr-train", None):  # a term of the user's own is added (++), a known key overridden
+        sys.argv[1:] = (term_overrides(sys.argv[1:], probe) if check
+                        else [f"++{a}" if TERM_OPTION.match(a) else a for a in sys.argv[1:]])
     from cipr.train.run import validate
 
     check_hydra_command("cipr-train", sys.argv[1:], CONFIG_DIR, "train", "1.3",

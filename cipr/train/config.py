@@ -30,6 +30,7 @@ compared key by key; a key the input leaves out is never set.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,12 +97,38 @@ def config_from_dict(data: Mapping[str, Any]) -> TrainConfig:
                                data=from_dict(data_cls, section, "data"), perturb=perturb)
 
 
-def compose_train(overrides: Sequence[str]) -> TrainConfig:
-    """A `TrainConfig` from cipr-train overrides, as `cipr-train` composes it (configs/train/train.yaml); a
-    composition error is one ConfigError line (`cipr.core.config.compose_checked`)."""
+TERM_OPTION = re.compile(r"^algo\.terms\.[A-Za-z_]\w*(\.|=)")
+
+
+def term_overrides(overrides: Sequence[str], probe: Sequence[str] | None = None) -> list[str]:
+    """`overrides` with each `algo.terms.NAME...=VALUE` whose key the composed config lacks written as
+    `++...` (add): a term named on the command line need not exist in the algorithm's YAML
+    (`algo.terms.js.fn=my_terms:js`, docs/extending.md). A key the config has stays as given, so a sweep
+    over it (`algo.terms.rescore.weight=0,0.1`) replaces the sweep file's values instead of multiplying them;
+    every other key stays checked by Hydra and the strict loader. `probe`: the overrides to compose with
+    (default `overrides`; cipr-train passes each sweep's first value and its flags resolved)."""
     from omegaconf import OmegaConf
 
-    composed = compose_checked(TRAIN_CONFIG_DIR, "train", list(overrides), moved=MOVED, program="cipr-train")
+    if not any(TERM_OPTION.match(o) for o in overrides):
+        return list(overrides)
+    others = [o for o in (overrides if probe is None else probe) if not TERM_OPTION.match(o)]
+    composed = compose_checked(TRAIN_CONFIG_DIR, "train", others, moved=MOVED, program="cipr-train")
+    missing = object()
+
+    def absent(option: str) -> bool:
+        return OmegaConf.select(composed, option.split("=", 1)[0], default=missing) is missing
+
+    return [f"++{o}" if TERM_OPTION.match(o) and absent(o) else o for o in overrides]
+
+
+def compose_train(overrides: Sequence[str]) -> TrainConfig:
+    """A `TrainConfig` from cipr-train overrides, as `cipr-train` composes it (configs/train/train.yaml,
+    a term of the user's own added as on its command line: `term_overrides`); a composition error is one
+    ConfigError line (`cipr.core.config.compose_checked`)."""
+    from omegaconf import OmegaConf
+
+    composed = compose_checked(TRAIN_CONFIG_DIR, "train", term_overrides(overrides), moved=MOVED,
+                               program="cipr-train")
     return config_from_dict(OmegaConf.to_container(composed, resolve=True))  # type: ignore[arg-type]
 
 
