@@ -49,7 +49,8 @@ for _verb_command, _verb in (("cipr-data", "stats"), ("cipr-guard", "diff"), ("c
                              ("cipr-transfer", "run")):
     TYPOS[_verb_command] = [[_verb, "limti=3"]]
 TYPOS["cipr-train"] = [["experiment=smoke", "algo.rescore_weigth=1"], ["algo=ciprr"], ["experiment=smokee"],
-                       ["algo.names=original"], ["trainer.max_steps=[1,"]]
+                       ["algo.names=original"], ["trainer.max_steps=[1,"],
+                       ["trainer.run_dir=runs/${trainer.seeed}"]]
 TYPOS["cipr-eval"] = [["limti=3"], ["benchmark=bfclx"]]
 TYPOS["cipr-plan"] = [["experiment=smoke", "algo.rescore_weigth=1"], ["experiment=smokee"]]
 
@@ -79,23 +80,29 @@ def test_a_typo_is_one_line_and_exit_status_2_for_every_command(name, args, monk
     assert not [p for p in tmp_path.rglob("*") if p.is_dir()], "a refused run left a folder"
 
 
-def test_a_run_refused_by_its_checks_leaves_no_folder_and_a_used_one_is_kept(monkeypatch, capsys, tmp_path):
+def test_a_run_refused_before_its_work_leaves_no_folder_and_a_used_one_is_kept(monkeypatch, capsys, tmp_path):
+    """Refused by the checks before Hydra starts, or by an unreadable data file after the run folder got
+    its config: no folder either way; a folder with a run's work in it is never removed."""
     from cipr.cli.train import main
     from cipr.ops.launch import discard_if_unused
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("CIPR_DEBUG", raising=False)
-    monkeypatch.setattr(sys, "argv", ["cipr-train", "model.name_or_path=/nonexistent/model",
-                                      "trainer.run_dir=runs/refused"])
-    with pytest.raises(SystemExit) as stop:
-        main()
-    assert stop.value.code == 2 and "is not a folder" in capsys.readouterr().err
-    assert not (tmp_path / "runs").exists()
-    hydra_only = tmp_path / "hydra_only"
-    (hydra_only / ".hydra").mkdir(parents=True)
-    (hydra_only / "train.log").write_text("")
-    assert discard_if_unused(hydra_only) and not hydra_only.exists()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "hi"}], "tools": 3}\n')
+    for args, said in ((["model.name_or_path=/nonexistent/model"], "is not a folder"),
+                       (["data=messages", f"data.path={bad}"], "'tools' must be a list")):
+        monkeypatch.setattr(sys, "argv", ["cipr-train", *args, "trainer.run_dir=runs/refused"])
+        try:
+            code = main()
+        except SystemExit as e:
+            code = e.code
+        err = capsys.readouterr().err
+        assert code == 2 and said in err, err
+        left = sorted(p.name for p in (tmp_path / "runs").rglob("*"))
+        assert not (tmp_path / "runs" / "refused").exists(), left
     used = tmp_path / "used"
     (used / ".hydra").mkdir(parents=True)
-    (used / "config.json").write_text("{}")
+    for name in ("config.json", "metrics.jsonl"):
+        (used / name).write_text("{}")
     assert not discard_if_unused(used) and (used / "config.json").is_file()

@@ -159,6 +159,19 @@ def test_bad_row_error_names_file_line_and_field(tmp_path, change, field, kind):
                            "instead")
 
 
+def test_an_evaluation_refuses_a_bad_row_without_offering_to_skip_it(tmp_path):
+    """cipr-eval has no skip option: its denominator is the file, so the message says to fix the row."""
+    from cipr.eval.benchmarks import load_examples
+    from cipr.eval.config import BenchmarkConfig, EvalConfig
+
+    path = write_jsonl(tmp_path / "mine.jsonl", [ROWS[0], ROWS[0] | {"tools": 3}])
+    cfg = EvalConfig(benchmark=BenchmarkConfig(name="messages", path=str(path)))
+    with pytest.raises(DataError) as ei:
+        load_examples(cfg)
+    assert (ei.value.file, ei.value.item, ei.value.field) == (str(path), "line 2", "tools")
+    assert "on_bad_row" not in str(ei.value) and str(ei.value).endswith("so fix or remove this one")
+
+
 def test_whole_row_problems(tmp_path):
     path = write_jsonl(tmp_path / "mine.jsonl", [ROWS[0], '{"messages": [', "[1, 2]", ROWS[0]])
     with pytest.raises(BadRow, match=r"item 'line 2': not valid JSON"):

@@ -85,22 +85,24 @@ def run_command(prog: str, doc: str | None, verbs: Mapping[str, Verb],
 
 HYDRA_INFO_FLAGS = ("-h", "--help", "--hydra-help", "--info", "-i", "--cfg", "-c", "--resolve", "--version",
                     "--shell-completion", "-sc")
+HYDRA_OWN_CONFIG = ("--config-name", "-cn", "--config-path", "-cp", "--experimental-rerun")
 
 
 def hydra_overrides(argv: Sequence[str]) -> tuple[list[str], bool]:
     """The overrides of a Hydra command line, and whether it should be checked at all: flags are dropped
     (`-m`, `--config-dir DIR` becomes a search path), each sweep becomes its first value, and a command that
-    only prints (`--help`, `--cfg`, ...) or names its own config (`--config-name`) is not checked here."""
+    only prints (`--help`, `--cfg`, ...) or names its own config (`--config-name`, `--config-path`,
+    `--experimental-rerun`) is not checked here."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     args, out = list(argv), []
-    if any(a in HYDRA_INFO_FLAGS or a.startswith(("--config-name", "-cn")) for a in args):
+    if any(a in HYDRA_INFO_FLAGS or a.startswith(HYDRA_OWN_CONFIG) for a in args):
         return [], False
     parser = OverridesParser.create()
     while args:
         a = args.pop(0)
-        if a in ("-m", "--multirun"):
+        if a in ("-m", "--multirun", "-r", "--run"):
             continue
         if a in ("--config-dir", "-cd") or a.startswith("--config-dir="):
             folder = a.split("=", 1)[1] if "=" in a else (args.pop(0) if args else "")
@@ -138,8 +140,11 @@ def check_hydra_command(prog: str, argv: Sequence[str], config_dir: Path, config
                                    program=prog)
         try:
             data = OmegaConf.to_container(composed, resolve=True)
-        except InterpolationResolutionError:  # `${hydra:...}`: known only inside the run; Hydra checks it
-            return
+        except InterpolationResolutionError as e:
+            if "HydraConfig was not set" in str(e):  # `${hydra:...}`: known only inside the run
+                return
+            raise ConfigError(f"{e.full_key}: {str(e).splitlines()[0]} (an interpolation ${{...}} in its "
+                              f"value names no option)") from None
         to_config(data)  # type: ignore[arg-type]
     except ConfigError as e:
         report(prog, e)

@@ -88,7 +88,7 @@ class BadRow(DataError):
 
     def __init__(self, kind: str, message: str, *, file: str, item: str, field: str | None = None) -> None:
         super().__init__(message, file=file, item=item, field=field)
-        self.kind = kind
+        self.kind, self.plain = kind, message
 
 
 @dataclass
@@ -432,7 +432,9 @@ def load_messages(path: str | Path, *, on_bad_row: OnBadRow = "raise", unit: Uni
         except BadRow as e:
             if on_bad_row == "raise":
                 hint = "on_bad_row=skip (cipr-train: data.on_bad_row=skip) counts and skips such rows instead"
-                raise BadRow(e.kind, f"{e.reason}; {hint}", file=e.file, item=e.item, field=e.field) from None
+                raised = BadRow(e.kind, f"{e.reason}; {hint}", file=e.file, item=e.item, field=e.field)
+                raised.plain = e.reason  # for a caller that cannot skip rows (an evaluation)
+                raise raised from None
             out.skipped[e.kind] += 1
             details = out.skip_details.setdefault(e.kind, [])
             if len(details) < 3:

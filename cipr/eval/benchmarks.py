@@ -90,11 +90,16 @@ def load_examples(cfg: EvalConfig) -> list[Example]:
             data_root(cfg.data_root) / "toolrl" / "rlla_4k" / "test.parquet"
         exs = load_toolrl(path)
     elif name == "messages":
-        from cipr.data.messages import checked_path
+        from cipr.core.errors import DataError
+        from cipr.data.messages import BadRow, checked_path
         from cipr.data.row_formats import load_rows
 
         path = checked_path(cfg.benchmark.path, "benchmark=messages", "benchmark.path")
-        exs = load_rows(path, cfg.benchmark.data_format).examples
+        try:
+            exs = load_rows(path, cfg.benchmark.data_format).examples
+        except BadRow as e:  # an evaluation skips no item: its denominator is the file
+            raise DataError(f"{e.plain}; an evaluation reads every row, so fix or remove this one",
+                            file=e.file, item=e.item, field=e.field) from None
     elif name == "bfcl_irrelevance":
         from cipr.data.bfcl import load_bfcl_irrelevance
 

@@ -168,17 +168,19 @@ def run_entry(container: dict[str, Any], parse: Callable[[dict[str, Any]], Any],
     return 0
 
 
-HYDRA_ONLY = {".hydra", "train.log", "main.log", "cipr-train.log"}
-"""What Hydra writes into a run folder before the run's own code starts."""
+START_FILES = {".hydra", "train.log", "main.log", "cipr-train.log", "config.json", "config.yaml",
+               "stages.json"}
+"""What a run folder holds before any work: Hydra's files, then the run's resolved config and stage list."""
 
 
 def discard_if_unused(run_dir: Path) -> bool:
-    """Remove `run_dir` when it holds nothing but what Hydra wrote on start (`HYDRA_ONLY`): a run refused
-    before its work leaves no folder for the next run to step around. A folder with anything else (a
-    config.json, a checkpoint, a file of the user's) is never touched. Returns whether it was removed."""
+    """Remove `run_dir` when it holds nothing but what is written on start (`START_FILES`): a run refused
+    before its work (a bad option, an unreadable data file) leaves no folder for the next run to step around
+    or to be refused by as a different config. A folder with anything else (metrics, a stage's checkpoints,
+    a file of the user's) is never touched. Returns whether it was removed."""
     import shutil
 
-    if not run_dir.is_dir() or any(p.name not in HYDRA_ONLY for p in run_dir.iterdir()):
+    if not run_dir.is_dir() or any(p.name not in START_FILES for p in run_dir.iterdir()):
         return False
     shutil.rmtree(run_dir, ignore_errors=True)
     return True
