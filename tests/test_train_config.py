@@ -77,6 +77,22 @@ def test_an_option_the_algorithm_ignores_is_refused_when_set(overrides, message)
         config_from_dict(composed(*overrides))
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["algo=distill", "perturb.preset=twins_only"],
+     r"perturb.preset=twins_only: algo=distill makes no perturbed copies"),
+    (["algo=distill", "perturb.seed=3", "perturb.mask_length=4"],
+     r"perturb.seed=3, perturb.mask_length=4: algo=distill makes no perturbed copies"),
+    (["algo=multi_interface", "algo.regime=supervised", "logging.trace=true"],
+     r"logging.trace=true traces the rescoring terms .* this run has none"),
+    (["algo=cipr", "logging.trace=true"], r"logging.trace=true traces the rescoring terms"),
+    (["algo=grpo", "++algo.terms.js.fn=my_terms:js"],
+     r"algo.terms.js.fn: algo=grpo runs no consistency terms"),
+])
+def test_a_setting_the_run_would_not_use_is_refused_by_validate(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(config_from_dict(composed(*overrides)))
+
+
 def test_an_ignored_option_at_its_default_is_dropped():
     """Not set: the default group (rollout=hf), a dict without the section, another family's default value."""
     assert config_from_dict(composed("algo=distill", "rollout.temperature=0.7")).rollout.temperature == 0.7

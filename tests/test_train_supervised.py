@@ -72,7 +72,7 @@ def steps(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def test_supervised_regime_refuses_a_rollout_term(tiny_dir, tmp_path):
-    with pytest.raises(ConfigError, match="algo.rollout_weight=0"):
+    with pytest.raises(ConfigError, match=r"algo.terms.rollout.*no rollout-kind term: set its weight to nul"):
         validate(config(tiny_dir, tmp_path / "r", "cipr", rollout_weight=0.1))
 
 

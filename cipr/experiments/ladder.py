@@ -138,6 +138,9 @@ def discover(sweep_dir: Path) -> list[Point]:
         algo = config.get("algo", {})
         finished = (run_dir / STAGES_JSON).is_file() and \
             (run_dir / read_result_stage(run_dir) / "stage.json").is_file()
+        if not (run_dir / STAGES_JSON).is_file() and (run_dir / "metrics.jsonl").is_file():
+            log.warning("%s: no %s (a run folder from before its trainer recorded its stages): counted as "
+                        "not finished; train the point again in a new folder", run_dir, STAGES_JSON)
         names = eval_names(algo, config.get("perturb"))
         points.append(Point(run_dir.name, run_dir, method_label(algo), names, finished,
                             config.get("trainer", {}).get("seed")))

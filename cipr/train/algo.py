@@ -134,6 +134,10 @@ def validate_algo(cfg: AlgoConfig, perturb: PerturbConfig) -> None:
     """Reject combinations that cannot mean what they say, naming the override that fixes them (`perturb`:
     the run's resolved perturbation group)."""
     weighted = {k: t.weight for k, t in cfg.active_terms.items() if t.weight}
+    own = sorted(k for k, t in cfg.terms.items() if t.fn)
+    if own and cfg.name != "cipr":
+        raise ConfigError(f"algo.terms.{own[0]}.fn: algo={cfg.name} runs no consistency terms (they "
+                          f"belong to algo=cipr, or algo=cipr_sft in the supervised regime)")
     if weighted and cfg.name != "cipr":
         listed = ", ".join(f"{k}={w}" for k, w in weighted.items())
         raise ConfigError(f"algo.name={cfg.name} with consistency terms ({listed}): the consistency terms "
@@ -145,8 +149,8 @@ def validate_algo(cfg: AlgoConfig, perturb: PerturbConfig) -> None:
             resolve_terms(cfg.terms, allowed=kinds)
         except ConfigError as e:
             if cfg.regime == "supervised" and "needs pairs this regime" in str(e):
-                raise ConfigError(f"{e}. algo.regime=supervised has no rollouts, so no rollout term: set "
-                                  f"algo.rollout_weight=0; the paper's supervised CIPR (§3.4) is SFT + the "
+                raise ConfigError(f"{e}. algo.regime=supervised has no rollouts, so no rollout-kind term: "
+                                  f"set its weight to null; the paper's supervised CIPR (§3.4) is SFT + the "
                                   f"rescoring KL") from None
             raise
     if cfg.name in ("cipr", "multi_interface") and not perturb.paired:
@@ -215,6 +219,12 @@ def validate_distill(cfg: DistillConfig, lora: bool, perturb: PerturbConfig) -> 
     if perturb.names != "canonical" or perturb.paired:
         raise ConfigError(f"algo=distill trains the student under canonical names on unpaired trajectories: "
                           f"perturb.names={perturb.names}, perturb.paired={perturb.paired}; leave both unset")
+    unused = {k: getattr(perturb, k) for k in ("preset", "twin_wordings", "seed", "mask_length")
+              if getattr(perturb, k) != getattr(PerturbConfig(), k)}
+    if unused:
+        listed = ", ".join(f"perturb.{k}={v}" for k, v in unused.items())
+        raise ConfigError(f"{listed}: algo=distill makes no perturbed copies (its rescoring term relabels, "
+                          f"perturb.relabel); leave it unset")
     if cfg.teacher_dtype != "model" and lora:
         raise ConfigError("algo.teacher_dtype must be 'model' with model.lora.enabled (the teacher is the "
                           "base)")

@@ -112,7 +112,7 @@ class DistillTrainer(CheckpointMixin, Trainer):
         self.items = list(items)
         self.fmt = fmt
         self.algo = algo
-        self.objective = algo.objective()
+        self.consistency = algo.objective()
         self.relabel = relabel or RelabelConfig()
         self.teacher = teacher
         self.teacher_context = teacher_context
@@ -124,7 +124,7 @@ class DistillTrainer(CheckpointMixin, Trainer):
         batch = [self.items[i] for i in inputs["index"].tolist()]
         tokenizer = self.processing_class
         relabeled = None
-        if self.objective.uses("rescore"):
+        if self.consistency.uses("rescore"):
             step = self.state.global_step
             base = self.args.seed if self.relabel.seed is None else self.relabel.seed
             relabeled = [relabeled_view(it, self.fmt, tokenizer, self.relabel,
@@ -132,7 +132,7 @@ class DistillTrainer(CheckpointMixin, Trainer):
         autocast = self.algo.autocast_bf16 and self.args.device.type == "cpu"
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             loss, metrics = batch_loss(model, self.teacher, tokenizer, batch, relabeled, self.fmt,
-                                       self.algo.weights, objective=self.objective,
+                                       self.algo.weights, objective=self.consistency,
                                        teacher_context=self.teacher_context,
                                        token_positions=self._positions)
         check_finite(loss, self.state.global_step, metrics)

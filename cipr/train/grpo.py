@@ -152,7 +152,7 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         self.scorer = scorer
         self.algo = algo
         self.fmt = fmt
-        self.objective = objective or Objective([])
+        self.consistency = objective or Objective([])
         self.relabel_config = relabel_config or RelabelConfig()
         self._cipr_sampler: PairedRepeatSampler | None = None
         self._given_task_logps: torch.Tensor | None = None
@@ -463,7 +463,7 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         """TRL's GRPO loss on every row (both interfaces), plus the consistency objective's terms when it has
         any, divided by the gradient-accumulation steps as TRL scales its own loss (module docstring)."""
         with self._timed("loss_forward"):
-            if not self.objective:
+            if not self.consistency:
                 loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
                 check_finite(loss, self.state.global_step)
                 return loss
@@ -505,14 +505,14 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
             parts["actions/p_no_call"] = float(probs[:, -1].detach().mean())
         seq = sequence.tolist()
         rollout = rescore = None
-        if self.objective.uses("rollout"):
+        if self.consistency.uses("rollout"):
             build = self._rollout_pairs if self.episodes is None else self._turn_pairs
             rollout, skipped = build(rows, probs, seq)
             parts.update({f"consistency/{k}": v for k, v in skipped.items()})
-        if self.objective.uses("rescore"):
+        if self.consistency.uses("rescore"):
             rescore, failures = self._rescore_pairs(model, rows, probs, seq, num_actions)
             parts["consistency/relabel_failures"] = failures
-        total, metrics = self.objective(probs, rescore=rescore, rollout=rollout)
+        total, metrics = self.consistency(probs, rescore=rescore, rollout=rollout)
         parts.update(metrics)
         return total, parts
 

@@ -111,6 +111,11 @@ def validate(cfg: TrainConfig) -> None:
         validate_env(cfg.env, cfg.rollout, cfg.algo)
     validate_distributed(cfg.distributed)
     validate_shared(cfg)
+    if cfg.logging.trace and (isinstance(cfg.algo, DistillConfig) or not cfg.algo.supervised
+                              or not cfg.algo.objective().uses("rescore")):
+        raise ConfigError("logging.trace=true traces the rescoring terms of the supervised regime on each "
+                          "step's own pairs (algo=cipr_sft, or algo=cipr algo.regime=supervised); this run "
+                          "has none: set logging.trace=false")
     precision_flags(cfg.trainer.precision)
     resolve_source(cfg.model)
     from cipr.formats import AUTO, get_format

@@ -166,10 +166,10 @@ class SupervisedTrainer(WarmStartTrainer):
         super().__init__(**kwargs)
         self.fmt = fmt
         self.unit_size = unit_size
-        self.objective = objective or Objective([])
+        self.consistency = objective or Objective([])
         self.action_weight = action_weight
         self.relabel_config = relabel_config or RelabelConfig()
-        self.trace = trace and self.objective.uses("rescore")
+        self.trace = trace and self.consistency.uses("rescore")
         self._traced: list[tuple[list[PromptRecord], list[int]]] = []
         if self.trace:
             self.add_callback(TraceCallback(self))
@@ -191,9 +191,9 @@ class SupervisedTrainer(WarmStartTrainer):
                                                self.relabel_config, seeds)
                     if pairs is None:
                         continue
-                    _, metrics = self.objective(pairs.p_other, rescore=pairs)
+                    _, metrics = self.consistency(pairs.p_other, rescore=pairs)
                     self._log({f"trace/{t.name}/after": metrics[f"consistency/{t.name}/value"]
-                               for t in self.objective.terms if t.kind == "rescore"})
+                               for t in self.consistency.terms if t.kind == "rescore"})
         finally:
             model.train(was_training)
 
@@ -271,14 +271,14 @@ class SupervisedTrainer(WarmStartTrainer):
         else:
             out = super().compute_loss(model, inputs, return_outputs=return_outputs,
                                        num_items_in_batch=num_items_in_batch)
-        if not self.objective.uses("rescore") or not model.training:
+        if not self.consistency.uses("rescore") or not model.training:
             return out
         loss = out[0] if return_outputs else out
         canonical = [r for r in batch if r.side == "canonical"]
         base = self.args.seed if self.relabel_config.seed is None else self.relabel_config.seed
         seeds = [relabel_seed(base, self.state.global_step, r.example.id) for r in canonical]
-        detach = self.objective.detach_reference
-        trained = any(t.weight for t in self.objective.terms)  # all at weight 0: read for the log only
+        detach = self.consistency.detach_reference
+        trained = any(t.weight for t in self.consistency.terms)  # all at weight 0: read for the log only
         with torch.enable_grad() if trained else torch.no_grad():
             pairs, failures = rescoring_pairs(model, self.processing_class, canonical, self.fmt,
                                               self.relabel_config, seeds, detach_reference=detach,
@@ -287,12 +287,12 @@ class SupervisedTrainer(WarmStartTrainer):
         self._log({"consistency/relabel_failures": float(failures)})
         if pairs is None:
             return out
-        value, metrics = self.objective(loss, rescore=pairs)
+        value, metrics = self.consistency(loss, rescore=pairs)
         self._log(metrics)
         if self.trace:
             self._traced.append((canonical, seeds))
             self._log({f"trace/{t.name}/before": metrics[f"consistency/{t.name}/value"]
-                       for t in self.objective.terms if t.kind == "rescore"})
+                       for t in self.consistency.terms if t.kind == "rescore"})
         loss = loss + self._accumulated(value.to(loss.dtype), num_items_in_batch)
         check_finite(loss, self.state.global_step, metrics)
         return (loss, out[1]) if return_outputs else loss
