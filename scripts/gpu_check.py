@@ -25,8 +25,9 @@ and its seconds, through the code `cipr-train`, `cipr-export` and `cipr-eval` us
 - `multi_turn_step`: one multi-turn ToyShop CIPR step, turns replayed from ToyShop's scripted expert;
 - `memory_vs_plan`: the peak memory of the HF-rollout GRPO step (`torch.cuda.max_memory_allocated`, or the
   growth of the process's peak RSS on CPU) against `cipr-plan`'s per-GPU estimate for the same shape, batch
-  and strategy (without its fixed CUDA-context allowance on CUDA): the ratio, ok within a factor of 4 either
-  way on CUDA (10 on a CPU, where the process's own growth, not the model's, dominates so small a model);
+  and strategy (without its fixed CUDA-context allowance on CUDA): the ratio, ok within a factor of 2.5 either
+  way on CUDA (an estimate that forgot the activations or took the wrong dtype is off by more), 4 on a CPU
+  (peak RSS growth includes the allocator's and the process's own, 0.37-0.38 of the plan measured here);
 - `export_and_eval`: `cipr-export` of the GRPO step's run folder and one `cipr-eval` slice of the export
   (synthetic, 2 items, original and typos, on the device);
 
@@ -313,7 +314,7 @@ def memory_vs_plan(model_dir: Path, work: Path, measured: dict[str, Any], device
     if not isinstance(peak, float) or peak <= 0:
         return {"ok": False, "error": "no peak measured (the GRPO step failed)", "planned_gb": planned}
     ratio = peak / planned
-    bound = 4.0 if device == "cuda" else 10.0
+    bound = 2.5 if device == "cuda" else 4.0
     return {"ok": 1 / bound <= ratio <= bound, "bound": bound, "measured_gb": peak,
             "measured": "torch.cuda.max_memory_allocated" if device == "cuda" else "peak RSS growth",
             "planned_gb": planned, "ratio_measured_over_planned": ratio, "plan_strategy": mem["strategy"],

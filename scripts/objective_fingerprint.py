@@ -10,9 +10,10 @@ consistency and action metric, and per case a SHA-256 digest of the final weight
     .venv/bin/python scripts/objective_fingerprint.py --check FILE        # compare with a record
 
 `--check` prints, per case, the largest relative difference of any recorded number and whether the weight
-digests are equal (bit-identical training), and exits 1 when a number differs by more than `--rtol`. A
-refactor of the objective that must not change the numbers records before and checks after, on the same
-machine (digests compare bit for bit only on one CPU kind and thread count). About 3 minutes on 2 cores.
+digests are equal (bit-identical training), and exits 1 when a number differs by more than `--atol` +
+`--rtol` times its value. A refactor of the objective that must not change the numbers records before and
+checks after, on the same machine (digests compare bit for bit only on one CPU kind and thread count); on
+another machine tests/test_objective_fingerprint.py checks the record within a tolerance.
 """
 
 from __future__ import annotations
@@ -217,9 +218,10 @@ RENAMED = {"consistency/rescore_kl": "consistency/rescore/kl",
 """Metric names the one-objective refactor (issue 56) changed, old -> new (the values are compared)."""
 
 
-def compare(before: dict[str, Any], after: dict[str, Any], rtol: float) -> bool:
-    """Print each case's largest relative difference; True when every number is within `rtol`. Metrics only
-    the new record has (names the refactor added) are listed, not compared."""
+def compare(before: dict[str, Any], after: dict[str, Any], rtol: float, atol: float = 0.0) -> bool:
+    """Print each case's largest relative difference; True when every number x' is within `atol + rtol*|x|`
+    of its recorded x. Metrics only the new record has (names the refactor added) are listed, not
+    compared."""
     ok = True
     for name in before:
         if name not in after:
@@ -237,13 +239,14 @@ def compare(before: dict[str, Any], after: dict[str, Any], rtol: float) -> bool:
                     print(f"  {name} step {i + 1}: {key} only {'before' if key in x else 'after'}")
                     continue
                 d = abs(x[key] - y[key]) / max(abs(x[key]), 1e-12)
+                ok &= abs(x[key] - y[key]) <= atol + rtol * abs(x[key])
                 if d > worst:
                     worst, where = d, f"step {i + 1} {key}: {x[key]!r} -> {y[key]!r}"
         d = abs(a["weights_l2"] - b["weights_l2"]) / a["weights_l2"]
         if d > worst:
             worst, where = d, f"weights_l2 {a['weights_l2']!r} -> {b['weights_l2']!r}"
         same = a["weights_sha256"] == b["weights_sha256"]
-        ok &= worst <= rtol
+        ok &= abs(a["weights_l2"] - b["weights_l2"]) <= atol + rtol * a["weights_l2"]
         print(f"{name}: largest relative difference {worst:.2e}{' (' + where + ')' if where else ''}; "
               f"weights {'bit-identical' if same else 'differ'}"
               f"{'; new metrics: ' + ', '.join(sorted(added)) if added else ''}")
@@ -256,12 +259,13 @@ def main() -> None:
     p.add_argument("--check", type=Path, help="compare with this record")
     p.add_argument("--only", nargs="*", help="case-name prefixes to run (default: all)")
     p.add_argument("--rtol", type=float, default=1e-6)
+    p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (for numbers near 0)")
     args = p.parse_args()
     result = record(args.only)
     if args.out:
         args.out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     if args.check:
-        sys.exit(0 if compare(json.loads(args.check.read_text()), result, args.rtol) else 1)
+        sys.exit(0 if compare(json.loads(args.check.read_text()), result, args.rtol, args.atol) else 1)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Your own code, imported by name before a command runs: `plugins=[my_module,...]` (cipr-eval, cipr-data).
+"""Your own code, imported by name before a command runs: `plugins=[my_module,...]` (cipr-eval).
 
 A plugin is any module importable from PYTHONPATH that registers what it adds when imported, through the
 package's public registration functions (`cipr.perturb.registry.register_perturbation`, ...), so a

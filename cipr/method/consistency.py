@@ -24,6 +24,11 @@ Choices the paper leaves open, as parameters with these defaults:
 - Rollout: `average="response"` (default) forms a group's distribution as the mean over its G
   responses of each response's mean over its decisions, so every response counts once whatever its
   number of calls; `average="decision"` pools all decisions of the group equally.
+
+`mean_kl` is what training computes, through `cipr.method.objective` (which builds each term's pairs).
+`rescoring_kl` and `rollout_kl` are the two terms written as the paper states them, one call each; they are
+the reference the objective's pairs + `mean_kl` are held equal to, bit for bit (tests/test_objective.py), and
+a direct form for analysis code.
 """
 
 from __future__ import annotations

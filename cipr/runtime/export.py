@@ -67,7 +67,6 @@ log = logging.getLogger(__name__)
 MANIFEST = "cipr_manifest.json"
 MANIFEST_VERSION = 1
 TRAINING_NAMES = ("original", "canonical", "masked")
-# The stage whose `final/` is the run's result, by algorithm (cipr.train.run._stages).
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json", "adapter_config.json")
 
