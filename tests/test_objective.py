@@ -301,8 +301,8 @@ def test_a_users_term_trains_single_turn_grpo(warm_dir, on_path, tmp_path, monke
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from cipr.cli.train import term_overrides
     from cipr.core.config import TRAIN_CONFIG_DIR
+    from cipr.train.config import term_overrides
     from cipr.train.grpo import CIPRGRPOTrainer
     from cipr.train.replay import ReplayRollouts
     from cipr.train.run import config_from_dict, run
