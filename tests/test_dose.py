@@ -72,7 +72,9 @@ def test_the_analysis_finds_a_planted_dose_and_refuses_a_costly_one():
     assert report["n_items"] == 3 and report["seeds"] == [0, 1, 2, 3] and report["steps"] == [10, 20]
     costly = analyze(_records(planted, acc_cost=1 / 3), [], META)  # λ = 3 loses 33 points
     assert costly["decision"]["dose"] is None
-    assert "No dose qualifies" in render(costly) and "The dose is λ = 3 at step 10" in render(report)
+    assert "Decision: no dose qualifies" in render(costly)
+    assert "Decision: the dose is λ = 3 at step 10" in render(report)
+    assert "Stage B (the transfer comparison at the dose) does not run" in render(costly)
 
 
 def test_traces_are_summarized_per_lambda_and_the_report_recomputes_byte_identical(tmp_path):
@@ -93,6 +95,44 @@ def test_traces_are_summarized_per_lambda_and_the_report_recomputes_byte_identic
     data = json.loads(files["cpu_dose.json"])
     assert set(data["heldin_kl"]) == {"0", "1", "3"} and len(data["accuracy"]["3"]["20"]) == 4
     assert data["decision"]["dose"] == {"lambda": 3.0, "step": 20} and "rule" in data["decision"]
+    text = files["cpu_dose.md"].decode()
+    assert "It held (interval below 0) at λ = 1, 3." in text
+    assert "Decision: the dose is λ = 3 at step 20" in text
+    assert "no change from the task loss alone is resolved" in text
+    assert data["traces"]["3"]["change_vs_control_t"]["mean"] == pytest.approx(-0.06)
+
+
+def test_the_result_paragraph_puts_a_failed_positive_control_first():
+    """λ = 1's update raises the term on its own pairs (after > before): its control fails, and the paragraph
+    says so before the decision; λ = 0's change is resolved from 0 (the task loss moves the term)."""
+    traces = [{"lambda": lam, "seed": s, "step": st, "before": 0.4,
+               "after": 0.4 + {0.0: -0.01, 1.0: 0.01, 3.0: -0.05}[lam] + 0.001 * s, "loss": 1.0}
+              for lam in (0.0, 1.0, 3.0) for s in range(4) for st in range(1, 11)]
+    text = render(analyze(_records({}), traces, META))
+    control = text.index("Positive control")
+    assert control < text.index("Decision: no dose qualifies")
+    assert ("It held (interval below 0) at λ = 3; not at λ = 1, where, as pre-registered, the held-in result "
+            "is not read as a dose-response.") in text
+    assert "the task loss alone moves the term on its pairs" in text
+
+
+def test_a_report_over_finished_seeds_only_says_so_and_stays_finite(recwarn):
+    """Seeds 1 and 3 not run (a cut-short run): the comparisons rest on seeds 0 and 2, the paragraph opens
+    with what is missing and marks the decision provisional, and no mean is taken over nothing."""
+    planted = {(3.0, 10): -0.09, (3.0, 20): -0.12}
+    records = [r for r in _records(planted) if r["seed"] in (0, 2)]
+    traces = [{"lambda": lam, "seed": s, "step": st, "before": 0.4, "after": 0.38 - 0.01 * s, "loss": 1.0}
+              for lam in (0.0, 1.0, 3.0) for s in (0, 2) for st in range(1, 11)]
+    report = analyze(records, traces, META)
+    assert report["comparisons"]["3"]["10"]["seeds"] == 2
+    assert report["traces"]["3"]["change_t"]["n"] == 2
+    assert report["traces"]["3"]["change_t"]["mean"] == pytest.approx(-0.03)
+    text = render(report)
+    opening = text.index("Incomplete run: 2 of the 4 pre-registered seeds finished")
+    assert opening < text.index("Positive control")
+    assert "(seeds 0, 2 of 0, 1, 2, 3)" in text and "(1 degrees of freedom)" in text
+    assert "Decision (provisional):" in text and "nan" not in text.split("## Held-in KL")[0]
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
 
 
 def test_the_design_is_checked():

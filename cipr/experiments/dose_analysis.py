@@ -100,7 +100,14 @@ def trace_summary(traces: Sequence[Mapping[str, Any]], lambdas: Sequence[float],
                        else float("nan") for s in seeds],
             "by_step": {str(st): float(np.mean([t["before"] for t in rows if int(t["step"]) == st]))
                         for st in steps}}
-        out[key(lam)]["change_t"] = paired_t(out[key(lam)]["change"]) if len(seeds) > 1 else None
+        done = [c for c in out[key(lam)]["change"] if not math.isnan(c)]
+        out[key(lam)]["change_t"] = paired_t(done) if len(done) > 1 else None
+    control = out.get(key(0.0))
+    for lam in lambdas:  # a reading aid, not pre-registered: the update's effect beyond the task loss's
+        if lam > 0 and control is not None and len(seeds) > 1:
+            diffs = [c - b for c, b in zip(out[key(lam)]["change"], control["change"], strict=True)]
+            ok = [d for d in diffs if not math.isnan(d)]
+            out[key(lam)]["change_vs_control_t"] = paired_t(ok) if len(ok) > 1 else None
     return out
 
 
@@ -123,28 +130,92 @@ def analyze(records: Sequence[Mapping[str, Any]], traces: Sequence[Mapping[str, 
             "wall_s": meta.get("wall_s"), "timings": meta.get("timings", {}), "design": design}
 
 
+def finished_seeds(report: Mapping[str, Any]) -> list[int]:
+    """The design's seeds with a held-in KL at every (λ, step): the seeds the comparisons rest on."""
+    return [s for i, s in enumerate(report["seeds"])
+            if all(not math.isnan(report["heldin_kl"][key(lam)][str(st)][i])
+                   for lam in report["lambdas"] for st in report["steps"])]
+
+
+def _mean(values: Sequence[float]) -> float:
+    """The mean over the values that are not NaN (NaN, without numpy's warning, when none is)."""
+    done = [v for v in values if not math.isnan(v)]
+    return math.fsum(done) / len(done) if done else float("nan")
+
+
 def _fmt(c: Mapping[str, Any] | None, digits: int = 4) -> str:
     if not c:
         return "n/a"
     return f"{c['mean']:+.{digits}f} [{c['low']:+.{digits}f}, {c['high']:+.{digits}f}]"
 
 
+def result_paragraph(report: Mapping[str, Any]) -> list[str]:
+    """The result in words, each sentence computed from the report: the positive control first (the term
+    on each step's own pairs, which the update optimizes directly: pre-registered analysis 2), then the
+    decision, what λ = 0 alone does to the held-in KL (analysis 3) and what follows for Stage B."""
+    lambdas, steps, traces = report["lambdas"], report["steps"], report["traces"]
+    trained = [lam for lam in lambdas if lam > 0]
+    held = [lam for lam in trained if (traces[key(lam)].get("change_t") or {}).get("high", 0.0) < 0]
+    failed = [lam for lam in trained if lam not in held]
+    listed = ", ".join(f"λ = {lam:g} {_fmt(traces[key(lam)]['change_t'])}" for lam in trained)
+    control = traces.get(key(0.0), {}).get("change_t")
+    versus = ", ".join(f"λ = {lam:g} {_fmt(traces[key(lam)].get('change_vs_control_t'))}" for lam in trained)
+    verdict = (f"It held (interval below 0) at λ = {', '.join(f'{v:g}' for v in held)}" if held
+               else "It held at no λ")
+    if failed:
+        verdict += (f"; not at λ = {', '.join(f'{v:g}' for v in failed)}, where, as pre-registered, the "
+                    f"held-in result is not read as a dose-response")
+    moved = control is not None and (control["high"] < 0 or control["low"] > 0)
+    finished, planned = finished_seeds(report), report["seeds"]
+    lines = []
+    if finished != planned:
+        lines += [f"**Incomplete run: {len(finished)} of the {len(planned)} pre-registered seeds finished** "
+                  f"(seeds {', '.join(map(str, finished)) or 'none'} of {', '.join(map(str, planned))}). "
+                  f"Every interval below is a t interval over the finished seeds "
+                  f"({max(len(finished) - 1, 0)} degrees of freedom), so the decision below is provisional: "
+                  f"the pre-registered rule is applied as written, to fewer seeds than planned.", ""]
+    lines += [f"**Positive control (the term on each step's own pairs, which the update optimizes "
+              f"directly).** After − before the update, mean over steps, nats, 95% t interval over seeds: "
+              f"{listed}. {verdict}.", "",
+              f"At λ = 0, where the term is computed but not trained on, after − before was {_fmt(control)}: "
+             + ("the task loss alone moves the term on its pairs." if moved else
+                "no change from the task loss alone is resolved.")
+             + f" Each λ's change minus λ = 0's, paired by seed (a reading aid, not pre-registered): "
+               f"{versus}.", ""]
+    dose = report["decision"]["dose"]
+    provisional = "" if finished == planned else " (provisional)"
+    if dose is None:
+        lines.append(f"**Decision{provisional}: no dose qualifies** under the pre-registered rule "
+                     f"({report['decision']['rule']}).")
+    else:
+        c = report["comparisons"][key(dose["lambda"])][str(dose["step"])]
+        lines.append(f"**Decision{provisional}: the dose is λ = {dose['lambda']:g} at step {dose['step']}**: "
+                     f"held-in `{report['heldin']}` KL, λ − λ=0, {_fmt(c['kl_difference'])} nats over "
+                     f"{c['seeds']} seeds ({c['relative_reduction']:.0%} of λ=0's {c['control_kl']:.4f}); "
+                     f"original action accuracy {_fmt(c['accuracy_difference'], 1)} points.")
+    trajectory = ", ".join(f"step {st}: {_mean(report['heldin_kl'][key(0.0)][str(st)]):.4f}"
+                           for st in steps)
+    lines += ["", f"λ = 0's held-in KL on the calibration items (mean over seeds), {trajectory}.", ""]
+    if dose is None:
+        lines.append("As pre-registered, Stage B (the transfer comparison at the dose) does not run: Stage A "
+                     "found no dose.")
+    elif provisional:
+        lines.append("Stage B (the transfer comparison at the dose) waits for the remaining seeds: the "
+                     "pre-registration runs it at a dose found over all of them.")
+    else:
+        lines.append("As pre-registered, Stage B (the transfer comparison) runs at this dose, with its own "
+                     "pre-registration.")
+    return lines
+
+
 def render(report: Mapping[str, Any]) -> str:
     """cpu_dose.md: the result paragraph and the tables."""
     lambdas, steps = report["lambdas"], report["steps"]
-    dose = report["decision"]["dose"]
     lines = ["# Dose study, Stage A (CPU): does CIPR's rescoring term take hold, at which λ and step?", "",
              "Pre-registration: [cpu_dose_preregistration.md](cpu_dose_preregistration.md) (committed before "
              "the run). Every number below is recomputed from `cpu_dose_records.jsonl.gz` and "
              "`cpu_dose_trace.jsonl.gz` by `cipr-dose report`.", "", "## Result", ""]
-    if dose is None:
-        lines.append(f"**No dose qualifies** under the pre-registered rule ({report['decision']['rule']}).")
-    else:
-        c = report["comparisons"][key(dose["lambda"])][str(dose["step"])]
-        lines.append(f"**The dose is λ = {dose['lambda']:g} at step {dose['step']}**: held-in "
-                     f"`{report['heldin']}` KL, λ − λ=0, {_fmt(c['kl_difference'])} nats over {c['seeds']} "
-                     f"seeds ({c['relative_reduction']:.0%} of λ=0's {c['control_kl']:.4f}); original action "
-                     f"accuracy {_fmt(c['accuracy_difference'], 1)} points.")
+    lines += result_paragraph(report)
     lines += ["", "## Held-in KL and original accuracy: λ − λ=0 at the same step (paired over seeds)", "",
               "| λ | step | KL difference (nats) | relative | accuracy difference (points) | qualifies |",
               "|---|---|---|---|---|---|"]
@@ -161,14 +232,14 @@ def render(report: Mapping[str, Any]) -> str:
               "|---|---|---|---|"]
     for lam in lambdas:
         for st in steps:
-            lines.append(f"| {lam:g} | {st} | {np.nanmean(report['heldin_kl'][key(lam)][str(st)]):.4f} | "
-                         f"{np.nanmean(report['accuracy'][key(lam)][str(st)]):.1f} |")
+            lines.append(f"| {lam:g} | {st} | {_mean(report['heldin_kl'][key(lam)][str(st)]):.4f} | "
+                         f"{_mean(report['accuracy'][key(lam)][str(st)]):.1f} |")
     lines += ["", "## Training-time traces: the term on each step's own pairs", "",
               "| λ | term before the update (mean over steps) | after − before (mean over steps) |",
               "|---|---|---|"]
     for lam in lambdas:
         t = report["traces"][key(lam)]
-        lines.append(f"| {lam:g} | {np.nanmean(t['before']):.4f} | {_fmt(t['change_t'])} |")
+        lines.append(f"| {lam:g} | {_mean(t['before']):.4f} | {_fmt(t['change_t'])} |")
     lines += ["", "![held-in KL and accuracy by step](cpu_dose.png)", "",
               "![the term before and after each update](cpu_dose_trace.png)", ""]
     if report.get("wall_s"):
@@ -188,7 +259,7 @@ def plot(report: Mapping[str, Any], traces: Sequence[Mapping[str, Any]], out: Pa
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for lam in lambdas:
         for ax, what in zip(axes, ("heldin_kl", "accuracy"), strict=True):
-            means = [np.nanmean(report[what][key(lam)][str(s)]) for s in steps]
+            means = [_mean(report[what][key(lam)][str(s)]) for s in steps]
             line, = ax.plot(steps, means, marker="o", label=f"λ = {lam:g}")
             for s in steps:
                 ax.scatter([s] * len(report[what][key(lam)][str(s)]), report[what][key(lam)][str(s)], s=8,
