@@ -66,6 +66,23 @@ def test_command_line_options_become_the_plan(capsys, monkeypatch):
         assert main(argv) == 2 and message in capsys.readouterr().err
 
 
+def test_a_point_is_found_by_its_resolved_weight_not_the_alias_it_was_launched_with(tmp_path):
+    """cipr-train writes `algo.rescore_weight=1.0` into `terms.rescore.weight` and nulls the alias: the
+    point's folder is found by the term's weight (it was not, after the objective refactor)."""
+    from cipr.experiments.evidence import run_dir_of
+    from cipr.experiments.points import Point
+
+    config = EvidenceConfig(sweep_dir=str(tmp_path), seeds=(0,))
+    folders = (("cipr", "cipr", 1.0), ("lam10", "cipr", 10.0), ("mi", "multi_interface", 0.0))
+    for name, algo, weight in folders:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(
+            {"trainer": {"seed": 0}, "algo": {"name": algo, "rescore_weight": None,
+                                              "terms": {"rescore": {"weight": weight}}}}))
+    assert run_dir_of(config, Point("cipr", 0)) == tmp_path / "cipr"
+    assert run_dir_of(config, Point("multi_interface", 0)) == tmp_path / "mi"
+
+
 @pytest.mark.integration
 def test_cipr_evidence_runs_every_point_and_resumes(tmp_path):
     import subprocess

@@ -205,6 +205,20 @@ def test_a_sweep_over_a_known_term_key_replaces_the_sweep_files_values():
     assert {tuple(j[:3]) for j in jobs} == expected
 
 
+def test_a_weight_alias_in_a_sweep_over_its_term_is_refused_in_one_line():
+    """`algo.rescore_weight=0.1` beside `+sweep=consistency` would not replace the sweep's four values (each
+    point would train with 0.1 into one folder): cipr-train refuses it and names the key that works."""
+    argv = ["-m", "+sweep=consistency", "algo.rescore_weight=0.1", "trainer.seed=0"]
+    bad = subprocess.run([sys.executable, "-m", "cipr.cli.train", *argv], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert "write algo.terms.rescore.weight=0.1" in bad.stderr
+    from cipr.train.config import refuse_alias_over_sweep
+
+    refuse_alias_over_sweep(["+sweep=consistency", "algo.rescore_weight=0.1"])  # one run: the alias applies
+    refuse_alias_over_sweep(["-m", "+sweep=consistency", "algo.terms.rescore.weight=0.1"])
+
+
 def test_the_planner_composes_a_users_term_as_cipr_train_does(on_path):
     from cipr.train.config import compose_train
 

@@ -323,7 +323,7 @@ def test_submitit_sweep_runs_each_point_as_a_job_and_a_usr2_point_resumes(slurm,
            "rollout.num_generations=2", "rollout.max_completion_length=16", "trainer=smoke",
            "trainer.resume=auto", "trainer.max_steps=4", "trainer.save_steps=10",
            "trainer.per_device_train_batch_size=4", "trainer.warm_start.steps=0", "++trainer.torch_threads=1",
-           "logging.progress_bar=false", "algo.rescore_weight=0.1", "algo.rollout_weight=0.1",
+           "logging.progress_bar=false", "algo.terms.rescore.weight=0.1", "algo.terms.rollout.weight=0.1",
            "trainer.seed=0,1"]
     driver = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)

@@ -26,9 +26,9 @@ def _compose(*overrides: str):
 
 
 def test_sweep_config_lists_the_points_and_names_each_run_folder_by_them():
-    cfg = _compose("+sweep=consistency", "algo.rescore_weight=0.05", "trainer.seed=2")
+    cfg = _compose("+sweep=consistency", "algo.terms.rescore.weight=0.05", "trainer.seed=2")
     params = cfg.hydra.sweeper.params
-    assert [len(str(params[k]).split(",")) for k in ("algo.rescore_weight", "algo.rollout_weight",
+    assert [len(str(params[k]).split(",")) for k in ("algo.terms.rescore.weight", "algo.terms.rollout.weight",
                                                      "trainer.seed")] == [4, 2, 3]
     assert cfg.trainer.run_dir == "runs/sweeps/consistency/smollm2-135m/rs0.05_ro0.1_s2"
     assert cfg.algo.name == "cipr"
@@ -65,7 +65,7 @@ def test_local_sweep_runs_each_point_in_its_own_folder_and_resumes_each_on_its_o
            "rollout.num_generations=2", "rollout.max_completion_length=16", "trainer=smoke",
            "trainer.resume=auto", "trainer.max_steps=1", "trainer.save_steps=1",
            "trainer.per_device_train_batch_size=4", "trainer.warm_start.steps=0", "++trainer.torch_threads=1",
-           "logging.progress_bar=false", "algo.rescore_weight=0.1", "algo.rollout_weight=0.1",
+           "logging.progress_bar=false", "algo.terms.rescore.weight=0.1", "algo.terms.rollout.weight=0.1",
            "trainer.seed=0,1"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
 

@@ -169,8 +169,20 @@ def _matches(algo: Mapping[str, Any], arm: Arm) -> bool:
     names = {"grpo": "grpo", "multi_interface": "multi_interface", "cipr_sft": "cipr"}
     if algo.get("name") != names.get(wanted.get("algo", ""), ""):
         return False
-    return all(str(algo.get(k.removeprefix("algo."))) == v for k, v in wanted.items()
+    return all(str(_algo_value(algo, k.removeprefix("algo."))) == v for k, v in wanted.items()
                if k.startswith("algo."))
+
+
+def _algo_value(algo: Mapping[str, Any], key: str) -> Any:
+    """`key` (dotted: `terms.rescore.weight`) in a run's resolved `algo` section; an alias weight
+    (`rescore_weight`, written into its term when the run started, then null) is read from its term."""
+    parts = key.split(".")
+    if len(parts) == 1 and key.endswith("_weight") and algo.get(key) is None:
+        parts = ["terms", key.removesuffix("_weight"), "weight"]
+    value: Any = algo
+    for part in parts:
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
 
 
 class Clock:

@@ -121,6 +121,32 @@ def term_overrides(overrides: Sequence[str], probe: Sequence[str] | None = None)
     return [f"++{o}" if TERM_OPTION.match(o) and absent(o) else o for o in overrides]
 
 
+WEIGHT_ALIASES = {"algo.rescore_weight": "algo.terms.rescore.weight",
+                  "algo.rollout_weight": "algo.terms.rollout.weight"}
+
+
+def refuse_alias_over_sweep(argv: Sequence[str]) -> None:
+    """ConfigError for a weight alias (`algo.rescore_weight=0.1`) in a multirun whose `+sweep=` file sweeps
+    the term's own key: the alias wins inside every job, so each of the sweep's values would run with the
+    alias's weight, into one run folder; the term's key (`algo.terms.rescore.weight=0.1`) replaces them."""
+    from omegaconf import OmegaConf
+
+    if not {"-m", "--multirun"} & set(argv):
+        return
+    sweeps = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("sweep=")]
+    path = TRAIN_CONFIG_DIR / "sweep" / f"{sweeps[-1]}.yaml" if sweeps else None
+    if path is None or not path.is_file():
+        return
+    params = OmegaConf.select(OmegaConf.load(path), "hydra.sweeper.params", default=None) or {}
+    for option in argv:
+        key, _, value = option.partition("=")
+        term = WEIGHT_ALIASES.get(key)
+        if term is not None and term in params:
+            raise ConfigError(f"{option}: sweep={sweeps[-1]} sweeps {term} ({params[term]}) and the alias "
+                              f"would not replace it (every point would train with {value}, into one "
+                              f"folder); write {term}={value}")
+
+
 def compose_train(overrides: Sequence[str]) -> TrainConfig:
     """A `TrainConfig` from cipr-train overrides, as `cipr-train` composes it (configs/train/train.yaml,
     a term of the user's own added as on its command line: `term_overrides`); a composition error is one
