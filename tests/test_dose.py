@@ -124,6 +124,9 @@ def test_a_report_over_finished_seeds_only_says_so_and_stays_finite(recwarn):
     traces = [{"lambda": lam, "seed": s, "step": st, "before": 0.4, "after": 0.38 - 0.01 * s, "loss": 1.0}
               for lam in (0.0, 1.0, 3.0) for s in (0, 2) for st in range(1, 11)]
     report = analyze(records, traces, META)
+    assert report["seeds"] == [0, 2] and report["seeds_planned"] == [0, 1, 2, 3]
+    assert len(report["heldin_kl"]["3"]["10"]) == 2
+    assert "NaN" not in json.dumps({k: report[k] for k in ("heldin_kl", "accuracy")})
     assert report["comparisons"]["3"]["10"]["seeds"] == 2
     assert report["traces"]["3"]["change_t"]["n"] == 2
     assert report["traces"]["3"]["change_t"]["mean"] == pytest.approx(-0.03)

@@ -115,15 +115,17 @@ def analyze(records: Sequence[Mapping[str, Any]], traces: Sequence[Mapping[str, 
             meta: Mapping[str, Any]) -> dict[str, Any]:
     """cpu_dose.json: the per-seed values, the comparisons against λ = 0, the traces and the decision."""
     design = meta["design"]
-    lambdas, steps, seeds = list(design["lambdas"]), list(design["steps"]), list(design["seeds"])
+    lambdas, steps, planned = list(design["lambdas"]), list(design["steps"]), list(design["seeds"])
     records = [r for r in records if "skipped" not in r]
+    present = {int(r["seed"]) for r in records}
+    seeds = [s for s in planned if s in present]  # a run cut short reports the seeds it has, and says so
     kl = {key(lam): {str(st): per_seed(records, "kl", lam, st, seeds) for st in steps} for lam in lambdas}
     acc = {key(lam): {str(st): per_seed(records, "action_acc_ref", lam, st, seeds, 100.0) for st in steps}
            for lam in lambdas}
     comparisons = {key(lam): {str(st): compare(kl, acc, lam, st) for st in steps}
                    for lam in lambdas if lam > 0}
     dose = decide(comparisons, lambdas, steps)
-    return {"lambdas": lambdas, "steps": steps, "seeds": seeds,
+    return {"lambdas": lambdas, "steps": steps, "seeds": seeds, "seeds_planned": planned,
             "n_items": len({r["id"] for r in records}), "heldin": design["heldin"],
             "heldin_kl": kl, "accuracy": acc, "comparisons": comparisons,
             "decision": {"dose": dose, "rule": RULE}, "traces": trace_summary(traces, lambdas, seeds),
@@ -166,7 +168,7 @@ def result_paragraph(report: Mapping[str, Any]) -> list[str]:
         verdict += (f"; not at λ = {', '.join(f'{v:g}' for v in failed)}, where, as pre-registered, the "
                     f"held-in result is not read as a dose-response")
     moved = control is not None and (control["high"] < 0 or control["low"] > 0)
-    finished, planned = finished_seeds(report), report["seeds"]
+    finished, planned = finished_seeds(report), report.get("seeds_planned", report["seeds"])
     lines = []
     if finished != planned:
         lines += [f"**Incomplete run: {len(finished)} of the {len(planned)} pre-registered seeds finished** "
