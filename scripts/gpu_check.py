@@ -239,16 +239,12 @@ def grpo_hf(model_dir: Path, work: Path, device: str) -> dict[str, Any]:
 def grpo_consistency(model_dir: Path, work: Path) -> dict[str, Any]:
     from cipr.train.config import compose_train
     from cipr.train.grpo import CIPRGRPOTrainer
-    from cipr.train.replay import ReplayRollouts
+    from cipr.train.replay import replay_single_turn
     from cipr.train.run import run
 
     original = CIPRGRPOTrainer._generate_single_turn
 
-    def replay(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        if not hasattr(self, "_replay"):
-            self._replay = ReplayRollouts(self.prompt_set.records, self.fmt, self.processing_class,
-                                          max_completion_length=self.max_completion_length)
-        return self._replay.generate(prompt_ids, images, multimodal_fields, num_generations)
+    replay = replay_single_turn()
 
     CIPRGRPOTrainer._generate_single_turn = replay
     try:

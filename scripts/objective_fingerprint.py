@@ -118,16 +118,14 @@ def replay(kind: str | None) -> Iterator[None]:
     if kind is None:
         yield
         return
+    from cipr.train.replay import replay_single_turn
+
     original = CIPRGRPOTrainer._generate_single_turn
+    single = replay_single_turn()
 
     def generate(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         if kind == "single":
-            from cipr.train.replay import ReplayRollouts
-
-            if not hasattr(self, "_replay"):
-                self._replay = ReplayRollouts(self.prompt_set.records, self.fmt, self.processing_class,
-                                              max_completion_length=self.max_completion_length)
-            return self._replay.generate(prompt_ids, images, multimodal_fields, num_generations)
+            return single(self, prompt_ids, images, multimodal_fields, num_generations)
         from support.episode_replay import EpisodeReplay, expert_choice
 
         if not hasattr(self, "_replay"):

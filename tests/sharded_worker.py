@@ -116,15 +116,11 @@ def main() -> None:
 
     stage_module.check_strategy = recording_check
     from cipr.train.grpo import CIPRGRPOTrainer
-    from cipr.train.replay import ReplayRollouts
+    from cipr.train.replay import replay_single_turn
 
     generate_single_turn = CIPRGRPOTrainer._generate_single_turn
 
-    def replayed(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        if not hasattr(self, "_replay"):
-            self._replay = ReplayRollouts(self.prompt_set.records, self.fmt, self.processing_class,
-                                          max_completion_length=self.max_completion_length, draw="per_prompt")
-        return self._replay.generate(prompt_ids, images, multimodal_fields, num_generations)
+    replayed = replay_single_turn("per_prompt")
 
     from support.episode_replay import EpisodeReplay, expert_choice
 

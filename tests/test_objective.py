@@ -318,14 +318,10 @@ def test_a_users_term_trains_single_turn_grpo(warm_dir, on_path, tmp_path, monke
     from cipr.core.config import TRAIN_CONFIG_DIR
     from cipr.train.config import term_overrides
     from cipr.train.grpo import CIPRGRPOTrainer
-    from cipr.train.replay import ReplayRollouts
+    from cipr.train.replay import replay_single_turn
     from cipr.train.run import config_from_dict, run
 
-    def generate(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        if not hasattr(self, "_replay"):
-            self._replay = ReplayRollouts(self.prompt_set.records, self.fmt, self.processing_class,
-                                          max_completion_length=self.max_completion_length)
-        return self._replay.generate(prompt_ids, images, multimodal_fields, num_generations)
+    generate = replay_single_turn()
 
     monkeypatch.setattr(CIPRGRPOTrainer, "_generate_single_turn", generate)
     runs = {}

@@ -18,7 +18,7 @@ import torch
 from cipr.core.config import from_dict
 from cipr.train.checkpoint import NonFiniteLossError, latest_complete
 from cipr.train.grpo import CIPRGRPOTrainer
-from cipr.train.replay import ReplayRollouts
+from cipr.train.replay import replay_single_turn
 from cipr.train.run import TrainConfig, run
 
 ALGOS: dict[str, dict[str, Any]] = {
@@ -79,11 +79,7 @@ def replayed(monkeypatch):
     seen: list[list[tuple[int, str]]] = []
     original = CIPRGRPOTrainer.compute_loss
 
-    def generate(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        if not hasattr(self, "_replay"):
-            self._replay = ReplayRollouts(self.prompt_set.records, self.fmt, self.processing_class,
-                                          max_completion_length=self.max_completion_length)
-        return self._replay.generate(prompt_ids, images, multimodal_fields, num_generations)
+    generate = replay_single_turn()
 
     def compute_loss(self, model, inputs, *args, **kwargs):
         seen.append([(row.record.pair_id, row.record.side) for row in inputs["cipr_rows"]])

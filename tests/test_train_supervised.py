@@ -113,13 +113,9 @@ def test_cipr_with_zero_weights_trains_like_multi_interface(tiny_dir, tmp_path, 
     component into a step of up to the learning rate, so bit equality cannot hold)."""
     if regime == "rl":  # GRPO's rollouts from the replayed references (a random tiny model writes no call)
         from cipr.train.grpo import CIPRGRPOTrainer
-        from cipr.train.replay import ReplayRollouts
+        from cipr.train.replay import replay_single_turn
 
-        def generate(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-            if not hasattr(self, "_replay"):
-                self._replay = ReplayRollouts(self.prompt_set.records, self.fmt, self.processing_class,
-                                              max_completion_length=self.max_completion_length)
-            return self._replay.generate(prompt_ids, images, multimodal_fields, num_generations)
+        generate = replay_single_turn()
 
         monkeypatch.setattr(CIPRGRPOTrainer, "_generate_single_turn", generate)
     stage = "supervised" if regime == "supervised" else "grpo"

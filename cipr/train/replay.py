@@ -2,8 +2,9 @@
 
 Tests and `scripts/bench_step.py` need rollouts that make tool calls from the first step (a tiny random
 model never does), identical across algorithms. `ReplayRollouts.install(trainer)` replaces
-GRPOTrainer's `_generate_single_turn`, where TRL turns prompt ids into completion ids, so everything
-after it (rewards, advantages, losses, checkpoints) is the trainer's own code.
+GRPOTrainer's `_generate_single_turn`, where TRL turns prompt ids into completion ids
+(`replay_single_turn`: the same on a trainer class), so everything after it (rewards, advantages, losses,
+checkpoints) is the trainer's own code.
 
 For each prompt row the candidates are: the reference target (correct); the target with its first
 call sent to another declared tool (on the perturbed side the called tool's degraded twin when it
@@ -92,3 +93,19 @@ class ReplayRollouts:
 
     def install(self, trainer: Any) -> None:
         trainer._generate_single_turn = self.generate
+
+
+def replay_single_turn(draw: Literal["global", "per_prompt"] = "global") -> Any:
+    """A `GRPOTrainer._generate_single_turn` to set on a trainer class, for runs whose trainer is built
+    inside `cipr.train.run` (where `ReplayRollouts.install` cannot reach the instance): each trainer builds
+    its `ReplayRollouts` from its own prompt set on its first generation."""
+
+    def generate(self: Any, prompt_ids: Sequence[Sequence[int]], images: Any = None,
+                 multimodal_fields: Any = None, num_generations: int = 1,
+                 has_tool_images: bool = False) -> tuple[list[list[int]], None]:
+        if not hasattr(self, "_replay"):
+            self._replay = ReplayRollouts(self.prompt_set.records, self.fmt, self.processing_class,
+                                          max_completion_length=self.max_completion_length, draw=draw)
+        return self._replay.generate(prompt_ids, images, multimodal_fields, num_generations)
+
+    return generate
