@@ -165,6 +165,32 @@ def test_the_points_and_the_calibration_items(tmp_path):
     assert all(not set(e.interface.names) & listed for e in items)
 
 
+def test_the_points_train_on_the_configured_threads(tmp_path, monkeypatch):
+    """`threads` holds for training too: two processes side by side then run one thread each, as the
+    pre-registration plans, instead of torch's default (one a core) contending for the same cores."""
+    import torch
+
+    import cipr.experiments.dose as dose
+
+    seen = []
+
+    def train_point(config, point, lam):
+        seen.append(torch.get_num_threads())
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dose, "train_point", train_point)
+    monkeypatch.setattr(dose, "calibration_items", lambda data, n, eval_seed: [])  # not what is tested
+    monkeypatch.setattr(dose, "build_pairs", lambda config, items: [])
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            dose.run_dose(DoseConfig(out_dir=str(tmp_path), threads=1, report=False))
+    finally:
+        torch.set_num_threads(old)
+    assert seen == [1]
+
+
 def test_traces_show_each_step_before_and_after_and_lambda_zero_still_trains_like_multi_interface(tmp_path):
     """The trace reads change no weight: CIPR at λ = 0 with traces gives multi-interface's weights bit for
     bit; the logged before-value is the step's own term, and the after-value differs once weights moved."""

@@ -66,7 +66,8 @@ class DoseConfig:
     - `perturbation_seed`: the seed of their relabeled copies.
     - `heldin`: the type read (the held-in relabeling).
     - `batch_size`: sequences per forward pass of the action reader.
-    - `threads`: torch threads (null: torch's default).
+    - `threads`: torch threads of the whole process, training and reading (null: torch's default, one a
+      core, which oversubscribes the cores when two processes run side by side).
     - `keep_weights`: keep each point's checkpoints after they are read.
     - `report`: write the report at the end.
     - `train`: more cipr-train overrides for every point (`train.model=tiny` for a quick run).
@@ -186,11 +187,14 @@ def read_traces(run_dir: Path, point: Point, lam: float) -> list[dict[str, Any]]
 def run_dose(config: DoseConfig) -> dict[str, Any] | None:
     """Train and read every point of the pieces asked for that is not done yet, then (with `report`) write
     the report from every finished point; returns the report (None without one)."""
+    import torch
     from tqdm import tqdm
 
     from cipr.experiments.transfer import evaluate_point
     from cipr.formats import get_format
 
+    if config.threads:
+        torch.set_num_threads(config.threads)  # before the first point trains, not only when it is read
     out = Path(config.out_dir)
     base = compose_train(point_overrides(config, Point(arm(0.0), config.seeds[0]), 0.0))
     items = calibration_items(base.data, config.items, config.eval_seed)
