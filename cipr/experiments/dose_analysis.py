@@ -285,7 +285,7 @@ def plot(report: Mapping[str, Any], traces: Sequence[Mapping[str, Any]], out: Pa
         line, = ax.plot(xs, before, label=f"λ = {lam:g}: before the update")
         ax.plot(xs, after, linestyle="--", color=line.get_color(), label=f"λ = {lam:g}: after")
     ax.set_xlabel("training step")
-    ax.set_ylabel("rescoring KL on the step's own pairs (nats; mean over seeds)")
+    ax.set_ylabel("term on the step's own pairs\n(nats, mean over seeds)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "cpu_dose_trace.png", dpi=120)
