@@ -336,3 +336,41 @@ def test_a_users_term_trains_single_turn_grpo(warm_dir, on_path, tmp_path, monke
     assert len(lines) == 2 and all(r["consistency/js/js"] > 0 for r in lines)
     assert all(r["consistency/rescore/decisions"] > 0 for r in lines)  # the rescoring pairs the term saw
     assert _moved(runs["with"], runs["without"], "grpo")
+
+
+def _recording_term(log: list):
+    def term(p_ref, p_other, segments, *, step, max_steps, targets, scale=1.0):
+        log.append((step, max_steps, targets.tolist()))
+        value, _ = mean_kl(p_ref, p_other, segments)
+        return value * scale, {"seen": float(len(targets))}
+    return term
+
+
+def test_a_term_receives_the_context_it_declares_and_only_that():
+    import sys
+    import types
+
+    from cipr.method.objective import Objective, TermConfig, rescore_pairs, resolve_terms
+
+    seen: list = []
+    module = types.ModuleType("context_terms")
+    module.term = _recording_term(seen)
+    module.plain = lambda p_ref, p_other, segments: mean_kl(p_ref, p_other, segments)
+    sys.modules["context_terms"] = module
+    try:
+        terms = resolve_terms({"ctx": TermConfig(weight=1.0, fn="context_terms:term", options={"scale": 2.0}),
+                               "plain": TermConfig(weight=0.0, fn="context_terms:plain")})
+    finally:
+        del sys.modules["context_terms"]
+    assert [t.context for t in terms] == [("step", "max_steps", "targets"), ()]
+    assert seen == [(0, 10, [0, 1, -1])]  # the probe call: a small example with every context value
+    p = torch.tensor([[0.7, 0.3], [0.4, 0.6]], dtype=torch.float64)
+    q = torch.tensor([[0.5, 0.5], [0.5, 0.5]], dtype=torch.float64, requires_grad=True)
+    pairs = rescore_pairs(p, q, torch.tensor([0, 1]), targets=torch.tensor([1, -1]))
+    value, metrics = Objective(terms)(q, rescore=pairs, step=7, max_steps=40)
+    assert seen[-1] == (7, 40, [1, -1]) and metrics["consistency/ctx/seen"] == 2.0
+    assert float(value) == pytest.approx(2.0 * float(mean_kl(p, q, torch.tensor([0, 1]))[0]))
+    Objective(terms)(q, rescore=rescore_pairs(p, q, torch.tensor([0, 1])), step=1, max_steps=2)
+    assert seen[-1] == (1, 2, [-1, -1])  # no reference actions known: -1 everywhere
+    with pytest.raises(ValueError, match="targets"):
+        rescore_pairs(p, q, torch.tensor([0, 1]), targets=torch.tensor([1]))

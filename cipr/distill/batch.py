@@ -171,7 +171,7 @@ def batch_loss(student: Any, teacher: Any, tokenizer: Any, items: Sequence[Disti
                objective: Objective | None = None,
                teacher_context: Callable[[], Any] = contextlib.nullcontext,
                reader: ActionReaderConfig | None = None,
-               token_positions: Callable[[int], float] | None = None
+               token_positions: Callable[[int], float] | None = None, step: int = 0, max_steps: int = 0
                ) -> tuple[torch.Tensor, dict[str, float]]:
     """The distillation loss of a batch: token KL + action KL (teacher → student) + the consistency objective.
 
@@ -209,7 +209,7 @@ def batch_loss(student: Any, teacher: Any, tokenizer: Any, items: Sequence[Disti
     loss, metrics = combine(terms, {"token": weights.token, "action": weights.action})
     if use_rescore:
         pairs = rescore_pairs(s_probs[:n], s_probs[n:], seg)
-        value, consistency = objective(loss, rescore=pairs)
+        value, consistency = objective(loss, rescore=pairs, step=step, max_steps=max_steps)
         loss = loss + value
         metrics.update(consistency)
         metrics["distill/loss"] = float(loss.detach())

@@ -23,6 +23,15 @@ With `detach_reference` (the default) `p_ref` carries no gradient: the canonical
 task loss. Built in: `rescore` and `rollout`, both `cipr.method.consistency.mean_kl` (KL(ref ‖ other) per
 row, averaged per segment, then over segments).
 
+Context. A term that declares any of these keyword parameters also gets them (the built-ins declare none):
+- `step` (int): the optimizer step being taken, 0-based (the trace's after-read gets the same step), and
+  `max_steps` (int): the stage's number of optimizer steps; what a schedule of the weight needs;
+- `targets` [N] (long): per row, the column of the reference action on the canonical side, -1 where the
+  engine knows none. The supervised regime gives the reference target's choice at every call (and the ∅ of a
+  target without calls; the end of turn after calls is -1, as `action_nll` scores it); GRPO, episodes and
+  distillation give -1 everywhere (a sampled response has no reference action per decision). What a gate on
+  correctness needs.
+
 Configuration (`algo.terms`, one `TermConfig` per name): `weight` (None: the term is off; 0: computed and
 logged every step, not trained on: a trace of a control arm), `fn` (`module:function` importable from the
 user's PYTHONPATH; None: the built-in of this name), `kind` (None: the built-in's, `rescore` for a user
@@ -55,6 +64,8 @@ from cipr.method.consistency import group_distribution, mean_kl, renormalized
 Kind = Literal["rescore", "rollout"]
 KINDS: tuple[str, ...] = ("rescore", "rollout")
 TermFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+CONTEXT: tuple[str, ...] = ("step", "max_steps", "targets")
+"""The keyword parameters a term may declare: the step, the stage's steps, the reference actions."""
 BUILTINS: dict[str, tuple[TermFn, str]] = {"rescore": (mean_kl, "rescore"), "rollout": (mean_kl, "rollout")}
 """Built-in terms by name: (function, kind)."""
 
@@ -97,6 +108,7 @@ class Term:
     kind: str
     weight: float
     options: Mapping[str, Any]
+    context: tuple[str, ...] = ()
 
 
 def relabel_seed(seed: int, step: int, example_id: str, response: int = 0) -> int:
@@ -132,13 +144,28 @@ def _import(text: str, where: str) -> Callable[..., Any]:
     return fn
 
 
+def wanted_context(fn: Callable[..., Any]) -> tuple[str, ...]:
+    """The `CONTEXT` names `fn` declares as parameters (module docstring)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except ValueError:  # a builtin without a signature
+        return ()
+    return tuple(name for name in CONTEXT if name in params)
+
+
+def _probe_context(rows: int) -> dict[str, Any]:
+    return {"step": 0, "max_steps": 10, "targets": torch.tensor(([0, 1, -1] * rows)[:rows])}
+
+
 def _check_signature(fn: Callable[..., Any], options: Mapping[str, Any], where: str) -> None:
+    context = {k: v for k, v in _probe_context(1).items() if k in wanted_context(fn)}
     try:
         inspect.signature(fn).bind(torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, dtype=torch.long),
-                                   **options)
+                                   **options, **context)
     except TypeError as e:
         raise ConfigError(f"{where}: the function must take (p_ref, p_other, segments, **options) "
-                          f"like rescoring_kl; calling it with the configured options fails: {e}") from None
+                          f"like rescoring_kl (and, if it wants them, step, max_steps, targets); calling it "
+                          f"with the configured options fails: {e}") from None
     except ValueError:  # a builtin without a signature: the probe call decides
         pass
 
@@ -149,8 +176,9 @@ def _probe(fn: TermFn, options: Mapping[str, Any], where: str) -> None:
     logits = torch.zeros(3, 3, dtype=torch.float64, requires_grad=True)
     q = torch.softmax(logits + torch.tensor([[0.1, 0.0, 0.0], [0.0, 0.2, 0.0], [0.0, 0.0, 0.3]],
                                             dtype=torch.float64), -1)
+    context = {k: v for k, v in _probe_context(3).items() if k in wanted_context(fn)}
     try:
-        out = fn(p, q, torch.tensor([0, 0, 1]), **options)
+        out = fn(p, q, torch.tensor([0, 0, 1]), **options, **context)
     except Exception as e:  # noqa: BLE001 - the user's code: any failure is reported as this one error
         raise ConfigError(f"{where}: the function fails on a small example: {type(e).__name__}: "
                           f"{e}") from None
@@ -199,33 +227,38 @@ def resolve_terms(terms: Mapping[str, TermConfig], *, where: str = "algo.terms",
                 continue
             raise ConfigError(f"{key}: a {kind} term needs pairs this regime does not have (it has "
                               f"{' and '.join(allowed) or 'none'}); set {key}.weight=0 or null")
-        out.append(Term(name, fn, kind, float(cfg.weight), dict(cfg.options)))
+        out.append(Term(name, fn, kind, float(cfg.weight), dict(cfg.options), wanted_context(fn)))
     return out
 
 
 @dataclass(frozen=True)
 class Pairs:
-    """One kind's paired rows for the terms: p_ref, p_other [N, A], segments [N] (module docstring), and the
-    counts of how they were built (logged as `consistency/<name>`)."""
+    """One kind's paired rows for the terms: p_ref, p_other [N, A], segments [N] (module docstring), the
+    counts of how they were built (logged as `consistency/<name>`) and the reference action of each row
+    (targets [N], -1 unknown; None: unknown everywhere)."""
 
     p_ref: torch.Tensor
     p_other: torch.Tensor
     segments: torch.Tensor
     metrics: Mapping[str, float] = field(default_factory=dict)
+    targets: torch.Tensor | None = None
 
 
 def rescore_pairs(p_canon: torch.Tensor, p_relabeled: torch.Tensor, segments: torch.Tensor,
-                  metrics: Mapping[str, float] | None = None) -> Pairs:
+                  metrics: Mapping[str, float] | None = None, targets: torch.Tensor | None = None) -> Pairs:
     """The rescoring pairs from the canonical decisions [D, A] and the relabeled ones [D, A] (decision d of
     both the same one), segments [D] the response of each; rows renormalized in float64 (`renormalized`:
-    float32 rows sum to 1 only within ~1e-7, which makes the KL of nearly equal rows slightly negative)."""
+    float32 rows sum to 1 only within ~1e-7, which makes the KL of nearly equal rows slightly negative);
+    targets [D] the reference action of each decision (-1 unknown), for a term that declares `targets`."""
     if p_canon.shape != p_relabeled.shape:
         raise RuntimeError(f"relabeled decisions {tuple(p_relabeled.shape)} do not match the canonical ones "
                            f"{tuple(p_canon.shape)}")
     p_canon, p_relabeled = renormalized(p_canon), renormalized(p_relabeled)
     counts = {"rescore/decisions": float(len(segments)),
               "rescore/responses": float(len(torch.unique(segments)))}
-    return Pairs(p_canon, p_relabeled, segments, {**counts, **(metrics or {})})
+    if targets is not None and targets.shape != segments.shape:
+        raise ValueError(f"targets {tuple(targets.shape)} must be [D] = [{segments.shape[0]}]")
+    return Pairs(p_canon, p_relabeled, segments, {**counts, **(metrics or {})}, targets)
 
 
 def rollout_pairs(p_canon: torch.Tensor, canon_units: torch.Tensor, canon_groups: torch.Tensor,
@@ -274,10 +307,11 @@ class Objective:
     def __bool__(self) -> bool:
         return bool(self.terms)
 
-    def __call__(self, zero: torch.Tensor, *, rescore: Pairs | None = None, rollout: Pairs | None = None
-                 ) -> tuple[torch.Tensor, dict[str, float]]:
+    def __call__(self, zero: torch.Tensor, *, rescore: Pairs | None = None, rollout: Pairs | None = None,
+                 step: int = 0, max_steps: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
         """Σ weight · value over the terms whose pairs are given (a weight-0 term is computed and logged, not
-        added), as a tensor (`zero * 0`, keeping its graph, when nothing is added), and the metrics."""
+        added), as a tensor (`zero * 0`, keeping its graph, when nothing is added), and the metrics. `step`
+        and `max_steps` reach the terms that declare them (module docstring)."""
         pairs = {"rescore": rescore, "rollout": rollout}
         metrics: dict[str, float] = {}
         for given in pairs.values():
@@ -292,6 +326,11 @@ class Objective:
             options = dict(term.options)
             if term.fn is mean_kl:
                 options.setdefault("eps", self.eps)
+            if term.context:
+                targets = given.targets if given.targets is not None else torch.full(
+                    given.segments.shape, -1, dtype=torch.long, device=given.segments.device)
+                known = {"step": int(step), "max_steps": int(max_steps), "targets": targets}
+                options.update({k: known[k] for k in term.context})
             value, term_metrics = term.fn(ref, given.p_other, given.segments, **options)
             prefix = f"consistency/{term.name}/"
             metrics[prefix + "value"] = float(value.detach())

@@ -134,7 +134,8 @@ class DistillTrainer(CheckpointMixin, Trainer):
             loss, metrics = batch_loss(model, self.teacher, tokenizer, batch, relabeled, self.fmt,
                                        self.algo.weights, objective=self.consistency,
                                        teacher_context=self.teacher_context,
-                                       token_positions=self._positions)
+                                       token_positions=self._positions, step=self.state.global_step,
+                                       max_steps=self.state.max_steps)
         check_finite(loss, self.state.global_step, metrics)
         for k, v in metrics.items():
             self._sums[k] += v

@@ -512,7 +512,8 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         if self.consistency.uses("rescore"):
             rescore, failures = self._rescore_pairs(model, rows, probs, seq, num_actions)
             parts["consistency/relabel_failures"] = failures
-        total, metrics = self.consistency(probs, rescore=rescore, rollout=rollout)
+        total, metrics = self.consistency(probs, rescore=rescore, rollout=rollout,
+                                          step=self.state.global_step, max_steps=self.state.max_steps)
         parts.update(metrics)
         return total, parts
 

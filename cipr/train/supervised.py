@@ -128,13 +128,15 @@ def rescoring_pairs(model: Any, tokenizer: Any, records: Sequence[PromptRecord],
     if p_canon is None:
         with torch.no_grad() if detach_reference else torch.enable_grad():
             p_canon = read_actions(model, tokenizer, canonical_queries(records, fmt), num_actions).probs
-    counts = [len(ActionQuery.from_format(fmt, r.prompt, r.target, r.tools, r.classes).decisions)
-              for r in records]
+    queries = [ActionQuery.from_format(fmt, r.prompt, r.target, r.tools, r.classes) for r in records]
+    counts = [len(q.decisions) for q in queries]
     starts = [sum(counts[:i]) for i in range(len(records))]
     rows = [starts[i] + j for i in kept for j in range(counts[i])]
     p_canon = p_canon[torch.tensor(rows, dtype=torch.long, device=p_canon.device)]
     reading = read_actions(model, tokenizer, relabeled, num_actions)
-    return rescore_pairs(p_canon, reading.probs, reading.sequence), failures
+    targets = torch.tensor([c for i in kept for c in reference_classes(queries[i], num_actions)],
+                           dtype=torch.long, device=reading.probs.device)
+    return rescore_pairs(p_canon, reading.probs, reading.sequence, targets=targets), failures
 
 
 def rescoring_term(model: Any, tokenizer: Any, records: Sequence[PromptRecord], fmt: CallFormat,
@@ -170,7 +172,7 @@ class SupervisedTrainer(WarmStartTrainer):
         self.action_weight = action_weight
         self.relabel_config = relabel_config or RelabelConfig()
         self.trace = trace and self.consistency.uses("rescore")
-        self._traced: list[tuple[list[PromptRecord], list[int]]] = []
+        self._traced: list[tuple[list[PromptRecord], list[int], int]] = []
         if self.trace:
             self.add_callback(TraceCallback(self))
 
@@ -186,12 +188,13 @@ class SupervisedTrainer(WarmStartTrainer):
         model.eval()
         try:
             with torch.no_grad():
-                for records, seeds in batches:
+                for records, seeds, step in batches:
                     pairs, _ = rescoring_pairs(model, self.processing_class, records, self.fmt,
                                                self.relabel_config, seeds)
                     if pairs is None:
                         continue
-                    _, metrics = self.consistency(pairs.p_other, rescore=pairs)
+                    _, metrics = self.consistency(pairs.p_other, rescore=pairs, step=step,
+                                                  max_steps=self.state.max_steps)
                     self._log({f"trace/{t.name}/after": metrics[f"consistency/{t.name}/value"]
                                for t in self.consistency.terms if t.kind == "rescore"})
         finally:
@@ -287,10 +290,11 @@ class SupervisedTrainer(WarmStartTrainer):
         self._log({"consistency/relabel_failures": float(failures)})
         if pairs is None:
             return out
-        value, metrics = self.consistency(loss, rescore=pairs)
+        value, metrics = self.consistency(loss, rescore=pairs, step=self.state.global_step,
+                                          max_steps=self.state.max_steps)
         self._log(metrics)
         if self.trace:
-            self._traced.append((canonical, seeds))
+            self._traced.append((canonical, seeds, self.state.global_step))
             self._log({f"trace/{t.name}/before": metrics[f"consistency/{t.name}/value"]
                        for t in self.consistency.terms if t.kind == "rescore"})
         loss = loss + self._accumulated(value.to(loss.dtype), num_items_in_batch)
