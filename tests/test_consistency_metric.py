@@ -213,10 +213,14 @@ def test_action_accuracy_of_each_side_by_hand():
     _, m = pair_consistency(p_ref, p_pert, segments, added, 2, target_ref=targets, target_pert=targets)
     assert m["action_acc_ref"].tolist() == pytest.approx([1.0, 0.0])  # 0 = 0, ∅ = ∅; 0 ≠ 1
     assert m["action_acc_pert"].tolist() == pytest.approx([0.5, 1.0])  # 1 ≠ 0, ∅ = ∅; 1 = 1
+    assert m["correct_ref"].tolist() == [1.0, 0.0]  # every scored choice right / the one choice wrong
+    assert m["p_target_ref"].tolist() == pytest.approx([(0.5 + 0.8) / 2, 0.3])  # the reference's mass
     unscored = torch.tensor([0, -1, -1])  # the end-of-turn ∅ and a whole pair left out
     _, m = pair_consistency(p_ref, p_pert, segments, added, 2, target_ref=unscored, target_pert=unscored)
     assert m["action_acc_ref"][0].item() == 1.0 and m["action_acc_pert"][0].item() == 0.0
     assert math.isnan(m["action_acc_ref"][1].item())
+    assert m["correct_ref"][0].item() == 1.0 and m["p_target_ref"][0].item() == pytest.approx(0.5)
+    assert math.isnan(m["correct_ref"][1].item()) and math.isnan(m["p_target_ref"][1].item())
     with pytest.raises(ValueError, match="targets must be"):
         pair_consistency(p_ref, p_pert, segments, added, 2, target_ref=targets[:2])
 

@@ -101,7 +101,10 @@ def pair_consistency(p_ref: torch.Tensor, p_pert: torch.Tensor, segments: torch.
     Returns the per-pair mean KL(ref || pert) over its decisions [P], and per-pair [P] metrics
     `argmax_agree`, `added_mass` (NaN for a pair without added tools), `none_ref`, `none_pert`,
     `decisions`, and with targets `action_acc_ref` / `action_acc_pert` (share of the scored decisions whose
-    argmax is the target; NaN without one). A pair without decisions gets NaN everywhere but `decisions` = 0.
+    argmax is the target; NaN without one), `correct_ref` (1 when every scored decision of the unperturbed
+    side has the target as argmax, else 0) and `p_target_ref` (the unperturbed side's probability of the
+    target, averaged over the scored decisions). A pair without decisions gets NaN everywhere but
+    `decisions` = 0.
     """
     if p_ref.shape != p_pert.shape or p_ref.dim() != 2 or added.shape != p_ref.shape:
         raise ValueError(f"p_ref, p_pert and added must be one [D, A] shape, got {tuple(p_ref.shape)}, "
@@ -127,6 +130,7 @@ def pair_consistency(p_ref: torch.Tensor, p_pert: torch.Tensor, segments: torch.
                                  f"got {tuple(target.shape)}")
             scored[key] = (probs.argmax(-1) == target).to(dtype)
             scored[key + "/n"] = (target >= 0).to(dtype)
+            scored[key + "/p"] = probs.gather(1, target.clamp(min=0)[:, None]).squeeze(1)
     counts = torch.zeros(num_pairs, dtype=dtype).index_add(0, segments,
                                                            torch.ones_like(segments, dtype=dtype))
     has_added = torch.zeros(num_pairs, dtype=dtype).index_add(0, segments, added.any(-1).to(dtype)) > 0
@@ -142,6 +146,12 @@ def pair_consistency(p_ref: torch.Tensor, p_pert: torch.Tensor, segments: torch.
             hits = torch.zeros(num_pairs, dtype=dtype).index_add(0, segments,
                                                                  scored[key] * scored[key + "/n"])
             out[key] = torch.where(n > 0, hits / n.clamp(min=1), torch.full_like(n, float("nan")))
+            if key == "action_acc_ref":  # the unperturbed side: every choice right, and the reference's mass
+                mass = torch.zeros(num_pairs, dtype=dtype).index_add(0, segments,
+                                                                     scored[key + "/p"] * scored[key + "/n"])
+                nan = torch.full_like(n, float("nan"))
+                out["correct_ref"] = torch.where(n > 0, (hits == n).to(dtype), nan)
+                out["p_target_ref"] = torch.where(n > 0, mass / n.clamp(min=1), nan)
     out["added_mass"] = torch.where(has_added, out["added_mass"], torch.full_like(counts, float("nan")))
     out["decisions"] = counts
     value = out.pop("kl")
