@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from cipr.core.io import read_json, read_jsonl_gz, write_json_atomic, write_jsonl_gz, write_text_atomic
-from cipr.experiments.transfer_analysis import paired_t
+from cipr.experiments.stats import paired_t
 
 REDUCTION = 0.30
 ACCURACY_MARGIN = -2.0

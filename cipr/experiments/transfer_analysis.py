@@ -26,41 +26,13 @@ from typing import Any
 import numpy as np
 
 from cipr.core.io import read_json, read_jsonl_gz, write_json_atomic, write_jsonl_gz, write_text_atomic
+from cipr.experiments.stats import paired_t, two_way_bootstrap
 
 BOUND = -0.03
 LOG_EPS = 1e-3
 TRIM = 0.1
-BOOTSTRAP = 4000
 P2_MARGIN = -5.0
 ARMS = ("multi_interface", "cipr")
-
-
-def paired_t(diffs: Sequence[float], confidence: float = 0.95) -> dict[str, float]:
-    """Mean of `diffs` with its Student-t interval over len(diffs) units, the t statistic and two-sided p."""
-    from scipy import stats
-
-    x = np.asarray(diffs, dtype=float)
-    n, mean = len(x), float(x.mean())
-    sd = float(x.std(ddof=1)) if n > 1 else float("nan")
-    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n)) if n > 1 else float("nan")
-    t = mean / (sd / math.sqrt(n)) if n > 1 and sd > 0 else float("nan")
-    p = float(2 * stats.t.sf(abs(t), n - 1)) if not math.isnan(t) else float("nan")
-    return {"mean": mean, "sd": sd, "n": n, "low": mean - half, "high": mean + half, "t": t, "p": p}
-
-
-def two_way_bootstrap(d: np.ndarray, *, draws: int = BOOTSTRAP, seed: int = 0,
-                      confidence: float = 0.95) -> dict[str, float]:
-    """Mean of the [seeds, items] differences `d` and its percentile interval from resampling seeds and
-    items independently (with replacement), `draws` times."""
-    rng = np.random.default_rng(seed)
-    s, i = d.shape
-    means = np.empty(draws)
-    for b in range(draws):
-        rows, cols = rng.integers(0, s, s), rng.integers(0, i, i)
-        means[b] = d[np.ix_(rows, cols)].mean()
-    tail = (1 - confidence) / 2 * 100
-    return {"mean": float(d.mean()), "low": float(np.percentile(means, tail)),
-            "high": float(np.percentile(means, 100 - tail)), "seeds": s, "items": i, "draws": draws}
 
 
 def decision(low: float, high: float, bound: float = BOUND) -> str:

@@ -15,3 +15,11 @@ def recipe(filename: str) -> str:
         if block.startswith(f"# {filename}"):
             return block
     raise AssertionError(f"docs/extending.md has no python block for {filename}")
+
+
+def recipe_file(filename: str, folder: Path) -> Path:
+    """Write the recipe `filename` of docs/extending.md into `folder` (created); its path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / filename
+    path.write_text(recipe(filename))
+    return path

@@ -1,0 +1,234 @@
+"""The study engine: every point of a spec (`cipr.experiments.spec`) trained as a plain cipr-train run, read
+on the spec's calibration items at its checkpoints, and recorded item by item.
+
+    OUT/
+      warm_start/                        the shared warm start (trained by the first point; a lock makes a
+                                         second process wait for it)
+      points/<arm>_s<seed>/              the point's cipr-train run folder (checkpoints deleted once read)
+      records/<arm>_s<seed>.jsonl        one record per (read step, item): arm, seed, step, item, kl, correct,
+                                         p_ref and the consistency metric's other fields
+      records/<arm>_s<seed>.trace.jsonl  one line per optimizer step: every traced term before and after the
+                                         update, on the step's own pairs, and the step's losses
+      records/<arm>_s<seed>.json         the point's timings, threads and code commit (written last: marks
+                                         the point done)
+    REPORT/NAME.json, .md, .png, NAME_frontier.png, NAME_trace.png, NAME_records.jsonl.gz,
+    NAME_trace.jsonl.gz                  (`cipr.experiments.study_report`)
+
+A point of arm A and seed s is `cipr-train BASE... ARM... trainer.seed=s perturb.seed=s logging.trace=true
+trainer.max_steps=max(read_at) trainer.run_dir=OUT/points/A_s<s>
+trainer.warm_start.shared_dir=OUT/warm_start`:
+seed s draws its own training rows and perturbed copies, the same in every arm (paired). A rerun skips the
+points whose timing file exists and resumes a killed training from its last checkpoint; `run_arms` /
+`run_seeds` split the work between processes. Torch's threads are set once for the whole process
+(`study.threads`), before the first point trains, and each point records the number it ran with.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from cipr.core.config import override_text, to_dict
+from cipr.core.errors import ConfigError
+from cipr.core.io import read_json, read_jsonl, write_json_atomic, write_text_atomic
+from cipr.experiments.points import Point, drop_weights
+from cipr.experiments.spec import StudyOptions, StudySpec
+from cipr.tools.interface import Example
+from cipr.train.config import compose_train
+
+log = logging.getLogger(__name__)
+
+
+def point_overrides(options: StudyOptions, point: Point) -> list[str]:
+    """The cipr-train overrides of one point (module docstring)."""
+    spec, out = options.study, Path(options.out)
+    return [*spec.base, *spec.arms[point.arm], f"trainer.seed={point.seed}", f"perturb.seed={point.seed}",
+            "logging.trace=true", f"trainer.max_steps={max(spec.read_at)}",
+            f"trainer.run_dir={out / 'points' / point.label}",
+            f"trainer.warm_start.shared_dir={out / 'warm_start'}",
+            *(f"{k}={override_text(v)}" for k, v in options.train.items())]
+
+
+def draw_items(spec: StudySpec, data: Any) -> list[Example]:
+    """The spec's calibration items (`ItemsSpec`) for training data options `data`: the `split` items of the
+    test stream `seed`, less every item of the excluded streams (both splits)."""
+    from cipr.experiments.transfer import _key, transfer_items
+
+    items = spec.items
+    used = {_key(e) for stream in items.exclude
+            for split in transfer_items(data, stream["n"], stream["seed"]).values() for e in split}
+    out: list[Example] = []
+    size = items.n
+    while len(out) < items.n:
+        size *= 2
+        drawn = transfer_items(data, size, items.seed)[items.split]
+        out = [e for e in drawn if _key(e) not in used][:items.n]
+    return out
+
+
+def build_pairs(spec: StudySpec, items: Sequence[Example]) -> list[Any]:
+    """The `ConsistencyPair` of every item under the spec's held-in perturbation."""
+    from cipr.eval.benchmarks import BuildReport, build_items
+    from cipr.eval.consistency_metric import build_pairs as pairs_of
+
+    report = BuildReport()
+    kind = spec.items.perturbation
+    built = build_items(list(items), [(kind, kind)], ["canonical"], spec.items.perturbation_seed, report)
+    pairs, skipped = pairs_of(list(items), built, spec.items.perturbation_seed)
+    if skipped or report.skipped or len(pairs) != len(items):
+        raise ConfigError(f"calibration items whose {kind} copy could not be built: "
+                          f"{skipped or report.reasons}")
+    return pairs
+
+
+def read_point(weights: Path, pairs: Sequence[Any], fmt: Any, *, batch_size: int, label: str
+               ) -> list[dict[str, Any]]:
+    """Every pair read with the weights in `weights` (the action reader batched over items): one record per
+    item, the consistency metric's fields plus `item`, `kl`, `correct` (0/1) and `p_ref`."""
+    import torch
+    from tqdm import tqdm
+
+    from cipr.eval.consistency_metric import ConsistencyConfig, measure
+    from cipr.runtime.model import load_inference_model
+
+    model, tokenizer = load_inference_model(str(weights), device="cpu", dtype="float32",
+                                            threads=torch.get_num_threads(), attn_implementation="sdpa")
+    records: list[dict[str, Any]] = []
+    chunk = max(1, batch_size // 2)
+    with torch.inference_mode(), tqdm(total=len(pairs), desc=f"read {label}", unit="item") as bar:
+        for start in range(0, len(pairs), chunk):
+            for rec in measure(model, tokenizer, fmt, pairs[start:start + chunk],
+                               ConsistencyConfig(batch_size=batch_size)):
+                if "skipped" in rec:
+                    raise RuntimeError(f"item {rec['id']} could not be read: {rec['skipped']}")
+                records.append({**rec, "item": rec["id"], "correct": rec["correct_ref"],
+                                "p_ref": rec["p_target_ref"]})
+            bar.update(len(pairs[start:start + chunk]))
+    del model
+    gc.collect()
+    return records
+
+
+def read_traces(run_dir: Path, stage: str) -> list[dict[str, Any]]:
+    """One line per optimizer step of the point's `stage`: every `trace/*` value and the step's losses."""
+    out = []
+    for r in read_jsonl(run_dir / "metrics.jsonl"):
+        if r.get("stage") == stage and r.get("kind") == "step":
+            out.append({"step": r["step"], "loss": r.get("loss"), "token_loss": r.get("token_loss"),
+                        "action_nll": r.get("action/nll"),
+                        **{k: v for k, v in r.items() if k.startswith("trace/")}})
+    return out
+
+
+def code_commit() -> str | None:
+    """The git commit of the package's checkout (None outside a checkout): which code trained a point."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        done = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=30, check=False)
+    except OSError:
+        return None
+    return done.stdout.strip() or None
+
+
+def point_done(out: Path, point: Point, reads: int) -> bool:
+    """Whether the point's timing file (written last) records `reads` reads."""
+    path = out / "records" / f"{point.label}.json"
+    return path.is_file() and read_json(path).get("reads") == reads
+
+
+def run_study(options: StudyOptions) -> dict[str, Any] | None:
+    """Train and read every point of the pieces asked for that is not done yet, then (with `report`) write
+    the report from every finished point; returns the report (None without one)."""
+    import torch
+    from tqdm import tqdm
+
+    from cipr.formats import get_format
+    from cipr.train.run import result_stage, run
+
+    spec = options.study
+    if spec.threads:
+        torch.set_num_threads(spec.threads)  # the whole process: training from its first step, and reading
+    for folder in reversed(spec.pythonpath):
+        path = str(Path(folder).resolve())
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    out = Path(options.out)
+    first = Point(spec.control, spec.seeds[0])
+    base = compose_train(point_overrides(options, first))
+    items = draw_items(spec, base.data)
+    pairs = build_pairs(spec, items)
+    fmt = get_format(base.model.call_format)
+    arms = [a for a in spec.arms if options.run_arms is None or a in options.run_arms]
+    seeds = spec.seeds if options.run_seeds is None else options.run_seeds
+    reads = len(pairs) * len(spec.read_at)
+    todo = [Point(a, s) for s in seeds for a in arms if not point_done(out, Point(a, s), reads)]
+    for point in todo:  # every point's config is checked before the first one trains
+        cfg = compose_train(point_overrides(options, point))
+        if any(s % cfg.trainer.save_steps for s in spec.read_at) or cfg.trainer.save_total_limit is not None:
+            raise ConfigError(f"point {point.label}: a checkpoint must be kept at every read step "
+                              f"{spec.read_at}: trainer.save_steps={cfg.trainer.save_steps} must divide each "
+                              f"and trainer.save_total_limit must be null")
+    log.info("study %s: %d calibration items, read at steps %s; %d points to run (%d threads)", spec.name,
+             len(items), spec.read_at, len(todo), torch.get_num_threads())
+    commit = code_commit()
+    with tqdm(total=len(todo), desc=f"{spec.name} points", unit="point") as bar:
+        for point in todo:
+            started = time.time()
+            cfg = compose_train(point_overrides(options, point))
+            run_dir = run(cfg)
+            gc.collect()
+            threads = torch.get_num_threads()
+            trained = time.time()
+            stage = result_stage(cfg)
+            records = []
+            for step in spec.read_at:
+                for r in read_point(run_dir / stage / f"checkpoint-{step}", pairs, fmt,
+                                    batch_size=options.batch_size, label=f"{point.label}@{step}"):
+                    records.append({**r, "arm": point.arm, "seed": point.seed, "step": step})
+            traces = [{"arm": point.arm, "seed": point.seed, **t} for t in read_traces(run_dir, stage)]
+            timing = {"train_s": trained - started, "eval_s": time.time() - trained, "reads": len(records),
+                      "threads": threads, "commit": commit}
+            _write_point(out, point, records, traces, timing)
+            if not options.keep_weights:
+                drop_weights(run_dir)
+            bar.set_postfix_str(f"{point.label}: train {timing['train_s']:.0f} s, "
+                                f"read {timing['eval_s']:.0f} s")
+            bar.update()
+    if not options.report:
+        return None
+    from cipr.experiments.study_report import write_report
+
+    records, traces, timings = collect(out)
+    meta = {"spec": to_dict(spec), "items": [e.id for e in items], "timings": timings,
+            "wall_s": math.fsum(t["train_s"] + t["eval_s"] for t in timings.values())}
+    return write_report(records, traces, meta, Path(options.report_dir))
+
+
+def collect(out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    """Every finished point's records, traces and timings under `out/records`."""
+    folder = out / "records"
+    timings = {p.stem: read_json(p) for p in sorted(folder.glob("*.json"))}
+    records, traces = [], []
+    for label in timings:
+        records += read_jsonl(folder / f"{label}.jsonl")
+        traces += read_jsonl(folder / f"{label}.trace.jsonl")
+    return records, traces, timings
+
+
+def _write_point(out: Path, point: Point, records: Sequence[Mapping[str, Any]],
+                 traces: Sequence[Mapping[str, Any]], timing: Mapping[str, Any]) -> None:
+    folder = out / "records"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, rows in ((f"{point.label}.jsonl", records), (f"{point.label}.trace.jsonl", traces)):
+        write_text_atomic(folder / name, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    write_json_atomic(folder / f"{point.label}.json", dict(timing))  # last: marks the point done
+
