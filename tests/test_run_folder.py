@@ -7,9 +7,17 @@ import json
 
 import pytest
 
-from cipr.core.errors import ConfigError
+from cipr.core.errors import ConfigError, DataError
 from cipr.core.io import complete_lines
-from cipr.core.run_folder import changed_keys, check_config, prepare, truncate_metrics
+from cipr.core.run_folder import (
+    WALL_TIME_JSON,
+    changed_keys,
+    check_config,
+    prepare,
+    read_wall_time,
+    truncate_metrics,
+    write_wall_time,
+)
 
 
 def test_changed_keys_by_section_and_recorded_only():
@@ -57,3 +65,14 @@ def test_truncate_metrics_drops_lines_past_the_resumed_step_and_later_stages(tmp
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
     assert truncate_metrics([path], "grpo", 1, ("warm_start", "grpo")) == 2
     assert [json.loads(x) for x in path.read_text().splitlines()] == lines[:3]
+
+
+def test_wall_time_adds_up_over_invocations_and_a_malformed_record_is_named(tmp_path):
+    assert read_wall_time(tmp_path) == (0.0, 0)  # a new run
+    assert write_wall_time(tmp_path, read_wall_time(tmp_path), 340.0) == (340.0, 1)
+    assert write_wall_time(tmp_path, read_wall_time(tmp_path), 60.5) == (400.5, 2)
+    assert read_wall_time(tmp_path) == (400.5, 2)
+    for bad in ("[1, 2]", '{"seconds": -1, "invocations": 1}', '{"seconds": 3}', "{not json"):
+        (tmp_path / WALL_TIME_JSON).write_text(bad)
+        with pytest.raises(DataError, match=WALL_TIME_JSON):
+            read_wall_time(tmp_path)

@@ -61,6 +61,10 @@ METHODS: list[tuple[str, str, list[str], str]] = [
     ("SFTTrainer", "_save_checkpoint", ["self", "model", "trial"], f"{_CKPT} CheckpointMixin override"),
     ("SFTTrainer", "_load_optimizer_and_scheduler", ["self", "checkpoint"],
      f"{_CKPT} CheckpointMixin override"),
+    ("GRPOTrainer", "create_model_card", ["self", "model_name", "dataset_name", "tags"],
+     f"{_CKPT} CheckpointMixin override (TRL's _save_checkpoint calls it with model_name)"),
+    ("SFTTrainer", "create_model_card", ["self", "model_name", "dataset_name", "tags"],
+     f"{_CKPT} CheckpointMixin override (TRL's _save_checkpoint calls it with model_name)"),
 ]
 
 # the same CheckpointMixin hooks on transformers' Trainer (cipr/train/distill.py DistillTrainer)
@@ -68,6 +72,10 @@ TRAINER_METHODS: list[tuple[str, list[str]]] = [
     ("_save_checkpoint", ["self", "model", "trial"]),
     ("_load_optimizer_and_scheduler", ["self", "checkpoint"]),
     ("_get_output_dir", ["self", "trial"]),
+    # called once per epoch by _inner_training_loop; the override trains nothing past max_steps on a resume
+    ("_run_epoch", ["self", "model", "epoch", "train_dataloader", "steps_in_epoch",
+                    "num_update_steps_per_epoch", "trial", "ignore_keys_for_eval", "start_time",
+                    "resume_from_checkpoint", "epochs_trained", "steps_trained_in_current_epoch"]),
 ]
 
 # TRL's colocated vLLM generation (trl.generation.vllm_generation.VLLMGeneration), used by

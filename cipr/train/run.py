@@ -6,7 +6,10 @@
                        cipr-export and the experiment drivers: `cipr.core.run_folder.read_result_stage`)
       metrics.jsonl    one line per optimizer step of every stage, plus eval and stage-end lines
       summary.json     what ran, final metrics per stage, held-out probes (before/after the warm start and
-                       GRPO) or algo=distill's evaluation, peak memory
+                       GRPO) or algo=distill's evaluation, peak memory, wall time of the invocation that
+                       wrote it and over every invocation of the run (a stopped and resumed run adds up)
+      wall_time.json   that total and how many invocations made it, kept across resumes
+                       (`cipr.core.run_folder.read_wall_time`)
       warm_start/      SFT stage: checkpoint-<step>/ (HF format), latest.json, final/, stage.json (or a
                        folder shared by many runs: trainer.warm_start.shared_dir, cipr/train/warm_start.py)
       grpo/, sft/, supervised/ or distill/   the algorithm's stage, same layout (supervised/:
@@ -28,13 +31,14 @@ import gc
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from cipr.core.config import ConfigError, to_dict
-from cipr.core.run_folder import prepare, write_stages
+from cipr.core.run_folder import prepare, read_wall_time, write_stages, write_wall_time
 from cipr.distill.data import check_data
 from cipr.runtime.model import resolve_source
 from cipr.train.algo import DistillConfig, validate_algo, validate_distill
@@ -184,7 +188,9 @@ def run(cfg: TrainConfig) -> Path:
     main = prepare(run_dir, to_dict(cfg), compared, lambda: _started(cfg, run_dir))
     if main:
         write_stages(run_dir, _stages(cfg))
+    earlier = read_wall_time(run_dir) if main else (0.0, 0)  # a malformed record stops the run here
     writer = MetricsWriter(run_dir, cfg.logging.wandb, to_dict(cfg), enabled=main)
+    unrecorded = main  # this invocation's time is still to be added to wall_time.json
     try:
         if cfg.algo.name == "distill":
             from cipr.train.distill import run_distill
@@ -192,23 +198,32 @@ def run(cfg: TrainConfig) -> Path:
             entries = run_distill(cfg, run_dir, writer, lambda tokenizer: _call_format(cfg, tokenizer))
         else:
             entries = _run_prompts(cfg, run_dir, writer)
-        if entries is not None and writer.enabled:
-            _write_summary(cfg, run_dir, writer, started, entries)
+        if entries is None:  # every stage was already complete: this invocation did no work
+            unrecorded = False
+        elif writer.enabled:
+            seconds = time.time() - started
+            total, invocations = write_wall_time(run_dir, earlier, seconds)
+            unrecorded = False
+            _write_summary(cfg, run_dir, writer, entries, seconds, total, invocations)
         return run_dir
     finally:
         writer.close()
+        if unrecorded:  # stopped (a preemption signal) or failed: its time still counts toward the total
+            write_wall_time(run_dir, earlier, time.time() - started)
 
 
-def _write_summary(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter, started: float,
-                   entries: dict[str, Any]) -> None:
-    """summary.json: what ran, each stage's last step line, the algorithm's `entries`, memory and time."""
+def _write_summary(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter, entries: dict[str, Any],
+                   seconds: float, total: float, invocations: int) -> None:
+    """summary.json: what ran, each stage's last step line, the algorithm's `entries`, memory, and the wall
+    time of this invocation (`seconds`) and of all `invocations` of the run (`total`, wall_time.json)."""
     stages = _stages(cfg)
     steps = [r for r in writer.read() if r.get("kind") == "step"]
     summary = {"run_dir": str(run_dir), "algo": cfg.algo.name,
                "stages": {s: stage_done(_stage_dir(cfg, run_dir, s)) for s in stages},
                "final": {s: next((r for r in reversed(steps) if r["stage"] == s), None) for s in stages},
                **entries, "peak_memory_gb": peak_memory_gb(),
-               "wall_seconds_this_invocation": time.time() - started}
+               "wall_seconds_this_invocation": seconds, "wall_seconds_total": total,
+               "invocations": invocations}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
 
 
@@ -332,6 +347,21 @@ def _evaluate(cfg: TrainConfig, model: Any, tokenizer: Any, prompts: PromptSet, 
     log.info("%s %s: %s", stage, tag, {k: round(v, 3) for k, v in result.items()})
 
 
+def _naming_base(cfg: TrainConfig, build: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
+    """`build`, its Trainer told the model this run started from, which the stage folder's model card names
+    (`CheckpointMixin.create_model_card`): every stage's, also after a warm start."""
+    from cipr.runtime.export import base_model_name
+
+    base = base_model_name(to_dict(cfg.model))
+
+    def named(callbacks: list[Any]) -> Any:
+        trainer = build(callbacks)
+        trainer.cipr_base_model = base
+        return trainer
+
+    return named
+
+
 def _run_sft(cfg: TrainConfig, stage: str, model: Any, tokenizer: Any, prompts: PromptSet, fmt: Any,
              run_dir: Path, writer: MetricsWriter) -> int:
     from cipr.train.sft import build_sft_trainer
@@ -358,7 +388,7 @@ def _run_sft(cfg: TrainConfig, stage: str, model: Any, tokenizer: Any, prompts: 
         return build_sft_trainer(model, tokenizer, prompts.records, args, ws.max_length, callbacks=callbacks)
 
     _evaluate(cfg, model, tokenizer, prompts, fmt, writer, stage, "before", 0)
-    done, trainer = run_stage(cfg, stage, folder, writer, build)
+    done, trainer = run_stage(cfg, stage, folder, writer, _naming_base(cfg, build))
     if stage == "warm_start" and trainer.args.should_save:  # never resumed again: the next stage loads final/
         drop_step_checkpoints(folder)
     _evaluate(cfg, model, tokenizer, prompts, fmt, writer, stage, "after", done)
@@ -455,7 +485,7 @@ def _run_grpo(cfg: TrainConfig, model: Any, tokenizer: Any, prompts: PromptSet, 
         _evaluate(cfg, model, tokenizer, prompts, fmt, writer, "grpo", "before", 0)
         return trainer
 
-    done, trainer = run_stage(cfg, "grpo", stage_dir, writer, build)
+    done, trainer = run_stage(cfg, "grpo", stage_dir, writer, _naming_base(cfg, build))
     _evaluate(cfg, model, tokenizer, prompts, fmt, writer, "grpo", "after", done)
     del trainer
     return done
