@@ -6,19 +6,11 @@ import time
 
 import pytest
 
-from cipr.envs.base import no_such_tool, over_call_limit
+from cipr.envs.base import AddedToolError, no_such_tool, over_call_limit, unavailable
 from cipr.envs.registry import make_env
 from cipr.envs.toyshop import TOOLS
 from cipr.eval.config import compose_eval_config
-from cipr.eval.episodes import (
-    AddedToolError,
-    EpisodeItem,
-    episode_pairs,
-    make_view,
-    reference_events,
-    run_episodes,
-    unavailable,
-)
+from cipr.eval.episodes import EpisodeItem, episode_pairs, make_view, reference_events, run_episodes
 from cipr.eval.evaluate import evaluate
 from cipr.eval.runner import RunnerConfig
 from cipr.formats import get_format
@@ -38,7 +30,7 @@ def test_views_translate_shown_calls_back_to_the_environment():
     assert canon.tools.names[0] == "function_01" and canon.first_message == "use function_01"
     assert canon.script[0][0] == Call("function_01", {"arg_01": "red mug"})
     assert canon.to_env(Call("function_01", {"arg_01": "x"})) == Call("search_products", {"query": "x"})
-    assert canon.text("then filter_results") == "then function_02"
+    assert canon.text_in("then filter_results") == "then function_02"
     with pytest.raises(UndeclaredToolError):
         canon.to_env(Call("search_products", {"query": "x"}))  # an original name is undeclared here
     distract = make_view(TOOLS, "buy a red mug", SCRIPT, "t", perturbation="distractor_similar_name",

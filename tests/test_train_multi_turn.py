@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from support.episode_replay import EpisodeReplay, expert_choice, expert_script
 
 from cipr.core.config import ConfigError, from_dict
-from cipr.envs.base import no_such_tool
+from cipr.envs.base import no_such_tool, unavailable
 from cipr.formats import get_format
 from cipr.method.consistency import kl_rows, rescoring_kl
 from cipr.method.objective import Objective, rollout_pairs
@@ -27,7 +27,6 @@ from cipr.tools.interface import Call, Message
 from cipr.train.data import DataConfig
 from cipr.train.episode_terms import TurnSide, relabel_episode, turn_index
 from cipr.train.episodes import (
-    UNAVAILABLE,
     EpisodeOptions,
     EpisodeRenderError,
     EpisodeRunner,
@@ -292,7 +291,7 @@ def test_undeclared_and_twin_calls_are_answered_and_never_executed(shop, tiny_to
     assert executed == []  # neither the undeclared name nor the twin reached the environment
     assert canonical.undeclared_calls == 2 and canonical.twin_calls == 0  # the twin is undeclared there
     assert perturbed.undeclared_calls == 1 and perturbed.twin_calls == 1
-    assert no_such_tool("function_99") in perturbed.text and UNAVAILABLE.format(name=twin) in perturbed.text
+    assert no_such_tool("function_99") in perturbed.text and unavailable(twin) in perturbed.text
     assert perturbed.turns >= 2 and perturbed.score == 0.0  # the answers end the user turns
 
 

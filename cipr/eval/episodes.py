@@ -20,17 +20,12 @@ Its `EpisodeView` says how the environment's tools are shown and how a shown cal
 - Types whose translation back is not by names (`NOT_EXECUTABLE`: respelled enum values, narrowed types,
   split or merged tools) are not built: the environment could not run the perturbed call.
 
-The episode loop (`run_episodes`), episodes of a chunk in lockstep (one backend call per round):
-generate, parse with the call format; execute the parsed calls in order (at most `limits.max_calls`),
-one tool message per call; a response the format reports malformed gets one more tool message with the
-parse error (its readable calls still run) when it opens a call (a decision naming a tool); a response
-that opens none ends the user turn (`env.end_turn`), malformed or not, as BFCL's inference moves on after
-a response it cannot decode (the parse failure is counted). Limits as `cipr.envs.base` states them. The
-record: `correct` (the environment's success and no call to an added tool), `reward`, per-turn checks,
-counts, the end reason, the transcript.
-The `taxonomy` class of a failed episode: `backend_error`, `no_call` (nothing executed while the reference
-calls), `undeclared_tool`, `equivalent_tool` / `unrelated_tool` (a call to an added costlier or slower
-equivalent / to another added tool), `parse_failure`, else `other`.
+`run_episodes` plays the episodes of a chunk in lock step (one backend call per round) through the loop
+training plays too (`cipr.envs.base`: the rule of a turn, its outcomes, `Progress`); each turn is kept in the
+history as a message (`assistant_message`) for the next request. The record: `correct` (the environment's
+success and no call to an added tool), `reward`, per-turn checks, `counts` (`cipr.envs.base.Play`), `end`
+(`done`, `max_turns`, `force_quit`, `cut_off`, `unparseable`, `backend_error`), `error`, the `taxonomy`
+class (`cipr.eval.taxonomy.classify_episode`: no call, refused and wrong calls apart) and the transcript.
 
 Replay (`backend=replay replay=reference`): every request carries the next calls of the reference (BFCL's
 ground truth, ToyShop's expert) in the shown names, at most `max_calls` per message, then a text answer;
@@ -50,20 +45,30 @@ import json
 import logging
 import math
 import os
-import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 from cipr.core.errors import DataError
-from cipr.envs.base import Environment, no_such_tool, over_call_limit, unparseable
+from cipr.envs.base import (
+    HEARTBEAT_S,
+    AddedToolError,
+    Environment,
+    Play,
+    Progress,
+    Turn,
+    assistant_message,
+    play_rounds,
+    read_turn,
+)
 from cipr.eval.report import RESULTS
 from cipr.eval.runner import ItemKey, RunnerConfig, RunStats, append_record, existing_keys
-from cipr.formats.base import CallFormat, ParseResult
+from cipr.eval.taxonomy import classify_episode
+from cipr.formats.base import CallFormat
 from cipr.runtime.backends import Backend, Generation, GenRequest
 from cipr.tools.canonical import UndeclaredToolError, canonicalize, rewrite_text
 from cipr.tools.interface import Call, Example, Interface, Message
@@ -75,22 +80,6 @@ NOT_EXECUTABLE = ("drift_type_narrowing", "drift_enum_replacement", "drift_refac
 TEXT_RENAMING = ("relabel_function", "relabel_random")
 ANSWER = "Done."
 """The replay's text answer that ends a user turn."""
-
-
-class AddedToolError(KeyError):
-    """A call to a tool the perturbation added: no environment tool stands behind it."""
-
-    def __init__(self, name: str, role: str) -> None:
-        self.name, self.role = name, role
-        super().__init__(f"{name!r} was added by the perturbation ({role}); nothing executes it")
-
-    def __str__(self) -> str:
-        return self.args[0]
-
-
-def unavailable(name: str) -> str:
-    """The observation for a call to an added tool (never executed)."""
-    return f"Error: the tool {name!r} is unavailable."
 
 
 # ---------------------------------------------------------------------- the view
@@ -130,9 +119,14 @@ class EpisodeView:
         amap = self.arguments[j]
         return Call(self.sources[j], {amap.get(k, k): v for k, v in call.arguments.items()})  # type: ignore[arg-type]
 
-    def text(self, text: str) -> str:
+    def text_in(self, text: str) -> str:
         """Environment text (a user message, an observation) with tool names as shown."""
         return rewrite_text(text, self.text_map) if self.text_map else text
+
+    def text_out(self, text: str) -> str:
+        """An answer of the policy with the environment's tool names."""
+        inverse = {v: k for k, v in self.text_map.items() if v != k}
+        return rewrite_text(text, inverse) if inverse else text
 
 
 def _split(calls: Sequence[Call], lengths: Sequence[int]) -> tuple[tuple[Call, ...], ...]:
@@ -227,31 +221,16 @@ def reference_script(env: Any, task_id: str) -> list[list[Call]]:
 
 
 # ---------------------------------------------------------------------- the loop
-def assistant_message(fmt: CallFormat, parse: ParseResult, text: str) -> Message:
-    """The response as a conversation message the format renders back (ReAct formats keep the thought
-    with the calls, the others the response text)."""
-    from cipr.formats.react import ReActFormat, WebShopFormat
+class _Live(Play):
+    """One running episode: the loop's `Play`, its history as messages and its transcript."""
 
-    if parse.calls:
-        react = isinstance(fmt, (ReActFormat, WebShopFormat))
-        return Message("assistant", (parse.think if react else parse.response) or "", tuple(parse.calls))
-    return Message("assistant", parse.response if parse.response is not None else text.strip())
-
-
-@dataclass
-class _Live:
-    """One running episode."""
-
-    item: EpisodeItem
-    env: Environment
-    messages: list[Message]
-    transcript: list[dict[str, Any]] = field(default_factory=list)
-    counts: Counter[str] = field(default_factory=Counter)
-    added_roles: list[str] = field(default_factory=list)
-    steps_in_turn: int = 0
-    script_turn: int = 0
-    script_pos: int = 0
-    end: str | None = None
+    def __init__(self, item: EpisodeItem, env: Environment, fmt: CallFormat) -> None:
+        super().__init__(env, item.view, fmt)
+        env.reset(item.id)
+        self.item = item
+        self.messages = [Message("user", item.view.first_message)]
+        self.transcript: list[dict[str, Any]] = []
+        self.script_turn = self.script_pos = 0
 
     def next_calls(self) -> tuple[Call, ...]:
         """The reference's next calls in shown names (the replay backend answers with them)."""
@@ -264,118 +243,32 @@ class _Live:
         self.script_pos += len(out)
         return out
 
+    def request(self) -> GenRequest:
+        item = self.item
+        return GenRequest(Example(item.id, tuple(self.messages), item.view.interface(self.env.interface),
+                                  reference=self.next_calls(), response=ANSWER, partition=item.partition))
 
-def _start(item: EpisodeItem, make: Callable[[EpisodeItem], Environment]) -> _Live:
-    env = make(item)
-    env.reset(item.id)
-    return _Live(item, env, [Message("user", item.view.first_message)])
-
-
-def _request(live: _Live) -> GenRequest:
-    view = live.item.view
-    example = Example(live.item.id, tuple(live.messages), view.interface(live.env.interface),
-                      reference=live.next_calls(), response=ANSWER, partition=live.item.partition)
-    return GenRequest(example)
-
-
-def _advance(live: _Live, gen: Generation, fmt: CallFormat) -> None:
-    """Apply one generation to its episode (module docstring)."""
-    env, view, limits = live.env, live.item.view, live.env.limits
-    live.counts["messages"] += 1
-    entry: dict[str, Any] = {"turn": env.turn, "raw": gen.text}
-    live.transcript.append(entry)
-    if gen.error is not None:
-        entry["error"] = gen.error
-        live.counts["backend_errors"] += 1
-        live.end = "backend_error"
-        return
-    parse = gen.parsed if gen.parsed is not None else fmt.parse(gen.text)
-    entry["calls"] = [c.to_dict() for c in parse.calls]
-    if not parse.ok:
-        live.counts["parse_failures"] += 1
-        entry["parse_error"] = parse.error
-    if not parse.calls and not _attempted(fmt, gen.text):
-        live.messages.append(assistant_message(fmt, parse, gen.text))
-        nxt = env.end_turn(live.messages[-1].content)
-        live.steps_in_turn = 0
-        if nxt is None:
-            live.end = "done"
-        else:
-            live.messages.append(Message("user", view.text(nxt)))
-    else:
-        _execute(live, parse, gen.text, fmt, entry)
-    if live.end is None and live.counts["messages"] >= limits.max_turns:
-        live.end = "max_turns"
-
-
-def _attempted(fmt: CallFormat, text: str) -> bool:
-    """Whether the text opens a call whose tool name can be read (the format's decisions)."""
-    try:
-        return any(d.taken is not None for d in fmt.decisions(text))
-    except Exception:  # noqa: BLE001 - a format that cannot read the text found no call in it
-        return False
-
-
-def _execute(live: _Live, parse: ParseResult, text: str, fmt: CallFormat, entry: dict[str, Any]) -> None:
-    env, view, limits = live.env, live.item.view, live.env.limits
-    tool_messages: list[Message] = []
-    executed: list[dict[str, Any] | None] = []
-    for k, call in enumerate(parse.calls):
-        live.counts["calls"] += 1
-        target: dict[str, Any] | None = None
-        if live.end is not None:
-            obs = "Error: the episode is over; the call was not executed."
-        elif k >= limits.max_calls:
-            obs = over_call_limit(limits.max_calls)
-            live.counts["over_limit"] += 1
-        else:
-            try:
-                env_call = view.to_env(call)
-            except UndeclaredToolError:
-                obs = no_such_tool(call.name)
-                live.counts["undeclared"] += 1
-            except AddedToolError as e:
-                obs = unavailable(call.name)
-                live.counts["added"] += 1
-                live.added_roles.append(e.role)
-            else:
-                result = env.step(env_call)
-                target = env_call.to_dict()
-                obs = view.text(result.observation)
-                live.counts["executed" if result.valid else "refused"] += 1
-                if result.done:
-                    live.end = "done"
-        executed.append(target)
-        tool_messages.append(Message("tool", obs, name=call.name))
-    if not parse.ok:
-        tool_messages.append(Message("tool", unparseable(parse.error or "malformed response"), name="error"))
-    entry["executed"] = executed
-    entry["observations"] = [m.content[:2000] for m in tool_messages]
-    live.messages.append(assistant_message(fmt, parse, text))
-    live.messages.extend(tool_messages)
-    if parse.calls:
-        live.steps_in_turn += 1
-    bound = limits.max_steps_per_turn
-    if live.end is None and bound is not None and live.steps_in_turn > bound:
-        live.end = "force_quit"
-
-
-def _taxonomy(live: _Live, correct: bool, reference_calls: int) -> str:
-    c = live.counts
-    if correct:
-        return "correct"
-    if c["backend_errors"]:
-        return "backend_error"
-    if reference_calls and not c["executed"]:
-        return "no_call"
-    if c["undeclared"]:
-        return "undeclared_tool"
-    if live.added_roles:
-        return "equivalent_tool" if any(r in ("costlier", "slower") for r in live.added_roles) \
-            else "unrelated_tool"
-    if c["parse_failures"]:
-        return "parse_failure"
-    return "other"
+    def take(self, gen: Generation) -> None:
+        """Apply one generation (`Play.act`) and keep it in the history and the transcript."""
+        entry: dict[str, Any] = {"turn": self.env.turn, "raw": gen.text}
+        self.transcript.append(entry)
+        if gen.error is not None:
+            entry["error"] = gen.error
+            self.act(Turn(gen.text, error=gen.error))
+            return
+        turn = read_turn(self.fmt, gen.text, ended=not gen.cut_off, parse=gen.parsed)
+        entry["calls"] = [c.to_dict() for c in turn.parse.calls]
+        if not turn.parse.ok:
+            entry["parse_error"] = turn.parse.error
+        following = self.act(turn)
+        if self.end in ("cut_off", "unparseable"):
+            entry["end"] = self.end
+            return
+        self.messages.append(assistant_message(self.fmt, turn.parse, gen.text))
+        self.messages.extend(following)
+        if not turn.answer:
+            entry["executed"] = [c.to_dict() if c is not None else None for c in self.executed]
+            entry["observations"] = [m.content[:2000] for m in following]
 
 
 def episode_record(live: _Live) -> dict[str, Any]:
@@ -383,17 +276,17 @@ def episode_record(live: _Live) -> dict[str, Any]:
     it = live.item
     score = live.env.score()
     correct = bool(score.success) and not live.counts["added"]
-    reference_calls = sum(len(t) for t in it.view.script)
     details = {k: (v[:1000] if isinstance(v, str) else v) for k, v in score.details.items()}
     error = None
     if not correct:
         fallback = "added_tool" if live.counts["added"] else (live.end if live.end != "done" else "failed")
         error = details.get("error_type") or fallback
+    taxonomy = classify_episode(live.counts, live.added_roles, correct=correct, end=live.end,
+                                reference_calls=sum(len(t) for t in it.view.script))
     return {"id": it.id, "partition": it.partition, "names": it.names, "perturbation": it.perturbation,
             "group": it.group, "order": it.order, "correct": correct, "reward": score.reward,
             "success": bool(score.success), "turn_checks": list(score.turns), "error": error,
-            "detail": str(details.get("error_message") or "")[:1000],
-            "taxonomy": _taxonomy(live, correct, reference_calls), "end": live.end,
+            "detail": str(details.get("error_message") or "")[:1000], "taxonomy": taxonomy, "end": live.end,
             "turns": live.env.turn + 1, "counts": dict(live.counts), "score": details,
             "transcript": live.transcript}
 
@@ -418,9 +311,11 @@ def default_env_factory(item: EpisodeItem) -> Environment:
 
 def run_episodes(items: Sequence[EpisodeItem], backend: Backend, fmt: CallFormat, out_dir: str | Path,
                  config: RunnerConfig | None = None,
-                 env_factory: Callable[[EpisodeItem], Environment] = default_env_factory) -> RunStats:
-    """Run every episode not yet in `out_dir/results.jsonl`, `chunk_size` at a time in lockstep, appending
-    one flushed line per finished episode."""
+                 env_factory: Callable[[EpisodeItem], Environment] = default_env_factory, *,
+                 heartbeat_s: float = HEARTBEAT_S) -> RunStats:
+    """Run every episode not yet in `out_dir/results.jsonl`, `chunk_size` at a time in lock step, appending
+    one flushed line per finished episode; the progress bar (or, without it, the log) says what is being
+    generated at least every `heartbeat_s` seconds."""
     config = config or RunnerConfig()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -432,30 +327,31 @@ def run_episodes(items: Sequence[EpisodeItem], backend: Backend, fmt: CallFormat
     done, torn = existing_keys(path)
     pending = [it for it in items if it.key not in done]
     stats = RunStats(total=len(items), skipped=len(items) - len(pending), torn_lines=torn)
-    started, turns = time.monotonic(), 0
+
     with path.open("a", encoding="utf-8") as f, tqdm(total=len(pending), desc=f"episodes {out.name}",
                                                      unit="episode", disable=not config.progress) as bar:
-        for start in range(0, len(pending), max(1, config.chunk_size)):
-            lives = [_start(it, env_factory) for it in pending[start:start + config.chunk_size]]
-            while active := [lv for lv in lives if lv.end is None]:
-                gens = backend.generate([_request(lv) for lv in active])
-                turns += len(active)  # the bar moves every round of turns, not only when episodes end
-                rate = turns / max(time.monotonic() - started, 1e-9)
-                bar.set_postfix_str(f"{turns} turns, {rate:.2f} turns/s, {len(active)} running",
-                                    refresh=True)
-                if len(gens) != len(active):
-                    raise RuntimeError(f"backend {backend.name} returned {len(gens)} outputs for "
-                                       f"{len(active)} episodes")
-                for lv, gen in zip(active, gens, strict=True):
-                    _advance(lv, gen, fmt)
-                    if lv.end is not None:
-                        rec = episode_record(lv)
-                        close = getattr(lv.env, "close", None)
-                        if close is not None:
-                            close()
-                        append_record(f, rec, stats)
-                        bar.update(1)
-            os.fsync(f.fileno())
+        def take(live: _Live, gen: Generation) -> None:
+            live.take(gen)
+            if live.end is not None:
+                rec = episode_record(live)
+                close = getattr(live.env, "close", None)
+                if close is not None:
+                    close()
+                append_record(f, rec, stats)
+                bar.update(1)
+
+        def say(line: str) -> None:
+            if config.progress:
+                bar.set_postfix_str(line, refresh=True)
+            else:
+                log.info("episodes %s: %s", out.name, line)
+
+        with Progress(len(pending), say, every_turn=config.progress, heartbeat_s=heartbeat_s) as progress:
+            for start in range(0, len(pending), max(1, config.chunk_size)):
+                lives = [_Live(it, env_factory(it), fmt) for it in pending[start:start + config.chunk_size]]
+                play_rounds(lives, lambda active: backend.generate([lv.request() for lv in active])
+                            if active else None, take, progress)
+                os.fsync(f.fileno())
     return stats
 
 
@@ -588,7 +484,7 @@ def _side(view: EpisodeView, events: Sequence[_Event], item_id: str) -> list[tup
     k = 0
     for e in events:
         if e.role == "user":
-            messages.append(Message("user", view.first_message if not messages else view.text(e.text)))
+            messages.append(Message("user", view.first_message if not messages else view.text_in(e.text)))
             continue
         calls = tuple(shown_calls[k:k + len(e.calls)])
         k += len(e.calls)
@@ -597,7 +493,7 @@ def _side(view: EpisodeView, events: Sequence[_Event], item_id: str) -> list[tup
                             response=None if calls else ANSWER), e.turn))
         if calls:
             messages.append(Message("assistant", "", calls))
-            messages.extend(Message("tool", view.text(o), name=c.name)
+            messages.extend(Message("tool", view.text_in(o), name=c.name)
                             for c, o in zip(calls, e.observations, strict=True))
         else:
             messages.append(Message("assistant", ANSWER))

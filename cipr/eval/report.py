@@ -408,7 +408,7 @@ def plot_summary(summary: Mapping[str, Any], plots_dir: str | Path) -> list[Path
                 total = sum(counts.values()) or 1
                 shares.append(100 * counts.get(cls, 0) / total)
             if any(shares):
-                ax.bar(range(len(ts)), shares, bottom=bottom, label=cls, color=plt.cm.tab10(k % 10))
+                ax.bar(range(len(ts)), shares, bottom=bottom, label=cls, color=plt.cm.tab20(k % 20))
                 bottom = [b + s for b, s in zip(bottom, shares, strict=True)]
         ax.set_xticks(range(len(ts)), ts, rotation=60, ha="right", fontsize=8)
         ax.set_ylabel("share of responses (%)")

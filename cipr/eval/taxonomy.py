@@ -18,6 +18,15 @@ Classes, checked in this order (the first that applies wins):
   given the correct tool.
 - `other`: incorrect for a reason none of the above names (e.g. a text answer judged wrong).
 
+An episode (`classify_episode`, from what `cipr.envs.base.Play` counted) gets, in this order: `correct`;
+`backend_error`; `cut_off` (it ended at a turn cut off by the token limit); `parse_failure` (it ended at
+a turn that could not be parsed, or wrote no readable call but a malformed one); `no_call` (it wrote no call
+while the reference calls); then, calls written: `undeclared_tool` (a name the adapter refused); the
+wrong tool added by the perturbation, `equivalent_tool` (a costlier or slower equivalent) or
+`unrelated_tool` (another added tool); `parse_failure` (a malformed turn besides); `refused_call` (none was
+executed: the environment refused them); `wrong_call` (calls executed, the episode still failed); `other`
+(no call written and none expected, e.g. an answer judged wrong).
+
 "Once the annotation is removed" is not defined further by the paper. Here an annotation is any
 bracketed span (`[...]`, `(...)`, `{...}`, `<...>`) or sentence that mentions a cost or latency word
 (`TaxonomyConfig.annotation_pattern`); both descriptions lose them and are compared as lower-case word
@@ -31,14 +40,17 @@ from __future__ import annotations
 import difflib
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
 from cipr.tools.interface import Call, Interface
 
-CLASSES = ("correct", "backend_error", "parse_failure", "no_call", "wrong_count", "undeclared_tool",
-           "equivalent_tool", "unrelated_tool", "argument_error", "other")
+CLASSES = ("correct", "backend_error", "cut_off", "parse_failure", "no_call", "wrong_count",
+           "undeclared_tool", "refused_call", "equivalent_tool", "unrelated_tool", "argument_error",
+           "wrong_call", "other")
+"""Of single responses (`classify`) and episodes (`classify_episode`; `cut_off`, `refused_call`, `wrong_call`
+are episodes' only)."""
 
 DEFAULT_ANNOTATION = (
     r"cost|price|pricing|priced|expensive|cheap|afford|fee\b|fees\b|charge|billing|billed|credit|budget|"
@@ -143,3 +155,30 @@ def classify(*, interface: Interface, reference: Sequence[Call], calls: Sequence
     if reference:
         return "argument_error"
     return "other"
+
+
+def classify_episode(counts: Mapping[str, int], added_roles: Sequence[str], *, correct: bool, end: str | None,
+                     reference_calls: int) -> str:
+    """The taxonomy class of one episode (module docstring): `counts` and `added_roles` as the episode loop
+    counted them (`cipr.envs.base.Play`), `end` why it ended, `reference_calls` how many calls the reference
+    makes."""
+    if correct:
+        return "correct"
+    if counts.get("backend_errors") or end == "backend_error":
+        return "backend_error"
+    if end == "cut_off":
+        return "cut_off"
+    if end == "unparseable":
+        return "parse_failure"
+    if not counts.get("calls"):
+        if counts.get("parse_failures"):
+            return "parse_failure"
+        return "no_call" if reference_calls else "other"
+    if counts.get("undeclared"):
+        return "undeclared_tool"
+    if added_roles:
+        costly = any(r in ("costlier", "slower") for r in added_roles)
+        return "equivalent_tool" if costly else "unrelated_tool"
+    if counts.get("parse_failures"):
+        return "parse_failure"
+    return "wrong_call" if counts.get("executed") else "refused_call"

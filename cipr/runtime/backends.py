@@ -73,13 +73,15 @@ class GenRequest:
 @dataclass(frozen=True)
 class Generation:
     """A backend's answer. `parsed` is set when the backend returns structured calls (an endpoint's native
-    `tool_calls`); otherwise the caller parses `text` with the call format."""
+    `tool_calls`); otherwise the caller parses `text` with the call format. `cut_off`: the reply reached its
+    token limit without an end token (the episode loop ends an episode there)."""
 
     text: str
     error: str | None = None
     parsed: ParseResult | None = None
     attempts: int = 1
     usage: Usage = Usage()
+    cut_off: bool = False
 
 
 @runtime_checkable
@@ -215,8 +217,8 @@ class HFBackend(_PromptBackend):
         self.config = self.greedy.config
 
     def _run(self, prompts: list[list[int]], limits: list[int],
-             stops: list[Callable[[], bool] | None]) -> list[tuple[str, int] | str]:
-        """(text, new tokens) per prompt, or the error text of a prompt that failed alone."""
+             stops: list[Callable[[], bool] | None]) -> list[tuple[str, int, bool] | str]:
+        """(text, new tokens, cut off) per prompt, or the error text of a prompt that failed alone."""
         try:
             rows = self.greedy.run(prompts, limits, stops)
         except Exception as e:  # noqa: BLE001 - retried one by one, then recorded per item
@@ -225,7 +227,8 @@ class HFBackend(_PromptBackend):
             log.warning("batch failed (%s); retrying its %d items one by one", e, len(prompts))
             return [self._run([p], [n], [f])[0] for p, n, f in zip(prompts, limits, stops, strict=True)]
         end = self.greedy.end_ids
-        return [(self.tokenizer.decode(cut_at_end(r, end), skip_special_tokens=False), len(r)) for r in rows]
+        return [(self.tokenizer.decode(cut_at_end(r, end), skip_special_tokens=False), len(r),
+                 not r or r[-1] not in end) for r in rows]
 
     def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
         out: list[Generation | None] = [None] * len(requests)
@@ -248,7 +251,8 @@ class HFBackend(_PromptBackend):
                                     [requests[i].stop for i in idx])
                 for i, result in zip(idx, results, strict=True):
                     out[i] = Generation("", error=result) if isinstance(result, str) else \
-                        Generation(prefixes[i] + result[0], usage=Usage(len(prompts[i]), result[1]))
+                        Generation(prefixes[i] + result[0], usage=Usage(len(prompts[i]), result[1]),
+                                   cut_off=result[2])
         finally:
             self.greedy.forget()
         return [g for g in out if g is not None]
@@ -325,7 +329,8 @@ class VLLMBackend(_PromptBackend):
         for (_, prefix), x, o in zip(prompts, ids, outs, strict=True):
             row = list(o.outputs[0].token_ids) if o.outputs else []
             text = self.tokenizer.decode(cut_at_end(row, self.end_ids), skip_special_tokens=False)
-            gens.append(Generation(prefix + text, usage=Usage(len(x), len(row))))
+            gens.append(Generation(prefix + text, usage=Usage(len(x), len(row)),
+                                   cut_off=bool(o.outputs) and o.outputs[0].finish_reason == "length"))
         return gens
 
 
@@ -362,7 +367,8 @@ class CompletionsBackend(_PromptBackend):
                                    f"{r.status_code}: {r.text[:500]}")
             data = r.json()
             usage = data.get("usage") or {}
-            return Generation(prefix + data["choices"][0]["text"],
+            choice = data["choices"][0]
+            return Generation(prefix + choice["text"], cut_off=choice.get("finish_reason") == "length",
                               usage=Usage(int(usage.get("prompt_tokens", 0)),
                                           int(usage.get("completion_tokens", 0))))
         except Exception as e:  # noqa: BLE001 - recorded per item
@@ -478,12 +484,13 @@ class OpenAIBackend:
 
     def _read(self, data: dict[str, Any], attempts: int) -> Generation:
         message = data["choices"][0]["message"]
+        cut_off = data["choices"][0].get("finish_reason") == "length"
         text = message.get("content") or ""
         u = data.get("usage") or {}
         usage = Usage(int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0))
         tool_calls = message.get("tool_calls") or []
         if not tool_calls:
-            return Generation(text, attempts=attempts, usage=usage)
+            return Generation(text, attempts=attempts, usage=usage, cut_off=cut_off)
         calls, errors = [], []
         for tc in tool_calls:
             fn = tc.get("function", {})
@@ -497,7 +504,7 @@ class OpenAIBackend:
         raw = text + ("\n" if text else "") + json.dumps(tool_calls, ensure_ascii=False)
         parsed = ParseResult(calls=tuple(calls), ok=not errors, error="; ".join(errors) or None,
                              response=text or None)
-        return Generation(raw, parsed=parsed, attempts=attempts, usage=usage)
+        return Generation(raw, parsed=parsed, attempts=attempts, usage=usage, cut_off=cut_off)
 
     def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
         if len(requests) <= 1 or self.config.concurrency <= 1:

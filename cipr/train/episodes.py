@@ -1,10 +1,8 @@
 """Multi-turn GRPO (`rollout.mode=multi_turn env=...`): episode rows, the rollout loop, token-exact assembly.
 
-An episode (`cipr.envs.base`): the environment's first user message -> the policy's assistant turn -> when it
-calls tools, one observation message per call (parallel calls executed in order, at most the environment's
-`limits.max_calls` a turn) and another assistant turn; when it answers without a call, the environment's
-next user message (`Environment.end_turn`) or the end -> ... at most `limits.max_turns` assistant turns
-(and `limits.max_steps_per_turn` turns with calls per user turn) -> `Environment.score()`.
+An episode is played by the loop evaluation plays too (`cipr.envs.base`: `Play.act` applies each turn by one
+rule, `play_rounds` runs the rounds): the environment's first user message -> the policy's assistant turn ->
+its calls' observations, or the environment's next user message -> ... -> `Environment.score()`.
 
 Rows and interfaces. One dataset row per (task, side): the task's tools and first message form an Example
 (`cipr.train.data.build_prompts` renders it under `perturb.names`, paired with its perturbed copy for
@@ -13,11 +11,10 @@ task (the environment is reset to the same state). A task whose tools change dur
 miss_func reveals a function at a later turn) is skipped and counted: the tool list is part of the prompt,
 which a token-exact episode never re-renders. `EpisodeNames` translates every call back before the
 environment sees it: canonical (or masked) ids through the adapter's name map, a perturbed name through the
-perturbation's correspondence and then the name map. A call to an undeclared name is answered
-`cipr.envs.base.no_such_tool`, one to a degraded twin (declared, no equivalent) "unavailable", a turn whose
-calls cannot be parsed `unparseable`, calls past `max_calls` `over_call_limit`; none is executed; the
-environment never sees an episode's names, and the texts it sends (later user messages, observations) are
-rewritten into them as canonicalization rewrites the first message (`perturb.rewrite_text`).
+perturbation's correspondence and then the name map (a degraded twin, declared without an equivalent, is
+an added tool: "unavailable", never executed); the texts the environment sends (later user messages,
+observations) are rewritten into the episode's names as canonicalization rewrites the first message
+(`perturb.rewrite_text`).
 
 Token-exact trajectories. The completion is the concatenation of the sampled ids of every turn (kept as
 sampled, never re-tokenized) and of the ids between turns: the observation (or next user) messages with
@@ -25,15 +22,17 @@ the chat template's own rendering, through the next turn's generation prompt, re
 (`follow_text`: the template's text after a turn's end token) and tokenized on their own. `mask` is 1 on
 sampled ids and 0 on those ids; it reaches TRL as the rollout function's `env_mask`, which TRL multiplies
 into the loss mask. A turn cut off by the length budget (`rollout.max_completion_length` in all, at most
-`rollout.max_turn_tokens` a turn) ends the episode; the ids between turns are appended only when another turn
-follows, so a finished episode's completion ends with its last turn's end token.
+`rollout.max_turn_tokens` a turn) ends the episode (`cut_off`, the loop's rule 2), and so does a turn after
+which the ids between turns would leave no room for another (`budget`); the ids between turns are appended
+only when another turn follows, so a finished episode's completion ends with its last turn's end token.
 
-The loop runs every episode of the generation batch in lock step: one call of the trainer's generation
+The rounds run every episode of the generation batch in lock step: one call of the trainer's generation
 hook per round with every unfinished episode's context (prompt + completion so far), so HF and vLLM
 (colocate or server) sample through the same code. Under several processes the rounds are synchronised
 (`sync`: the largest number of unfinished episodes and token budget of all processes), and a process with
 fewer pads its call with copies of a prompt whose samples it drops: ZeRO-3's gathered generation and vLLM's
-server split their work per call and need every process in every call.
+server split their work per call and need every process in every call. A step whose episodes take longer
+than `HEARTBEAT_S` logs what they are doing at that interval (`cipr.envs.base.Progress`).
 
 Reward: the environment's score in [0, 1] plus `rollout.format_weight` x the share of assistant turns that
 ended with the end token and parse under the call format (the single-turn reward's format term for call
@@ -46,15 +45,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from cipr.core.config import ConfigError
 from cipr.core.errors import DataError
-from cipr.envs.base import EpisodeLimits, no_such_tool, over_call_limit, unparseable
-from cipr.formats.base import CallFormat, Decision, ParseResult, supports_native_tools
+from cipr.envs.base import HEARTBEAT_S, AddedToolError, Environment, Play, Progress, play_rounds, read_turn
+from cipr.formats.base import CallFormat, Decision, supports_native_tools
 from cipr.perturb.config import PerturbConfig
 from cipr.tools.canonical import RewriteText, UndeclaredToolError, canonicalize, rewrite_text
 from cipr.tools.interface import Call, Example, Interface, Message
@@ -62,30 +60,10 @@ from cipr.train.data import DataConfig, PromptRecord, PromptSet, build_prompts
 
 log = logging.getLogger("cipr.train")
 
-UNAVAILABLE = "Error: the tool {name!r} is unavailable."
-"""A declared tool without an environment equivalent (a twin): the evaluation's text (cipr.eval.episodes)."""
-
 Sample = Callable[[list[list[int]], int], tuple[list[list[int]], list[list[float]] | None]]
 """Generation hook: (contexts, max new tokens) -> (sampled ids per context, their log-probs or None)."""
 Sync = Callable[[list[int]], list[int]]
 """Element-wise maximum of a few integers over every process (identity on one process)."""
-
-
-class Environment(Protocol):
-    """What the loop needs of an environment (`cipr.envs.base.Environment`)."""
-
-    name: str
-    limits: EpisodeLimits
-
-    @property
-    def interface(self) -> Interface: ...
-    @property
-    def declared(self) -> Interface: ...
-    def tasks(self, split: str) -> list[str]: ...
-    def reset(self, task_id: Any) -> str: ...
-    def step(self, call: Call) -> Any: ...
-    def end_turn(self, text: str) -> str | None: ...
-    def score(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -140,10 +118,6 @@ def env_factory(env: Mapping[str, Any]) -> Callable[[], Environment]:
     return build
 
 
-class UnavailableToolError(KeyError):
-    """A call to a declared tool the environment has no equivalent of (a degraded twin)."""
-
-
 @dataclass(frozen=True)
 class EpisodeNames:
     """One episode's tool names against the environment's (original) ones.
@@ -158,12 +132,12 @@ class EpisodeNames:
 
     def to_env(self, call: Call) -> Call:
         """The call under the environment's names: UndeclaredToolError for a name this episode does not
-        declare, UnavailableToolError for a twin."""
+        declare, AddedToolError for a twin."""
         if call.name not in self.back:
             raise UndeclaredToolError(call.name, list(self.back))
         target = self.back[call.name]
         if target is None:
-            raise UnavailableToolError(call.name)
+            raise AddedToolError(call.name, "twin")
         name, args = target
         return Call(name, {args.get(k, k): v for k, v in call.arguments.items()})
 
@@ -277,7 +251,8 @@ class Episode:
       sampled ids as (start, end) positions of `completion_ids` (end token included).
     - `decisions`: every turn's decisions at their offsets in `text`; `turn_of[d]`: the turn of decision d.
     - `calls`: every call the policy wrote, in its own names; `twin_calls`, `undeclared_calls`,
-      `parse_errors`, `env_errors`: counts; `truncated`: a turn was cut off by the budget.
+      `parse_errors`, `env_errors`: counts; `end`: why it ended (`cipr.envs.base`; `budget`: no room for
+      another turn); `truncated`: a turn was cut off by the budget (`cut_off`).
     - `score`: the environment's reward; `format`: the share of well-formed turns; `reward`: the GRPO reward.
     """
 
@@ -297,7 +272,7 @@ class Episode:
     undeclared_calls: int
     parse_errors: int
     env_errors: int
-    truncated: bool
+    end: str
     score: float
     success: bool
     format: float
@@ -307,6 +282,10 @@ class Episode:
     @property
     def turns(self) -> int:
         return len(self.turn_spans)
+
+    @property
+    def truncated(self) -> bool:
+        return self.end == "cut_off"
 
     @property
     def correctness(self) -> float:
@@ -322,16 +301,16 @@ class EpisodeRenderError(ConfigError):
     """The call format and chat template do not render a conversation turn by turn."""
 
 
-class _Play:
-    """One episode while it is played (`EpisodeRunner.run`)."""
+class _Play(Play):
+    """One episode while it is played (`EpisodeRunner.run`): the loop's `Play` and the token-exact
+    trajectory around it."""
 
     def __init__(self, runner: EpisodeRunner, row: int, env: Environment) -> None:
-        self.runner, self.row, self.env = runner, row, env
         episodes = runner.episodes
+        super().__init__(env, episodes.names[row], runner.fmt)
+        self.runner, self.row = runner, row
         self.record = episodes.records[row]
-        self.names = episodes.names[row]
-        self.env_seconds = 0.0
-        first = self._env(env.reset, episodes.tasks[row])
+        first = self.in_env(env.reset, episodes.tasks[row])
         if first != episodes.first[row]:
             raise RuntimeError(f"environment {runner.env.name}, task {episodes.tasks[row]!r}: reset returned "
                                f"another first message than when the rows were built (a reset must restore "
@@ -347,17 +326,7 @@ class _Play:
         self.decisions: list[Decision] = []
         self.turn_of: list[int] = []
         self.formats: list[float] = []
-        self.calls: list[Call] = []
-        self.counts = {"twin": 0, "undeclared": 0, "parse": 0, "env": 0}
-        self.steps_this_turn = 0  # assistant messages with calls in the current user turn
-        self.done = self.truncated = self.ended = False
-
-    def _env(self, fn: Callable[..., Any], *args: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return fn(*args)
-        finally:
-            self.env_seconds += time.perf_counter() - start
+        self.ended = False
 
     def _add(self, text: str) -> None:
         self.pieces.append(text)
@@ -373,7 +342,7 @@ class _Play:
         return list(self.prompt_ids) + self.completion
 
     def take(self, ids: Sequence[int], logprobs: Sequence[float] | None, limit: int) -> None:
-        """Append a sampled turn, act on it in the environment, and append what follows it (or finish)."""
+        """Append a sampled turn, act on it in the environment (`Play.act`), and append what follows it."""
         runner = self.runner
         ids = [int(i) for i in ids][:limit]
         ended = bool(ids) and ids[-1] in runner.eos_ids
@@ -388,26 +357,24 @@ class _Play:
         text = runner.decode(ids[:-1] if ended else ids)
         turn = len(self.turn_spans)
         self.turn_spans.append((self.length, self.length + len(text)))
-        for d in runner.fmt.decisions(text):
+        found = runner.fmt.decisions(text)
+        for d in found:
             self.decisions.append(Decision(d.start + self.length, d.opener, d.name_suffix, d.taken))
             self.turn_of.append(turn)
         self._add(text)
-        parsed = runner.fmt.parse(text)
-        self.formats.append(1.0 if ended and parsed.ok else 0.0)
+        read = read_turn(runner.fmt, text, ended=ended, decisions=found)
+        self.formats.append(1.0 if ended and read.parse.ok else 0.0)
+        following = self.act(read)
         if not ended:
-            self.truncated = self.done = True
             return
         self.ended = True
         end_text = runner.decode(ids[-1:])
         self._add(end_text)
-        follow = self._act(parsed, text)
-        if follow is None or len(self.turn_spans) >= self.env.limits.max_turns:
-            self.done = True
+        if self.end is not None:
             return
-        calls, messages = follow
-        ids_between = runner.between_ids(self.record.example.interface, calls, messages, end_text)
+        ids_between = runner.between_ids(self.record.example.interface, read.parse.calls, following, end_text)
         if len(self.completion) + len(ids_between) >= runner.max_completion_length:
-            self.done = True  # no room for another turn: the episode ends on this turn's end token
+            self.end = "budget"  # no room for another turn: the episode ends on this turn's end token
             return
         self.completion += ids_between
         self.mask += [0] * len(ids_between)
@@ -416,70 +383,24 @@ class _Play:
         self._add(runner.decode(ids_between))
         self.ended = False
 
-    def _act(self, parsed: ParseResult, text: str) -> tuple[tuple[Call, ...], list[Message]] | None:
-        """Run the turn in the environment: (its calls, the messages that follow it), None at the end."""
-        limits = self.env.limits
-        if parsed.ok and not parsed.calls:
-            answer = parsed.response if parsed.response is not None else text.strip()
-            following = self._env(self.env.end_turn, self.names.text_out(answer))
-            if following is None:
-                return None
-            self.steps_this_turn = 0
-            return (), [Message("user", self.names.text_in(following))]
-        messages: list[Message] = []
-        finished = False
-        for i, call in enumerate(parsed.calls):
-            self.calls.append(call)
-            if i >= limits.max_calls:
-                messages.append(Message("tool", over_call_limit(limits.max_calls), name=call.name))
-                continue
-            try:
-                target = self.names.to_env(call)
-            except UnavailableToolError:
-                self.counts["twin"] += 1
-                messages.append(Message("tool", UNAVAILABLE.format(name=call.name), name=call.name))
-                continue
-            except UndeclaredToolError:
-                self.counts["undeclared"] += 1
-                messages.append(Message("tool", no_such_tool(call.name), name=call.name))
-                continue
-            try:
-                result = self._env(self.env.step, target)
-            except Exception as e:  # an environment bug must not end a long run: the call fails, counted
-                self.counts["env"] += 1
-                if self.counts["env"] == 1:
-                    log.warning("environment %s raised on %s: %r", self.runner.env.name, target, e)
-                messages.append(Message("tool", f"Error: {type(e).__name__}: {e}", name=call.name))
-                continue
-            messages.append(Message("tool", self.names.text_in(str(result.observation)), name=call.name))
-            finished = finished or bool(getattr(result, "done", False))
-        if not parsed.ok:
-            self.counts["parse"] += 1
-            role = "tool" if parsed.calls else "user"
-            messages.append(Message(role, unparseable(str(parsed.error)), name=None))
-        self.steps_this_turn += 1
-        cap = limits.max_steps_per_turn
-        if finished or (cap is not None and self.steps_this_turn > cap):
-            return None  # the environment ended the episode, or the user turn ran out of steps (force-quit)
-        return parsed.calls, messages
-
     def finish(self) -> Episode:
         runner = self.runner
-        result = self._env(self.env.score)
+        result = self.in_env(self.env.score)
         score = float(getattr(result, "reward", result))
         success = getattr(result, "success", None)
         text = "".join(self.pieces)
         if self.ended:
             text = text[:len(text) - len(runner.decode(self.completion[-1:]))]
         form = sum(self.formats) / len(self.formats) if self.formats else 0.0
+        c = self.counts
         return Episode(
             row=self.row, prompt_ids=tuple(self.prompt_ids), completion_ids=tuple(self.completion),
             mask=tuple(self.mask), logprobs=tuple(self.logprobs) if self.logprobs is not None else None,
             text=text, ended=self.ended, turn_spans=tuple(self.turn_spans),
             token_spans=tuple(self.token_spans),
             decisions=tuple(self.decisions), turn_of=tuple(self.turn_of), calls=tuple(self.calls),
-            twin_calls=self.counts["twin"], undeclared_calls=self.counts["undeclared"],
-            parse_errors=self.counts["parse"], env_errors=self.counts["env"], truncated=self.truncated,
+            twin_calls=c["added"], undeclared_calls=c["undeclared"], parse_errors=c["parse_failures"],
+            env_errors=c["env_errors"], end=str(self.end),
             score=score, success=bool(success) if success is not None else score >= 1.0 - 1e-9, format=form,
             reward=score + runner.options.format_weight * form, env_seconds=self.env_seconds)
 
@@ -495,6 +416,7 @@ class EpisodeRunner:
         self.max_completion_length = max_completion_length
         self.native = supports_native_tools(tokenizer) and fmt.uses_native_tools
         self.eos_ids: frozenset[int] = frozenset()
+        self.heartbeat_s = HEARTBEAT_S
         self._pool: list[Environment] = []
         self._prompt_ids: dict[int, tuple[int, ...]] = {}
         self.env = factory()
@@ -566,16 +488,20 @@ class EpisodeRunner:
         sync = sync or (lambda values: values)
         plays = [_Play(self, row, env) for row, env in zip(rows, self._environments(len(rows)), strict=False)]
         filler = list(self.prompt_ids(rows[0] if rows else 0))
-        while True:
-            active = [p for p in plays if not p.done]
+
+        def generate(active: list[_Play]) -> list[tuple[Any, Any, int]] | None:
             limits = [p.limit() for p in active]
             count, limit = sync([len(active), max(limits, default=0)])
             if count == 0:
-                break
+                return None
             contexts = [p.context() for p in active] + [filler] * (count - len(active))
             ids, logprobs = sample(contexts, max(limit, 1))
-            for i, play in enumerate(active):
-                play.take(ids[i], logprobs[i] if logprobs is not None else None, limits[i])
+            return [(ids[i], logprobs[i] if logprobs is not None else None, limits[i])
+                    for i in range(len(active))]
+
+        with Progress(len(plays), lambda line: log.info("episodes: %s", line),
+                      heartbeat_s=self.heartbeat_s) as progress:
+            play_rounds(plays, generate, lambda play, out: play.take(*out), progress)
         return [p.finish() for p in plays]
 
 
