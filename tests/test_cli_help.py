@@ -45,9 +45,10 @@ def test_console_script_help_lists_options_and_an_example(name, monkeypatch, cap
 
 # a misspelled key for every command, and for the Hydra ones a misspelled group and experiment too
 TYPOS: dict[str, list[list[str]]] = {name: [["limti=3"]] for name in SCRIPTS}
-for _verb_command, _verb in (("cipr-data", "stats"), ("cipr-guard", "diff"), ("cipr-dose", "run"),
-                             ("cipr-transfer", "run")):
+for _verb_command, _verb in (("cipr-data", "stats"), ("cipr-guard", "diff")):
     TYPOS[_verb_command] = [[_verb, "limti=3"]]
+TYPOS["cipr-study"] = [["run", "study=cpu_dose", "limti=3"], ["run", "study=cpu_dos"],
+                       ["report", "study=cpu_dose", "study.seeds=[0,0]"]]
 TYPOS["cipr-train"] = [["experiment=smoke", "algo.rescore_weigth=1"], ["algo=ciprr"], ["experiment=smokee"],
                        ["algo.names=original"], ["trainer.max_steps=[1,"],
                        ["trainer.run_dir=runs/${trainer.seeed}"]]

@@ -12,17 +12,7 @@ import pytest
 from safetensors.torch import load_file
 from support.tiny_models import save_tiny
 
-from cipr.core.config import ConfigError
-from cipr.experiments.dose import (
-    TRANSFER_EVAL_SEED,
-    DoseConfig,
-    arm,
-    calibration_items,
-    point_overrides,
-)
 from cipr.experiments.dose_analysis import analyze, compare, decide, key, recompute, render, write_report
-from cipr.experiments.points import Point
-from cipr.experiments.transfer import _key, transfer_items
 from cipr.train.config import compose_train
 
 META = {"design": {"lambdas": [0.0, 1.0, 3.0], "steps": [10, 20], "seeds": [0, 1, 2, 3],
@@ -78,7 +68,8 @@ def test_the_analysis_finds_a_planted_dose_and_refuses_a_costly_one():
 
 
 def test_traces_are_summarized_per_lambda_and_the_report_recomputes_byte_identical(tmp_path):
-    traces = [{"point": f"{arm(lam)}_s{s}", "lambda": lam, "seed": s, "step": st, "before": 0.5 - 0.01 * st,
+    traces = [{"point": f"lambda{lam:g}_s{s}", "lambda": lam, "seed": s, "step": st,
+               "before": 0.5 - 0.01 * st,
                "after": 0.5 - 0.01 * st - 0.02 * lam, "loss": 1.0}
               for lam in (0.0, 1.0, 3.0) for s in range(4) for st in range(1, 21)]
     report = write_report(_records({(3.0, 20): -0.1}), traces, {**META, "wall_s": 12.0}, tmp_path)
@@ -138,60 +129,26 @@ def test_a_report_over_finished_seeds_only_says_so_and_stays_finite(recwarn):
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
 
 
-def test_the_design_is_checked():
-    with pytest.raises(ConfigError, match="0 first"):
-        DoseConfig(lambdas=(1.0, 3.0))
-    with pytest.raises(ConfigError, match="transfer experiment's stream"):
-        DoseConfig(eval_seed=TRANSFER_EVAL_SEED)
-    with pytest.raises(ConfigError, match="not in the design"):
-        DoseConfig(run_seeds=(7,))
-    with pytest.raises(ConfigError, match="ascending"):
-        DoseConfig(steps=(20, 10))
+def _point(study: str, arm: str, seed: int, out) -> tuple:
+    from cipr.experiments.spec import load_options
+    from cipr.experiments.study import Point, point_overrides
+
+    options = load_options([f"study={study}", f"out_dir={out}"])
+    return options, compose_train(point_overrides(options, Point(arm, seed)))
 
 
-def test_the_points_and_the_calibration_items(tmp_path):
-    config = DoseConfig(out_dir=str(tmp_path))
-    cfg = compose_train(point_overrides(config, Point(arm(3.0), 2), 3.0))
+def test_the_spec_trains_the_pre_registered_points_and_draws_the_committed_items(tmp_path):
+    from cipr.experiments.items import draw_items
+
+    options, cfg = _point("cpu_dose", "lambda3", 2, tmp_path)
     assert cfg.algo.name == "cipr" and cfg.algo.regime == "supervised"
     assert cfg.algo.terms["rescore"].weight == 3
     assert cfg.trainer.seed == cfg.perturb.seed == 2 and cfg.trainer.max_steps == 40
     assert cfg.trainer.save_steps == 10 and cfg.trainer.save_total_limit is None and cfg.logging.trace
     assert cfg.trainer.per_device_train_batch_size == 2 and cfg.algo.action_weight == 1.0
-    items = calibration_items(cfg.data, 8, eval_seed=11)
-    near = transfer_items(cfg.data, 100, TRANSFER_EVAL_SEED)
-    used = {_key(e) for split in near.values() for e in split}
-    assert len(items) == 8 and not {_key(e) for e in items} & used
-    listed = set(cfg.data.exclude)
-    assert all(not set(e.interface.names) & listed for e in items)
-
-
-def test_the_points_train_on_the_configured_threads(tmp_path, monkeypatch):
-    """`threads` holds for training too: two processes side by side then run one thread each, as the
-    pre-registration plans, instead of torch's default (one a core) contending for the same cores."""
-    import torch
-
-    import cipr.experiments.dose as dose
-
-    class Trained(Exception):
-        """Stops the run at its first point."""
-
-    seen = []
-
-    def train_point(config, point, lam):
-        seen.append(torch.get_num_threads())
-        raise Trained
-
-    monkeypatch.setattr(dose, "train_point", train_point)
-    monkeypatch.setattr(dose, "calibration_items", lambda data, n, eval_seed: [])  # not what is tested
-    monkeypatch.setattr(dose, "build_pairs", lambda config, items: [])
-    old = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        with pytest.raises(Trained):
-            dose.run_dose(DoseConfig(out_dir=str(tmp_path), threads=1, report=False))
-    finally:
-        torch.set_num_threads(old)
-    assert seen == [1]
+    assert cfg.trainer.warm_start.shared_dir == str(tmp_path / "warm_start")
+    committed = json.loads(open("docs/results/cpu_dose.json").read())["meta"]["design"]["items"]
+    assert [e.id for e in draw_items(options.study, cfg.data)["near"]] == committed
 
 
 def test_traces_show_each_step_before_and_after_and_lambda_zero_still_trains_like_multi_interface(tmp_path):
@@ -222,26 +179,30 @@ def test_traces_show_each_step_before_and_after_and_lambda_zero_still_trains_lik
 
 
 @pytest.mark.integration
-def test_the_command_trains_reads_traces_reports_and_recomputes(tmp_path, one_thread):
-    from cipr.cli.dose import main
+def test_the_spec_trains_reads_traces_reports_and_recomputes(tmp_path, one_thread):
+    """The dose study as the study engine runs it (a quick version on the tiny model), reported by its
+    pre-registered analysis and recomputed byte for byte."""
+    from cipr.cli.study import main
 
     tiny = save_tiny(tmp_path / "tiny")
     out, report = tmp_path / "out", tmp_path / "report"
-    args = ["run", "seeds=[0,1]", "lambdas=[0,3]", "steps=[1,2]", "items=3", "eval_seed=11",
-            f"out_dir={out}", f"report_dir={report}", "train.model=tiny", f"train.model.name_or_path={tiny}",
-            "train.trainer.save_steps=1", "train.trainer.warm_start.steps=2",
-            "train.logging.progress_bar=false"]
-    assert main([*args, "run_seeds=[0]", "report=false"]) == 0 and not report.exists()
+    args = ["study=cpu_dose", "study.seeds=[0,1]", "study.read_at=[1,2]", "study.items.n=3",
+            "study.items.seed=11", "study.arms={lambda0:[algo.terms.rescore.weight=0],"
+            "lambda3:[algo.terms.rescore.weight=3]}", f"out_dir={out}", f"report_dir={report}",
+            "train.model=tiny", f"train.model.name_or_path={tiny}", "train.trainer.save_steps=1",
+            "train.trainer.warm_start.steps=2", "train.logging.progress_bar=false"]
+    assert main(["run", *args, "run_seeds=[0]", "report=false"]) == 0 and not report.exists()
     assert sorted(p.name for p in (out / "records").iterdir()) == [
         "lambda0_s0.json", "lambda0_s0.jsonl", "lambda0_s0.trace.jsonl",
         "lambda3_s0.json", "lambda3_s0.jsonl", "lambda3_s0.trace.jsonl"]
     assert not list((out / "points" / "lambda3_s0" / "supervised").glob("checkpoint-*"))  # dropped once read
-    assert main(args) == 0
+    assert main(["run", *args]) == 0
     data = json.loads((report / "cpu_dose.json").read_text())
     assert data["seeds"] == [0, 1] and data["n_items"] == 3 and data["steps"] == [1, 2]
+    assert data["lambdas"] == [0.0, 3.0]
     assert len(data["heldin_kl"]["3"]["2"]) == 2 and "dose" in data["decision"]
     traces = data["traces"]["3"]
     assert len(traces["change"]) == 2 and set(traces["by_step"]) == {"1", "2"}
     before = (report / "cpu_dose.json").read_bytes()
-    assert main(["report", f"report_dir={report}"]) == 0
+    assert main(["report", "study=cpu_dose", f"report_dir={report}"]) == 0
     assert (report / "cpu_dose.json").read_bytes() == before

@@ -49,7 +49,7 @@ def test_command_line_options_become_the_plan(capsys, monkeypatch):
     from cipr.core.config import from_overrides
     from cipr.experiments import evidence
     from cipr.experiments.evidence import train_command
-    from cipr.experiments.points import Point
+    from cipr.experiments.study import Point
 
     monkeypatch.setattr(evidence, "run_evidence", lambda *a: pytest.fail("bad input reached the experiment"))
 
@@ -70,7 +70,7 @@ def test_a_point_is_found_by_its_resolved_weight_not_the_alias_it_was_launched_w
     """cipr-train writes `algo.rescore_weight=1.0` into `terms.rescore.weight` and nulls the alias: the
     point's folder is found by the term's weight (it was not, after the objective refactor)."""
     from cipr.experiments.evidence import run_dir_of
-    from cipr.experiments.points import Point
+    from cipr.experiments.study import Point
 
     config = EvidenceConfig(sweep_dir=str(tmp_path), seeds=(0,))
     folders = (("cipr", "cipr", 1.0), ("lam10", "cipr", 10.0), ("mi", "multi_interface", 0.0))

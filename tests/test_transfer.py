@@ -13,13 +13,7 @@ import pytest
 from safetensors.torch import load_file
 from support.tiny_models import save_tiny
 
-from cipr.experiments.points import Point
-from cipr.experiments.transfer import (
-    TransferConfig,
-    heldout_exclude,
-    point_overrides,
-    transfer_items,
-)
+from cipr.experiments.items import heldout_exclude, transfer_items
 from cipr.experiments.transfer_analysis import (
     analyze,
     decision,
@@ -117,8 +111,19 @@ def test_a_failed_positive_control_comes_first_and_bounded_is_called_one_sided()
     assert "positive control did not hold" not in shown and "**Transfer is shown**" in shown
 
 
+def _point(arm: str, seed: int, out, *extra: str):
+    from cipr.experiments.spec import load_options
+    from cipr.experiments.study import Point, point_overrides
+
+    options = load_options(["study=cpu_transfer", f"out_dir={out}", *extra])
+    return compose_train(point_overrides(options, Point(arm, seed)))
+
+
 def test_the_sweep_holds_the_drawn_held_out_split_and_the_items_respect_it(tmp_path):
-    cfg = compose_train(point_overrides(TransferConfig(out_dir=str(tmp_path)), Point("cipr", 3)))
+    from cipr.experiments.items import draw_items
+    from cipr.experiments.spec import load_options
+
+    cfg = _point("cipr", 3, tmp_path)
     assert list(cfg.data.exclude) == heldout_exclude()
     assert cfg.algo.name == "cipr" and cfg.algo.terms["rescore"].weight == 1.0
     assert cfg.algo.action_weight == 1.0
@@ -134,6 +139,9 @@ def test_the_sweep_holds_the_drawn_held_out_split_and_the_items_respect_it(tmp_p
         assert tool not in held_tools and (tool, str(k)) not in held_templates
         assert not set(e.interface.names) & held_tools
     assert len(items["near"]) == len(items["hard"]) == 6
+    committed = json.loads(open("docs/results/cpu_transfer.json").read())["meta"]["design"]["items"]
+    drawn = draw_items(load_options(["study=cpu_transfer"]).study, cfg.data)
+    assert {s: [e.id for e in v] for s, v in drawn.items()} == committed
 
 
 def test_lambda_zero_cipr_trains_like_multi_interface_on_the_arms_own_path(tmp_path):
@@ -142,12 +150,13 @@ def test_lambda_zero_cipr_trains_like_multi_interface_on_the_arms_own_path(tmp_p
     train = {"model": "tiny", "model.name_or_path": str(tiny), "trainer.max_steps": 2,
              "trainer.save_steps": 2, "trainer.warm_start.steps": 0, "data.n": 16,
              "logging.progress_bar": False}
-    runs = {}
-    for arm, weight in (("multi_interface", 1.0), ("cipr", 0.0)):
-        config = TransferConfig(out_dir=str(tmp_path / arm), rescore_weight=weight, train=train)
-        from cipr.train.run import run
+    from cipr.train.run import run
 
-        runs[arm] = run(compose_train(point_overrides(config, Point(arm, 1))))
+    runs = {}
+    for arm in ("multi_interface", "cipr"):
+        extra = [f"++train.{k}={v}" for k, v in train.items()]
+        extra += ["study.arms.cipr=[algo=cipr_sft,algo.terms.rescore.weight=0]"]
+        runs[arm] = run(_point(arm, 1, tmp_path / arm, *extra))
     a, b = (load_file(str(r / "supervised" / "final" / "model.safetensors")) for r in runs.values())
     assert a.keys() == b.keys() and all(np.array_equal(a[k].numpy(), b[k].numpy()) for k in a)
     lines = [json.loads(x) for x in (runs["cipr"] / "metrics.jsonl").read_text().splitlines()]
@@ -155,31 +164,31 @@ def test_lambda_zero_cipr_trains_like_multi_interface_on_the_arms_own_path(tmp_p
 
 
 @pytest.mark.integration
-def test_the_command_trains_reads_reports_and_recomputes(tmp_path, one_thread):
-    from cipr.cli.transfer import main
+def test_the_spec_trains_reads_reports_and_recomputes(tmp_path, one_thread):
+    from cipr.cli.study import main
 
     tiny = save_tiny(tmp_path / "tiny")
     out, report = tmp_path / "out", tmp_path / "report"
-    args = ["run", "seeds=[0,1]", "items_per_split=3", "secondary_items=1", "eval_seed=1", f"out_dir={out}",
-            f"report_dir={report}", "train.model=tiny", f"train.model.name_or_path={tiny}",
-            "train.trainer.max_steps=2", "train.trainer.warm_start.steps=2",
-            "train.logging.progress_bar=false"]
-    assert main([*args, "run_seeds=[0]", "report=false"]) == 0 and not report.exists()
-    assert sorted(p.name for p in (out / "records").iterdir()) == ["cipr_s0.json", "cipr_s0.jsonl",
-                                                                     "multi_interface_s0.json",
-                                                                     "multi_interface_s0.jsonl"]
-    assert not (out / "points" / "cipr_s0" / "supervised" / "final").exists()  # weights dropped once read
-    assert main(args) == 0  # the second piece: seed 1 only, then the report over both
+    args = ["study=cpu_transfer", "study.seeds=[0,1]", "study.items.n=3", "study.items.secondary_items=1",
+            "study.items.seed=1", "study.read_at=[2]", f"out_dir={out}", f"report_dir={report}",
+            "train.model=tiny", f"train.model.name_or_path={tiny}", "train.trainer.save_steps=2",
+            "train.trainer.warm_start.steps=2", "train.logging.progress_bar=false"]
+    assert main(["run", *args, "run_seeds=[0]", "report=false"]) == 0 and not report.exists()
+    assert sorted(p.name for p in (out / "records").iterdir()) == [
+        "cipr_s0.json", "cipr_s0.jsonl", "cipr_s0.trace.jsonl", "multi_interface_s0.json",
+        "multi_interface_s0.jsonl", "multi_interface_s0.trace.jsonl"]
+    assert not list((out / "points" / "cipr_s0" / "supervised").glob("checkpoint-*"))  # dropped once read
+    assert main(["run", *args]) == 0  # the second piece: seed 1 only, then the report over both
     data = json.loads((report / "cpu_transfer.json").read_text())
     assert data["arms"]["cipr"]["seeds"] == [0, 1] and data["n_items"] == 6
     assert set(data["splits"]) == {"near", "hard"}
     assert data["decision"] in ("shown", "bounded", "inconclusive")
     records = gzip.decompress((report / "cpu_transfer_records.jsonl.gz").read_bytes()).decode().splitlines()
     types = {json.loads(x)["perturbation"] for x in records}
-    assert types == set(TransferConfig().types)
+    assert types == {"relabel_random", "relabel_function", "lookalike_shown", "paraphrase", "reorder"}
     assert all(math.isfinite(v) for v in data["primary"]["per_seed"])
     before = (report / "cpu_transfer.md").read_text()
-    assert main(["report", f"report_dir={report}"]) == 0
+    assert main(["report", "study=cpu_transfer", f"report_dir={report}"]) == 0
     assert (report / "cpu_transfer.md").read_text() == before
 
 

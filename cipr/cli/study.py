@@ -57,10 +57,10 @@ def _run(argv: list[str]) -> int:
     from cipr.experiments.study import run_study
 
     opts = load_options(argv)
-    if opts.study.analysis:
-        raise ConfigError(f"study {opts.study.name!r} is a report kept from before the study engine "
-                          f"({opts.study.analysis}); `cipr-study report study={opts.study.name}` recomputes "
-                          f"it")
+    if not opts.study.run:
+        raise ConfigError(f"study {opts.study.name!r} is a report kept from before the study engine, "
+                          f"without a design the engine runs; `cipr-study report study={opts.study.name}` "
+                          f"recomputes it")
     begin()
     report = run_study(opts)
     if report is not None:
@@ -76,8 +76,7 @@ def _report(argv: list[str]) -> int:
     begin()
     folder = Path(opts.report_dir)
     if opts.study.analysis:
-        module, _, attr = opts.study.analysis.partition(":")
-        report = getattr(importlib.import_module(module), attr)(folder)
+        report = importlib.import_module(opts.study.analysis).recompute(folder)
     else:
         report = recompute(folder, opts.study.name)
     print(f"cipr-study: recomputed {folder}/{opts.study.name} from its records ({_verdict(report)})")

@@ -1,11 +1,11 @@
 """Every number of the dose study's report, recomputed from its per-item records and training traces.
 
-Inputs: the records of `cipr.experiments.dose` (one per point, checkpoint and calibration item), the traces
-(one per point and optimizer step) and the run's meta (design, timings). Outputs: cpu_dose.json, cpu_dose.md,
-cpu_dose.png (held-in KL and original accuracy by step and λ), cpu_dose_trace.png (each step's term on its
-own pairs before and after the update) and the inputs as cpu_dose_records.jsonl.gz and
-cpu_dose_trace.jsonl.gz (gzip, mtime 0: the same rows give the same bytes), from which `cipr-dose report`
-recomputes the rest.
+Inputs: the records of the study engine's cpu_dose spec (one per point, checkpoint and calibration
+item), the traces (one per point and optimizer step) and the run's meta (design, timings). Outputs:
+cpu_dose.json, cpu_dose.md, cpu_dose.png (held-in KL and original accuracy by step and λ),
+cpu_dose_trace.png (each step's term on its own pairs before and after the update) and the inputs as
+cpu_dose_records.jsonl.gz and cpu_dose_trace.jsonl.gz (gzip, mtime 0: the same rows give the same bytes),
+from which `cipr-study report study=cpu_dose` recomputes the rest.
 
 The analysis (docs/results/cpu_dose_preregistration.md):
 - per point and checkpoint, the held-in KL and the original action accuracy are means over the items;
@@ -27,12 +27,17 @@ from typing import Any
 import numpy as np
 
 from cipr.core.io import read_json, read_jsonl_gz, write_json_atomic, write_jsonl_gz, write_text_atomic
-from cipr.experiments.stats import paired_t
+from cipr.experiments.stats import detectable, paired_t, two_way_bootstrap
 
 REDUCTION = 0.30
 ACCURACY_MARGIN = -2.0
 RECORDS = "cpu_dose_records.jsonl.gz"
 TRACES = "cpu_dose_trace.jsonl.gz"
+THREADS = ("Threads: the λ = 0 points of seeds 0 and 2, and the resumed halves of their λ = 3 points, "
+           "trained on two torch threads a process; every other point trained and was read on one "
+           "(cpu_dose_run.md). The thread count changes the order of floating-point sums, not what is "
+           "computed; its effect on the outcome was not measured.")
+"""Written beside the tables: how the points ran, which the records do not hold."""
 RULE = (f"the smallest lambda, then the earliest step, whose paired held-in KL difference against "
         f"lambda = 0 at the same step is at most -{REDUCTION:.0%} of lambda = 0's mean with a 95% t interval "
         f"below 0, and whose mean original-accuracy difference is at least {ACCURACY_MARGIN:+.0f} points; "
@@ -124,12 +129,34 @@ def analyze(records: Sequence[Mapping[str, Any]], traces: Sequence[Mapping[str, 
            for lam in lambdas}
     comparisons = {key(lam): {str(st): compare(kl, acc, lam, st) for st in steps}
                    for lam in lambdas if lam > 0}
+    for lam in lambdas:  # added after the run (issue 63): the seed x item interval and the design's reach
+        for st in steps:
+            c = comparisons.get(key(lam), {}).get(str(st))
+            if c:
+                c["two_way"] = {m: two_way_difference(records, m, scale, lam, st, seeds)
+                                for m, scale in (("kl", 1.0), ("action_acc_ref", 100.0))}
+                c["detectable"] = {"kl": detectable(c["kl_difference"]["sd"], c["seeds"]),
+                                   "accuracy": detectable(c["accuracy_difference"]["sd"], c["seeds"])}
     dose = decide(comparisons, lambdas, steps)
     return {"lambdas": lambdas, "steps": steps, "seeds": seeds, "seeds_planned": planned,
             "n_items": len({r["id"] for r in records}), "heldin": design["heldin"],
             "heldin_kl": kl, "accuracy": acc, "comparisons": comparisons,
             "decision": {"dose": dose, "rule": RULE}, "traces": trace_summary(traces, lambdas, seeds),
             "wall_s": meta.get("wall_s"), "timings": meta.get("timings", {}), "design": design}
+
+
+def two_way_difference(records: Sequence[Mapping[str, Any]], metric: str, scale: float, lam: float, step: int,
+                       seeds: Sequence[int]) -> dict[str, float] | None:
+    """λ − λ=0 at `step` over the (seed, item) pairs both have: the seed × item bootstrap interval
+    (`cipr.experiments.stats.two_way_bootstrap`, 4,000 draws, seed 0)."""
+    values: dict[tuple[float, int, str], float] = {}
+    for r in records:
+        if int(r["step"]) == step and r.get(metric) is not None:
+            values[(float(r["lambda"]), int(r["seed"]), r["id"])] = float(r[metric]) * scale
+    items = sorted({i for (_, _, i) in values})
+    rows = [[values[(lam, s, i)] - values[(0.0, s, i)] for i in items] for s in seeds
+            if all((lam, s, i) in values and (0.0, s, i) in values for i in items)]
+    return two_way_bootstrap(np.array(rows)) if len(rows) > 1 else None
 
 
 def finished_seeds(report: Mapping[str, Any]) -> list[int]:
@@ -186,8 +213,10 @@ def result_paragraph(report: Mapping[str, Any]) -> list[str]:
                f"{versus}.", ""]
     dose = report["decision"]["dose"]
     provisional = "" if finished == planned else " (provisional)"
+    scope = (f"among λ ∈ {{{', '.join(f'{v:g}' for v in trained)}}} at steps "
+             f"{', '.join(map(str, steps))} of this recipe (the embedded SmolLM2-135M, this synthetic data)")
     if dose is None:
-        lines.append(f"**Decision{provisional}: no dose qualifies** under the pre-registered rule "
+        lines.append(f"**Decision{provisional}: no dose qualifies** {scope} under the pre-registered rule "
                      f"({report['decision']['rule']}).")
     else:
         c = report["comparisons"][key(dose["lambda"])][str(dose["step"])]
@@ -195,6 +224,7 @@ def result_paragraph(report: Mapping[str, Any]) -> list[str]:
                      f"held-in `{report['heldin']}` KL, λ − λ=0, {_fmt(c['kl_difference'])} nats over "
                      f"{c['seeds']} seeds ({c['relative_reduction']:.0%} of λ=0's {c['control_kl']:.4f}); "
                      f"original action accuracy {_fmt(c['accuracy_difference'], 1)} points.")
+    lines += ["", *effects(report)]
     trajectory = ", ".join(f"step {st}: {_mean(report['heldin_kl'][key(0.0)][str(st)]):.4f}"
                            for st in steps)
     lines += ["", f"λ = 0's held-in KL on the calibration items (mean over seeds), {trajectory}.", ""]
@@ -210,26 +240,82 @@ def result_paragraph(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _interval(c: Mapping[str, Any] | None, digits: int) -> str:
+    return f"[{c['low']:+.{digits}f}, {c['high']:+.{digits}f}]" if c else "n/a"
+
+
+def _both(c: Mapping[str, Any], metric: str, digits: int) -> str:
+    """A difference with its t interval over seeds and its seed × item bootstrap interval."""
+    t = c["kl_difference" if metric == "kl" else "accuracy_difference"]
+    two = (c.get("two_way") or {}).get(metric)
+    both = f"{t['mean']:+.{digits}f} [t {t['low']:+.{digits}f}, {t['high']:+.{digits}f}"
+    return both + (f"; seed × item {two['low']:+.{digits}f}, {two['high']:+.{digits}f}]" if two else "]")
+
+
+def effects(report: Mapping[str, Any]) -> list[str]:
+    """Each λ at the last step read, in words that carry their intervals: whether the KL reduction and the
+    accuracy change are resolved (both intervals on one side of 0), and what the design could detect."""
+    step = str(report["steps"][-1])
+    out = [f"At step {step}, λ − λ=0, 95% intervals (t over seeds; the seed × item bootstrap, added after "
+           f"the run):"]
+    reach = []
+    for lam in report["lambdas"]:
+        c = report["comparisons"].get(key(lam), {}).get(step)
+        if lam == 0 or not c:
+            continue
+        acc_t, acc_two = c["accuracy_difference"], (c.get("two_way") or {}).get("action_acc_ref")
+        highs = [acc_t["high"], *([acc_two["high"]] if acc_two else [])]
+        lows = [acc_t["low"], *([acc_two["low"]] if acc_two else [])]
+        if max(highs) < 0:
+            verdict = "costs accuracy (both intervals below 0)"
+        elif min(lows) > 0:
+            verdict = "raises accuracy (both intervals above 0)"
+        elif min(highs) < 0:
+            upper = acc_two["high"] if acc_two else float("nan")
+            verdict = (f"a cost that only one interval resolves: {acc_t['high']:+.1f} and {upper:+.1f} "
+                       f"are the "
+                       f"upper ends (t, seed × item)")
+        else:
+            verdict = (f"its accuracy change is not resolved: the intervals reach from "
+                       f"{min(lows):+.1f} to {max(highs):+.1f} points, so neither a cost nor its absence is "
+                       f"shown")
+        out.append(f"- λ = {lam:g}: held-in KL {_both(c, 'kl', 4)} nats ({-c['relative_reduction']:+.0%}); "
+                   f"original action accuracy {_both(c, 'action_acc_ref', 1)} points: {verdict}.")
+        reach.append(f"{c['detectable']['accuracy']:.1f} points at λ = {lam:g}")
+    n = max((c["seeds"] for c in report["comparisons"].get(key(report["lambdas"][-1]), {}).values() if c),
+            default=0)
+    out.append(f"- With {n} seeds, the smallest accuracy difference this design detects at 80% power (paired "
+               f"t, from each comparison's per-seed SD) is {', '.join(reach)}: the rule's −2-point margin "
+               f"on a "
+               f"mean is far inside what it can resolve.")
+    return out
+
+
 def render(report: Mapping[str, Any]) -> str:
     """cpu_dose.md: the result paragraph and the tables."""
     lambdas, steps = report["lambdas"], report["steps"]
     lines = ["# Dose study, Stage A (CPU): does CIPR's rescoring term take hold, at which λ and step?", "",
              "Pre-registration: [cpu_dose_preregistration.md](cpu_dose_preregistration.md) (committed before "
              "the run). Every number below is recomputed from `cpu_dose_records.jsonl.gz` and "
-             "`cpu_dose_trace.jsonl.gz` by `cipr-dose report`.", "", "## Result", ""]
+             "`cpu_dose_trace.jsonl.gz` by `cipr-study report study=cpu_dose`.", "", "## Result", ""]
     lines += result_paragraph(report)
     lines += ["", "## Held-in KL and original accuracy: λ − λ=0 at the same step (paired over seeds)", "",
-              "| λ | step | KL difference (nats) | relative | accuracy difference (points) | qualifies |",
-              "|---|---|---|---|---|---|"]
+              "| λ | step | KL difference (nats) [t] | seed × item | relative | "
+              "accuracy difference (points) [t] | seed × item | detectable accuracy (80%) | qualifies |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for lam in lambdas:
         if lam == 0:
             continue
         for st in steps:
             c = report["comparisons"][key(lam)][str(st)]
             if c:
+                two = c.get("two_way") or {}
                 lines.append(f"| {lam:g} | {st} | {_fmt(c['kl_difference'])} | "
-                             f"{-c['relative_reduction']:+.0%} | {_fmt(c['accuracy_difference'], 1)} | "
-                             f"{'yes' if c['qualifies'] else 'no'} |")
+                             f"{_interval(two.get('kl'), 4)} | {-c['relative_reduction']:+.0%} | "
+                             f"{_fmt(c['accuracy_difference'], 1)} | "
+                             f"{_interval(two.get('action_acc_ref'), 1)} | "
+                             f"{c['detectable']['accuracy']:.1f} | {'yes' if c['qualifies'] else 'no'} |")
+    lines += ["", THREADS]
     lines += ["", "## Means over seeds", "", "| λ | step | held-in KL | original action acc. (%) |",
               "|---|---|---|---|"]
     for lam in lambdas:
@@ -312,3 +398,25 @@ def recompute(report_dir: Path) -> dict[str, Any]:
     meta = read_json(report_dir / "cpu_dose.json")["meta"]
     return write_report(read_jsonl_gz(report_dir / RECORDS), read_jsonl_gz(report_dir / TRACES), meta,
                         report_dir)
+
+
+def study_report(records: Sequence[Mapping[str, Any]], traces: Sequence[Mapping[str, Any]],
+                 meta: Mapping[str, Any], out: Path) -> dict[str, Any]:
+    """The report of a dose run by the study engine (configs/study/cpu_dose.yaml): its records and traces in
+    this analysis' shape (λ from the arm's label, the traced term's before/after) and its design."""
+    spec = meta["spec"]
+    lambdas = [float(spec["labels"][a]["lambda"]) for a in spec["arms"]]
+    term = spec["trace_term"]
+    traces = [{"point": t["point"], "lambda": t["lambda"], "seed": t["seed"], "step": t["step"],
+               "before": t.get(f"trace/{term}/before"), "after": t.get(f"trace/{term}/after"),
+               "loss": t.get("loss"), "action_nll": t.get("action_nll"), "token_loss": t.get("token_loss")}
+              for t in traces]
+    design = {"lambdas": lambdas, "seeds": list(spec["seeds"]), "steps": list(spec["read_at"]),
+              "items": list(meta["items"]), "eval_seed": spec["items"]["seed"],
+              "heldin": spec["items"]["perturbation"],
+              "perturbation_seed": spec["items"]["perturbation_seed"],
+              "sweep": spec["base"][0].split("=", 1)[1], "train": {}}
+    timings = {label: {k: v for k, v in t.items() if k in ("train_s", "eval_s", "reads")}
+               for label, t in meta["timings"].items()}
+    return write_report(records, traces, {"design": design, "timings": timings, "wall_s": meta["wall_s"]},
+                        out)

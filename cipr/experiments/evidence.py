@@ -47,7 +47,7 @@ from cipr.core.errors import ConfigError, DataError
 from cipr.core.io import read_json, write_json_atomic, write_text_atomic
 from cipr.eval.consistency_metric import read_records
 from cipr.eval.stats import mean_estimate
-from cipr.experiments.points import Point
+from cipr.experiments.study import Point
 
 log = logging.getLogger(__name__)
 
@@ -508,4 +508,13 @@ def run_evidence(config: EvidenceConfig, command: str, predictions: Mapping[str,
     write_json_atomic(out / "cpu_evidence.json", report)
     write_text_atomic(out / "cpu_evidence_tables.md", render_tables(report))
     plot(report, out / "cpu_evidence.png")
+    return report
+
+
+def recompute(report_dir: Path) -> dict[str, Any]:
+    """cpu_evidence_tables.md and cpu_evidence.png again from the committed cpu_evidence.json (its per-arm,
+    per-seed metrics and paired comparisons): `cipr-study report study=cpu_evidence`."""
+    report = read_json(report_dir / "cpu_evidence.json")
+    write_text_atomic(report_dir / "cpu_evidence_tables.md", render_tables(report))
+    plot(report, report_dir / "cpu_evidence.png")
     return report

@@ -390,3 +390,11 @@ def plot_ladder(report: Mapping[str, Any], path: Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def recompute(report_dir: Path) -> dict[str, Any]:
+    """cpu_ladder.png again from the committed cpu_ladder.json's comparison (the ladder report the run wrote;
+    cpu_ladder.md is prose around it): `cipr-study report study=cpu_ladder`."""
+    report = read_json(report_dir / "cpu_ladder.json")
+    plot_ladder(report["comparison"], report_dir / "cpu_ladder.png")
+    return report

@@ -47,27 +47,38 @@ class ItemsSpec:
     """How the calibration items are drawn (`cipr.experiments.study.draw_items`).
 
     - `source`: `synthetic` (the training generator's test stream with the training data's options).
-    - `split`: `near` (held-in: the called tool and query template, and every listed tool, occur in training)
-      or `hard` (the called tool or its template never occurs in training).
-    - `n`: items.
+    - `split`: the splits drawn: `near` (held-in: the called tool and query template, and every listed tool,
+      occur in training) and/or `hard` (the called tool or its template never occurs in training).
+    - `n`: items per split.
     - `seed`: the test stream's seed (one no study has read).
     - `exclude`: earlier studies' streams, each `{seed, n}`: every item of both splits of
       `transfer_items(data, n, seed)` is excluded (with every training-pool item, always).
-    - `perturbation`: the held-in relabeling each item is read under, against its unperturbed side.
-    - `perturbation_seed`: the seed of that relabeling.
+    - `perturbation`: the held-in relabeling each item is read under, against its unperturbed side (the
+      measures read it).
+    - `also`: more perturbation types read on every item; `secondary`: types read on the first
+      `secondary_items` items of each split (records only: a named analysis reads them).
+    - `perturbation_seed`: the seed of the perturbed copies.
     """
 
     source: Literal["synthetic"] = "synthetic"
-    split: Literal["near", "hard"] = "near"
+    split: list[Literal["near", "hard"]] = field(default_factory=lambda: ["near"])
     n: int = 64
     seed: int = 0
     exclude: list[dict[str, int]] = field(default_factory=list)
     perturbation: str = "relabel_function"
+    also: list[str] = field(default_factory=list)
+    secondary: list[str] = field(default_factory=list)
+    secondary_items: int = 0
     perturbation_seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ConfigError(f"study.items.n={self.n} must be >= 1")
+        if self.n < 1 or self.secondary_items < 0:
+            raise ConfigError(f"study.items.n={self.n} must be >= 1 and secondary_items >= 0")
+        if not self.split or len(set(self.split)) != len(self.split):
+            raise ConfigError(f"study.items.split={self.split}: give near and/or hard, once each")
+        types = [self.perturbation, *self.also, *self.secondary]
+        if len(set(types)) != len(types):
+            raise ConfigError(f"study.items: perturbation, also and secondary name {types}: each type once")
         for k, stream in enumerate(self.exclude):
             if set(stream) != {"seed", "n"}:
                 raise ConfigError(f"study.items.exclude[{k}]={stream}: give {{seed: S, n: N}}")
@@ -151,8 +162,12 @@ class StudySpec:
     - `threads`: torch threads of the whole process, from the first step of training to the last read.
     - `pythonpath`: folders put on sys.path first (a term of your own, `algo.terms.NAME.fn=module:function`).
     - `bootstrap`: the two-way bootstrap's draws and seed.
-    - `analysis`: `module:function(report_dir)` that recomputes a report written before the engine (its
-      records in their own shape); null: the engine's analysis.
+    - `labels`: arm -> fields written into each of its records and trace lines (e.g. `{lambda: 3}`), for a
+      named analysis that groups by them.
+    - `analysis`: a module whose analysis writes the report instead of the engine's (a report from before
+      the engine, kept as it was): `study_report(records, traces, meta, report_dir)` after a run and
+      `recompute(report_dir)` for `cipr-study report`; null: the engine's analysis.
+    - `run`: false for a report kept without a runnable design (only `cipr-study report` applies).
     """
 
     name: str
@@ -172,10 +187,12 @@ class StudySpec:
     threads: int | None = 1
     pythonpath: list[str] = field(default_factory=list)
     bootstrap: BootstrapSpec = field(default_factory=BootstrapSpec)
+    labels: dict[str, dict[str, Any]] = field(default_factory=dict)
     analysis: str | None = None
+    run: bool = True
 
     def __post_init__(self) -> None:
-        if self.analysis:
+        if not self.run:
             return  # a report kept from before the engine: only its analysis runs
         where = f"study {self.name!r}"
         if self.control not in self.arms or len(self.arms) < 2:
@@ -192,6 +209,9 @@ class StudySpec:
             if len(pair) != 2 or not set(pair) <= set(self.arms) or pair[0] == pair[1]:
                 raise ConfigError(f"{where}: study.contrasts[{k}]={pair}: give [arm, reference arm], two "
                                   f"different arms of study.arms")
+        if not set(self.labels) <= set(self.arms):
+            raise ConfigError(f"{where}: study.labels names arms {sorted(set(self.labels) - set(self.arms))} "
+                              f"that study.arms lacks")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"{where}: study.threads={self.threads} must be >= 1 (null: torch's default)")
         if self.decision is not None:
@@ -256,7 +276,7 @@ class StudyOptions:
     train: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.study.analysis:
+        if not self.study.run:
             return
         for key, given, design in (("run_arms", self.run_arms, list(self.study.arms)),
                                    ("run_seeds", self.run_seeds, self.study.seeds)):

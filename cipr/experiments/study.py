@@ -17,7 +17,8 @@ on the spec's calibration items at its checkpoints, and recorded item by item.
 A point of arm A and seed s is `cipr-train BASE... ARM... trainer.seed=s perturb.seed=s logging.trace=true
 trainer.max_steps=max(read_at) trainer.run_dir=OUT/points/A_s<s>
 trainer.warm_start.shared_dir=OUT/warm_start`:
-seed s draws its own training rows and perturbed copies, the same in every arm (paired). A rerun skips the
+seed s draws its own training rows and perturbed copies, the same in every arm (paired); `logging.trace=true`
+only with a `trace_term`. A rerun skips the
 points whose timing file exists and resumes a killed training from its last checkpoint; `run_arms` /
 `run_seeds` split the work between processes. Torch's threads are set once for the whole process
 (`study.threads`), before the first point trains, and each point records the number it ran with.
@@ -26,73 +27,65 @@ points whose timing file exists and resumes a killed training from its last chec
 from __future__ import annotations
 
 import gc
+import importlib
 import json
 import logging
 import math
+import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cipr.core.config import override_text, to_dict
 from cipr.core.errors import ConfigError
 from cipr.core.io import read_json, read_jsonl, write_json_atomic, write_text_atomic
-from cipr.experiments.points import Point, drop_weights
-from cipr.experiments.spec import StudyOptions, StudySpec
-from cipr.tools.interface import Example
+from cipr.experiments.items import build_pairs, draw_items
+from cipr.experiments.spec import StudyOptions
 from cipr.train.config import compose_train
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Point:
+    """Arm `arm` (its name) with seed `seed`."""
+
+    arm: str
+    seed: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.arm}_s{self.seed}"
+
+
+def drop_weights(run_dir: Path) -> None:
+    """Delete a point's checkpoints and final weights, keeping its config, metrics and summary."""
+    for stage in run_dir.iterdir() if run_dir.is_dir() else ():
+        if stage.is_dir():
+            for folder in [*stage.glob("checkpoint-*"), stage / "final"]:
+                shutil.rmtree(folder, ignore_errors=True)
+
+
 def point_overrides(options: StudyOptions, point: Point) -> list[str]:
     """The cipr-train overrides of one point (module docstring)."""
     spec, out = options.study, Path(options.out)
+    trace = ["logging.trace=true"] if spec.trace_term else []
     return [*spec.base, *spec.arms[point.arm], f"trainer.seed={point.seed}", f"perturb.seed={point.seed}",
-            "logging.trace=true", f"trainer.max_steps={max(spec.read_at)}",
+            *trace, f"trainer.max_steps={max(spec.read_at)}",
             f"trainer.run_dir={out / 'points' / point.label}",
             f"trainer.warm_start.shared_dir={out / 'warm_start'}",
             *(f"{k}={override_text(v)}" for k, v in options.train.items())]
 
 
-def draw_items(spec: StudySpec, data: Any) -> list[Example]:
-    """The spec's calibration items (`ItemsSpec`) for training data options `data`: the `split` items of the
-    test stream `seed`, less every item of the excluded streams (both splits)."""
-    from cipr.experiments.transfer import _key, transfer_items
-
-    items = spec.items
-    used = {_key(e) for stream in items.exclude
-            for split in transfer_items(data, stream["n"], stream["seed"]).values() for e in split}
-    out: list[Example] = []
-    size = items.n
-    while len(out) < items.n:
-        size *= 2
-        drawn = transfer_items(data, size, items.seed)[items.split]
-        out = [e for e in drawn if _key(e) not in used][:items.n]
-    return out
-
-
-def build_pairs(spec: StudySpec, items: Sequence[Example]) -> list[Any]:
-    """The `ConsistencyPair` of every item under the spec's held-in perturbation."""
-    from cipr.eval.benchmarks import BuildReport, build_items
-    from cipr.eval.consistency_metric import build_pairs as pairs_of
-
-    report = BuildReport()
-    kind = spec.items.perturbation
-    built = build_items(list(items), [(kind, kind)], ["canonical"], spec.items.perturbation_seed, report)
-    pairs, skipped = pairs_of(list(items), built, spec.items.perturbation_seed)
-    if skipped or report.skipped or len(pairs) != len(items):
-        raise ConfigError(f"calibration items whose {kind} copy could not be built: "
-                          f"{skipped or report.reasons}")
-    return pairs
-
-
-def read_point(weights: Path, pairs: Sequence[Any], fmt: Any, *, batch_size: int, label: str
+def read_point(weights: Path, pairs: Sequence[tuple[str, Any]], fmt: Any, *, batch_size: int, label: str
                ) -> list[dict[str, Any]]:
-    """Every pair read with the weights in `weights` (the action reader batched over items): one record per
-    item, the consistency metric's fields plus `item`, `kl`, `correct` (0/1) and `p_ref`."""
+    """Every (split, pair) read with the weights in `weights` (the action reader batched over items): one
+    record per item and type, the consistency metric's fields plus `split`, `item`, `kl`, `correct` (0/1)
+    and `p_ref`."""
     import torch
     from tqdm import tqdm
 
@@ -103,15 +96,17 @@ def read_point(weights: Path, pairs: Sequence[Any], fmt: Any, *, batch_size: int
                                             threads=torch.get_num_threads(), attn_implementation="sdpa")
     records: list[dict[str, Any]] = []
     chunk = max(1, batch_size // 2)
-    with torch.inference_mode(), tqdm(total=len(pairs), desc=f"read {label}", unit="item") as bar:
+    with torch.inference_mode(), tqdm(total=len(pairs), desc=f"read {label}", unit="pair") as bar:
         for start in range(0, len(pairs), chunk):
-            for rec in measure(model, tokenizer, fmt, pairs[start:start + chunk],
+            group = pairs[start:start + chunk]
+            split_of = {p.item.id: s for s, p in group}
+            for rec in measure(model, tokenizer, fmt, [p for _, p in group],
                                ConsistencyConfig(batch_size=batch_size)):
                 if "skipped" in rec:
                     raise RuntimeError(f"item {rec['id']} could not be read: {rec['skipped']}")
-                records.append({**rec, "item": rec["id"], "correct": rec["correct_ref"],
-                                "p_ref": rec["p_target_ref"]})
-            bar.update(len(pairs[start:start + chunk]))
+                records.append({**rec, "split": split_of[rec["id"]], "item": rec["id"],
+                                "correct": rec["correct_ref"], "p_ref": rec["p_target_ref"]})
+            bar.update(len(group))
     del model
     gc.collect()
     return records
@@ -177,8 +172,9 @@ def run_study(options: StudyOptions) -> dict[str, Any] | None:
             raise ConfigError(f"point {point.label}: a checkpoint must be kept at every read step "
                               f"{spec.read_at}: trainer.save_steps={cfg.trainer.save_steps} must divide each "
                               f"and trainer.save_total_limit must be null")
-    log.info("study %s: %d calibration items, read at steps %s; %d points to run (%d threads)", spec.name,
-             len(items), spec.read_at, len(todo), torch.get_num_threads())
+    log.info("study %s: %s calibration items, %d reads a checkpoint, read at steps %s; %d points to run "
+             "(%d threads)", spec.name, ", ".join(f"{len(v)} {s}" for s, v in items.items()), len(pairs),
+             spec.read_at, len(todo), torch.get_num_threads())
     commit = code_commit()
     with tqdm(total=len(todo), desc=f"{spec.name} points", unit="point") as bar:
         for point in todo:
@@ -190,11 +186,13 @@ def run_study(options: StudyOptions) -> dict[str, Any] | None:
             trained = time.time()
             stage = result_stage(cfg)
             records = []
+            tags = {"point": point.label, "arm": point.arm, "seed": point.seed,
+                    **spec.labels.get(point.arm, {})}
             for step in spec.read_at:
                 for r in read_point(run_dir / stage / f"checkpoint-{step}", pairs, fmt,
                                     batch_size=options.batch_size, label=f"{point.label}@{step}"):
-                    records.append({**r, "arm": point.arm, "seed": point.seed, "step": step})
-            traces = [{"arm": point.arm, "seed": point.seed, **t} for t in read_traces(run_dir, stage)]
+                    records.append({**r, **tags, "step": step})
+            traces = [{**tags, **t} for t in read_traces(run_dir, stage)]
             timing = {"train_s": trained - started, "eval_s": time.time() - trained, "reads": len(records),
                       "threads": threads, "commit": commit}
             _write_point(out, point, records, traces, timing)
@@ -205,11 +203,15 @@ def run_study(options: StudyOptions) -> dict[str, Any] | None:
             bar.update()
     if not options.report:
         return None
+    records, traces, timings = collect(out)
+    meta = {"spec": to_dict(spec), "items": [e.id for v in items.values() for e in v],
+            "items_by_split": {s: [e.id for e in v] for s, v in items.items()}, "timings": timings,
+            "wall_s": math.fsum(t["train_s"] + t["eval_s"] for t in timings.values())}
+    if spec.analysis:
+        return importlib.import_module(spec.analysis).study_report(records, traces, meta,
+                                                                   Path(options.report_dir))
     from cipr.experiments.study_report import write_report
 
-    records, traces, timings = collect(out)
-    meta = {"spec": to_dict(spec), "items": [e.id for e in items], "timings": timings,
-            "wall_s": math.fsum(t["train_s"] + t["eval_s"] for t in timings.values())}
     return write_report(records, traces, meta, Path(options.report_dir))
 
 

@@ -71,7 +71,7 @@ def item_matrix(records: Sequence[Mapping[str, Any]], measure: str, arm: str, st
     m = MEASURES[measure]
     row, col = {s: k for k, s in enumerate(seeds)}, {i: k for k, i in enumerate(items)}
     out = np.full((len(seeds), len(items)), np.nan)
-    for r in records:
+    for r in records:  # the records of the held-in type only (`analyze` filters them)
         if r["arm"] == arm and int(r["step"]) == step and int(r["seed"]) in row \
                 and r.get(m.field) is not None:
             out[row[int(r["seed"])], col[r["item"]]] = float(r[m.field]) * m.scale
@@ -175,6 +175,8 @@ def analyze(records: Sequence[Mapping[str, Any]], traces: Sequence[Mapping[str, 
             meta: Mapping[str, Any]) -> dict[str, Any]:
     """NAME.json (module docstring)."""
     spec = meta["spec"]
+    heldin = (spec.get("items") or {}).get("perturbation")
+    records = [r for r in records if heldin is None or r.get("perturbation", heldin) == heldin]
     arms, control, read_at = list(spec["arms"]), spec["control"], list(spec["read_at"])
     present = {int(r["seed"]) for r in records}
     seeds = [s for s in spec["seeds"] if s in present]

@@ -303,3 +303,22 @@ def recompute(report_dir: Path) -> dict[str, Any]:
     """Every number again from `report_dir`'s records and the meta its JSON recorded."""
     meta = read_json(report_dir / "cpu_transfer.json")["meta"]
     return write_report(read_jsonl_gz(report_dir / RECORDS), meta, report_dir)
+
+
+def study_report(records: Sequence[Mapping[str, Any]], traces: Sequence[Mapping[str, Any]],
+                 meta: Mapping[str, Any], out: Path) -> dict[str, Any]:
+    """The report of a transfer run by the study engine (configs/study/cpu_transfer.yaml), in this analysis'
+    design (its arms, types, primary and held-in types, items by split); traces are not part of it."""
+    spec = meta["spec"]
+    items = spec["items"]
+    design = {"arms": list(spec["arms"]), "seeds": list(spec["seeds"]),
+              "rescore_weight": spec["labels"]["cipr"]["rescore_weight"],
+              "types": [*items["also"], items["perturbation"], *items["secondary"]],
+              "primary": items["also"][0],
+              "heldin": items["perturbation"], "items": meta["items_by_split"],
+              "secondary_items": items["secondary_items"], "eval_seed": items["seed"],
+              "perturbation_seed": items["perturbation_seed"], "sweep": spec["base"][0].split("=", 1)[1],
+              "train": {}}
+    timings = {label: {k: v for k, v in t.items() if k in ("train_s", "eval_s", "reads")}
+               for label, t in meta["timings"].items()}
+    return write_report(records, {"design": design, "timings": timings, "wall_s": meta["wall_s"]}, out)
