@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKS = ["action_reader", "grpo_step_hf_rollouts", "grpo_step_consistency", "supervised_step",
-          "multi_turn_step", "memory_vs_plan", "export_and_eval"]
+          "multi_turn_step", "memory_vs_plan", "supervised_memory_vs_plan", "export_and_eval"]
 
 
 @pytest.mark.integration
@@ -31,4 +31,5 @@ def test_every_gpu_path_passes_on_cpu_with_only_the_gpu_images_packages(tmp_path
     assert hf["attention"] in ("sdpa", "eager") and hf["generation_tokens_per_second"] > 0
     assert checks["multi_turn_step"]["turns_per_episode"] >= 2
     assert checks["memory_vs_plan"]["planned_gb"] > 0 and checks["export_and_eval"]["records"] == 4
+    assert checks["supervised_memory_vs_plan"]["planned_gb"] > 0
     assert "the run sees only the GPU image's packages" in proc.stdout

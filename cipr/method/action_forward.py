@@ -1,13 +1,18 @@
 """The forward passes of the action reader (`cipr.method.actions`): the laid-out rows as tensors under a
 tree-shaped mask, run in one call ("packed") or as a continuation of the sequences' key/value cache
-("prefix_cache"), and the output head applied only where logits are read.
+("prefix_cache"), and the output head applied only where logits are read. Also the recomputation of the
+trained decoder layers in backward (`recomputing`), which the supervised regime uses around its forwards.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from cipr.core.checkpoints import zero3_partitioned
 from cipr.method.action_plan import Row
@@ -34,12 +39,12 @@ def plain_head(model: Any) -> bool:
     """False for a distributed wrapper (DDP, DeepSpeed) or a sharded model: its root forward must run, so
     that gradients are synchronized and sharded weights gathered."""
     config = getattr(model, "config", None)
-    return (config is not None and hasattr(model, "get_output_embeddings") and not _sharded(model)
+    return (config is not None and hasattr(model, "get_output_embeddings") and not sharded(model)
             and getattr(config, "final_logit_softcapping", None) is None
             and getattr(config, "logit_scale", None) is None and model.get_output_embeddings() is not None)
 
 
-def _sharded(model: Any) -> bool:
+def sharded(model: Any) -> bool:
     """An FSDP2 module (`fully_shard`) or a model whose parameters DeepSpeed ZeRO-3 partitions.
 
     Their weights are whole only inside the root module's forward (FSDP2 unshards there; calling a
@@ -49,21 +54,84 @@ def _sharded(model: Any) -> bool:
     return isinstance(model, FSDPModule) or zero3_partitioned(model)
 
 
+def recomputed_layers(model: Any) -> list[Any]:
+    """The decoder layers whose activations backward needs: from the lowest one with a trained parameter up.
+    Empty when the model checkpoints already (`is_gradient_checkpointing`), is sharded (its layers' weights
+    are whole only inside their own forward hooks) or has no `.layers`. A DDP or PEFT wrapper is looked
+    through."""
+    model = getattr(model, "module", model)
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if (getattr(model, "is_gradient_checkpointing", False) or sharded(model)
+            or not hasattr(model, "get_decoder")):
+        return []
+    layers = list(getattr(model.get_decoder(), "layers", None) or [])
+    first = next((i for i, layer in enumerate(layers) if any(p.requires_grad for p in layer.parameters())),
+                 len(layers))
+    return layers[first:]
+
+
+@contextlib.contextmanager
+def recomputing(model: Any, enabled: bool = True) -> Iterator[None]:
+    """Inside, when `enabled` and `model` trains with gradients, each of `recomputed_layers` keeps only its
+    inputs for backward and is run again there (`torch.utils.checkpoint`, non-reentrant): the same kernels on
+    the same inputs, so the gradients are the same bit for bit, for one more forward of those layers.
+
+    A layer called with an empty `DynamicCache` (the sequences' pass of "prefix_cache") writes its keys and
+    values there as usual, and its recomputation writes them into a fresh cache of its own, so the cache
+    the forward returned is left as it was (gradients still reach the layer through it); a layer given a
+    cache that already holds keys for it, or another kind of cache, is not recomputed."""
+    layers = recomputed_layers(model) if enabled and model.training and torch.is_grad_enabled() else []
+    before = [layer.__dict__.get("forward") for layer in layers]
+    try:
+        for layer in layers:
+            layer.forward = functools.partial(_recomputed, layer.forward, getattr(layer, "self_attn", None))
+        yield
+    finally:
+        for layer, forward in zip(layers, before, strict=True):
+            if forward is None:
+                del layer.forward
+            else:
+                layer.forward = forward
+
+
+def _recomputed(forward: Any, attention: Any, *args: Any, **kwargs: Any) -> Any:
+    """`forward(*args, **kwargs)` under non-reentrant checkpointing (`recomputing`)."""
+    from transformers import DynamicCache
+
+    cache = kwargs.get("past_key_values")
+    if cache is not None:
+        index = getattr(attention, "layer_idx", None)
+        if type(cache) is not DynamicCache or index is None or cache.get_seq_length(index) > 0:
+            return forward(*args, **kwargs)
+    calls = []
+
+    def run(*a: Any, **k: Any) -> Any:
+        if calls and cache is not None:  # the recomputation: a cache of its own, empty as the first one was
+            k = {**k, "past_key_values": DynamicCache(config=attention.config)}
+        calls.append(1)
+        return forward(*a, **k)
+
+    return checkpoint(run, *args, use_reentrant=False, **kwargs)
+
+
 def _resolve_head(model: Any, head: str) -> str:
-    if head == "gather" and _sharded(model):
+    if head == "gather" and sharded(model):
         raise ValueError("head 'gather' calls the decoder and the output head around the root module, which "
                          "a sharded model (FSDP2, ZeRO-3) does not support; use head 'auto' or 'model'")
     return ("gather" if plain_head(model) else "model") if head == "auto" else head
 
 
 def forward_packed(model: Any, rows: list[Row], padding_side: str, head: str, pad_id: int, dtype: torch.dtype,
-                   device: torch.device, at_rows: list[int], at_cols: list[int]) -> torch.Tensor:
-    """Logits [U, V] at (row, row-frame column) pairs: sequences and tries in one forward."""
+                   device: torch.device, at_rows: list[int], at_cols: list[int], recompute: bool = False
+                   ) -> torch.Tensor:
+    """Logits [U, V] at (row, row-frame column) pairs: sequences and tries in one forward (`recompute`: its
+    trained layers under `recomputing`)."""
     ids, pos, mask, offsets = _collate(rows, padding_side, pad_id, dtype, device)
     r = torch.tensor(at_rows, dtype=torch.long, device=device)
     c = torch.tensor([offsets[b] + col for b, col in zip(at_rows, at_cols, strict=True)], dtype=torch.long,
                      device=device)
-    return _logits(model, ids, pos, mask, r, c, _resolve_head(model, head))
+    with recomputing(model, recompute):
+        return _logits(model, ids, pos, mask, r, c, _resolve_head(model, head))
 
 
 def _collate(rows: list[Row], padding_side: str, pad_id: int, dtype: torch.dtype, device: torch.device
@@ -104,14 +172,14 @@ def _ancestors(packed_parent: list[int]) -> torch.Tensor:
 
 
 def forward_prefix_cache(model: Any, rows: list[Row], padding_side: str, head: str, pad_id: int,
-                         dtype: torch.dtype, device: torch.device, at_rows: list[int], at_cols: list[int]
-                         ) -> torch.Tensor:
+                         dtype: torch.dtype, device: torch.device, at_rows: list[int], at_cols: list[int],
+                         recompute: bool = False) -> torch.Tensor:
     """Same as `forward_packed`, in two calls that each process every token once.
 
     The sequences go first under plain causal attention (no mask with right padding, so the plain forward's
     kernel; left padding needs one), keeping their key/value cache; the trie nodes follow as a continuation
     reading it, under a tree-shaped mask [B, 1, P, M + P] over the cached sequence and the nodes. Gradients
-    flow through the cache.
+    flow through the cache. `recompute`: the sequences' call (the long one) under `recomputing`.
     """
     if _resolve_head(model, head) != "gather":
         raise ValueError("mode 'prefix_cache' needs a plain output head (head 'auto' or 'gather'); "
@@ -148,8 +216,9 @@ def forward_prefix_cache(model: Any, rows: list[Row], padding_side: str, head: s
         first_mask = torch.zeros((batch, 1, width_m, width_m), dtype=dtype)
         first_mask.masked_fill_(~seen[:, None], torch.finfo(dtype).min)
         first_mask = first_mask.to(device)
-    out = decoder(input_ids=ids_m.to(device), attention_mask=first_mask, position_ids=pos_m.to(device),
-                  use_cache=width_p > 0)
+    with recomputing(model, recompute):
+        out = decoder(input_ids=ids_m.to(device), attention_mask=first_mask, position_ids=pos_m.to(device),
+                      use_cache=width_p > 0)
     hidden = out.last_hidden_state
     if width_p:
         mask = torch.zeros((batch, 1, width_p, width_m + width_p), dtype=dtype)

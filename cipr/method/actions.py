@@ -109,6 +109,10 @@ class ActionReaderConfig:
     - `head`: "auto" applies the output head only at the positions needed (hidden states of the
       decoder, then `get_output_embeddings()`) when the model's head is a plain projection, else
       calls the full model with `logits_to_keep`; "gather" / "model" force one of the two.
+    - `recompute`: in training with gradients, the decoder layers that train keep only their inputs for
+      backward and run again there (`cipr.method.action_forward.recomputing`; in "prefix_cache" the
+      sequences' pass, whose activations are nearly all of the reader's): the same gradients bit for bit,
+      for one more forward of those layers. Without effect when the model checkpoints already.
     """
 
     padding_side: Literal["right", "left"] = "right"
@@ -117,6 +121,7 @@ class ActionReaderConfig:
     response_temperature: float = 1.0
     reuse_response: bool = True
     head: Literal["auto", "gather", "model"] = "auto"
+    recompute: bool = False
 
     def __post_init__(self) -> None:
         if not self.response_temperature > 0:
@@ -237,7 +242,7 @@ def read_actions(model: Any, tokenizer: Any, queries: Sequence[ActionQuery], num
         forward = forward_packed if mode == "packed" else forward_prefix_cache
         keys = list(columns)
         logits = forward(model, rows, config.padding_side, config.head, _pad_id(tokenizer), dtype, device,
-                         [b for b, _ in keys], [c for _, c in keys])
+                         [b for b, _ in keys], [c for _, c in keys], config.recompute)
         logp = torch.log_softmax(logits.to(float_dtype), dim=-1)
     else:  # no decision and no response log-probs asked for: nothing to run
         logp = torch.zeros(0, 1, dtype=float_dtype, device=device)

@@ -29,6 +29,8 @@ from cipr.train.preflight import Findings, Preflight, preflight
 
 DOCUMENTED_ROWS = {"toolrl": 3920, "toolrl_sft": 400}
 """Rows of a source's full file when it is not here (configs/train/data/toolrl.yaml, toolrl_sft.yaml)."""
+HEAD_TILE = (4096, 32768)
+"""Positions x vocabulary columns of one tile of TRL's chunked output head (`trl.kernels.chunked_logprob`)."""
 
 
 @dataclass
@@ -175,11 +177,67 @@ def _precision(cfg: Any) -> tuple[str, int, int]:
     return precision, weight_bytes, 2 if precision in ("bf16", "fp16") else weight_bytes
 
 
+def supervised_activations(*, rows: int, read_rows: int, seq: int, target: int, trained_layers: int,
+                           hidden: int, intermediate: int, kv_dim: int, vocab: int, compute_bytes: int,
+                           action_supervision: bool, checkpointing: bool) -> memory.Activations:
+    """Activations of one micro-batch of the supervised regime (`cipr.train.supervised`): `rows` sequences of
+    `seq` tokens, `target` of each scored, and `read_rows` of them (the canonical ones, when a rescoring term
+    trains) read again relabeled, with gradients. With c = `compute_bytes`, b = rows, r = read_rows, s = seq,
+    t = target, Lt = `trained_layers` and A1(n) = c·n·s·(12h + 3kv + 4I) (`cipr.plan.memory`):
+
+        layers = Lt·c·(b + r)·s·h + 2·A1(b)   the trained layers keep only their inputs, in the SFT forward
+                                              and in the relabeled read, and are recomputed in backward one
+                                              at a time (the regime does so without
+                                              trainer.gradient_checkpointing, bit-identically)
+        logits = 2·4·b·t·V                    with action supervision (`algo.action_weight` > 0): the
+                                              reader's float32 logits and log-softmax at the target tokens
+               = 2·4·min(b·t, 4096)·min(V, 32768)   else TRL's chunked head at the target positions: one
+                                              float32 tile forward and one in backward
+        mask   = c·(r or b)·s²                the reader's tree mask under trainer.gradient_checkpointing (its
+                                              "packed" mode); else 0 (a mask over the name tries only)
+
+    The canonical read of the term without gradients and the name tries are left out (small)."""
+    c, b, r, s = compute_bytes, rows, read_rows, seq
+    per_layer = c * b * s * (12 * hidden + 3 * kv_dim + 4 * intermediate)
+    stored = trained_layers * c * (b + r) * s * hidden + 2 * per_layer
+    if action_supervision:
+        logits = 2 * 4 * b * target * vocab
+    else:
+        logits = 2 * 4 * min(b * target, HEAD_TILE[0]) * min(vocab, HEAD_TILE[1])
+    mask = c * (r or b) * s * s if checkpointing and (r or action_supervision) else 0
+    return memory.Activations(b, s, target, float(stored), float(logits), float(mask))
+
+
+def _supervised(cfg: Any, s: Any, *, rows: int, seq: int, target: int, compute: int, action_weight: float,
+                reads: bool) -> memory.Activations:
+    """`supervised_activations` of a supervised stage (or a warm start with action supervision) of `cfg`."""
+    model = cfg.model
+    trained = s.layers if model.lora.enabled else s.layers - (model.freeze_bottom_layers or 0)
+    read_rows = rows // cfg.perturb.unit_size if reads else 0
+    return supervised_activations(rows=rows, read_rows=read_rows, seq=seq, target=target,
+                                  trained_layers=trained, hidden=s.hidden, intermediate=s.intermediate,
+                                  kv_dim=s.kv_dim, vocab=s.vocab, compute_bytes=compute,
+                                  action_supervision=action_weight > 0,
+                                  checkpointing=cfg.trainer.gradient_checkpointing)
+
+
+def _trains_rescore(cfg: Any) -> bool:
+    """Whether a rescoring term of `cfg.algo` trains (weight > 0): its relabeled read keeps a graph."""
+    try:
+        terms = cfg.algo.objective().terms
+    except ConfigError:
+        return False
+    return any(t.kind == "rescore" and t.weight > 0 for t in terms)
+
+
 def _stage_activations(cfg: Any, pre: Preflight, s: Any, compute: int) -> dict[str, memory.Activations]:
-    """Activations of each stage's micro-batch at its length limits (or the sample's longest row)."""
+    """Activations of each stage's micro-batch at its length limits (or the sample's longest row); the
+    supervised regime's (`supervised_activations`) at the sample's longest row, up to the limit."""
     t, batch = cfg.trainer, pre.batch
     lengths = pre.lengths
     longest = lengths["prompt_target"].max if lengths else t.warm_start.max_length or 2048
+    target = min(lengths["target"].max, longest) if lengths else longest
+    padded = min(t.warm_start.max_length or longest, longest)
     common = {"layers": s.layers, "hidden": s.hidden, "intermediate": s.intermediate, "kv_dim": s.kv_dim,
               "vocab": s.vocab, "compute_bytes": compute, "checkpointing": t.gradient_checkpointing}
     out = {}
@@ -193,12 +251,21 @@ def _stage_activations(cfg: Any, pre: Preflight, s: Any, compute: int) -> dict[s
         per_device = t.per_device_train_batch_size * (batch.unit_size if stage == "supervised" and
                                                       cfg.algo.pairing_budget == "prompts" else 1)
         seq = t.warm_start.max_length or longest
-        out[stage] = memory.activations(batch=per_device, seq=seq, scored=seq,
-                                        tree_mask=cfg.algo.reads_actions, **common)
+        if stage == "supervised":
+            out[stage] = _supervised(cfg, s, rows=per_device, seq=padded, target=target, compute=compute,
+                                     action_weight=cfg.algo.action_weight, reads=_trains_rescore(cfg))
+        else:
+            out[stage] = memory.activations(batch=per_device, seq=seq, scored=seq,
+                                            tree_mask=cfg.algo.reads_actions, **common)
     if batch and batch.warm_start_steps:
         seq = t.warm_start.max_length or longest
-        out["warm_start"] = memory.activations(batch=t.warm_start.per_device_train_batch_size, seq=seq,
-                                               scored=seq, tree_mask=False, **common)
+        ws_rows = t.warm_start.per_device_train_batch_size
+        if t.warm_start.action_weight > 0:  # the supervised trainer, on the canonical rows only
+            out["warm_start"] = _supervised(cfg, s, rows=ws_rows, seq=padded, target=target, compute=compute,
+                                            action_weight=t.warm_start.action_weight, reads=False)
+        else:
+            out["warm_start"] = memory.activations(batch=ws_rows, seq=seq, scored=seq, tree_mask=False,
+                                                   **common)
     return out
 
 

@@ -33,17 +33,31 @@ Choices the paper leaves open:
   optimizer step as the GRPO term is weighed against TRL's loss.
 - A target whose decisions do not survive relabeling (none in the project's formats) is counted in
   `consistency/relabel_failures` and adds no term.
+
+Memory (the numbers are unchanged, bit for bit): the decoder layers that train keep only their inputs for
+backward and are run again there (`cipr.method.action_forward.recomputing`), in TRL's SFT forward
+(`lean_sft_forward`) and in the reader's (`LEAN`), unless the model checkpoints already: what they keep
+otherwise (about 12h + 3kv + 4I values per token and layer, for every padded position of every row, and
+again for the relabeled rows) is nearly all of the step's memory; the recomputation costs one more forward
+of those layers. And off Triton devices TRL's fused head projects every position of every row onto the
+vocabulary in tiles of up to 4096 x 32768 float32 (plus a few temporaries of that size, forward and
+backward), where only the target tokens are scored: `lean_sft_forward` projects those only, through
+TRL's own kernel, when the head does not train (about what the recomputation costs, on a CPU).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import dataclasses
+import functools
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from transformers import TrainerCallback
 
 from cipr.formats.base import CallFormat
+from cipr.method.action_forward import recomputing, sharded
 from cipr.method.actions import ActionQuery, ActionReaderConfig, read_actions
 from cipr.method.objective import Objective, Pairs, relabel_seed, rescore_pairs
 from cipr.method.relabel import RelabelConfig, relabel
@@ -54,6 +68,13 @@ from cipr.train.sft import WarmStartTrainer
 
 ROW = "row_id"
 RECORDS = "cipr_records"
+LEAN = ActionReaderConfig(recompute=True)
+"""The regime's reads: the trained layers recomputed in backward (module docstring, Memory)."""
+SFT_OUTPUTS = ("log_probs", "entropy", "is_top1")
+"""The per-token fields TRL's SFTTrainer asks of its fused head (`add_fused_lm_head` in its constructor)."""
+SCALES = ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier",
+          "logits_scaling")
+"""Text-config fields by which TRL's fused head scales or caps logits; `compact_fused_forward` takes none."""
 
 
 def canonical_queries(records: Sequence[PromptRecord], fmt: CallFormat,
@@ -127,13 +148,13 @@ def rescoring_pairs(model: Any, tokenizer: Any, records: Sequence[PromptRecord],
     num_actions = max(r.num_actions for r in records)
     if p_canon is None:
         with torch.no_grad() if detach_reference else torch.enable_grad():
-            p_canon = read_actions(model, tokenizer, canonical_queries(records, fmt), num_actions).probs
+            p_canon = read_actions(model, tokenizer, canonical_queries(records, fmt), num_actions, LEAN).probs
     queries = [ActionQuery.from_format(fmt, r.prompt, r.target, r.tools, r.classes) for r in records]
     counts = [len(q.decisions) for q in queries]
     starts = [sum(counts[:i]) for i in range(len(records))]
     rows = [starts[i] + j for i in kept for j in range(counts[i])]
     p_canon = p_canon[torch.tensor(rows, dtype=torch.long, device=p_canon.device)]
-    reading = read_actions(model, tokenizer, relabeled, num_actions)
+    reading = read_actions(model, tokenizer, relabeled, num_actions, LEAN)
     targets = torch.tensor([c for i in kept for c in reference_classes(queries[i], num_actions)],
                            dtype=torch.long, device=reading.probs.device)
     return rescore_pairs(p_canon, reading.probs, reading.sequence, targets=targets), failures
@@ -151,6 +172,76 @@ def rescoring_term(model: Any, tokenizer: Any, records: Sequence[PromptRecord], 
     value, metrics = Objective.builtin(rescore=1.0, detach_reference=detach_reference)(pairs.p_other,
                                                                                         rescore=pairs)
     return value, {"relabel_failures": float(failures), **metrics}
+
+
+def compact_fused_forward(model: Any, forward: Any, *args: Any, fused_lm_head: bool = False,
+                          labels: torch.Tensor | None = None, **kwargs: Any) -> Any:
+    """TRL's fused-head forward (`trl.trainer.utils.add_fused_lm_head` with `SFT_OUTPUTS`, temperature 1) as
+    TRL runs it on Triton devices: the head and TRL's `ChunkedLogProbFunction` on the positions whose next
+    label is not -100 only, their per-token fields scattered into zeros. Off Triton, TRL projects every
+    position; a row's numbers do not depend on the others', so the result is the same. Any other call
+    (no `fused_lm_head`, pre-shifted labels, router logits) goes to `forward`, the model's own."""
+    if not fused_lm_head or labels is None or kwargs.get("shift_labels") is not None \
+            or kwargs.get("output_router_logits"):
+        if fused_lm_head:
+            kwargs["fused_lm_head"] = True
+        if labels is not None:
+            kwargs["labels"] = labels
+        return forward(*args, **kwargs)
+    from trl.kernels import ChunkedLogProbFunction
+    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE, FusedCausalLMOutput
+
+    num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+    kwargs["use_cache"] = False
+    hidden = model.base_model(*args, **kwargs).last_hidden_state[:, :-1]
+    labels = labels[:, 1:].to(hidden.device)
+    mask = labels != -100
+    head = model.get_output_embeddings()
+    fields = ChunkedLogProbFunction.apply(hidden[mask], head.weight, head.bias, labels[mask], 1.0,
+                                          _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0, SFT_OUTPUTS)
+    log_probs, entropy, _, _, is_top1 = (None if x is None else
+                                         x.new_zeros(mask.shape).masked_scatter(mask, x) for x in fields)
+    loss = -log_probs.sum() / (mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch)
+    return FusedCausalLMOutput(loss=loss, log_probs=log_probs, entropy=entropy, is_top1=is_top1,
+                               label_mask=mask)
+
+
+def _compactable(model: Any, device: torch.device) -> bool:
+    """Whether `compact_fused_forward` may stand in for TRL's: off Triton (where TRL does not compact), a
+    plain text model whose head neither scales nor caps the logits, not sharded, and a head that does not
+    train (frozen, or tied to frozen input embeddings: `model.freeze_bottom_layers`). A trained head's
+    gradient sums over the projected positions, and a sum over fewer terms (the zeros of the positions
+    without a label left out) rounds differently in the last bits."""
+    from trl.kernels.chunked_logprob import _use_triton
+
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if config is not None else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return (text is config and text is not None and not _use_triton(device) and not sharded(model)
+            and head is not None and not any(p.requires_grad for p in head.parameters())
+            and all(getattr(text, key, None) is None for key in SCALES))
+
+
+@contextlib.contextmanager
+def lean_sft_forward(model: Any, device: torch.device) -> Iterator[None]:
+    """TRL's SFT forward in less memory, with the same numbers (module docstring): inside, the model's fused
+    head scores the target positions only (`compact_fused_forward`, where `_compactable`) and, in training
+    with gradients, the trained decoder layers are recomputed in backward (`recomputing`). `model`:
+    unwrapped (PEFT's base model is the one patched, as TRL patches it)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    before = base.__dict__.get("forward")
+    compact = _compactable(base, device)
+    try:
+        if compact:
+            base.forward = functools.partial(compact_fused_forward, base, base.forward)
+        with recomputing(base):
+            yield
+    finally:
+        if compact:
+            if before is None:
+                del base.forward
+            else:
+                base.forward = before
 
 
 class SupervisedTrainer(WarmStartTrainer):
@@ -240,7 +331,7 @@ class SupervisedTrainer(WarmStartTrainer):
         queries = canonical_queries(batch, self.fmt, tokenizer.eos_token or "")
         num_actions = max(r.num_actions for r in batch)
         reading = read_actions(model, tokenizer, queries, num_actions,
-                               ActionReaderConfig(response_logprobs=True))
+                               dataclasses.replace(LEAN, response_logprobs=True))
         mask = reading.response_mask
         total = -(reading.response_logprobs * mask).sum()
         targets = torch.tensor([c for q in queries for c in reference_classes(q, num_actions)],
@@ -272,8 +363,9 @@ class SupervisedTrainer(WarmStartTrainer):
                                           dtype=torch.bool, device=reading.probs.device)
             p_canon = reading.probs[canonical_rows]
         else:
-            out = super().compute_loss(model, inputs, return_outputs=return_outputs,
-                                       num_items_in_batch=num_items_in_batch)
+            with lean_sft_forward(self.accelerator.unwrap_model(model), self.accelerator.device):
+                out = super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                           num_items_in_batch=num_items_in_batch)
         if not self.consistency.uses("rescore") or not model.training:
             return out
         loss = out[0] if return_outputs else out
