@@ -104,9 +104,8 @@ def make_trainer(algo: str, model: Any, tokenizer: Any, fmt: Any, prompts: Any, 
         trainer = GRPOTrainer(model=model, reward_funcs=[scorer], args=args, train_dataset=data,
                               processing_class=tokenizer)
     else:
-        weights = (0.1, 0.1) if algo.startswith("cipr") else (0.0, 0.0)
-        algo_cfg = AlgoConfig(name="cipr" if algo.startswith("cipr") else algo, rescore_weight=weights[0],
-                              rollout_weight=weights[1], fold_action_read=algo != "cipr_unfolded")
+        algo_cfg = AlgoConfig(name="cipr" if algo.startswith("cipr") else algo,
+                              fold_action_read=algo != "cipr_unfolded")  # cipr: its terms at 0.1 each
         trainer = CIPRGRPOTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer,
                                   prompts=prompts, scorer=scorer, algo=algo_cfg, fmt=fmt,
                                   objective=algo_cfg.objective())

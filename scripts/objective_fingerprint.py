@@ -43,15 +43,15 @@ SINGLE = {"source": "synthetic", "n": 12, "eval_examples": 2, "tools_per_example
 SUPERVISED = {"source": "synthetic", "n": 14, "eval_examples": 2, "tools_per_example": [2, 3], "seed": 0,
               "parallel_fraction": 0.0, "no_call_fraction": 0.0, "same_domain_distractors": 0.0}
 WARM = 60
-ALGOS = {
-    "grpo": {"name": "grpo", "rescore_weight": 0.0,
-             "rollout_weight": 0.0},
-    "multi_interface": {"name": "multi_interface", "rescore_weight": 0.0, "rollout_weight": 0.0},
-    "masking": {"name": "masking", "rescore_weight": 0.0,
-                "rollout_weight": 0.0},
-    "cipr": {"name": "cipr", "rescore_weight": 0.5,
-             "rollout_weight": 0.5},
-}
+
+
+def weights(rescore: float, rollout: float) -> dict[str, Any]:
+    """CIPR's two consistency terms at these weights (`algo.terms`)."""
+    return {"terms": {"rescore": {"weight": rescore}, "rollout": {"weight": rollout}}}
+
+
+ALGOS = {"grpo": {"name": "grpo"}, "multi_interface": {"name": "multi_interface"},
+         "masking": {"name": "masking"}, "cipr": {"name": "cipr", **weights(0.5, 0.5)}}
 
 
 def cases() -> dict[str, dict[str, Any]]:
@@ -67,17 +67,15 @@ def cases() -> dict[str, dict[str, Any]]:
             "format": "hermes", "replay": "episodes",
             "data": {"source": "synthetic", "n": 8, "eval_examples": 0, "tools_per_example": [2, 2],
                      "seed": 0},
-            "algo": {**ALGOS[algo],
-                     **({"rescore_weight": 1.0, "rollout_weight": 1.0} if algo == "cipr" else {})},
+            "algo": {**ALGOS[algo], **(weights(1.0, 1.0) if algo == "cipr" else {})},
             "rollout": {"num_generations": 2, "max_completion_length": 2048, "mode": "multi_turn",
                         "episode_tasks": 4},
             "env": {"name": "toyshop", "n_tasks": 40, "max_turns": 8},
             "trainer": {"max_steps": 1, "per_device_train_batch_size": 8}}
     for algo in ("grpo", "multi_interface", "cipr"):
         for action in (0.0, 1.0):
-            changes = {"regime": "supervised", "rollout_weight": 0.0, "action_weight": action}
-            if algo == "cipr":
-                changes["rescore_weight"] = 1.0
+            changes = {"regime": "supervised", "action_weight": action,
+                       **(weights(1.0, 0.0) if algo == "cipr" else {})}
             out[f"supervised/{algo}/action{action:g}"] = {
                 "format": "compact", "replay": None, "data": SUPERVISED, "algo": {**ALGOS[algo], **changes},
                 "rollout": {"num_generations": 2, "max_completion_length": 64},

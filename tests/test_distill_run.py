@@ -58,7 +58,7 @@ def test_run_trains_checkpoints_evaluates_and_resumes(tiny_dir, tmp_path):
 def test_a_changed_config_is_refused_for_an_existing_run(tiny_dir, tmp_path):
     run_distill(_cfg(tiny_dir, tmp_path / "run"))
     with pytest.raises(ConfigError, match="different config"):
-        run_distill(_cfg(tiny_dir, tmp_path / "run", rescore_weight=0.5))
+        run_distill(_cfg(tiny_dir, tmp_path / "run", terms={"rescore": {"weight": 0.5}}))
 
 
 def test_config_errors_name_the_key(tiny_dir, tmp_path):
@@ -90,5 +90,5 @@ def test_cipr_train_dispatches_algo_distill(tiny_dir, tmp_path):
     assert (tmp_path / "cli" / "eval" / "table.md").is_file()
     assert json.loads((tmp_path / "cli" / "summary.json").read_text())["algo"] == "distill"
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[*overrides, "algo.rescore_weight=-1"])
+        cfg = compose(config_name="train", overrides=[*overrides, "algo.terms.rescore.weight=-1"])
     assert _main(cfg) == 2

@@ -31,7 +31,7 @@ def two_process_run(tmp_path_factory):
         "model": {"name_or_path": str(tiny), "gguf_package": None, "gguf_file": None, "short_name": "tiny",
                   "dtype": "float32", "call_format": "hermes"},
         "data": {"source": "synthetic", "n": 8, "seed": 0, "eval_examples": 0, "tools_per_example": [2, 2]},
-        "algo": {"name": "cipr", "rescore_weight": 0.1, "rollout_weight": 0.1},
+        "algo": {"name": "cipr", "terms": {"rescore": {"weight": 0.1}, "rollout": {"weight": 0.1}}},
         "rollout": {"backend": "hf", "num_generations": G, "max_completion_length": 24},
         # one pair (2G completions) per process and step; the warm start makes tool calls likely
         # enough that the consistency terms have non-zero gradients

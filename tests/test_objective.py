@@ -205,18 +205,34 @@ def test_a_sweep_over_a_known_term_key_replaces_the_sweep_files_values():
     assert {tuple(j[:3]) for j in jobs} == expected
 
 
-def test_a_weight_alias_in_a_sweep_over_its_term_is_refused_in_one_line():
-    """`algo.rescore_weight=0.1` beside `+sweep=consistency` would not replace the sweep's four values (each
-    point would train with 0.1 into one folder): cipr-train refuses it and names the key that works."""
+def test_a_former_weight_key_is_refused_in_one_line_naming_the_terms_key(tmp_path):
+    """`algo.rescore_weight` / `algo.rollout_weight` (once aliases of the terms' weights) are refused
+    wherever they are given: on the command line (with +, ++ or as a sweep), in a YAML file, among a sweep
+    file's points; one line naming `algo.terms.NAME.weight`, exit status 2. The term's own key passes."""
     argv = ["-m", "+sweep=consistency", "algo.rescore_weight=0.1", "trainer.seed=0"]
     bad = subprocess.run([sys.executable, "-m", "cipr.cli.train", *argv], capture_output=True, text=True,
                          timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
-    assert "write algo.terms.rescore.weight=0.1" in bad.stderr
-    from cipr.train.config import refuse_alias_over_sweep
+    assert "algo.rescore_weight is now algo.terms.rescore.weight: set algo.terms.rescore.weight=0.1" in \
+        bad.stderr
+    from cipr.train.config import compose_train, config_from_dict, refuse_renamed, sweep_params
 
-    refuse_alias_over_sweep(["+sweep=consistency", "algo.rescore_weight=0.1"])  # one run: the alias applies
-    refuse_alias_over_sweep(["-m", "+sweep=consistency", "algo.terms.rescore.weight=0.1"])
+    with pytest.raises(ConfigError, match=r"^algo.rollout_weight is now algo.terms.rollout.weight: set "
+                                          r"algo.terms.rollout.weight=0,0.1$"):
+        refuse_renamed(["-m", "++algo.rollout_weight=0,0.1"])
+    with pytest.raises(ConfigError, match=r"set algo.terms.rescore.weight=0.3$"):
+        compose_train(["algo.rescore_weight=0.3"])  # as cipr-plan and the study engine compose
+    with pytest.raises(ConfigError, match=r"^algo.rescore_weight is now .*: set algo.terms.rescore.weight=1"):
+        config_from_dict({"algo": {"name": "distill", "rescore_weight": 1.0}})  # from a YAML file
+    with pytest.raises(ConfigError, match=r"is now algo.terms.rollout.weight: remove algo.rollout_weight"):
+        config_from_dict({"algo": {"name": "cipr", "rollout_weight": None}})
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "old.yaml").write_text(
+        "# @package _global_\nhydra:\n  sweeper:\n    params:\n      algo.rescore_weight: 0,0.1\n")
+    old = sweep_params([f"hydra.searchpath=[file://{tmp_path}]", "+sweep=old"])
+    with pytest.raises(ConfigError, match=r"set algo.terms.rescore.weight=0,0.1$"):
+        refuse_renamed(["-m", "+sweep=old"], old)
+    refuse_renamed(["-m", "algo.terms.rescore.weight=0.1"], sweep_params(["+sweep=consistency"]))
 
 
 def test_the_planner_composes_a_users_term_as_cipr_train_does(on_path):

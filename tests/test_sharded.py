@@ -40,20 +40,16 @@ LR = 0.05
 
 # algorithm -> (algo config, global batch per step, replayed rollouts, stage whose final/ holds the result)
 ALGOS: dict[str, tuple[dict[str, Any], int, bool, str]] = {
-    "sft": ({"name": "sft", "rescore_weight": 0.0,
-             "rollout_weight": 0.0},
-            4, False, "sft"),
-    "grpo": ({"name": "grpo", "rescore_weight": 0.0,
-              "rollout_weight": 0.0},
-             4 * G, True, "grpo"),
-    "multi_interface": ({"name": "multi_interface", "rescore_weight": 0.0, "rollout_weight": 0.0},
-                        4 * G, True, "grpo"),
-    "masking": ({"name": "masking", "rescore_weight": 0.0,
-                 "rollout_weight": 0.0}, 4 * G, True, "grpo"),
+    "sft": ({"name": "sft"}, 4, False, "sft"),
+    "grpo": ({"name": "grpo"}, 4 * G, True, "grpo"),
+    "multi_interface": ({"name": "multi_interface"}, 4 * G, True, "grpo"),
+    "masking": ({"name": "masking"}, 4 * G, True, "grpo"),
     # + a warm start
-    "cipr": ({"name": "cipr", "rescore_weight": 0.5, "rollout_weight": 0.5}, 4 * G, True, "grpo"),
-    "cipr_supervised": ({"name": "cipr", "regime": "supervised", "rescore_weight": 1.0, "rollout_weight": 0.0,
-                         "action_weight": 1.0}, 8, False, "supervised"),
+    "cipr": ({"name": "cipr", "terms": {"rescore": {"weight": 0.5}, "rollout": {"weight": 0.5}}},
+             4 * G, True, "grpo"),
+    "cipr_supervised": ({"name": "cipr", "regime": "supervised", "action_weight": 1.0,
+                         "terms": {"rescore": {"weight": 1.0}, "rollout": {"weight": 0.0}}},
+                        8, False, "supervised"),
     "distill": ({"name": "distill", "eval": {"namings": ["canonical"]}}, 4, False, "distill"),
 }
 

@@ -276,7 +276,7 @@ def test_time_limit_warning_saves_requeues_itself_and_resumes(slurm, tmp_path):
     tiny = save_tiny(tmp_path / "tiny")
     run_dir, log = tmp_path / "run", tmp_path / "job.out"
     overrides = [f"model.name_or_path={tiny}", "model=tiny", "data.n=8", "data.tools_per_example=[1,2]",
-                 "data.eval_examples=0", "algo=sft", "algo.rescore_weight=0", "algo.rollout_weight=0",
+                 "data.eval_examples=0", "algo=sft",
                  "trainer=smoke", f"trainer.run_dir={run_dir}", "trainer.max_steps=8",
                  "trainer.save_steps=100", "trainer.per_device_train_batch_size=2",
                  "trainer.learning_rate=1e-3", "++trainer.torch_threads=1", "logging.progress_bar=false"]

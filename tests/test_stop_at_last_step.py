@@ -38,7 +38,7 @@ def config(tiny_dir: Path, run_dir: Path, algo: str, **trainer: Any) -> TrainCon
         "model": {"name_or_path": str(tiny_dir), "gguf_package": None, "gguf_file": None,
                   "short_name": "tiny", "call_format": "hermes"},
         "data": {"source": "synthetic", "n": 12, "eval_examples": 2, "tools_per_example": [1, 2], "seed": 0},
-        "algo": {"name": algo, "rescore_weight": 0.0, "rollout_weight": 0.0},
+        "algo": {"name": algo},
         "rollout": {"num_generations": G, "max_completion_length": 96},
         "trainer": t,
         "logging": {"progress_bar": False},

@@ -59,8 +59,10 @@ def test_algo_distill_is_selected_like_every_algorithm_and_brings_its_sections()
 @pytest.mark.parametrize("overrides, message", [
     (["algo=distill", "rollout.temperature=0.5"], r"rollout.temperature=0.5: algo=distill samples no "),
     (["algo=distill", "rollout=vllm_colocate"], r"rollout.backend=vllm_colocate: algo=distill samples no "),
+    (["algo=distill", "+algo.pairing_budget=completions"],
+     r"algo.pairing_budget=completions: algo=distill does not use it \(an option of the prompt-based"),
     (["algo=distill", "+algo.rollout_weight=0.5"],
-     r"algo.rollout_weight=0.5: algo=distill does not use it \(an option of the prompt-based algorithms"),
+     r"^algo.rollout_weight is now algo.terms.rollout.weight: set algo.terms.rollout.weight=0.5$"),
     (["algo=distill", "data=messages", "data.path=rows.jsonl", "+data.perturbation=twins_only"],
      r"data.perturbation is now perturb.preset \(the perturbation settings' one group\): set "
      r"perturb.preset=twins_only"),
@@ -135,7 +137,7 @@ def test_wrong_types_and_choices_fail():
     (["model.gguf_file=missing.gguf"], "is not in package"),
     (["data=toolrl"], "train.parquet is not in the shared data"),
     (["data.source=toolrl_sft", "data.path=/nonexistent.json"], "does not exist"),
-    (["algo=grpo", "algo.rescore_weight=0.1"], "consistency terms belong to algo=cipr"),
+    (["algo=grpo", "++algo.terms.rescore.weight=0.1"], "consistency terms belong to algo=cipr"),
     (["algo=cipr", "perturb.paired=false"], "set perturb.paired=true"),
     (["algo=grpo", "perturb.paired=true"], "perturb.paired=true needs perturb.names=canonical"),
     (["algo=masking", "perturb.names=canonical"], "set perturb.names=masked"),

@@ -105,5 +105,5 @@ def test_rerun_finds_the_run_complete(main_job):
 
 def test_a_changed_config_is_not_mixed_into_the_run(main_job, capsys):
     run_dir, overrides, _ = main_job
-    assert in_process(*overrides, "algo.rescore_weight=0.7") == 2
+    assert in_process(*overrides, "algo.terms.rescore.weight=0.7") == 2
     assert "different config (algo.terms)" in capsys.readouterr().err

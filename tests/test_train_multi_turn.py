@@ -167,8 +167,7 @@ def warm_dir(tmp_path_factory):
                   "call_format": "hermes"},
         "data": {"source": "synthetic", "n": 26, "eval_examples": 2, "tools_per_example": [2, 3], "seed": 0,
                  "parallel_fraction": 0.0, "no_call_fraction": 0.0, "same_domain_distractors": 0.0},
-        "algo": {"name": "sft", "rescore_weight": 0.0,
-                 "rollout_weight": 0.0},
+        "algo": {"name": "sft"},
         "trainer": {"run_dir": str(tmp_path_factory.mktemp("sft")), "max_steps": 24, "save_steps": 24,
                     "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1, "learning_rate": 1e-2,
                     "seed": 0, "gradient_checkpointing": False,
@@ -333,12 +332,9 @@ def test_a_turn_cut_off_by_the_budget_ends_the_episode(shop, tiny_tokenizer):
 
 # -- config --------------------------------------------------------------------------------------------------
 def config(model: Path, run_dir: Path, name: str, **changes: Any) -> TrainConfig:
-    algos = {"grpo": {"name": "grpo", "rescore_weight": 0.0,
-                      "rollout_weight": 0.0},
-             "masking": {"name": "masking", "rescore_weight": 0.0,
-                         "rollout_weight": 0.0},
-             "multi_interface": {"name": "multi_interface", "rescore_weight": 0.0, "rollout_weight": 0.0},
-             "cipr": {"name": "cipr", "rescore_weight": 1.0, "rollout_weight": 1.0}}
+    algos = {"grpo": {"name": "grpo"}, "masking": {"name": "masking"},
+             "multi_interface": {"name": "multi_interface"},
+             "cipr": {"name": "cipr", "terms": {"rescore": {"weight": 1.0}, "rollout": {"weight": 1.0}}}}
     data: dict[str, Any] = {
         "model": {"name_or_path": str(model), "gguf_package": None, "gguf_file": None, "short_name": "tiny",
                   "call_format": "hermes"},
@@ -373,7 +369,8 @@ def test_config_refuses_what_cannot_mean_what_it_says(tiny_dir, tmp_path):
     with pytest.raises(ConfigError, match="nonsense"):
         validate(config(tiny_dir, tmp_path / "r", "cipr", env={"nonsense": 1}))
     supervised = config(tiny_dir, tmp_path / "r", "cipr",
-                        algo={"regime": "supervised", "rollout_weight": 0.0})
+                        algo={"regime": "supervised",
+                              "terms": {"rescore": {"weight": 1.0}, "rollout": {"weight": 0.0}}})
     with pytest.raises(ConfigError, match="samples episodes for GRPO"):
         validate(supervised)
     from cipr.train.config import config_from_dict
@@ -466,8 +463,8 @@ def test_cipr_with_zero_weights_trains_like_multi_interface(warm_dir, tmp_path, 
     log-probabilities, so loss and gradient norm agree to 1e-4 and the weights to a tenth of how far they
     moved."""
     mi = run(config(warm_dir, tmp_path / "mi", "multi_interface"))
-    zero = run(config(warm_dir, tmp_path / "zero", "cipr", algo={"rescore_weight": 0.0,
-                                                                 "rollout_weight": 0.0}))
+    zero = run(config(warm_dir, tmp_path / "zero", "cipr",
+                      algo={"terms": {"rescore": {"weight": 0.0}, "rollout": {"weight": 0.0}}}))
     (x,), (y,) = _steps(mi), _steps(zero)
     assert y["loss"] == pytest.approx(x["loss"], rel=1e-4, abs=1e-7)
     assert y["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-4)

@@ -22,15 +22,11 @@ from cipr.train.replay import replay_single_turn
 from cipr.train.run import TrainConfig, run
 
 ALGOS: dict[str, dict[str, Any]] = {
-    "sft": {"name": "sft", "rescore_weight": 0.0,
-            "rollout_weight": 0.0},
-    "grpo": {"name": "grpo", "rescore_weight": 0.0,
-             "rollout_weight": 0.0},
-    "multi_interface": {"name": "multi_interface", "rescore_weight": 0.0, "rollout_weight": 0.0},
-    "masking": {"name": "masking", "rescore_weight": 0.0,
-                "rollout_weight": 0.0},
-    "cipr": {"name": "cipr", "rescore_weight": 0.5,
-             "rollout_weight": 0.5},
+    "sft": {"name": "sft"},
+    "grpo": {"name": "grpo"},
+    "multi_interface": {"name": "multi_interface"},
+    "masking": {"name": "masking"},
+    "cipr": {"name": "cipr", "terms": {"rescore": {"weight": 0.5}, "rollout": {"weight": 0.5}}},
 }
 G = 2
 SFT_STEPS = 24

@@ -21,13 +21,10 @@ from cipr.train.run import TrainConfig, run, validate
 from cipr.train.supervised import SupervisedTrainer, rescoring_term
 
 ALGOS: dict[str, dict[str, Any]] = {
-    "sft": {"name": "sft", "rescore_weight": 0.0,
-            "rollout_weight": 0.0},
-    "grpo": {"name": "grpo", "rescore_weight": 0.0,
-             "rollout_weight": 0.0},
-    "multi_interface": {"name": "multi_interface", "rescore_weight": 0.0, "rollout_weight": 0.0},
-    "cipr": {"name": "cipr", "rescore_weight": 1.0,
-             "rollout_weight": 0.0},
+    "sft": {"name": "sft"},
+    "grpo": {"name": "grpo"},
+    "multi_interface": {"name": "multi_interface"},
+    "cipr": {"name": "cipr", "terms": {"rescore": {"weight": 1.0}, "rollout": {"weight": 0.0}}},
 }
 
 
@@ -62,6 +59,11 @@ def config(tiny_dir: Path, run_dir: Path, algo: str, regime: str = "supervised",
     })
 
 
+def weights(rescore: float, rollout: float) -> dict[str, dict[str, float]]:
+    """CIPR's two terms at these weights (`algo.terms`)."""
+    return {"rescore": {"weight": rescore}, "rollout": {"weight": rollout}}
+
+
 def final_weights(run_dir: Path, stage: str) -> dict[str, torch.Tensor]:
     return load_file(str(run_dir / stage / "final" / "model.safetensors"))
 
@@ -73,7 +75,7 @@ def steps(run_dir: Path) -> list[dict[str, Any]]:
 
 def test_supervised_regime_refuses_a_rollout_term(tiny_dir, tmp_path):
     with pytest.raises(ConfigError, match=r"algo.terms.rollout.*no rollout-kind term: set its weight to nul"):
-        validate(config(tiny_dir, tmp_path / "r", "cipr", rollout_weight=0.1))
+        validate(config(tiny_dir, tmp_path / "r", "cipr", terms=weights(1.0, 0.1)))
 
 
 @pytest.mark.parametrize("algo", ["grpo", "multi_interface", "cipr"])
@@ -120,7 +122,7 @@ def test_cipr_with_zero_weights_trains_like_multi_interface(tiny_dir, tmp_path, 
         monkeypatch.setattr(CIPRGRPOTrainer, "_generate_single_turn", generate)
     stage = "supervised" if regime == "supervised" else "grpo"
     mi = run(config(tiny_dir, tmp_path / "mi", "multi_interface", regime))
-    zero = run(config(tiny_dir, tmp_path / "zero", "cipr", regime, rescore_weight=0.0, rollout_weight=0.0,
+    zero = run(config(tiny_dir, tmp_path / "zero", "cipr", regime, terms=weights(0.0, 0.0),
                       fold_action_read=fold))
     a, b = final_weights(mi, stage), final_weights(zero, stage)
     assert a.keys() == b.keys()
@@ -136,8 +138,8 @@ def test_cipr_with_zero_weights_trains_like_multi_interface(tiny_dir, tmp_path, 
     else:
         for k in a:
             assert torch.equal(a[k], b[k]), k
-    weighted = run(config(tiny_dir, tmp_path / "one", "cipr", regime, rescore_weight=1.0,
-                          fold_action_read=fold, rollout_weight=0.0 if regime == "supervised" else 1.0))
+    weighted = run(config(tiny_dir, tmp_path / "one", "cipr", regime, fold_action_read=fold,
+                          terms=weights(1.0, 0.0 if regime == "supervised" else 1.0)))
     c = final_weights(weighted, stage)
     assert any(not torch.equal(a[k], c[k]) for k in a)  # and a weight > 0 changes the update
 

@@ -58,6 +58,9 @@ METHODS: list[tuple[str, str, list[str], str]] = [
     ("GRPOTrainer", "_get_output_dir", ["self", "trial"], f"{_CKPT} CheckpointMixin._save_checkpoint"),
     ("SFTTrainer", "compute_loss", ["self", "model", "inputs", "return_outputs", "num_items_in_batch"],
      "cipr/train/sft.py WarmStartTrainer.compute_loss"),
+    ("SFTTrainer", "_get_train_sampler", ["self", "train_dataset"],
+     "cipr/train/supervised.py SupervisedTrainer override (PairedRepeatSampler; takes the dataset "
+     "positionally, as Trainer._get_dataloader passes it)"),
     ("SFTTrainer", "_save_checkpoint", ["self", "model", "trial"], f"{_CKPT} CheckpointMixin override"),
     ("SFTTrainer", "_load_optimizer_and_scheduler", ["self", "checkpoint"],
      f"{_CKPT} CheckpointMixin override"),
@@ -67,11 +70,16 @@ METHODS: list[tuple[str, str, list[str], str]] = [
      f"{_CKPT} CheckpointMixin override (TRL's _save_checkpoint calls it with model_name)"),
 ]
 
-# the same CheckpointMixin hooks on transformers' Trainer (cipr/train/distill.py DistillTrainer)
+# CheckpointMixin's hooks on transformers' Trainer: DistillTrainer's (cipr/train/distill.py) directly, and the
+# GRPO and SFT trainers' where TRL does not override them (_save, _load_from_checkpoint, _run_epoch)
 TRAINER_METHODS: list[tuple[str, list[str]]] = [
     ("_save_checkpoint", ["self", "model", "trial"]),
     ("_load_optimizer_and_scheduler", ["self", "checkpoint"]),
     ("_get_output_dir", ["self", "trial"]),
+    # every save (step folders, a stage's final/ under FSDP): the override leaves out frozen parameters
+    ("_save", ["self", "output_dir", "state_dict"]),
+    # a resume's weights: the override puts a checkpoint without its frozen tensors over the base
+    ("_load_from_checkpoint", ["self", "resume_from_checkpoint", "model"]),
     # called once per epoch by _inner_training_loop; the override trains nothing past max_steps on a resume
     ("_run_epoch", ["self", "model", "epoch", "train_dataloader", "steps_in_epoch",
                     "num_update_steps_per_epoch", "trial", "ignore_keys_for_eval", "start_time",
@@ -123,8 +131,8 @@ ATTRIBUTES: dict[str, str] = {
                         "micro-batches)",
     "_metrics": "_log_rollouts, compute_loss, log (metric lists by mode)",
     "_entropy_bonus_enabled": "_fold_rows (folding needs no entropy term)",
-    "_dist": "_generate_single_turn (summon_full_params)",
-    "_tokenizer": "_generate_single_turn (pad id)",
+    "_dist": "_generate_runs, under _generate_single_turn (summon_full_params)",
+    "_tokenizer": "_generate_runs, under _generate_single_turn (pad id)",
     "eos_token_ids": "_generate_single_turn, _init_trl",
     "num_generations": "__init__, _get_train_sampler",
     "num_iterations": "_get_train_sampler, _prepare_inputs, extra_state",
@@ -243,7 +251,24 @@ def test_transformers_trainer_checkpoint_hooks(name, params):
     found = list(inspect.signature(getattr(transformers.Trainer, name)).parameters)
     assert found == params, (f"transformers {transformers.__version__} moved Trainer.{name} (parameters "
                              f"{found}, pinned {params}); CIPR relies on it in {_CKPT} CheckpointMixin "
-                             "(DistillTrainer)")
+                             "(every trainer)")
+
+
+def test_private_names_the_sft_side_reads():
+    """`CheckpointMixin.create_model_card` names the trainer by TRL's class attribute `_name`; the supervised
+    regime's trainer (an SFTTrainer) logs through TRL's `_metrics` and gets its sampler from transformers'
+    `_get_dataloader`, which passes the dataset positionally (the override names it `dataset`)."""
+    from transformers import Trainer
+    from trl import GRPOTrainer, SFTTrainer
+
+    assert (GRPOTrainer._name, SFTTrainer._name) == ("GRPO", "SFT"), _moved(
+        "GRPOTrainer._name / SFTTrainer._name", f"{_CKPT} CheckpointMixin.create_model_card", "renamed")
+    assert "self._metrics = " in inspect.getsource(SFTTrainer.__init__), _moved(
+        "SFTTrainer._metrics", "cipr/train/supervised.py SupervisedTrainer.log / _log",
+        "SFTTrainer.__init__ no longer sets it")
+    assert "sampler_fn(dataset)" in inspect.getsource(Trainer._get_dataloader), (
+        "transformers' Trainer._get_dataloader no longer calls sampler_fn(dataset) positionally; "
+        "cipr/train/supervised.py SupervisedTrainer._get_train_sampler names its parameter `dataset`")
 
 
 def test_vllm_generation_surface():

@@ -102,11 +102,12 @@ def main() -> None:
     from cipr.cli.common import check_hydra_command, hydra_overrides
     from cipr.core.errors import cli_errors
     from cipr.perturb.config import MOVED
-    from cipr.train.config import TERM_OPTION, config_from_dict, refuse_alias_over_sweep, term_overrides
+    from cipr.train.config import TERM_OPTION, config_from_dict, refuse_renamed, sweep_params, term_overrides
 
     probe, check = hydra_overrides(sys.argv[1:])
     with cli_errors("cipr-train", None):  # a term of the user's own is added (++), a known key overridden
-        refuse_alias_over_sweep(sys.argv[1:])
+        multirun = check and bool({"-m", "--multirun"} & set(sys.argv[1:]))
+        refuse_renamed(sys.argv[1:], sweep_params(probe) if multirun else None)  # the weights' former keys
         sys.argv[1:] = (term_overrides(sys.argv[1:], probe) if check
                         else [f"++{a}" if TERM_OPTION.match(a) else a for a in sys.argv[1:]])
     from cipr.train.run import validate

@@ -42,25 +42,6 @@ EVAL_CONFIG_DIR = CONFIG_ROOT / "eval"
 T = TypeVar("T")
 
 
-def term_weight(name: str, *, _root_: Any) -> float:
-    """OmegaConf resolver `${cipr_weight:NAME}`: consistency term NAME's weight in a composed train config
-    (`algo.NAME_weight` when that alias is set, else `algo.terms.NAME.weight`, else 0), for folder names."""
-    algo = _root_.get("algo") or {}
-    alias = algo.get(f"{name}_weight")
-    term = (algo.get("terms") or {}).get(name) or {}
-    weight = alias if alias is not None else term.get("weight")
-    return float(weight) if weight is not None else 0.0
-
-
-def _register_resolvers() -> None:
-    from omegaconf import OmegaConf
-
-    OmegaConf.register_new_resolver("cipr_weight", term_weight, replace=True)
-
-
-_register_resolvers()
-
-
 def _suggest(key: str, valid: list[str]) -> str:
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
     return f" Did you mean '{close[0]}'?" if close else ""

@@ -18,8 +18,8 @@ original names, and `cipr` is SFT + λ_rescore·KL_rescore (there are no rollout
 The shared warm start, when configured, runs first as in the RL regime.
 
 The consistency terms are `algo.terms` (`cipr.method.objective`: the built-in `rescore` and `rollout`, or a
-term from your own file, `algo.terms.NAME.fn=module:function`); `algo.rescore_weight` and
-`algo.rollout_weight` are aliases of `algo.terms.rescore.weight` and `algo.terms.rollout.weight`.
+term from your own file, `algo.terms.NAME.fn=module:function`), each weighted by its one key
+`algo.terms.NAME.weight` (the former `algo.rescore_weight` / `algo.rollout_weight` are refused, naming it).
 `cipr` with every weight at zero computes `multi_interface`'s loss (it still reads the action distributions
 and logs the terms: the trace of a control arm); a weight of null switches a term off.
 
@@ -51,8 +51,6 @@ class AlgoConfig:
 
     - `terms`: the consistency terms by name (`cipr.method.objective.TermConfig`: weight, fn, kind, options;
       null: the algorithm's own, `rescore` and `rollout` at 0.1 for cipr, none for the others).
-    - `rescore_weight` / `rollout_weight`: aliases of `terms.rescore.weight` / `terms.rollout.weight` (null:
-      as `terms` says).
     - `detach_reference`: the canonical side of each KL is a fixed target (no gradient through it).
       The paper leaves this open; detaching makes the term pull the perturbed/relabelled side toward
       the canonical one and never the reverse, so consistency cannot be met by degrading the
@@ -70,8 +68,6 @@ class AlgoConfig:
 
     name: AlgoName = "cipr"
     terms: dict[str, TermConfig] | None = None
-    rescore_weight: float | None = None
-    rollout_weight: float | None = None
     detach_reference: bool = True
     fold_action_read: bool = True
     regime: Literal["rl", "supervised"] = "rl"
@@ -87,14 +83,10 @@ class AlgoConfig:
         """An SFT stage with the algorithm's rows (and terms) after the warm start."""
         return self.name != "sft" and self.regime == "supervised"
 
-
     def __post_init__(self) -> None:
         if self.terms is None:  # the algorithm's own: CIPR's two terms at the GRPO recipe's 0.1, else none
             cipr = {"rescore": TermConfig(0.1), "rollout": TermConfig(0.1)}
             self.terms = cipr if self.name == "cipr" else {}
-        self.terms = apply_aliases(self.terms, {"rescore": self.rescore_weight,
-                                                "rollout": self.rollout_weight})
-        self.rescore_weight = self.rollout_weight = None  # read into `terms`: one source of truth
 
     @property
     def active_terms(self) -> dict[str, TermConfig]:
@@ -112,22 +104,6 @@ class AlgoConfig:
             return Objective([])
         kinds = ("rescore",) if self.regime == "supervised" else ("rescore", "rollout")
         return Objective.from_config(self.terms, detach_reference=self.detach_reference, allowed=kinds)
-
-    def term_weight(self, name: str) -> float:
-        """A term's weight (0 when it is off or absent)."""
-        term = self.terms.get(name)
-        return float(term.weight or 0.0) if term is not None else 0.0
-
-
-def apply_aliases(terms: dict[str, TermConfig], weights: dict[str, float | None]) -> dict[str, TermConfig]:
-    """`terms` with each alias weight that is set (`algo.rescore_weight`, ...) written into its term: an
-    alias wins over the term's own weight (it was set on purpose); a positive alias adds the built-in term
-    where `terms` lacks it, a zero one leaves it absent."""
-    out = {k: TermConfig(**(vars(t) if isinstance(t, TermConfig) else t)) for k, t in terms.items()}
-    for name, weight in weights.items():
-        if weight is not None and (name in out or weight > 0):
-            out[name] = TermConfig(**{**vars(out.get(name, TermConfig())), "weight": float(weight)})
-    return out
 
 
 def validate_algo(cfg: AlgoConfig, perturb: PerturbConfig) -> None:
@@ -175,7 +151,7 @@ class DistillConfig:
     - `token_weight`, `action_weight`: the task loss, KL(teacher original || student canonical) on
       aligned tokens and on action distributions at decisions (`cipr.distill.loss`).
     - `terms`: the consistency terms (`cipr.method.objective`; rescore-kind only: student canonical vs
-      relabeled); `rescore_weight` is an alias of `terms.rescore.weight`.
+      relabeled), weighted by `terms.rescore.weight`.
     - `detach_reference`: the canonical side of the rescoring KL is a fixed target
       (`cipr.method.consistency`).
     - `teacher_dtype`: "bfloat16" runs the frozen teacher in bfloat16 (inference only); "model" keeps
@@ -189,16 +165,11 @@ class DistillConfig:
     token_weight: float = 1.0
     action_weight: float = 1.0
     terms: dict[str, TermConfig] = field(default_factory=lambda: {"rescore": TermConfig(1.0)})
-    rescore_weight: float | None = None
     detach_reference: bool = True
     eps: float = 1e-6
     teacher_dtype: Literal["model", "bfloat16"] = "model"
     autocast_bf16: bool = False
     eval: EvalConfig = field(default_factory=EvalConfig)
-
-    def __post_init__(self) -> None:
-        self.terms = apply_aliases(self.terms, {"rescore": self.rescore_weight})
-        self.rescore_weight = None
 
     @property
     def weights(self) -> LossWeights:

@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cipr.core.config import TRAIN_CONFIG_DIR, ConfigError, compose_checked, from_dict, to_dict
+from cipr.core.config import TRAIN_CONFIG_DIR, ConfigError, compose_checked, from_dict, override_text, to_dict
 from cipr.distill.data import TrajectoryDataConfig, trajectory_section
 from cipr.perturb.config import MOVED, PerturbConfig, resolved
 from cipr.runtime.model import ModelConfig
@@ -121,51 +121,67 @@ def term_overrides(overrides: Sequence[str], probe: Sequence[str] | None = None)
     return [f"++{o}" if TERM_OPTION.match(o) and absent(o) else o for o in overrides]
 
 
-WEIGHT_ALIASES = {"algo.rescore_weight": "algo.terms.rescore.weight",
-                  "algo.rollout_weight": "algo.terms.rollout.weight"}
+RENAMED = {"algo.rescore_weight": "algo.terms.rescore.weight",
+           "algo.rollout_weight": "algo.terms.rollout.weight"}
+"""The consistency weights' former keys -> each term's one key (`algo.terms.NAME.weight`)."""
 
 
-def refuse_alias_over_sweep(argv: Sequence[str]) -> None:
-    """ConfigError for a weight alias (`algo.rescore_weight=0.1`) in a multirun whose `+sweep=` file sweeps
-    the term's own key: the alias wins inside every job, so each of the sweep's values would run with the
-    alias's weight, into one run folder; the term's key (`algo.terms.rescore.weight=0.1`) replaces them."""
+def refuse_renamed(overrides: Sequence[str], sweep: Mapping[str, Any] | None = None) -> None:
+    """ConfigError naming the term's key for a former weight key (`RENAMED`) among command-line `overrides`
+    (with `+`, `++` or `~`, or as a sweep) or a sweep file's points (`sweep`: its `hydra.sweeper.params`)."""
+    for key, value in [o.lstrip("+~").partition("=")[::2] for o in overrides] + list((sweep or {}).items()):
+        if key in RENAMED:
+            raise ConfigError(_renamed(key, value))
+
+
+def sweep_params(overrides: Sequence[str]) -> dict[str, Any]:
+    """The `hydra.sweeper.params` of the train config composed with `overrides` (a `+sweep=` file's points);
+    {} when it does not compose (the check that follows reports why, in one line)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
     from omegaconf import OmegaConf
 
-    if not {"-m", "--multirun"} & set(argv):
-        return
-    sweeps = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("sweep=")]
-    path = TRAIN_CONFIG_DIR / "sweep" / f"{sweeps[-1]}.yaml" if sweeps else None
-    if path is None or not path.is_file():
-        return
-    params = OmegaConf.select(OmegaConf.load(path), "hydra.sweeper.params", default=None) or {}
-    for option in argv:
-        key, _, value = option.partition("=")
-        term = WEIGHT_ALIASES.get(key)
-        if term is not None and term in params:
-            raise ConfigError(f"{option}: sweep={sweeps[-1]} sweeps {term} ({params[term]}) and the alias "
-                              f"would not replace it (every point would train with {value}, into one "
-                              f"folder); write {term}={value}")
+    try:
+        with initialize_config_dir(config_dir=str(TRAIN_CONFIG_DIR), version_base="1.3"):
+            composed = compose("train", overrides=[o for o in overrides if not TERM_OPTION.match(o)],
+                               return_hydra_config=True)
+    except HydraException:
+        return {}
+    return dict(OmegaConf.to_container(composed.hydra.sweeper.get("params") or {}))  # type: ignore[arg-type]
+
+
+def _renamed(old: str, value: Any) -> str:
+    new = RENAMED[old]
+    if value is None or value == "":
+        return f"{old} is now {new}: remove {old} (its null left the weight as {new} says)"
+    return f"{old} is now {new}: set {new}={value if isinstance(value, str) else override_text(value)}"
 
 
 def compose_train(overrides: Sequence[str]) -> TrainConfig:
     """A `TrainConfig` from cipr-train overrides, as `cipr-train` composes it (configs/train/train.yaml,
-    a term of the user's own added as on its command line: `term_overrides`); a composition error is one
-    ConfigError line (`cipr.core.config.compose_checked`)."""
+    a term of the user's own added as on its command line: `term_overrides`); a composition error or a
+    former weight key (`refuse_renamed`) is one ConfigError line (`cipr.core.config.compose_checked`)."""
     from omegaconf import OmegaConf
 
+    refuse_renamed(overrides)
     composed = compose_checked(TRAIN_CONFIG_DIR, "train", term_overrides(overrides), moved=MOVED,
                                program="cipr-train")
     return config_from_dict(OmegaConf.to_container(composed, resolve=True))  # type: ignore[arg-type]
 
 
 def refuse_moved(data: Mapping[str, Any]) -> None:
-    """ConfigError naming the new key for a key that moved into the `perturb` group (`MOVED`)."""
+    """ConfigError naming the new key for a key that moved into the `perturb` group (`MOVED`), or for a
+    former weight key (`RENAMED`) that a YAML file or `+key=value` gave, null included."""
     for old, new in MOVED.items():
         section, key = old.split(".")
         given = data.get(section) or {}
         if key in given and given[key] is not None:
             raise ConfigError(f"{old} is now {new} (the perturbation settings' one group): set "
                               f"{new}={given[key]}")
+    algo = data.get("algo") or {}
+    for old in RENAMED:
+        if old.split(".")[1] in algo:
+            raise ConfigError(_renamed(old, algo[old.split(".")[1]]))
 
 
 def call_format_name(cfg: TrainConfig) -> str:
