@@ -21,7 +21,7 @@ Against the library it extends: `grpo` is our trainer with `algo=grpo` and `trl`
 replayed completions; each generates with its own class's HF path (ours: one prefill per distinct
 prompt shared by its G samples; TRL's: `generate` over the repeated prompts). `vs_trl` is the step
 ratio grpo / trl (target <= 1.05), `vs_trl_train` the same without generation (scoring + update). Off
-Triton devices our trainer scores only the completion positions (`cipr.train.grpo.completion_logps`),
+Triton devices our trainer scores only the completion positions (`cipr.train.grpo_fast.completion_logps`),
 where TRL's fused head projects every prompt position onto the vocabulary too; both trainers get the
 same model, whose backward stops at the frozen bottom layers (`cipr.runtime.model.freeze_bottom`).
 `cipr_unfolded` is CIPR with `algo.fold_action_read=false`: the task loss from the scoring above plus
@@ -88,7 +88,7 @@ def make_trainer(algo: str, model: Any, tokenizer: Any, fmt: Any, prompts: Any, 
 
     from cipr.train.algo import AlgoConfig
     from cipr.train.grpo import CIPRGRPOTrainer
-    from cipr.train.replay import ReplayRollouts
+    from cipr.train.replay import ReplayRollouts, replay_rollouts
     from cipr.train.reward import RolloutScorer
 
     args = GRPOConfig(output_dir=str(out / algo), per_device_train_batch_size=2 * g * pairs,
@@ -101,15 +101,22 @@ def make_trainer(algo: str, model: Any, tokenizer: Any, fmt: Any, prompts: Any, 
     if algo == "trl":  # stock TRL: the same scorer as its reward function, nothing of ours in the trainer
         from trl import GRPOTrainer
 
-        trainer = GRPOTrainer(model=model, reward_funcs=[scorer], args=args, train_dataset=data,
-                              processing_class=tokenizer)
+        class ReplayedGRPOTrainer(GRPOTrainer):
+            """Stock TRL, its completions replayed as ours are."""
+
+            replay = ReplayRollouts(prompts.records, fmt, tokenizer, max_completion_length=max_len)
+
+            def _generate_single_turn(self, prompt_ids: Any, *args: Any, **kwargs: Any) -> Any:
+                return self.replay(prompt_ids)
+
+        trainer = ReplayedGRPOTrainer(model=model, reward_funcs=[scorer], args=args, train_dataset=data,
+                                      processing_class=tokenizer)
     else:
         algo_cfg = AlgoConfig(name="cipr" if algo.startswith("cipr") else algo,
                               fold_action_read=algo != "cipr_unfolded")  # cipr: its terms at 0.1 each
         trainer = CIPRGRPOTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer,
                                   prompts=prompts, scorer=scorer, algo=algo_cfg, fmt=fmt,
-                                  objective=algo_cfg.objective())
-    ReplayRollouts(prompts.records, fmt, tokenizer, max_completion_length=max_len).install(trainer)
+                                  objective=algo_cfg.objective(), rollout_source=replay_rollouts())
     trainer.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     trainer.create_optimizer()
     trainer.current_gradient_accumulation_steps = 1
@@ -127,12 +134,17 @@ def batch_rows(trainer: Any, start_pair: int, pairs: int, g: int) -> list[dict[s
 
 
 def time_generation(trainer: Any, inputs: list[dict[str, Any]]) -> float:
-    """The trainer class's own HF generation of this batch (ours: shared prompt prefill; TRL's: `generate`),
-    called on the class since the replay replaced it on the instance."""
+    """The trainer's own HF generation of this batch (ours: shared prompt prefill, `GRPOFastPaths`; TRL's:
+    `generate`), past the replay that stands in for it in training steps."""
+    from trl import GRPOTrainer
+
+    from cipr.train.grpo_fast import GRPOFastPaths
+
     ids = trainer.processing_class(text=[x["prompt"] for x in inputs])["input_ids"]
+    sample = GRPOFastPaths if isinstance(trainer, GRPOFastPaths) else GRPOTrainer
     start = time.perf_counter()
     with torch.no_grad():
-        type(trainer)._generate_single_turn(trainer, ids, None, {}, trainer.num_generations)
+        sample._generate_single_turn(trainer, ids, None, {}, trainer.num_generations)
     return time.perf_counter() - start
 
 

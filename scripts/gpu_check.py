@@ -243,21 +243,13 @@ def grpo_hf(model_dir: Path, work: Path, device: str) -> dict[str, Any]:
 
 def grpo_consistency(model_dir: Path, work: Path) -> dict[str, Any]:
     from cipr.train.config import compose_train
-    from cipr.train.grpo import CIPRGRPOTrainer
-    from cipr.train.replay import replay_single_turn
+    from cipr.train.replay import replay_rollouts
     from cipr.train.run import run
 
-    original = CIPRGRPOTrainer._generate_single_turn
-
-    replay = replay_single_turn()
-
-    CIPRGRPOTrainer._generate_single_turn = replay
-    try:
-        run_dir = run(compose_train(overrides(model_dir, work / "grpo_replay", "algo=cipr",
-                                              "trainer.per_device_train_batch_size=4",
-                                              "rollout.max_completion_length=96")))
-    finally:
-        CIPRGRPOTrainer._generate_single_turn = original
+    run_dir = run(compose_train(overrides(model_dir, work / "grpo_replay", "algo=cipr",
+                                          "trainer.per_device_train_batch_size=4",
+                                          "rollout.max_completion_length=96")),
+                  rollout_source=replay_rollouts())
     (line,) = steps(run_dir)
     keys = ["loss", "consistency/rescore/kl", "consistency/rollout/kl", "actions/p_no_call"]
     return {"ok": finite(line, keys), **{k: line.get(k) for k in keys}}
@@ -317,25 +309,17 @@ def multi_turn(model_dir: Path, work: Path) -> dict[str, Any]:
     from support.episode_replay import EpisodeReplay, expert_choice
 
     from cipr.train.config import compose_train
-    from cipr.train.grpo import CIPRGRPOTrainer
     from cipr.train.run import run
 
-    original = CIPRGRPOTrainer._generate_single_turn
+    def replay(trainer: Any) -> Any:
+        episodes = EpisodeReplay(trainer.episodes, expert_choice(trainer.episodes))
+        return lambda prompt_ids: episodes.generate(prompt_ids, step=trainer.state.global_step)
 
-    def replay(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        if not hasattr(self, "_replay"):
-            self._replay = EpisodeReplay(self.episodes, expert_choice(self.episodes))
-        return self._replay.generate(prompt_ids, step=self.state.global_step)
-
-    CIPRGRPOTrainer._generate_single_turn = replay
-    try:
-        cfg = compose_train(overrides(model_dir, work / "multi_turn", "algo=cipr", "model.call_format=hermes",
-                                      "rollout.mode=multi_turn", "env=toyshop", "env.n_tasks=40",
-                                      "rollout.episode_tasks=2", "rollout.max_completion_length=2048",
-                                      "trainer.per_device_train_batch_size=4", "data.n=8"))
-        run_dir = run(cfg)
-    finally:
-        CIPRGRPOTrainer._generate_single_turn = original
+    cfg = compose_train(overrides(model_dir, work / "multi_turn", "algo=cipr", "model.call_format=hermes",
+                                  "rollout.mode=multi_turn", "env=toyshop", "env.n_tasks=40",
+                                  "rollout.episode_tasks=2", "rollout.max_completion_length=2048",
+                                  "trainer.per_device_train_batch_size=4", "data.n=8"))
+    run_dir = run(cfg, rollout_source=replay)
     (line,) = steps(run_dir)
     keys = ["loss", "consistency/rescore/kl", "consistency/rollout/kl", "turns_per_episode"]
     return {"ok": finite(line, keys) and line["turns_per_episode"] >= 2, **{k: line.get(k) for k in keys}}

@@ -4,7 +4,7 @@ control of docs/results/cpu_evidence.md, in isolation.)
 From one model folder (e.g. an export of the evidence experiment's multi-interface point), two copies are
 trained on the same canonical training pairs, batch by batch:
   A (control): the supervised task loss alone (token loss + action cross-entropy, `cipr.train.supervised`);
-  B (CIPR):    the same plus `--lam` times the rescoring KL (`rescoring_term`, fresh function_XX relabeling).
+  B (CIPR):    the same plus `--lam` times the rescoring KL (`rescoring`, fresh function_XX relabeling).
 Before and after, both read the held-in quantity on held-out evaluation items: KL(canonical ‖ relabeled) at
 the reference decisions (`cipr-eval`'s consistency metric, type `relabel_function`), and the action accuracy.
 
@@ -52,12 +52,13 @@ def main() -> None:
     from cipr.eval.config import eval_config_from_dict
     from cipr.eval.consistency_metric import ConsistencyConfig, build_pairs, measure
     from cipr.formats import get_format
-    from cipr.method.actions import ActionReaderConfig, read_actions
-    from cipr.method.relabel import RelabelConfig
+    from cipr.method.actions import ActionQuery, ActionReaderConfig, read_actions
+    from cipr.method.objective import Objective, rescore_pairs
+    from cipr.method.relabel import relabel
     from cipr.perturb.config import PerturbConfig
     from cipr.train.data import DataConfig, build_prompts
     from cipr.train.data import load_examples as load_training
-    from cipr.train.supervised import action_nll, canonical_queries, reference_classes, rescoring_term
+    from cipr.train.supervised import action_nll, canonical_queries, reference_classes
 
     options = {"tools_per_example": [3, 3], "parallel_fraction": 0.0, "no_call_fraction": 0.0,
                "same_domain_distractors": 0.0}
@@ -94,6 +95,21 @@ def main() -> None:
         acc = [r["action_acc_ref"] for r in recs]
         return kl, sum(acc) / len(acc)
 
+    def rescoring(model: torch.nn.Module, batch: list, seeds: list[int],
+                  p_canon: torch.Tensor | None = None) -> torch.Tensor:
+        """The built-in rescoring KL of `batch` (every record relabeled with its own seed here)."""
+        queries = []
+        for r, seed in zip(batch, seeds, strict=True):
+            c = relabel(r.prompt, r.target, r.tools, fmt, seed=seed)
+            queries.append(ActionQuery(c.prompt, c.response, c.decisions, c.tools, r.classes,
+                                       tuple(fmt.name_text(t) for t in c.tools)))
+        if p_canon is None:
+            with torch.no_grad():
+                p_canon = read_actions(model, tokenizer, canonical_queries(batch, fmt), 3).probs
+        reading = read_actions(model, tokenizer, queries, 3)
+        pairs = rescore_pairs(p_canon, reading.probs, reading.sequence)
+        return Objective.builtin(rescore=1.0)(pairs.p_other, rescore=pairs)[0]
+
     def train(model: torch.nn.Module, lam: float) -> None:
         opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=args.lr,
                                 weight_decay=0.0)
@@ -108,8 +124,7 @@ def main() -> None:
             loss = token + ce
             seeds = [1000 + step * 10 + i for i in range(len(batch))]
             if lam:
-                value, _ = rescoring_term(model, tokenizer, batch, fmt, RelabelConfig(), seeds,
-                                          p_canon=reading.probs.detach())
+                value = rescoring(model, batch, seeds, p_canon=reading.probs.detach())
                 loss = loss + lam * value
             opt.zero_grad()
             loss.backward()
@@ -117,7 +132,7 @@ def main() -> None:
             opt.step()
             if args.trace and lam:  # the term on this step's own pairs, before and after its update
                 with torch.no_grad():
-                    after, _ = rescoring_term(model, tokenizer, batch, fmt, RelabelConfig(), seeds)
+                    after = rescoring(model, batch, seeds)
                 print(f"  step {step + 1}: KL_rescore on its pairs {float(value.detach()):.4f} -> "
                       f"{float(after):.4f} (after the update)", flush=True)
 

@@ -5,7 +5,7 @@
 
 PLAN_JSON: {"shim": bool, "runs": [{"name": ..., "config": {cipr-train config}, "replay": bool}, ...]}. With
 `shim`, the test-only CPU sharding shim is installed first (tests/support/cpu_sharding.py says why). A run
-with `replay` draws its GRPO rollouts from `ReplayRollouts(draw="per_prompt")` (a random tiny model writes
+with `replay` draws its GRPO rollouts from `replay_rollouts("per_prompt")` (a random tiny model writes
 no call; per prompt, so that one process and two draw the same completions); a run with `episodes`
 (rollout.mode=multi_turn) draws each assistant turn from ToyShop's expert script
 (tests/support/episode_replay.py, per context likewise), after the model's own generation of a few tokens
@@ -115,26 +115,25 @@ def main() -> None:
         return check(accelerator, strategy, env)
 
     stage_module.check_strategy = recording_check
-    from cipr.train.grpo import CIPRGRPOTrainer
-    from cipr.train.replay import replay_single_turn
-
-    generate_single_turn = CIPRGRPOTrainer._generate_single_turn
-
-    replayed = replay_single_turn("per_prompt")
-
     from support.episode_replay import EpisodeReplay, expert_choice
 
-    def episode_turns(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        if not hasattr(self, "_episode_replay"):
-            self._episode_replay = EpisodeReplay(self.episodes, expert_choice(self.episodes))
-        # the model generates too (4 tokens, dropped): ZeRO-3's generation needs every process in every call
-        config, saved = self.generation_config, self.generation_config.max_new_tokens
-        config.max_new_tokens = 4
-        try:
-            generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations)
-        finally:
-            config.max_new_tokens = saved
-        return self._episode_replay.generate(prompt_ids, step=self.state.global_step)
+    from cipr.train.grpo import CIPRGRPOTrainer
+    from cipr.train.replay import replay_rollouts
+
+    def episode_turns(trainer):
+        replay = EpisodeReplay(trainer.episodes, expert_choice(trainer.episodes))
+
+        def generate(prompt_ids):
+            # the model generates too (4 tokens, dropped): ZeRO-3's generation needs every process each call
+            config, saved = trainer.generation_config, trainer.generation_config.max_new_tokens
+            config.max_new_tokens = 4
+            try:
+                super(CIPRGRPOTrainer, trainer)._generate_single_turn(prompt_ids, None, {}, 1)
+            finally:
+                config.max_new_tokens = saved
+            return replay.generate(prompt_ids, step=trainer.state.global_step)
+
+        return generate
 
     from cipr.train import checkpoint
 
@@ -157,9 +156,9 @@ def main() -> None:
         unset_hf_deepspeed_config()
         die_after = item.get("die_after_step")
         checkpoint.CheckpointMixin._save_checkpoint = save_then_die if die_after else save_checkpoint
-        CIPRGRPOTrainer._generate_single_turn = episode_turns if item.get("episodes") else \
-            replayed if item.get("replay") else generate_single_turn
-        run_dir = Path(run(config_from_dict(item["config"])))
+        source = episode_turns if item.get("episodes") else \
+            replay_rollouts("per_prompt") if item.get("replay") else None
+        run_dir = Path(run(config_from_dict(item["config"]), rollout_source=source))
         (run_dir / f"ran_rank{rank}.json").write_text(json.dumps(built))
     leave_process_group()
 

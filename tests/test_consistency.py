@@ -9,8 +9,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.reference_kl import rescoring_kl, rollout_kl
 
-from cipr.method.consistency import group_distribution, kl_rows, rescoring_kl, rollout_kl
+from cipr.method.consistency import group_distribution, kl_rows, segment_mean
 
 T = torch.tensor
 
@@ -82,8 +83,6 @@ def test_rollout_group_average_hand_computed():
     pert = T([[0.5, 0.25, 0.25]])
     avg, ids = group_distribution(canon, canon_seg)
     assert torch.allclose(avg, T([[0.25, 0.5, 0.25]])) and ids.tolist() == [0]
-    pooled, _ = group_distribution(canon, canon_seg, average="decision")
-    assert torch.allclose(pooled, T([[1 / 3, 1 / 3, 1 / 3]]))
     value, metrics = rollout_kl(canon, canon_seg, pert, T([0]), eps=0)
     expected = 0.25 * math.log(0.25 / 0.5) + 0.5 * math.log(0.5 / 0.25) + 0.25 * math.log(1.0)
     assert value.item() == pytest.approx(expected, abs=1e-6)
@@ -124,3 +123,11 @@ def test_loop_equals_vectorized(decisions, actions, seed):
     expected = sum(sum(v) / len(v) for v in per_response.values()) / len(per_response)
     assert value.item() == pytest.approx(expected, rel=1e-4, abs=1e-6)
     assert value.item() >= -1e-6
+
+
+def test_segment_mean_by_hand_rows_and_vectors():
+    """The one per-segment mean: values [N] or [N, A], segments [N] -> (means [S] or [S, A], ids [S])."""
+    means, ids = segment_mean(T([1.0, 3.0, 5.0, 10.0]), T([4, 4, 9, 2]))
+    assert ids.tolist() == [2, 4, 9] and means.tolist() == [10.0, 2.0, 5.0]
+    rows, ids = segment_mean(T([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]]), T([1, 1, 0]))
+    assert rows.shape == (2, 2) and rows.tolist() == [[0.5, 0.5], [0.5, 0.5]] and ids.tolist() == [0, 1]

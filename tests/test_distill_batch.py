@@ -16,13 +16,14 @@ from cipr.distill.batch import (
     build_item,
     logits_at,
     read_with_logits,
-    relabeled_view,
+    student_view,
 )
 from cipr.distill.conversation import render_conversation
 from cipr.distill.data import trim
 from cipr.distill.naming import rename_example
 from cipr.formats import get_format
-from cipr.method.relabel import RelabelConfig
+from cipr.method.pairing import RelabeledBatch, relabeled
+from cipr.method.relabel import RelabelConfig, Relabeling
 
 FMT = get_format("webshop")
 
@@ -72,10 +73,10 @@ def _distill(tok, items, teacher, steps, *, sign=1.0):
     student = copy.deepcopy(teacher)
     student.train()
     opt = torch.optim.Adam(student.parameters(), lr=1e-3)
-    relabeled = [relabeled_view(it, FMT, tok, RelabelConfig(), it.example.id) for it in items]
+    copies = relabeled(student_view(items, tok), FMT, Relabeling(RelabelConfig(), 0), 0)
     losses, parts = [], []
     for _ in range(steps):
-        loss, m = batch_loss(student, teacher, tok, items, relabeled, FMT, LossWeights())
+        loss, m = batch_loss(student, teacher, tok, items, copies, FMT, LossWeights())
         opt.zero_grad()
         (sign * loss).backward()
         opt.step()
@@ -146,8 +147,8 @@ def test_task_terms_fall_while_relabels_are_redrawn_every_step(setup):
     parts = []
     # redrawn relabels make single steps noisy: 8 steps were too few on 2 threads
     for step in range(DISTILL_STEPS):
-        relabeled = [relabeled_view(it, FMT, tok, RelabelConfig(), f"{it.example.id}-{step}") for it in items]
-        loss, m = batch_loss(student, teacher, tok, items, relabeled, FMT, LossWeights())
+        copies = relabeled(student_view(items, tok), FMT, Relabeling(RelabelConfig(), 0), step)
+        loss, m = batch_loss(student, teacher, tok, items, copies, FMT, LossWeights())
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -164,7 +165,8 @@ def test_all_terms_are_zero_when_student_equals_teacher_and_names_do_not_change(
                             "required": ["arg_01"]}) for t in canonical_named.interface)))
     item = build_item(canonical_named, FMT, tok)
     assert item.teacher.text == item.student.text and item.alignment.b_unpaired == 0
-    loss, m = batch_loss(copy.deepcopy(teacher), teacher, tok, [item], [item.student], FMT, LossWeights())
+    same = RelabeledBatch([action_query(item.student, FMT)], [0], 0)  # a "relabeling" that changes nothing
+    loss, m = batch_loss(copy.deepcopy(teacher), teacher, tok, [item], same, FMT, LossWeights())
     assert m["distill/token_kl"] == pytest.approx(0.0, abs=1e-6)
     assert m["distill/action_kl"] == pytest.approx(0.0, abs=1e-6)
     assert m["consistency/rescore/kl"] == pytest.approx(0.0, abs=1e-7)
@@ -178,7 +180,9 @@ def test_rescoring_is_zero_for_a_relabel_the_model_cannot_see_and_positive_other
     with torch.no_grad():  # tied embeddings: the model can tell "01" and "02" apart neither in nor out
         blind.get_input_embeddings().weight[two] = blind.get_input_embeddings().weight[one]
     swap = {"function_01": "function_02", "function_02": "function_01"}
-    swapped = [render_conversation(rename_example(it.student_example, swap)[0], FMT, tok) for it in items]
+    swapped = RelabeledBatch([action_query(render_conversation(rename_example(it.student_example, swap)[0],
+                                                                FMT, tok), FMT) for it in items],
+                             list(range(len(items))), 0)
     _, m = batch_loss(blind, teacher, tok, items, swapped, FMT, LossWeights())
     assert m["consistency/rescore/kl"] == pytest.approx(0.0, abs=1e-6)
     assert m["consistency/rescore/argmax_agree"] == 1.0
@@ -201,9 +205,22 @@ def test_one_forward_gives_the_same_logits_as_a_plain_forward(setup, monkeypatch
     assert torch.allclose(plain, hooked, atol=1e-5)
 
 
-def test_relabeled_view_keeps_decisions_and_changes_every_name(setup):
+def test_the_student_view_relabels_every_name_and_keeps_each_decision(setup):
+    """The rescoring term's copies of trajectories (`cipr.method.pairing.relabeled` of `student_view`): every
+    name new, each decision at the same place taking the renamed action, drawn from the seed and the step."""
     tok, items, _ = setup
-    view = relabeled_view(items[0], FMT, tok, RelabelConfig(scheme="random"), 7)
-    assert set(view.tools).isdisjoint({"function_01", "function_02"})
-    assert [d.taken for d in view.decisions] == [view.tools[0], view.tools[1]]
-    assert view.tools == relabeled_view(items[0], FMT, tok, RelabelConfig(scheme="random"), 7).tools
+    view = student_view(items, tok)
+    assert [r.rows for r in view[:2]] == [tuple(range(len(items[0].student.decisions))),
+                                         tuple(range(len(items[0].student.decisions),
+                                                     len(items[0].student.decisions)
+                                                     + len(items[1].student.decisions)))]
+    relabeling = Relabeling(RelabelConfig(scheme="random"), 7)
+    copies = relabeled(view, FMT, relabeling, 0)
+    assert copies.kept == list(range(len(items))) and copies.failures == 0
+    query = copies.queries[0]
+    assert set(query.tools).isdisjoint({"function_01", "function_02"})
+    rename = dict(zip(items[0].student.tools, query.tools, strict=True))
+    assert [d.taken for d in query.decisions] == [rename.get(d.taken) for d in items[0].student.decisions]
+    assert relabeled(view, FMT, relabeling, 0) == copies and relabeled(view, FMT, relabeling, 1) != copies
+    exact = render_conversation(rename_example(items[0].student_example, rename)[0], FMT, tok)
+    assert (query.prompt, query.response, query.decisions) == (exact.prompt, exact.response, exact.decisions)

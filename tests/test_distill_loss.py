@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from cipr.distill.loss import action_kl, combine, token_kl
+from cipr.distill.loss import action_kl, token_kl
 from cipr.method.consistency import kl_rows
 
 
@@ -66,14 +66,3 @@ def test_action_kl_teacher_gets_no_gradient_and_shapes_are_checked():
         action_kl(p_t, p_s, torch.tensor([0]))
     with pytest.raises(ValueError, match="one shape"):
         token_kl(torch.zeros(2, 3), torch.zeros(2, 4))
-
-
-def test_combine_weights_terms_and_reports_all_metrics():
-    a = torch.tensor(2.0, requires_grad=True)
-    b = torch.tensor(3.0, requires_grad=True)
-    total, m = combine({"token": (a, {"x": 1.0}), "rescore": (b, {"y": 2.0})}, {"token": 0.5, "rescore": 0.0})
-    assert total.item() == 1.0 and m == {"x": 1.0, "y": 2.0, "distill/loss": 1.0}
-    total.backward()
-    assert a.grad.item() == 0.5 and b.grad is None
-    with pytest.raises(ValueError, match="not computed"):
-        combine({"token": (a, {})}, {"action": 1.0})

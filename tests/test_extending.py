@@ -1,10 +1,13 @@
-"""The recipes of docs/extending.md, run as written: a perturbation type and a benchmark from a user's own
-files (the consistency term's recipe is tests/test_objective.py's user file). The code blocks are read from
-the document itself (`support.recipes`), so a recipe that stops working fails here."""
+"""The recipes of docs/extending.md, run as written: a perturbation type (evaluated, and trained on as the
+training perturbation) and a benchmark from a user's own files (the consistency term, gate and context
+recipes are tests/test_objective.py's user files). The code blocks are read from the document itself
+(`support.recipes`), so a recipe that stops working fails here."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -60,12 +63,63 @@ def test_a_perturbation_type_from_a_users_file_is_evaluated(user_dir, tmp_path):
         PERTURBATIONS.pop("reverse_tools", None)
 
 
+@pytest.mark.integration
+def test_a_training_perturbation_from_a_users_file_trains(user_dir, tmp_path):
+    """`my_perturb.py` as written, named by `perturb.preset` and imported by `plugins=`: each canonical
+    example's copy is the registered type's (the tools in reverse order, classes following them), trained on
+    through cipr-train; a preset that is neither built in nor registered is one line, exit 2."""
+    from support.tiny_models import save_tiny, tiny_tokenizer
+
+    from cipr.formats import get_format
+    from cipr.perturb import PERTURBATIONS
+    from cipr.perturb.config import PerturbConfig, resolved
+    from cipr.train.data import DataConfig, build_prompts, load_examples
+
+    (user_dir / "my_perturb.py").write_text(recipe("my_perturb.py"))
+    model = save_tiny(tmp_path / "tiny")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(user_dir), os.environ.get("PYTHONPATH", "")]),
+           "HF_HUB_OFFLINE": "1"}
+    common = [f"model.name_or_path={model}", "model=tiny", "model.call_format=compact",
+              "algo=multi_interface", "algo.regime=supervised", "data.n=10", "data.eval_examples=2",
+              "data.tools_per_example=[2,3]",
+              "trainer.max_steps=2", "trainer.save_steps=2", "trainer.per_device_train_batch_size=2",
+              "trainer.warm_start.steps=0", "trainer.warm_start.eval_examples=0",
+              "trainer.gradient_checkpointing=false", "logging.progress_bar=false", "plugins=[my_perturb]"]
+    train = [sys.executable, "-m", "cipr.cli.train", *common]
+    try:
+        proc = subprocess.run([*train, "perturb.preset=reverse_tools", f"trainer.run_dir={tmp_path / 'run'}"],
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+        assert summary["stages"]["supervised"] and summary["final"]["supervised"]["step"] == 2
+        config = json.loads((tmp_path / "run" / "config.json").read_text())
+        assert config["perturb"]["preset"] == "reverse_tools" and config["plugins"] == ["my_perturb"]
+        import my_perturb  # noqa: F401 - registers reverse_tools here, as plugins= did in the run
+
+        data = DataConfig(n=10, eval_examples=2, tools_per_example=(2, 3))
+        perturb = resolved(PerturbConfig(preset="reverse_tools"), "multi_interface")
+        records = build_prompts(load_examples(data), data, perturb, fmt=get_format("compact"),
+                                tokenizer=tiny_tokenizer()).records
+        for canonical, copy in zip(records[::2], records[1::2], strict=True):
+            assert copy.side == "perturbed" and copy.tools == tuple(reversed(canonical.tools))
+            assert copy.classes == tuple(reversed(range(len(canonical.tools))))
+        bad = subprocess.run([*train, "perturb.preset=no_such_type", f"trainer.run_dir={tmp_path / 'bad'}"],
+                             env=env, capture_output=True, text=True, timeout=300)
+        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+        assert "perturb.preset='no_such_type'" in bad.stderr
+    finally:
+        PERTURBATIONS.pop("reverse_tools", None)
+
+
 def test_a_bad_plugin_is_one_line(tmp_path):
     from cipr.core.config import ConfigError
     from cipr.eval.config import EvalConfig
+    from cipr.train.config import compose_train
 
     with pytest.raises(ConfigError, match=r"plugins: cannot import 'no_such_plugin_cipr'"):
         EvalConfig(plugins=["no_such_plugin_cipr"])
+    with pytest.raises(ConfigError, match=r"plugins: cannot import 'no_such_plugin_cipr'"):
+        compose_train(["plugins=[no_such_plugin_cipr]"])
 
 
 def test_a_benchmark_from_a_users_converter_is_evaluated(user_dir, tmp_path):

@@ -18,19 +18,21 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from support.recipes import recipe
+from support.reference_kl import rescoring_kl, rollout_kl
 
 from cipr.core.config import ConfigError
-from cipr.method.consistency import kl_rows, mean_kl, renormalized, rescoring_kl, rollout_kl
+from cipr.method.consistency import kl_rows, mean_kl, renormalized
 from cipr.method.objective import (
     Objective,
     Pairs,
     TermConfig,
-    relabel_seed,
     rescore_pairs,
     resolve_terms,
     rollout_pairs,
+    weighted_sum,
 )
 from cipr.method.pairing import rollout_index
+from cipr.method.relabel import relabel_seed
 
 BAD = '''
 import torch
@@ -55,6 +57,27 @@ def text_metrics(p_ref, p_other, segments):
 NOT_CALLABLE = 3
 '''
 
+BAD_GATES = '''
+
+
+def a_float_mask(pairs):
+    return pairs.p_ref.max(dim=-1).values
+
+
+def out_of_range(pairs):
+    import torch
+
+    return torch.tensor([0, 7])
+
+
+def short_mask(pairs):
+    return pairs.segments[:1] >= 0
+
+
+def nothing(pairs):
+    return pairs.segments < 0
+'''
+
 
 @pytest.fixture(scope="module")
 def user_dir(tmp_path_factory) -> Path:
@@ -62,13 +85,16 @@ def user_dir(tmp_path_factory) -> Path:
     as written, then functions that break the contract."""
     folder = tmp_path_factory.mktemp("user")
     (folder / "my_terms.py").write_text(recipe("my_terms.py") + textwrap.dedent(BAD))
+    (folder / "my_gates.py").write_text(recipe("my_gates.py") + textwrap.dedent(BAD_GATES))
+    (folder / "my_context_terms.py").write_text(recipe("my_context_terms.py"))
     return folder
 
 
 @pytest.fixture
 def on_path(user_dir, monkeypatch) -> Path:
     monkeypatch.syspath_prepend(str(user_dir))
-    sys.modules.pop("my_terms", None)
+    for name in ("my_terms", "my_gates", "my_context_terms"):
+        sys.modules.pop(name, None)
     return user_dir
 
 
@@ -126,13 +152,13 @@ def test_the_rollout_pairs_give_rollout_kl_bit_for_bit():
     sides = ["canonical", "canonical", "perturbed", "perturbed"] * 2
     sequence = [0, 0, 1, 2, 3, 3, 4, 5, 6, 7, 7]
     probs = renormalized(torch.softmax(torch.randn(len(sequence), 4, dtype=torch.float64), -1))  # as read
-    index, _ = rollout_index(pair_ids, sides, [True] * 8, sequence)
+    index, _ = rollout_index(pair_ids, sides, sequence, [0] * len(sequence))
     c, p = index.canonical, index.perturbed
-    pairs = rollout_pairs(probs[c.decisions], c.segments, c.groups, probs[p.decisions], p.segments, p.groups,
-                          torch.arange(2))
+    pairs = rollout_pairs(probs[c.decisions], c.units, c.unit_groups, probs[p.decisions], p.units,
+                          p.unit_groups, index.group_pairs)
     value, _ = Objective.builtin(rollout=1.0)(probs, rollout=pairs)
-    single, _ = rollout_kl(probs[c.decisions], c.segments, probs[p.decisions], p.segments,
-                           canon_groups=c.groups, pert_groups=p.groups)
+    single, _ = rollout_kl(probs[c.decisions], c.units, probs[p.decisions], p.units,
+                           canon_groups=c.unit_groups, pert_groups=p.unit_groups)
     assert torch.equal(value, single)
 
 
@@ -151,6 +177,17 @@ def test_weights_sum_zero_weights_are_logged_only_and_the_reference_is_detached(
     free, _ = Objective.builtin(rescore=1.0, detach_reference=False)(p_other, rescore=pairs)
     free.backward()
     assert logits.grad is not None and logits.grad.abs().sum() > 0
+
+
+def test_weighted_sum_leaves_zero_weights_out_and_keeps_the_graph_when_empty():
+    a = torch.tensor(2.0, requires_grad=True)
+    b = torch.tensor(5.0, requires_grad=True)
+    total = weighted_sum([(0.5, a), (0.0, b), (3.0, b)], a)
+    assert total.item() == 16.0
+    total.backward()
+    assert a.grad.item() == 0.5 and b.grad.item() == 3.0
+    none = weighted_sum([(0.0, a)], b)
+    assert none.item() == 0.0 and none.requires_grad
 
 
 # -- terms from the user's file: the checks ------------------------------------------------------------------
@@ -179,6 +216,38 @@ def test_a_users_term_resolves_and_computes_like_written(on_path):
 def test_a_bad_users_term_is_one_clear_error(on_path, fn, message):
     with pytest.raises(ConfigError, match=message):
         resolve_terms({"js": TermConfig(1.0, fn)})
+
+
+def test_a_users_gate_chooses_the_rows_a_term_compares(on_path):
+    """`algo.terms.NAME.pairs`: the term sees the rows the gate keeps (mask or indices), the targets filled
+    with -1 where unknown; with none kept it adds 0 and is not called."""
+    (gated,) = resolve_terms({"rescore": TermConfig(1.0, pairs="my_gates:correct")})
+    (plain,) = resolve_terms({"rescore": TermConfig(1.0)})
+    p = T([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1], [0.3, 0.3, 0.4], [0.2, 0.5, 0.3]])
+    q = T([[0.5, 0.3, 0.2], [0.3, 0.4, 0.3], [0.2, 0.2, 0.6], [0.6, 0.2, 0.2]]).requires_grad_(True)
+    segments, targets = torch.tensor([0, 0, 1, 1]), torch.tensor([0, 0, -1, 1])  # row 1: canonical side wrong
+    pairs = Pairs(p, q, segments, {}, targets)
+    value, metrics = Objective([gated])(q, rescore=pairs)
+    rows = torch.tensor([0, 2, 3])
+    expected, _ = mean_kl(p[rows], q[rows], segments[rows])
+    assert torch.equal(value, expected) and metrics["consistency/rescore/rows_kept"] == 3.0
+    assert metrics["consistency/rescore/rows"] == 3.0
+    assert Objective([plain])(q, rescore=pairs)[1]["consistency/rescore/rows"] == 4.0
+    (confident,) = resolve_terms({"rescore": TermConfig(1.0, pairs="my_gates:confident")})
+    value, metrics = Objective([confident])(q, rescore=Pairs(p, q, segments))  # targets unknown: filled
+    assert metrics["consistency/rescore/rows_kept"] == 3.0  # row 2 is not confident
+    nothing = Pairs(p * 0 + 1 / 3, q, segments)
+    value, metrics = Objective([confident])(q, rescore=nothing)
+    assert value.item() == 0.0 and value.requires_grad and metrics["consistency/rescore/rows_kept"] == 0.0
+    with pytest.raises(ConfigError, match=r"algo.terms.rescore.pairs=my_gates:a_float_mask: the function "
+                                          r"must take the term's Pairs and return the rows"):
+        resolve_terms({"rescore": TermConfig(1.0, pairs="my_gates:a_float_mask")})
+    with pytest.raises(ConfigError, match=r"row indices must be in \[0, 3\)"):
+        resolve_terms({"rescore": TermConfig(1.0, pairs="my_gates:out_of_range")})
+    with pytest.raises(ConfigError, match=r"one entry per row \(3\), got 1"):
+        resolve_terms({"rescore": TermConfig(1.0, pairs="my_gates:short_mask")})
+    with pytest.raises(ConfigError, match=r"algo.terms.rescore.pairs='nowhere_cipr_test:g': cannot import"):
+        resolve_terms({"rescore": TermConfig(1.0, pairs="nowhere_cipr_test:g")})
 
 
 def test_a_sweep_over_a_known_term_key_replaces_the_sweep_files_values():
@@ -327,19 +396,15 @@ def test_a_users_term_trains_the_supervised_regime_from_the_command_line(warm_di
     assert "algo.terms.js.fn=my_terms:returns_a_float" in bad.stderr
 
 
-def test_a_users_term_trains_single_turn_grpo(warm_dir, on_path, tmp_path, monkeypatch):
+def test_a_users_term_trains_single_turn_grpo(warm_dir, on_path, tmp_path):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     from cipr.core.config import TRAIN_CONFIG_DIR
     from cipr.train.config import term_overrides
-    from cipr.train.grpo import CIPRGRPOTrainer
-    from cipr.train.replay import replay_single_turn
+    from cipr.train.replay import replay_rollouts
     from cipr.train.run import config_from_dict, run
 
-    generate = replay_single_turn()
-
-    monkeypatch.setattr(CIPRGRPOTrainer, "_generate_single_turn", generate)
     runs = {}
     for name, extra in (("with", ["algo.terms.js.fn=my_terms:js_divergence", "algo.terms.js.weight=2.0"]),
                         ("without", [])):
@@ -347,11 +412,97 @@ def test_a_users_term_trains_single_turn_grpo(warm_dir, on_path, tmp_path, monke
         with initialize_config_dir(config_dir=str(TRAIN_CONFIG_DIR), version_base="1.3"):
             composed = OmegaConf.to_container(compose("train", overrides=argv), resolve=True)
         torch.manual_seed(0)
-        runs[name] = run(config_from_dict(composed))
+        runs[name] = run(config_from_dict(composed), rollout_source=replay_rollouts())
     lines = _steps(runs["with"])
     assert len(lines) == 2 and all(r["consistency/js/js"] > 0 for r in lines)
     assert all(r["consistency/rescore/decisions"] > 0 for r in lines)  # the rescoring pairs the term saw
     assert _moved(runs["with"], runs["without"], "grpo")
+
+
+def _gated(overrides: list[str], weight: float) -> list[str]:
+    """`overrides` with the built-in rescoring term on at `weight` (the user-term runs turn it off)."""
+    return [o for o in overrides if not o.startswith("algo.terms.rescore.weight=")] + \
+        [f"algo.terms.rescore.weight={weight}"]
+
+
+def _user_env(user_dir: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(user_dir), os.environ.get("PYTHONPATH", "")]),
+            "HF_HUB_OFFLINE": "1"}
+
+
+@pytest.mark.integration
+def test_a_users_gate_trains_the_supervised_regime_from_the_command_line(warm_dir, user_dir, tmp_path):
+    """docs/extending.md's `my_gates.py` as written, through `cipr-train`: the rescoring term compares only
+    the decisions the canonical side gets right, and a gate that returns no rows is one line, exit 2."""
+    runs = {}
+    for name, extra in (("gated", ["algo.terms.rescore.pairs=my_gates:correct"]), ("all", [])):
+        runs[name] = tmp_path / name
+        proc = subprocess.run([sys.executable, "-m", "cipr.cli.train",
+                               *_gated(_overrides(warm_dir, runs[name], "supervised"), 2.0), *extra],
+                              env=_user_env(user_dir), capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    gated, everything = _steps(runs["gated"]), _steps(runs["all"])
+    assert len(gated) == 2 and all("consistency/rescore/rows_kept" not in r for r in everything)
+    for r in gated:  # the term saw the kept rows only, of all the pairs' decisions
+        assert r["consistency/rescore/rows"] == r["consistency/rescore/rows_kept"]
+        assert r["consistency/rescore/rows_kept"] <= r["consistency/rescore/decisions"]
+    assert any(r["consistency/rescore/rows_kept"] < r["consistency/rescore/decisions"] for r in gated)
+    assert _moved(runs["gated"], runs["all"], "supervised")  # the gate changed the update
+    bad = subprocess.run([sys.executable, "-m", "cipr.cli.train",
+                          *_gated(_overrides(warm_dir, tmp_path / "bad", "supervised"), 1.0),
+                          "algo.terms.rescore.pairs=my_gates:a_float_mask"], env=_user_env(user_dir),
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert "algo.terms.rescore.pairs=my_gates:a_float_mask" in bad.stderr
+
+
+def _train_in_process(overrides: list[str], rollouts: bool) -> Path:
+    """`cipr-train overrides` in this process (composed as its command line is), rollouts replayed."""
+    from cipr.train.config import compose_train
+    from cipr.train.replay import replay_rollouts
+    from cipr.train.run import run
+
+    torch.manual_seed(0)
+    return run(compose_train(overrides), rollout_source=replay_rollouts() if rollouts else None)
+
+
+@pytest.mark.integration
+def test_a_users_gate_trains_single_turn_grpo(warm_dir, on_path, tmp_path):
+    """`my_gates:confident` on GRPO's rescoring term (the warm model is confident at every decision of these
+    rollouts, so it keeps them all and trains); a gate that keeps no row trains as the term at weight 0."""
+    runs = {name: _train_in_process(_gated(_overrides(warm_dir, tmp_path / name, "rl"), weight) + extra,
+                                    rollouts=True)
+            for name, weight, extra in (("confident", 2.0, ["algo.terms.rescore.pairs=my_gates:confident"]),
+                                        ("nothing", 2.0, ["algo.terms.rescore.pairs=my_gates:nothing"]),
+                                        ("off", 0.0, []))}
+    lines = _steps(runs["confident"])
+    assert len(lines) == 2
+    for r in lines:
+        assert 0 < r["consistency/rescore/rows_kept"] <= r["consistency/rescore/decisions"]
+        assert r["consistency/rescore/rows"] == r["consistency/rescore/rows_kept"]
+    assert _moved(runs["confident"], runs["off"], "grpo")  # the kept rows trained
+    assert all(r["consistency/rescore/rows_kept"] == 0 == r["consistency/rescore/value"]
+               for r in _steps(runs["nothing"]))
+    assert not _moved(runs["nothing"], runs["off"], "grpo")  # no row kept: nothing added to the update
+
+
+@pytest.mark.integration
+def test_the_context_recipes_train_with_the_step_and_the_reference_actions(warm_dir, on_path, tmp_path):
+    """docs/extending.md's `my_context_terms.py` as written, in the supervised regime: the schedule gets each
+    step and the stage's steps (warm-up over the whole run: 1/2, then 1), the correctness gate the reference
+    actions (the share it keeps is the share `my_gates:correct` keeps of the same pairs)."""
+    overrides = _gated(_overrides(warm_dir, tmp_path / "context", "supervised"), 0.0) + [
+        "algo.terms.rescore.pairs=my_gates:correct",
+        "algo.terms.ramp.fn=my_context_terms:ramped_kl", "algo.terms.ramp.weight=1",
+        "algo.terms.ramp.options.warmup=1.0",
+        "algo.terms.gate.fn=my_context_terms:gated_kl", "algo.terms.gate.weight=1"]
+    lines = _steps(_train_in_process(overrides, rollouts=False))
+    assert [r["consistency/ramp/scale"] for r in lines] == [0.5, 1.0]
+    for r in lines:
+        ramp = r["consistency/ramp/scale"] * r["consistency/ramp/kl"]
+        assert r["consistency/ramp/value"] == pytest.approx(ramp)
+        kept = r["consistency/gate/kept"] * r["consistency/rescore/decisions"]
+        assert kept == pytest.approx(r["consistency/rescore/rows_kept"])
 
 
 def _recording_term(log: list):

@@ -1,5 +1,5 @@
-"""Relabeling (x, y) -> (x̃, ỹ): fresh names everywhere, decisions in correspondence, rescoring KL end to
-end."""
+"""Relabeling (x, y) -> (x̃, ỹ) (`cipr.method.relabel`, every engine's one relabeler): fresh names
+everywhere, decisions in correspondence turn by turn, the seed's one rule, rescoring KL end to end."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.reference_kl import rescoring_kl
 
 from cipr.formats import get_format
 from cipr.method.actions import ActionQuery, read_actions
-from cipr.method.consistency import rescoring_kl
-from cipr.method.relabel import RelabelConfig, relabel
+from cipr.method.relabel import RelabelConfig, Relabeling, relabel, relabel_seed
 from cipr.tools.interface import Call, Interface, Message, Tool
 
 NAMES = [f"function_{i:02d}" for i in range(1, 9)]
@@ -40,19 +40,19 @@ def test_fresh_names_everywhere_and_decisions_correspond(tiny_tokenizer, fmt_nam
     if fmt_name in ("toolrl", "hermes"):
         calls.append(Call("function_07", {"arg_01": "b"}))
     prompt, response = _pair(tiny_tokenizer, fmt_name, calls)
-    r = relabel(prompt, response, NAMES, get_format(fmt_name), RelabelConfig(scheme=scheme, seed=3))
+    r = relabel(prompt, response, NAMES, get_format(fmt_name), RelabelConfig(scheme=scheme), seed=3)
     assert len(set(r.tools)) == len(NAMES) and \
         all(new != old for new, old in zip(r.tools, NAMES, strict=True))
-    assert r.mapping == dict(zip(NAMES, r.tools, strict=True)) and r.classes == tuple(range(len(NAMES)))
+    assert r.mapping == dict(zip(NAMES, r.tools, strict=True))
     prefix = {"function": "function_", "tool": "tool_", "random": "fn_"}[scheme]
     assert all(t.startswith(prefix) for t in r.tools)
     # every old name that is not also a new name is gone; every tool's new name appears in the prompt
     gone = set(NAMES) - set(r.tools)
     assert not (gone & _words(r.prompt)) and not (gone & _words(r.response))
     assert all(t in _words(r.prompt) for t in r.tools)
-    assert [d.taken for d in r.relabeled_decisions] == [r.mapping[c.name] for c in calls] + (
+    assert [d.taken for d in r.decisions] == [r.mapping[c.name] for c in calls] + (
         [None] if fmt_name in ("toolrl", "hermes") else [])
-    assert len(r.decisions) == len(r.relabeled_decisions)
+    assert len(get_format(fmt_name).decisions(response)) == len(r.decisions)
     # "arg_01" and the rest of the text are untouched: undo the renaming and get the original back
     back = {v: k for k, v in r.mapping.items()}
     pattern = re.compile(r"\b(" + "|".join(map(re.escape, back)) + r")\b")
@@ -68,12 +68,19 @@ def test_seeded_and_avoids_words_in_the_text(tiny_tokenizer):
     assert relabel(prompt, response, NAMES, fmt, seed=2).tools != a.tools
     # a small pool with every free name but eight taken by words in the text: the eight must be used
     taken = " ".join(f"tool_{k:02d}" for k in range(9, 13))
-    r = relabel(prompt + taken, response, NAMES, fmt, RelabelConfig(scheme="tool", pool=12))
+    r = relabel(prompt + taken, response, NAMES, fmt, RelabelConfig(scheme="tool", pool=12), seed=0)
     assert set(r.tools) == {f"tool_{k:02d}" for k in range(1, 9)}
     with pytest.raises(ValueError, match="pool"):
-        relabel(prompt, response, NAMES, fmt, RelabelConfig(scheme="tool", pool=5))
+        relabel(prompt, response, NAMES, fmt, RelabelConfig(scheme="tool", pool=5), seed=0)
     with pytest.raises(ValueError, match="repeat"):
-        relabel(prompt, response, ["function_01", "function_01"], fmt)
+        relabel(prompt, response, ["function_01", "function_01"], fmt, seed=0)
+
+
+def test_the_run_seed_is_resolved_once():
+    """`perturb.relabel.seed` when set, else the run's seed; each draw's seed is `relabel_seed` of it."""
+    assert Relabeling.of(RelabelConfig(), 5).seed == 5 and Relabeling.of(None, 5).seed == 5
+    assert Relabeling.of(RelabelConfig(seed=9), 5).seed == 9
+    assert Relabeling.of(RelabelConfig(seed=9), 5).seed_for(3, "ex", 1) == relabel_seed(9, 3, "ex", 1)
 
 
 @pytest.mark.parametrize("fmt_name", ["toolrl", "hermes"])
@@ -90,7 +97,7 @@ def test_names_in_rendered_descriptions_are_relabeled(tiny_tokenizer, fmt_name):
     flights, book = r.tools
     assert f"Book a flight found by {flights}; arg_01 is its id." in r.prompt
     assert f"An id from {flights}." in r.prompt and "function_01" not in _words(r.prompt) - {flights, book}
-    assert [d.taken for d in r.relabeled_decisions] == [book, None]  # the call, then the end of the turn
+    assert [d.taken for d in r.decisions] == [book, None]  # the call, then the end of the turn
 
 
 def test_broken_correspondence_raises(tiny_tokenizer):
@@ -102,8 +109,8 @@ def test_broken_correspondence_raises(tiny_tokenizer):
         def decisions(self, text):
             return super().decisions(text) if "function_01" in text else super().decisions(text)[:1]
 
-    with pytest.raises(ValueError, match="changed the decisions"):
-        relabel(prompt, response, NAMES, Shifty())
+    with pytest.raises(ValueError, match="changed turn 0's decisions"):
+        relabel(prompt, response, NAMES, Shifty(), seed=0)
 
 
 @settings(max_examples=25, deadline=None)
@@ -115,8 +122,8 @@ def test_property_decisions_correspond(called, seed):
         or tiny_tokenizer()
     prompt, response = _pair(tok, "toolrl", [Call(n, {"arg_01": n}) for n in called])
     r = relabel(prompt, response, NAMES, get_format("toolrl"), seed=seed)
-    assert [d.taken for d in r.relabeled_decisions] == [r.mapping.get(d.taken) if d.taken else None
-                                                         for d in r.decisions]
+    assert [d.taken for d in r.decisions] == [r.mapping.get(d.taken) if d.taken else None
+                                              for d in get_format("toolrl").decisions(response)]
     # argument values equal to old names are renamed too (whole-word rule), consistently with the calls
     parsed = get_format("toolrl").parse(r.response)
     assert [c.name for c in parsed.calls] == [r.mapping[n] for n in called]
@@ -129,8 +136,8 @@ def test_rescoring_kl_end_to_end(tiny_tokenizer, tiny_model):
     response = fmt.render_target([Call("function_02", {"arg_01": "a"}), Call("function_05", {"arg_01": "b"})],
                                  think="go")
     r = relabel(prompt, response, NAMES, fmt, seed=0)
-    canon = ActionQuery.from_format(fmt, prompt, response, NAMES, r.classes)
-    relab = ActionQuery.from_format(fmt, r.prompt, r.response, r.tools, r.classes)
+    canon = ActionQuery.from_format(fmt, prompt, response, NAMES)
+    relab = ActionQuery.from_format(fmt, r.prompt, r.response, r.tools)
     # teach the canonical side its own decisions through the reader (differentiable), so calls carry mass
     model = copy.deepcopy(tiny_model)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)

@@ -22,7 +22,7 @@ from cipr.core.config import from_dict
 from cipr.core.errors import Preempted
 from cipr.ops.preemption import PreemptionCallback
 from cipr.train.grpo import CIPRGRPOTrainer
-from cipr.train.replay import replay_single_turn
+from cipr.train.replay import replay_rollouts
 from cipr.train.run import TrainConfig, run
 
 G = 2
@@ -43,11 +43,6 @@ def config(tiny_dir: Path, run_dir: Path, algo: str, **trainer: Any) -> TrainCon
         "trainer": t,
         "logging": {"progress_bar": False},
     })
-
-
-@pytest.fixture
-def replayed(monkeypatch):
-    monkeypatch.setattr(CIPRGRPOTrainer, "_generate_single_turn", replay_single_turn())
 
 
 def stop_at_last_step(monkeypatch, stage: str) -> None:
@@ -105,10 +100,10 @@ def stopped_then_rerun(cfg: TrainConfig, monkeypatch, stage: str) -> Path:
     with monkeypatch.context() as patch:
         stop_at_last_step(patch, stage)
         with pytest.raises(Preempted, match=f"SIGTERM received: {stage} saved at step"):
-            run(cfg)
+            run(cfg, rollout_source=replay_rollouts())
     assert not (run_dir / stage / "stage.json").exists() and not (run_dir / "summary.json").exists()
     assert signal.getsignal(signal.SIGTERM) is handler  # the run gave the handler back
-    return run(cfg)
+    return run(cfg, rollout_source=replay_rollouts())
 
 
 def test_sft_stopped_at_its_last_step_trains_no_extra_step_when_rerun(tiny_dir, tmp_path, monkeypatch):
@@ -123,15 +118,13 @@ def test_sft_stopped_at_its_last_step_trains_no_extra_step_when_rerun(tiny_dir, 
 @pytest.fixture(scope="module")
 def grpo_full(tiny_dir, tmp_path_factory):
     """The uninterrupted warm start (1 step) + GRPO (2 steps) run the stopped ones are compared with."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(CIPRGRPOTrainer, "_generate_single_turn", replay_single_turn())
-        return run(config(tiny_dir, tmp_path_factory.mktemp("grpo") / "full", "grpo",
-                          warm_start={"steps": 1}))
+    return run(config(tiny_dir, tmp_path_factory.mktemp("grpo") / "full", "grpo", warm_start={"steps": 1}),
+               rollout_source=replay_rollouts())
 
 
 @pytest.mark.parametrize("stage", ["warm_start", "grpo"])
 def test_grpo_run_stopped_at_a_stage_last_step_finishes_it_and_goes_on(grpo_full, tiny_dir, tmp_path,
-                                                                       replayed, monkeypatch, stage):
+                                                                       monkeypatch, stage):
     """The reported case (GRPO stopped at step 2 of 2 trained a step 3 when rerun), and a warm start stopped
     at its last step: recorded finished with its own steps by the rerun, which goes on to GRPO."""
     cut = stopped_then_rerun(config(tiny_dir, tmp_path / "cut", "grpo", warm_start={"steps": 1}), monkeypatch,

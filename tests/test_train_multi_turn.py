@@ -16,16 +16,18 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from support.episode_replay import EpisodeReplay, expert_choice, expert_script
+from support.reference_kl import rescoring_kl
 
 from cipr.core.config import ConfigError, from_dict
 from cipr.envs.base import no_such_tool, unavailable
 from cipr.formats import get_format
-from cipr.method.consistency import kl_rows, rescoring_kl
+from cipr.method.consistency import kl_rows
 from cipr.method.objective import Objective, rollout_pairs
+from cipr.method.pairing import SideIndex, rollout_index
+from cipr.method.relabel import relabel
 from cipr.perturb.config import PerturbConfig, resolved
 from cipr.tools.interface import Call, Message
 from cipr.train.data import DataConfig
-from cipr.train.episode_terms import TurnSide, relabel_episode, turn_index
 from cipr.train.episodes import (
     EpisodeOptions,
     EpisodeRenderError,
@@ -59,9 +61,10 @@ def test_turn_rollout_kl_weighs_each_pairs_turns_then_pairs():
     # canonical side: pair 0 turn 0 (episode 0: two decisions a, b; episode 1: one decision c), pair 0 turn 1
     # (episode 0: a), pair 1 turn 0 (episode 2: b)
     p_canon = _probs([a, b, c, a, b])
-    canon = TurnSide(torch.tensor([0, 0, 1, 2, 3]), torch.tensor([0, 0, 1, 2, 3]), torch.tensor([0, 0, 1, 2]))
+    canon = SideIndex(torch.tensor([0, 0, 1, 2, 3]), torch.tensor([0, 0, 1, 2, 3]),
+                      torch.tensor([0, 0, 1, 2]))
     p_pert = _probs([c, b, c, a])
-    pert = TurnSide(torch.tensor([0, 1, 2, 3]), torch.tensor([0, 1, 2, 3]), torch.tensor([0, 1, 1, 2]))
+    pert = SideIndex(torch.tensor([0, 1, 2, 3]), torch.tensor([0, 1, 2, 3]), torch.tensor([0, 1, 1, 2]))
     value, metrics = turn_rollout_kl(p_canon, canon, p_pert, pert, torch.tensor([0, 0, 1]), eps=0.0)
     def t(x):
         return torch.tensor(x, dtype=torch.float64)
@@ -87,7 +90,7 @@ def test_turn_rollout_kl_equals_a_loop_over_pairs_and_turns():
                 sequence.append(b)
                 turns.append(k)
     probs = torch.softmax(torch.randn(len(sequence), 4, dtype=torch.float64), -1)
-    index, _ = turn_index(pairs, sides, sequence, turns)
+    index, _ = rollout_index(pairs, sides, sequence, turns)
     canon, pert = index.canonical, index.perturbed
     value, _ = turn_rollout_kl(probs[canon.decisions], canon, probs[pert.decisions], pert, index.group_pairs)
     per_pair = []
@@ -111,14 +114,14 @@ def test_turn_rollout_kl_equals_a_loop_over_pairs_and_turns():
 def test_turn_index_skips_turns_and_pairs_one_side_did_not_reach():
     # pair 7: canonical reaches turns 0 and 1, perturbed turn 0 only; pair 9: canonical only
     pairs, sides = [7, 7, 9], ["canonical", "perturbed", "canonical"]
-    index, metrics = turn_index(pairs, sides, sequence=[0, 0, 1, 2], turns=[0, 1, 0, 0])
+    index, metrics = rollout_index(pairs, sides, sequence=[0, 0, 1, 2], turns=[0, 1, 0, 0])
     assert metrics == {"pairs_skipped": 1.0, "turns_skipped": 2.0}
     assert index.canonical.decisions.tolist() == [0] and index.perturbed.decisions.tolist() == [2]
     assert index.group_pairs.tolist() == [0] and index.group_turns.tolist() == [0]
-    assert turn_index([1, 1], ["canonical", "perturbed"], [0], [0]) == (None, {"pairs_skipped": 1.0,
+    assert rollout_index([1, 1], ["canonical", "perturbed"], [0], [0]) == (None, {"pairs_skipped": 1.0,
                                                                                "turns_skipped": 1.0})
     with pytest.raises(ValueError, match="one entry per decision"):
-        turn_index([1], ["canonical"], [0, 0], [0])
+        rollout_index([1], ["canonical"], [0, 0], [0])
 
 
 def test_rescoring_weighs_every_episode_once_whatever_its_decisions():
@@ -130,7 +133,7 @@ def test_rescoring_weighs_every_episode_once_whatever_its_decisions():
     assert value.item() == pytest.approx(float((per[0] + per[1:].mean()) / 2))
 
 
-def test_relabel_episode_renames_every_turn_and_keeps_each_decision():
+def test_relabeling_an_episode_renames_every_turn_and_keeps_each_decision():
     fmt = get_format("hermes")
     turn0 = fmt.render_target([Call("function_02", {"arg_01": "red"})])
     obs = ("<|im_end|>\n<|im_start|>user\n<tool_response>\nfunction_02 listed 3 items\n</tool_response>"
@@ -139,7 +142,7 @@ def test_relabel_episode_renames_every_turn_and_keeps_each_decision():
     response = turn0 + obs + turn1
     spans = [(0, len(turn0)), (len(turn0) + len(obs), len(response))]
     prompt = "tools: function_01, function_02"
-    rel = relabel_episode(prompt, response, spans, ["function_01", "function_02"], fmt, seed=3)
+    rel = relabel(prompt, response, ["function_01", "function_02"], fmt, seed=3, spans=spans)
     assert "function_01" not in rel.response.replace(rel.tools[0], "") or rel.tools[0] == "function_01"
     assert all(name in rel.prompt for name in rel.tools) and all(name in rel.response for name in rel.tools)
     old = [d for s, e in spans for d in fmt.decisions(response[s:e])]
@@ -151,7 +154,7 @@ def test_relabel_episode_renames_every_turn_and_keeps_each_decision():
         else:  # the end of a turn after its last call (the opener it did not write)
             assert rel.response[:d.start].endswith("</tool_call>")
     with pytest.raises(ValueError, match="not ascending"):
-        relabel_episode(prompt, response, spans[::-1], ["function_01", "function_02"], fmt, seed=3)
+        relabel(prompt, response, ["function_01", "function_02"], fmt, seed=3, spans=spans[::-1])
 
 
 # -- the episode loop ----------------------------------------------------------------------------------------
@@ -383,19 +386,23 @@ def test_config_refuses_what_cannot_mean_what_it_says(tiny_dir, tmp_path):
 SEEN: list[dict[str, Any]] = []
 
 
+class Replayed:
+    """A `rollout_source` replaying ToyShop's expert (75% of turns; the rest another declared tool) in every
+    multi-turn GRPO run it is given to; `replays`: one per trainer."""
+
+    def __init__(self) -> None:
+        self.replays: list[EpisodeReplay] = []
+
+    def __call__(self, trainer: Any) -> Any:
+        replay = EpisodeReplay(trainer.episodes, expert_choice(trainer.episodes))
+        self.replays.append(replay)
+        return lambda prompt_ids: replay.generate(prompt_ids, step=trainer.state.global_step)
+
+
 @pytest.fixture
-def replayed(monkeypatch):
-    """Every multi-turn GRPO run replays ToyShop's expert (75% of turns; the rest another declared tool), and
-    each micro-batch's loss inputs are recorded in SEEN."""
+def replayed(monkeypatch) -> Replayed:
+    """Replayed episodes (`Replayed`), and each micro-batch's loss inputs recorded in SEEN."""
     from cipr.train.grpo import CIPRGRPOTrainer
-
-    replays: list[EpisodeReplay] = []
-
-    def generate(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        if not hasattr(self, "_replay"):
-            self._replay = EpisodeReplay(self.episodes, expert_choice(self.episodes))
-            replays.append(self._replay)
-        return self._replay.generate(prompt_ids, step=self.state.global_step)
 
     original = CIPRGRPOTrainer.compute_loss
 
@@ -404,10 +411,9 @@ def replayed(monkeypatch):
                                             "tool_mask", "cipr_rows")})
         return original(self, model, inputs, *args, **kwargs)
 
-    monkeypatch.setattr(CIPRGRPOTrainer, "_generate_single_turn", generate)
     monkeypatch.setattr(CIPRGRPOTrainer, "compute_loss", spy)
     SEEN.clear()
-    return replays
+    return Replayed()
 
 
 def _steps(run_dir: Path) -> list[dict[str, Any]]:
@@ -419,7 +425,7 @@ def test_one_multi_turn_cipr_step(warm_dir, tmp_path, replayed):
     """One CIPR step on ToyShop episodes: at least two turns per episode, a loss mask that is zero exactly on
     the tokens between turns, the ids the loss scores equal to the ids sampled turn by turn, different
     interfaces within the batch, and both consistency terms over the turns."""
-    run_dir = run(config(warm_dir, tmp_path / "cipr", "cipr"))
+    run_dir = run(config(warm_dir, tmp_path / "cipr", "cipr"), rollout_source=replayed)
     (line,) = _steps(run_dir)
     assert line["turns_per_episode"] >= 2 and "time/env" in line and "frac_reward_zero_std" in line
     assert line["frac_reward_zero_std"] < 1.0 and "episode/success_rate" in line
@@ -427,7 +433,7 @@ def test_one_multi_turn_cipr_step(warm_dir, tmp_path, replayed):
         assert math.isfinite(line[key]), key
     assert line["consistency/rollout/groups"] > line["consistency/rollout/pairs"] >= 1  # several turns a pair
     assert line["consistency/relabel_failures"] == 0
-    (replay,) = replayed
+    (replay,) = replayed.replays
     drawn: dict[tuple[int, int], list[list[int]]] = {}
     for row, m, ids in replay.sampled:
         drawn.setdefault((row, m), []).append(ids)
@@ -452,7 +458,7 @@ def test_grpo_and_masking_take_a_multi_turn_step(warm_dir, tmp_path, replayed):
     """The unpaired algorithms (multi_interface: the next test): original and masked names reach the
     environment as its own."""
     for algo in ("grpo", "masking"):
-        (line,) = _steps(run(config(warm_dir, tmp_path / algo, algo)))
+        (line,) = _steps(run(config(warm_dir, tmp_path / algo, algo), rollout_source=replayed))
         assert line["turns_per_episode"] >= 2 and math.isfinite(line["loss"]), algo
         assert line["episode/undeclared_calls"] == 0 and line["episode/env_errors"] == 0, algo
         assert not any(k.startswith("consistency/") for k in line), algo
@@ -462,9 +468,10 @@ def test_cipr_with_zero_weights_trains_like_multi_interface(warm_dir, tmp_path, 
     """As in the single-turn case (tests/test_train_supervised.py): the folded read gives TRL's loss its token
     log-probabilities, so loss and gradient norm agree to 1e-4 and the weights to a tenth of how far they
     moved."""
-    mi = run(config(warm_dir, tmp_path / "mi", "multi_interface"))
+    mi = run(config(warm_dir, tmp_path / "mi", "multi_interface"), rollout_source=replayed)
     zero = run(config(warm_dir, tmp_path / "zero", "cipr",
-                      algo={"terms": {"rescore": {"weight": 0.0}, "rollout": {"weight": 0.0}}}))
+                      algo={"terms": {"rescore": {"weight": 0.0}, "rollout": {"weight": 0.0}}}),
+               rollout_source=replayed)
     (x,), (y,) = _steps(mi), _steps(zero)
     assert y["loss"] == pytest.approx(x["loss"], rel=1e-4, abs=1e-7)
     assert y["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-4)
@@ -482,7 +489,6 @@ def test_consistency_terms_are_zero_on_identical_pairs_and_not_on_differing_ones
     perturbed side holds the canonical episodes themselves; the rescoring KL of the relabeled episodes > 0."""
     from cipr.method.actions import ActionQuery, read_actions
     from cipr.runtime.model import ModelConfig, load_model
-    from cipr.train.episode_terms import relabel_episode
 
     model, tok = load_model(ModelConfig(name_or_path=str(warm_dir), gguf_package=None, gguf_file=None,
                                         call_format="hermes"))
@@ -500,7 +506,7 @@ def test_consistency_terms_are_zero_on_identical_pairs_and_not_on_differing_ones
         reading = read_actions(model, tok, queries, num_actions)
     seq, turns = reading.sequence.tolist(), [k for e in episodes for k in e.turn_of]
     sides = ["canonical", "canonical", "perturbed", "perturbed"]
-    index, _ = turn_index([0, 0, 0, 0], sides, seq, turns)
+    index, _ = rollout_index([0, 0, 0, 0], sides, seq, turns)
     differing, _ = turn_rollout_kl(reading.probs[index.canonical.decisions].double(), index.canonical,
                                    reading.probs[index.perturbed.decisions].double(), index.perturbed,
                                    index.group_pairs)
@@ -509,13 +515,13 @@ def test_consistency_terms_are_zero_on_identical_pairs_and_not_on_differing_ones
     twice = torch.cat([reading.probs[[d for d, b in enumerate(seq) if b < 2]]] * 2).double()
     seq2 = [b for b in seq if b < 2] + [b + 2 for b in seq if b < 2]
     turns2 = [k for e in episodes[:2] for k in e.turn_of] * 2
-    same_index, _ = turn_index([0, 0, 0, 0], sides, seq2, turns2)
+    same_index, _ = rollout_index([0, 0, 0, 0], sides, seq2, turns2)
     same, _ = turn_rollout_kl(twice[same_index.canonical.decisions], same_index.canonical,
                               twice[same_index.perturbed.decisions], same_index.perturbed,
                               same_index.group_pairs)
     assert same.item() == 0.0 and mirrored == [0, 1, 0, 1]
     e, r = episodes[0], records[0]
-    rel = relabel_episode(r.prompt, e.text, e.turn_spans, r.tools, fmt, seed=1)
+    rel = relabel(r.prompt, e.text, r.tools, fmt, seed=1, spans=e.turn_spans)
     with torch.no_grad():
         relabeled = read_actions(model, tok, [ActionQuery(rel.prompt, rel.response + tok.eos_token,
                                                           rel.decisions, rel.tools, r.classes)], num_actions)

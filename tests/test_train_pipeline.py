@@ -1,7 +1,7 @@
 """Training end to end on the tiny offline model: every algorithm, pairing, consistency, resume, NaN stop.
 
-Rollouts come from `ReplayRollouts` (reference calls, twin/wrong calls, no-call answers, off-format
-text) where a test needs decisions in the rollouts: a random 2-layer model never emits a call.
+Rollouts come from `cipr.train.replay` (reference calls, twin/wrong calls, no-call answers, off-format
+text; `replay_run`) where a test needs decisions in the rollouts: a random 2-layer model never emits a call.
 Prompts use the compact Hermes format so the tiny byte-level tokenizer keeps them short.
 """
 
@@ -18,7 +18,7 @@ import torch
 from cipr.core.config import from_dict
 from cipr.train.checkpoint import NonFiniteLossError, latest_complete
 from cipr.train.grpo import CIPRGRPOTrainer
-from cipr.train.replay import replay_single_turn
+from cipr.train.replay import replay_rollouts
 from cipr.train.run import TrainConfig, run
 
 ALGOS: dict[str, dict[str, Any]] = {
@@ -69,19 +69,21 @@ def make_config(tiny_dir: Path, run_dir: Path, algo: str = "cipr", **trainer: An
     })
 
 
+def replay_run(cfg: TrainConfig) -> Path:
+    """`run` with GRPO's rollouts replayed (`cipr.train.replay.replay_rollouts`)."""
+    return run(cfg, rollout_source=replay_rollouts())
+
+
 @pytest.fixture
 def replayed(monkeypatch):
-    """Make every GRPO trainer draw its rollouts from ReplayRollouts; returns the per-step batches seen."""
+    """The per-step batches every GRPO trainer's loss sees (rows' pair and side)."""
     seen: list[list[tuple[int, str]]] = []
     original = CIPRGRPOTrainer.compute_loss
-
-    generate = replay_single_turn()
 
     def compute_loss(self, model, inputs, *args, **kwargs):
         seen.append([(row.record.pair_id, row.record.side) for row in inputs["cipr_rows"]])
         return original(self, model, inputs, *args, **kwargs)
 
-    monkeypatch.setattr(CIPRGRPOTrainer, "_generate_single_turn", generate)
     monkeypatch.setattr(CIPRGRPOTrainer, "compute_loss", compute_loss)
     return seen
 
@@ -104,7 +106,8 @@ def test_sft_trains_and_saves(sft_run):
 @pytest.mark.parametrize("algo", ["grpo", "multi_interface", "masking", "cipr"])
 def test_two_optimizer_steps_of_every_grpo_algorithm(warm_dir, tmp_path, replayed, algo):
     accumulation = 2 if algo == "cipr" else 1
-    run_dir = run(make_config(warm_dir, tmp_path / algo, algo, gradient_accumulation_steps=accumulation))
+    run_dir = replay_run(make_config(warm_dir, tmp_path / algo, algo,
+                                     gradient_accumulation_steps=accumulation))
     stage = "grpo"
     lines = steps(run_dir, stage)
     assert [r["step"] for r in lines] == [1, 2]
@@ -157,7 +160,7 @@ def test_folded_read_gives_trl_loss_at_a_sampling_temperature_below_one(warm_dir
         cfg = make_config(warm_dir, tmp_path / f"fold_{fold}", "cipr", max_steps=1)
         cfg.algo.fold_action_read = fold
         cfg.rollout.temperature = 0.7
-        first[fold] = steps(run(cfg), "grpo")[0]
+        first[fold] = steps(replay_run(cfg), "grpo")[0]
     assert first[True]["actions/folded"] > 0 and first[False]["actions/folded"] == 0
     for key in ("loss", "grad_norm", "consistency/rescore/kl", "consistency/rollout/kl", "task"):
         assert first[True][key] == pytest.approx(first[False][key], rel=1e-4, abs=1e-6), key
@@ -187,12 +190,12 @@ def run_killed_after_step_1(cfg, monkeypatch) -> None:
     with monkeypatch.context() as patch:
         patch.setattr(checkpoint.CheckpointMixin, "_save_checkpoint", save_then_die)
         with pytest.raises(Kill):
-            run(cfg)
+            replay_run(cfg)
 
 
 def test_resume_after_kill_reproduces_the_uninterrupted_run(warm_dir, tmp_path, replayed, monkeypatch):
-    full = run(make_config(warm_dir, tmp_path / "full", "cipr", max_steps=3, warm_start={"steps": 1},
-                           gradient_accumulation_steps=2))
+    full = replay_run(make_config(warm_dir, tmp_path / "full", "cipr", max_steps=3, warm_start={"steps": 1},
+                                  gradient_accumulation_steps=2))
     reference = {r["step"]: comparable(r) for r in steps(full, "grpo")}
 
     cut = tmp_path / "cut"
@@ -200,7 +203,7 @@ def test_resume_after_kill_reproduces_the_uninterrupted_run(warm_dir, tmp_path, 
                       gradient_accumulation_steps=2)
     run_killed_after_step_1(cfg, monkeypatch)
     assert latest_complete(cut / "grpo").name == "checkpoint-1"
-    run(cfg)
+    replay_run(cfg)
     resumed = {r["step"]: comparable(r) for r in steps(cut, "grpo")}
     assert sorted(resumed) == [1, 2, 3]
     for step in (2, 3):
@@ -226,7 +229,7 @@ def test_frozen_layers_are_left_out_of_checkpoints_and_resume_from_them_is_exact
         cfg.model.freeze_bottom_layers = 1
         return cfg
 
-    full = run(config(tmp_path / "full"))
+    full = replay_run(config(tmp_path / "full"))
     base, _ = load_model(config(full).model)
     trainable = {n for n, p in base.named_parameters() if p.requires_grad}
     frozen = {n for n, p in base.named_parameters(remove_duplicate=False) if not p.requires_grad}
@@ -241,7 +244,7 @@ def test_frozen_layers_are_left_out_of_checkpoints_and_resume_from_them_is_exact
         assert set(load_file(folder / "model.safetensors")) == trainable, folder
         assert set(json.loads((folder / "cipr_frozen.json").read_text())["omitted"]) == frozen, folder
     assert (step / "optimizer.pt").is_file()
-    run(config(cut))
+    replay_run(config(cut))
 
     assert [r["step"] for r in steps(cut, "grpo")] == [1, 2, 3]
     for name in ("checkpoint-3/model.safetensors", "final/model.safetensors"):
@@ -268,7 +271,7 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(warm_dir, tmp_path
     monkeypatch.setattr(CIPRGRPOTrainer, "_consistency", poisoned)
     run_dir = tmp_path / "nan"
     with pytest.raises(NonFiniteLossError, match="optimizer step 2"):
-        run(make_config(warm_dir, run_dir, "cipr", max_steps=3))
+        replay_run(make_config(warm_dir, run_dir, "cipr", max_steps=3))
     good = latest_complete(run_dir / "grpo")
     assert good.name == "checkpoint-1"
     from safetensors.torch import load_file
@@ -282,7 +285,7 @@ def test_lora_adapter_trains_saves_and_feeds_the_next_stage(warm_dir, tmp_path, 
     cfg = make_config(warm_dir, tmp_path / "lora", "cipr", warm_start={"steps": 1})
     cfg.model.lora.enabled = True
     cfg.model.lora.target_modules = ("q_proj", "v_proj")
-    run_dir = run(cfg)
+    run_dir = replay_run(cfg)
     assert (run_dir / "warm_start" / "final" / "adapter_config.json").is_file()
     assert (run_dir / "grpo" / "checkpoint-2" / "adapter_model.safetensors").is_file()
     lines = steps(run_dir, "grpo")

@@ -14,11 +14,14 @@ from safetensors.torch import load_file
 
 from cipr.core.config import ConfigError, from_dict
 from cipr.formats import get_format
-from cipr.method.relabel import RelabelConfig
+from cipr.method.actions import read_actions
+from cipr.method.objective import Objective
+from cipr.method.pairing import Response, build_rescore, rows_by_response
+from cipr.method.relabel import RelabelConfig, Relabeling
 from cipr.perturb.config import PerturbConfig
 from cipr.train.data import build_prompts, load_examples
 from cipr.train.run import TrainConfig, run, validate
-from cipr.train.supervised import SupervisedTrainer, rescoring_term
+from cipr.train.supervised import SupervisedTrainer, canonical_queries
 
 ALGOS: dict[str, dict[str, Any]] = {
     "sft": {"name": "sft"},
@@ -108,22 +111,19 @@ def test_pairs_stay_whole_in_every_batch(tiny_dir, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(("regime", "fold"), [("supervised", False), ("rl", False), ("rl", True)])
-def test_cipr_with_zero_weights_trains_like_multi_interface(tiny_dir, tmp_path, regime, fold, monkeypatch):
+def test_cipr_with_zero_weights_trains_like_multi_interface(tiny_dir, tmp_path, regime, fold):
     """Bit for bit, except GRPO's folded read: there the task loss's token log-probabilities come from the
     action reader's forward (other padding, so float32 rounding differs). Then loss and gradient norm agree to
     1e-4 and the weights to a tenth of the distance they moved (Adam turns rounding in a near-zero gradient
     component into a step of up to the learning rate, so bit equality cannot hold)."""
-    if regime == "rl":  # GRPO's rollouts from the replayed references (a random tiny model writes no call)
-        from cipr.train.grpo import CIPRGRPOTrainer
-        from cipr.train.replay import replay_single_turn
+    from cipr.train.replay import replay_rollouts
 
-        generate = replay_single_turn()
-
-        monkeypatch.setattr(CIPRGRPOTrainer, "_generate_single_turn", generate)
+    # GRPO's rollouts from the replayed references (a random tiny model writes no call)
+    source = replay_rollouts() if regime == "rl" else None
     stage = "supervised" if regime == "supervised" else "grpo"
-    mi = run(config(tiny_dir, tmp_path / "mi", "multi_interface", regime))
+    mi = run(config(tiny_dir, tmp_path / "mi", "multi_interface", regime), rollout_source=source)
     zero = run(config(tiny_dir, tmp_path / "zero", "cipr", regime, terms=weights(0.0, 0.0),
-                      fold_action_read=fold))
+                      fold_action_read=fold), rollout_source=source)
     a, b = final_weights(mi, stage), final_weights(zero, stage)
     assert a.keys() == b.keys()
     lines = steps(zero)  # the zero-weight run did read the action distributions
@@ -139,12 +139,14 @@ def test_cipr_with_zero_weights_trains_like_multi_interface(tiny_dir, tmp_path, 
         for k in a:
             assert torch.equal(a[k], b[k]), k
     weighted = run(config(tiny_dir, tmp_path / "one", "cipr", regime, fold_action_read=fold,
-                          terms=weights(1.0, 0.0 if regime == "supervised" else 1.0)))
+                          terms=weights(1.0, 0.0 if regime == "supervised" else 1.0)), rollout_source=source)
     c = final_weights(weighted, stage)
     assert any(not torch.equal(a[k], c[k]) for k in a)  # and a weight > 0 changes the update
 
 
 def test_rescoring_term_gradient_reaches_the_model_through_the_relabeled_side_only(tiny_dir):
+    """The regime's rescoring pairs as `SupervisedTrainer._rescore` builds them: the canonical rows read
+    without gradient, their relabeled copies read by the engine's reader (`cipr.method.pairing`)."""
     from cipr.runtime.model import ModelConfig, load_model
 
     cfg = config(tiny_dir, Path("unused"), "cipr")
@@ -152,17 +154,29 @@ def test_rescoring_term_gradient_reaches_the_model_through_the_relabeled_side_on
                                               call_format="compact"))
     fmt = get_format("compact")
     prompts = build_prompts(load_examples(cfg.data), cfg.data, PerturbConfig(names="canonical", paired=True),
-                            fmt=fmt,
-                            tokenizer=tokenizer)
+                            fmt=fmt, tokenizer=tokenizer)
     canonical = [r for r in prompts.records if r.side == "canonical"][:3]
-    value, metrics = rescoring_term(model, tokenizer, canonical, fmt, RelabelConfig(), [1, 2, 3])
-    assert value is not None and value.dtype == torch.float64 and value.item() > 0
-    assert metrics["consistency/rescore/responses"] == 3 and metrics["relabel_failures"] == 0
+    relabeling = Relabeling(RelabelConfig(), 1)
+
+    def rescoring() -> tuple[torch.Tensor, dict]:
+        with torch.no_grad():
+            table = read_actions(model, tokenizer, canonical_queries(canonical, fmt), 3)
+        rows = rows_by_response(table.sequence.tolist(), len(canonical))
+        view = [Response(r.example.id, r.pair_id, r.side, 0, r.prompt, r.target, r.tools, r.classes, rows[b])
+                for b, r in enumerate(canonical)]
+        pairs, counts = build_rescore(view, table.probs, lambda q: read_actions(model, tokenizer, q, 3).probs,
+                                      fmt, relabeling, step=0)
+        value, metrics = Objective.builtin(rescore=1.0)(pairs.p_other, rescore=pairs)
+        return value, {**counts, **metrics}
+
+    value, metrics = rescoring()
+    assert value.dtype == torch.float64 and value.item() > 0
+    assert metrics["consistency/rescore/responses"] == 3 and metrics["consistency/relabel_failures"] == 0
     value.backward()
     grads = [p.grad for p in model.parameters() if p.requires_grad]
     assert any(g is not None and g.abs().sum() > 0 for g in grads)
     model.zero_grad()
-    same, _ = rescoring_term(model, tokenizer, canonical, fmt, RelabelConfig(), [1, 2, 3])
+    same, _ = rescoring()
     assert same.item() == pytest.approx(value.item(), rel=1e-9)  # seeded: the same relabeling again
 
 

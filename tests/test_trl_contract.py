@@ -20,6 +20,7 @@ import trl
 TRL_VERSION = "1.16.0"
 
 _GRPO = "cipr/train/grpo.py"
+_FAST = "cipr/train/grpo_fast.py"
 _EPISODES = "cipr/train/grpo.py _rollout_episodes / _sample_turn (multi-turn episodes)"
 _CKPT = "cipr/train/checkpoint.py"
 _ROLLOUT = "cipr/train/rollout.py"
@@ -38,13 +39,13 @@ METHODS: list[tuple[str, str, list[str], str]] = [
      f"{_GRPO} override (attaches cipr_rows: each row's record and rollout)"),
     ("GRPOTrainer", "_generate_single_turn",
      ["self", "prompt_ids", "images", "multimodal_fields", "num_generations", "has_tool_images"],
-     f"{_GRPO} override (shared prompt prefill)"),
+     f"{_GRPO} override (the rollout source) and {_FAST} GRPOFastPaths override (shared prompt prefill)"),
     ("GRPOTrainer", "_get_per_token_logps_and_entropies",
      ["self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy",
       "compute_aux_loss", "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask",
       "spatial_shapes", "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids",
       "image_position_ids"],
-     f"{_GRPO} override (folded log-probabilities) and CIPRGRPOTrainer._task_logps"),
+     f"{_FAST} GRPOFastPaths override (folded log-probabilities, completion-only scoring) and _task_logps"),
     ("GRPOTrainer", "compute_loss", ["self", "model", "inputs", "return_outputs", "num_items_in_batch"],
      f"{_GRPO} override, public (TRL's task loss + the consistency objective)"),
     ("GRPOTrainer", "_compute_loss", ["self", "model", "inputs"],
@@ -108,15 +109,15 @@ def _functions() -> list[tuple[str, Callable[..., Any], list[str], str]]:
 
     return [
         ("trl.kernels.chunked_logprob._use_triton", _use_triton, ["device"],
-         f"{_GRPO} CIPRGRPOTrainer._score_completions_only (where TRL's fused head scores every position)"),
+         f"{_FAST} GRPOFastPaths._score_completions_only (where TRL's fused head scores every position)"),
         ("trl.trainer.utils.selective_log_softmax", selective_log_softmax,
-         ["logits", "index", "temperature", "row_mask"], f"{_GRPO} completion_logps"),
+         ["logits", "index", "temperature", "row_mask"], f"{_FAST} completion_logps"),
         ("trl.trainer.utils.entropy_from_logits", entropy_from_logits, ["logits", "chunk_size"],
-         f"{_GRPO} completion_logps"),
+         f"{_FAST} completion_logps"),
         ("trl.models.unwrap_model_for_generation", unwrap_model_for_generation,
          ["model", "accelerator", "gather_deepspeed3_params", "generation_kwargs",
           "gradient_checkpointing_kwargs"],
-         f"{_GRPO} CIPRGRPOTrainer._generate_single_turn"),
+         f"{_FAST} GRPOFastPaths._generate_single_turn"),
         ("trl.trainer.utils.pad", pad, ["tensors", "padding_value", "padding_side", "pad_to_multiple_of"],
          "cipr/runtime/generation.py sample_shared_prefill"),
         ("trl.trainer.utils.split_tensor_dict", split_tensor_dict, ["tensor_dict", "num_chunks"],
@@ -124,15 +125,15 @@ def _functions() -> list[tuple[str, Callable[..., Any], list[str], str]]:
     ]
 
 
-# attributes GRPOTrainer.__init__ sets that CIPR reads (all in cipr/train/grpo.py)
+# attributes GRPOTrainer.__init__ sets that CIPR reads (in cipr/train/grpo.py and grpo_fast.py)
 ATTRIBUTES: dict[str, str] = {
     "_step": "_prepare_inputs, extra_state / load_extra_state (micro-step counter)",
     "_buffered_inputs": "_prepare_inputs, extra_state / load_extra_state (the generation batch's "
                         "micro-batches)",
     "_metrics": "_log_rollouts, compute_loss, log (metric lists by mode)",
     "_entropy_bonus_enabled": "_fold_rows (folding needs no entropy term)",
-    "_dist": "_generate_runs, under _generate_single_turn (summon_full_params)",
-    "_tokenizer": "_generate_runs, under _generate_single_turn (pad id)",
+    "_dist": "GRPOFastPaths._generate_single_turn (summon_full_params)",
+    "_tokenizer": "GRPOFastPaths._generate_single_turn (pad id)",
     "eos_token_ids": "_generate_single_turn, _init_trl",
     "num_generations": "__init__, _get_train_sampler",
     "num_iterations": "_get_train_sampler, _prepare_inputs, extra_state",
@@ -153,7 +154,7 @@ CONFIG_FIELDS: dict[str, str] = {
     "steps_per_generation": "_prepare_inputs, extra_state",
     "generation_batch_size": "__init__, _get_train_sampler",
     "per_device_train_batch_size": "__init__",
-    "seed": "_get_train_sampler, _rescore_term",
+    "seed": "_get_train_sampler, Relabeling.of (the relabel seed when perturb.relabel.seed is null)",
     "ds3_gather_for_generation": "_generate_single_turn",
     "gradient_checkpointing_kwargs": "_generate_single_turn",
     "use_vllm": "_init_trl",

@@ -2,12 +2,13 @@
 
 A `DistillItem` holds, computed once per trajectory: the teacher's rendering (original names), the
 student's (canonical, free text rewritten), their tokens and alignment, checked to have the same
-decisions taking the same actions. At every step the student's example is relabeled with fresh
-neutral names (`cipr.method.objective.relabel_seed`: step and trajectory) for the rescoring KL.
+decisions taking the same actions. At every step the student's rendering (`student_view`) is relabeled with
+fresh neutral names by `cipr.method.pairing` (seeded by the step and the trajectory) for the rescoring KL.
 
 `batch_loss` runs one teacher forward without gradient and one student forward with gradient (canonical
 and relabeled together): each an action read whose decoder hidden states also give the next-token
-distributions at the aligned positions (`read_with_logits`); it combines the terms (`cipr.distill.loss`).
+distributions at the aligned positions (`read_with_logits`); it sums the terms (`cipr.distill.loss`,
+`cipr.method.objective.weighted_sum`).
 """
 
 from __future__ import annotations
@@ -28,12 +29,12 @@ from cipr.distill.conversation import (
     render_conversation,
     tokenize_rendered,
 )
-from cipr.distill.loss import action_kl, combine, token_kl
-from cipr.distill.naming import named, relabel_example, rename_pairs
+from cipr.distill.loss import action_kl, token_kl
+from cipr.distill.naming import named, rename_pairs
 from cipr.formats.base import CallFormat
 from cipr.method.actions import ActionQuery, ActionReaderConfig, plain_head, read_actions
-from cipr.method.objective import Objective, rescore_pairs
-from cipr.method.relabel import RelabelConfig
+from cipr.method.objective import Objective, weighted_sum
+from cipr.method.pairing import RelabeledBatch, Response, pair_relabeled
 from cipr.tools.canonical import RewriteText
 from cipr.tools.interface import Example
 
@@ -80,15 +81,6 @@ def build_item(example: Example, fmt: CallFormat, tokenizer: Any, *,
     alignment = align_tokens(segments, t_tok.ids, t_tok.offsets, s_tok.ids, s_tok.offsets,
                              a_regions=teacher.turns, b_regions=student.turns)
     return DistillItem(example, student_example, teacher, t_tok, student, s_tok, alignment)
-
-
-def relabeled_view(item: DistillItem, fmt: CallFormat, tokenizer: Any, config: RelabelConfig, seed: int | str
-                   ) -> Rendered:
-    """The student's trajectory under fresh names (x̃, ỹ), decisions checked against the canonical view."""
-    example, _ = relabel_example(item.student_example, config, seed)
-    rendered = render_conversation(example, fmt, tokenizer)
-    check_same_decisions(item.student, rendered, f"trajectory {item.example.id} relabeled")
-    return rendered
 
 
 def action_query(rendered: Rendered, fmt: CallFormat) -> ActionQuery:
@@ -153,8 +145,9 @@ def read_with_logits(model: Any, tokenizer: Any, queries: Sequence[ActionQuery],
 
 @dataclass(frozen=True)
 class LossWeights:
-    """Weights of the distillation task loss's two terms (see `cipr.distill.loss.combine`) and the smoothing
-    of its KLs; the consistency terms are the objective's (`cipr.method.objective`)."""
+    """Weights of the distillation task loss's two terms (`cipr.distill.loss`, summed by
+    `cipr.method.objective.weighted_sum`) and the smoothing of its KLs; the consistency terms are the
+    objective's (`cipr.method.objective`)."""
 
     token: float = 1.0
     action: float = 1.0
@@ -166,8 +159,25 @@ def default_objective(eps: float = 1e-6) -> Objective:
     return Objective.builtin(rescore=1.0, eps=eps)
 
 
+def student_view(items: Sequence[DistillItem], tokenizer: Any) -> list[Response]:
+    """The student's canonical trajectories as `cipr.method.pairing` sees them: one response per item, its
+    turns (the assistant turns' texts, the end-of-turn token left to the context), its decisions' rows in the
+    batch's student read (items in order)."""
+    eos = getattr(tokenizer, "eos_token", None) or ""
+    out, start = [], 0
+    for b, it in enumerate(items):
+        r = it.student
+        spans = tuple((s - r.prompt_end, e - r.prompt_end - (len(eos) if eos and r.text[s:e].endswith(eos)
+                                                             else 0)) for s, e in r.turns)
+        rows = tuple(range(start, start + len(r.decisions)))
+        start += len(rows)
+        out.append(Response(it.example.id, b, "canonical", 0, r.prompt, r.response, r.tools,
+                            tuple(range(len(r.tools))), rows, spans=spans))
+    return out
+
+
 def batch_loss(student: Any, teacher: Any, tokenizer: Any, items: Sequence[DistillItem],
-               relabeled: Sequence[Rendered] | None, fmt: CallFormat, weights: LossWeights, *,
+               relabeled: RelabeledBatch | None, fmt: CallFormat, weights: LossWeights, *,
                objective: Objective | None = None,
                teacher_context: Callable[[], Any] = contextlib.nullcontext,
                reader: ActionReaderConfig | None = None,
@@ -177,9 +187,9 @@ def batch_loss(student: Any, teacher: Any, tokenizer: Any, items: Sequence[Disti
 
     `token_positions`: this batch's aligned positions -> the token KL's divisor (default: themselves;
     several processes: all processes' positions over their number). `teacher_context` is entered around
-    the teacher's forwards (e.g. a LoRA student's `disable_adapter`). `relabeled` (one per item): the
-    rescoring pairs' other side, read only with it. `objective`: the consistency terms (None:
-    `default_objective`).
+    the teacher's forwards (e.g. a LoRA student's `disable_adapter`). `relabeled`: the student view's
+    relabeled copies (`cipr.method.pairing.relabeled` of `student_view`), read in the student's forward, the
+    rescoring pairs' other side. `objective`: the consistency terms (None: `default_objective`).
     """
     if not items:
         raise ValueError("an empty batch")
@@ -194,24 +204,26 @@ def batch_loss(student: Any, teacher: Any, tokenizer: Any, items: Sequence[Disti
                                              [action_query(it.teacher, fmt) for it in items], num_actions,
                                              [it.teacher_tokens.ids for it in items], rows, cols_t, reader)
     queries = [action_query(it.student, fmt) for it in items]
-    use_rescore = objective.uses("rescore") and relabeled is not None
-    if use_rescore:
-        if len(relabeled) != len(items):
-            raise ValueError(f"{len(relabeled)} relabeled views for {len(items)} trajectories")
-        queries += [action_query(r, fmt) for r in relabeled]
+    if not objective.uses("rescore"):
+        relabeled = None
+    if relabeled is not None:
+        queries += relabeled.queries
     s_probs, s_logits = read_with_logits(student, tokenizer, queries, num_actions,
                                          [it.student_tokens.ids for it in items], rows, cols_s, reader)
     n = len(seg)
     seg = seg.to(s_probs.device)
     positions = token_positions(len(rows)) if token_positions is not None else None
-    terms = {"token": token_kl(t_logits, s_logits, positions),
-             "action": action_kl(t_probs, s_probs[:n], seg, eps=weights.eps)}
-    loss, metrics = combine(terms, {"token": weights.token, "action": weights.action})
-    if use_rescore:
-        pairs = rescore_pairs(s_probs[:n], s_probs[n:], seg)
-        value, consistency = objective(loss, rescore=pairs, step=step, max_steps=max_steps)
-        loss = loss + value
-        metrics.update(consistency)
-        metrics["distill/loss"] = float(loss.detach())
+    token, token_metrics = token_kl(t_logits, s_logits, positions)
+    action, action_metrics = action_kl(t_probs, s_probs[:n], seg, eps=weights.eps)
+    loss = weighted_sum([(weights.token, token), (weights.action, action)], s_probs)
+    metrics = {**token_metrics, **action_metrics}
+    if relabeled is not None:
+        metrics["consistency/relabel_failures"] = float(relabeled.failures)
+        if relabeled.queries:
+            pairs = pair_relabeled(student_view(items, tokenizer), s_probs[:n], relabeled, s_probs[n:])
+            value, consistency = objective(loss, rescore=pairs, step=step, max_steps=max_steps)
+            loss = loss + value
+            metrics.update(consistency)
+    metrics["distill/loss"] = float(loss.detach())
     metrics["distill/unpaired_student_tokens"] = float(sum(it.alignment.b_unpaired for it in items))
     return loss, metrics

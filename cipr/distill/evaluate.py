@@ -40,7 +40,7 @@ from cipr.distill.naming import SWAPPED, SYNONYMS, Naming, named
 from cipr.envs.base import Environment
 from cipr.formats.base import CallFormat
 from cipr.method.actions import read_actions
-from cipr.method.consistency import kl_rows
+from cipr.method.consistency import kl_rows, segment_mean
 from cipr.runtime.generation import greedy_texts
 from cipr.tools.canonical import RewriteText, UndeclaredToolError
 from cipr.tools.interface import Example, Message
@@ -145,12 +145,9 @@ def compare(reference: Readings, other: Readings, *, eps: float = 1e-6) -> dict[
     if reference.probs.shape[0] == 0:
         return {"agreement": float("nan"), "kl": float("nan"), "decisions": 0.0, "no_call": float("nan")}
     per = kl_rows(reference.probs, other.probs, eps=eps).clamp_min(0.0)  # rounding can dip below 0
-    ids, inverse = torch.unique(reference.segments, return_inverse=True)
-    sums = torch.zeros(len(ids)).index_add(0, inverse, per)
-    counts = torch.zeros(len(ids)).index_add(0, inverse, torch.ones_like(per))
     last = other.probs.shape[1] - 1
     return {"agreement": float((reference.probs.argmax(-1) == other.probs.argmax(-1)).float().mean()),
-            "kl": float((sums / counts).mean()), "decisions": float(per.numel()),
+            "kl": float(segment_mean(per, reference.segments)[0].mean()), "decisions": float(per.numel()),
             "no_call": float((other.probs.argmax(-1) == last).float().mean())}
 
 

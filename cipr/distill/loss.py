@@ -9,9 +9,9 @@ names). The sides write action names with different tokens, so it is taken in tw
   actions indexed by equivalence (tool i under any name is class i, ∅ last), so `search` on the
   teacher side and `function_01` on the student side are one action.
 
-`combine` adds them as `w_token · token + w_action · action`; `cipr.distill.batch.batch_loss` adds the
-consistency objective's terms (`cipr.method.objective`: the rescoring KL, student under canonical vs
-relabeled names).
+`cipr.distill.batch.batch_loss` sums them as `w_token · token + w_action · action`
+(`cipr.method.objective.weighted_sum`) and adds the consistency objective's terms (the rescoring KL, student
+under canonical vs relabeled names).
 
 Choices the paper leaves open:
 - Direction: forward KL(teacher || student), the teacher as reference (the paper's "KL from the
@@ -26,11 +26,9 @@ Choices the paper leaves open:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import torch
 
-from cipr.method.consistency import kl_rows
+from cipr.method.consistency import kl_rows, segment_mean
 
 
 def token_kl(teacher_logits: torch.Tensor, student_logits: torch.Tensor, positions: float | None = None
@@ -58,14 +56,6 @@ def token_kl(teacher_logits: torch.Tensor, student_logits: torch.Tensor, positio
                    "distill/tokens": float(teacher_logits.shape[0])}
 
 
-def _per_sequence_mean(values: torch.Tensor, segments: torch.Tensor) -> torch.Tensor:
-    ids, inverse = torch.unique(segments, return_inverse=True)
-    sums = torch.zeros(len(ids), dtype=values.dtype, device=values.device).index_add(0, inverse, values)
-    counts = torch.zeros(len(ids), dtype=values.dtype, device=values.device).index_add(
-        0, inverse, torch.ones_like(values))
-    return sums / counts
-
-
 def action_kl(p_teacher: torch.Tensor, p_student: torch.Tensor, segments: torch.Tensor, *, eps: float = 1e-6
               ) -> tuple[torch.Tensor, dict[str, float]]:
     """KL(teacher || student) of action distributions: per decision, mean per trajectory, mean over
@@ -83,30 +73,10 @@ def action_kl(p_teacher: torch.Tensor, p_student: torch.Tensor, segments: torch.
                                        "distill/decisions": 0.0, "distill/none_teacher": 0.0,
                                        "distill/none_student": 0.0}
     per_decision = kl_rows(p_teacher.detach(), p_student, eps=eps)
-    value = _per_sequence_mean(per_decision, segments).mean()
+    value = segment_mean(per_decision, segments)[0].mean()
     t, s = p_teacher.detach(), p_student.detach()
     return value, {"distill/action_kl": float(value.detach()),
                    "distill/action_agree": float((t.argmax(-1) == s.argmax(-1)).float().mean()),
                    "distill/decisions": float(p_teacher.shape[0]),
                    "distill/none_teacher": float(t[:, -1].mean()),
                    "distill/none_student": float(s[:, -1].mean())}
-
-
-def combine(terms: Mapping[str, tuple[torch.Tensor, Mapping[str, float]]], weights: Mapping[str, float]
-            ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Σ weights[k] · terms[k].value, and every term's metrics plus `distill/loss`; a weight-0 term is
-    left out of the sum (metrics still reported). Keys of `weights` must be keys of `terms`."""
-    missing = [k for k in weights if k not in terms]
-    if missing:
-        raise ValueError(f"weights for terms that were not computed: {missing}")
-    total: torch.Tensor | None = None
-    metrics: dict[str, float] = {}
-    for key, (value, term_metrics) in terms.items():
-        metrics.update(term_metrics)
-        w = float(weights.get(key, 0.0))
-        if w:
-            total = value * w if total is None else total + value * w
-    if total is None:
-        total = sum(v.sum() * 0.0 for v, _ in terms.values())  # type: ignore[assignment]
-    metrics["distill/loss"] = float(total.detach())  # type: ignore[union-attr]
-    return total, metrics  # type: ignore[return-value]

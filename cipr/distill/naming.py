@@ -1,4 +1,5 @@
-"""A trajectory under other action names: canonical ids, fresh relabels, synonyms, swaps.
+"""A trajectory under other action names: canonical ids, synonyms, swaps (the rescoring term's fresh names
+are `cipr.method.relabel`'s, on the rendered trajectory).
 
 Every renaming goes through `cipr.tools.canonical.apply_name_map`, so calls, the interface and free text
 (messages and descriptions) change together. Free text is rewritten with `rewrite` (default "all":
@@ -13,12 +14,9 @@ search action is the one named `click`, and choosing it is agreement.
 
 from __future__ import annotations
 
-import random
-import re
 from collections.abc import Mapping
 from typing import Literal
 
-from cipr.method.relabel import RelabelConfig, fresh_names
 from cipr.tools.canonical import NameMap, RewriteText, apply_name_map, canonicalize
 from cipr.tools.interface import Example, Interface
 
@@ -39,16 +37,6 @@ def rename_example(example: Example, mapping: Mapping[str, str],
     nmap = NameMap(tuple((n, t.name) for n, t in zip(new, example.interface, strict=True)),
                    {n: {a: a for a in t.properties} for n, t in zip(new, example.interface, strict=True)})
     return apply_name_map(example, Interface(tools), nmap, rewrite), nmap
-
-
-def relabel_example(example: Example, config: RelabelConfig, seed: int | str) -> tuple[Example, NameMap]:
-    """Fresh neutral tool names (`cipr.method.relabel.fresh_names`), drawn with `seed`, never a word of the
-    text."""
-    rng = random.Random(seed)
-    texts = [m.content for m in example.messages] + [t.description for t in example.interface]
-    words = {w for text in texts for w in re.findall(r"\w+", text)} | set(example.interface.names)
-    names = fresh_names(list(example.interface.names), config, rng, words - set(example.interface.names))
-    return rename_example(example, dict(zip(example.interface.names, names, strict=True)), "all")
 
 
 def named(example: Example, naming: Naming, *, rewrite: RewriteText = "all",

@@ -21,14 +21,12 @@ Choices the paper leaves open, as parameters with these defaults:
   inf or nan. `eps=0` computes the exact KL (0·log 0 = 0).
 - Rescoring: each response's decisions are averaged first, then the responses, so a response with
   many parallel calls does not outweigh one with a single call (the paper's 1/n_y average).
-- Rollout: `average="response"` (default) forms a group's distribution as the mean over its G
-  responses of each response's mean over its decisions, so every response counts once whatever its
-  number of calls; `average="decision"` pools all decisions of the group equally.
+- Rollout: a group's distribution is the mean over its G responses of each response's mean over its
+  decisions, so every response counts once whatever its number of calls.
 
-`mean_kl` is what training computes, through `cipr.method.objective` (which builds each term's pairs).
-`rescoring_kl` and `rollout_kl` are the two terms written as the paper states them, one call each; they are
-the reference the objective's pairs + `mean_kl` are held equal to, bit for bit (tests/test_objective.py), and
-a direct form for analysis code.
+`mean_kl` is what training computes, through `cipr.method.objective` (`cipr.method.pairing` builds each
+term's pairs). The two terms written as the paper states them, one call each, are in
+tests/support/reference_kl.py: the reference the pairs + `mean_kl` are held equal to, bit for bit.
 """
 
 from __future__ import annotations
@@ -65,8 +63,9 @@ def kl_rows(reference: torch.Tensor, other: torch.Tensor, *, direction: Directio
     return (torch.xlogy(p, p) - torch.xlogy(p, q)).sum(dim=-1)
 
 
-def _segment_mean(values: torch.Tensor, segments: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean of values [N, ...] per segment id; returns (means [S, ...], the sorted unique ids [S])."""
+def segment_mean(values: torch.Tensor, segments: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean of values [N, ...] per segment id; returns (means [S, ...], the sorted unique ids [S]). The one
+    per-segment mean of every loss (consistency terms, distillation's action KL, the supervised action CE)."""
     ids, inverse = torch.unique(segments, return_inverse=True)
     sums = torch.zeros((len(ids), *values.shape[1:]), dtype=values.dtype, device=values.device)
     sums = sums.index_add(0, inverse, values)
@@ -75,15 +74,16 @@ def _segment_mean(values: torch.Tensor, segments: torch.Tensor) -> tuple[torch.T
     return sums / counts.view(-1, *([1] * (values.dim() - 1))), ids
 
 
-def _metrics(per_item: torch.Tensor, ref: torch.Tensor, other: torch.Tensor, prefix: str) -> dict[str, float]:
-    per_item = per_item.detach()
+def row_metrics(per_row: torch.Tensor, ref: torch.Tensor, other: torch.Tensor) -> dict[str, float]:
+    """Diagnostics of paired rows: the largest per-row value, total variation, argmax agreement, ∅ mass."""
+    per_row = per_row.detach()
     ref, other = ref.detach(), other.detach()
-    return {f"{prefix}/max": float(per_item.max()) if per_item.numel() else 0.0,
-            f"{prefix}/tv": float(0.5 * (ref - other).abs().sum(-1).mean()) if ref.numel() else 0.0,
-            f"{prefix}/argmax_agree": float((ref.argmax(-1) == other.argmax(-1)).float().mean())
+    return {"max": float(per_row.max()) if per_row.numel() else 0.0,
+            "tv": float(0.5 * (ref - other).abs().sum(-1).mean()) if ref.numel() else 0.0,
+            "argmax_agree": float((ref.argmax(-1) == other.argmax(-1)).float().mean())
             if ref.numel() else 0.0,
-            f"{prefix}/none_canon": float(ref[:, -1].mean()) if ref.numel() else 0.0,
-            f"{prefix}/none_other": float(other[:, -1].mean()) if other.numel() else 0.0}
+            "none_canon": float(ref[:, -1].mean()) if ref.numel() else 0.0,
+            "none_other": float(other[:, -1].mean()) if other.numel() else 0.0}
 
 
 def mean_kl(p_ref: torch.Tensor, p_other: torch.Tensor, segments: torch.Tensor, *,
@@ -104,49 +104,18 @@ def mean_kl(p_ref: torch.Tensor, p_other: torch.Tensor, segments: torch.Tensor, 
     if per_row.numel() == 0:
         value, count = p_other.sum() * 0.0, 0
     else:
-        per_segment, ids = _segment_mean(per_row, segments)
+        per_segment, ids = segment_mean(per_row, segments)
         value, count = per_segment.mean(), len(ids)
     metrics = {"kl": float(value.detach()), "rows": float(per_row.numel()), "segments": float(count)}
-    metrics.update({k.split("/", 1)[1]: v for k, v in _metrics(per_row, p_ref, p_other, "x").items()})
+    metrics.update(row_metrics(per_row, p_ref, p_other))
     return value, metrics
 
 
-def rescoring_kl(p_canon: torch.Tensor, p_relab: torch.Tensor, segments: torch.Tensor, *,
-                 detach_reference: bool = True, direction: Direction = "forward", eps: float = 1e-6
-                 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Rescoring consistency KL: per decision, canonical vs relabeled, mean per response, then over responses.
-
-    Shapes: p_canon, p_relab [D, A] (decision d of the canonical response and the same one of the relabeled; ∅
-    last); segments [D] (long) the response of each decision. Returns a scalar (a zero that keeps the graph
-    when there are no decisions) and metrics ("rescore/kl", "rescore/max" per decision, "rescore/tv",
-    "rescore/argmax_agree", "rescore/none_canon", "rescore/none_other", "rescore/decisions",
-    "rescore/responses").
-    """
-    if segments.shape != p_canon.shape[:1]:
-        raise ValueError(f"segments must be [D] = [{p_canon.shape[0]}], got {tuple(segments.shape)}")
-    ref = p_canon.detach() if detach_reference else p_canon
-    per_decision = kl_rows(ref, p_relab, direction=direction, eps=eps)
-    if per_decision.numel() == 0:
-        value = p_relab.sum() * 0.0
-        responses = 0
-    else:
-        per_response, ids = _segment_mean(per_decision, segments)
-        value = per_response.mean()
-        responses = len(ids)
-    metrics = {"rescore/kl": float(value.detach()), "rescore/decisions": float(per_decision.numel()),
-               "rescore/responses": float(responses)}
-    metrics.update(_metrics(per_decision, p_canon, p_relab, "rescore"))
-    return value, metrics
-
-
-def group_distribution(probs: torch.Tensor, segments: torch.Tensor, groups: torch.Tensor | None = None, *,
-                       average: Literal["response", "decision"] = "response"
+def group_distribution(probs: torch.Tensor, segments: torch.Tensor, groups: torch.Tensor | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """Average action distribution per group: ([Gn, A], the sorted group ids [Gn]), from probs [D, A],
     segments [D] (the response of each decision, ids 0..R-1) and groups [R] (each response's group; None: one
-    group, id 0)."""
-    if average not in ("response", "decision"):
-        raise ValueError(f"average must be 'response' or 'decision', got {average!r}")
+    group, id 0): each response's decisions averaged, then the group's responses."""
     if segments.shape != probs.shape[:1]:
         raise ValueError(f"segments must be [D] = [{probs.shape[0]}], got {tuple(segments.shape)}")
     if groups is None:
@@ -154,36 +123,5 @@ def group_distribution(probs: torch.Tensor, segments: torch.Tensor, groups: torc
                              device=probs.device)
     if segments.numel() and int(segments.max()) >= len(groups):
         raise ValueError(f"segment id {int(segments.max())} has no group (groups has {len(groups)} entries)")
-    if average == "decision":
-        return _segment_mean(probs, groups[segments])
-    per_response, responses = _segment_mean(probs, segments)
-    return _segment_mean(per_response, groups[responses])
-
-
-def rollout_kl(p_canon: torch.Tensor, canon_segments: torch.Tensor, p_pert: torch.Tensor,
-               pert_segments: torch.Tensor, *, canon_groups: torch.Tensor | None = None,
-               pert_groups: torch.Tensor | None = None, average: Literal["response", "decision"] = "response",
-               detach_reference: bool = True, direction: Direction = "forward", eps: float = 1e-6
-               ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Rollout consistency KL: KL between the average action distributions of G responses to x and to x′.
-
-    Shapes: p_canon [Dc, A], p_pert [Dp, A] (decisions of each side's responses, ∅ last, one index set);
-    canon_segments [Dc] / pert_segments [Dp] the response of each decision; canon_groups [Rc] / pert_groups
-    [Rp] the group (prompt) of each response, None for one group; both sides must have the same group ids. The
-    KL of the group averages (`group_distribution`) is averaged over groups. Returns a scalar and metrics
-    ("rollout/kl", "rollout/max" per group, "rollout/tv", "rollout/argmax_agree", "rollout/none_canon",
-    "rollout/none_other", "rollout/groups").
-    """
-    if p_canon.shape[1:] != p_pert.shape[1:]:
-        raise ValueError(f"the two sides need one action index set, got A={p_canon.shape[1]} and "
-                         f"A={p_pert.shape[1]}")
-    canon_avg, canon_ids = group_distribution(p_canon, canon_segments, canon_groups, average=average)
-    pert_avg, pert_ids = group_distribution(p_pert, pert_segments, pert_groups, average=average)
-    if not torch.equal(canon_ids.cpu(), pert_ids.cpu()):
-        raise ValueError(f"the two sides have different groups: {canon_ids.tolist()} vs {pert_ids.tolist()}")
-    ref = canon_avg.detach() if detach_reference else canon_avg
-    per_group = kl_rows(ref, pert_avg, direction=direction, eps=eps)
-    value = per_group.mean() if per_group.numel() else p_pert.sum() * 0.0
-    metrics = {"rollout/kl": float(value.detach()), "rollout/groups": float(per_group.numel())}
-    metrics.update(_metrics(per_group, canon_avg, pert_avg, "rollout"))
-    return value, metrics
+    per_response, responses = segment_mean(probs, segments)
+    return segment_mean(per_response, groups[responses])

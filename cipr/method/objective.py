@@ -1,24 +1,25 @@
-"""CIPR's consistency objective in one place: which terms run, on which pairs, with which weights and seeds.
+"""CIPR's consistency objective in one place: which terms run, on which pairs, with which weights.
 
 Every training engine (GRPO single- and multi-turn, the supervised regime, self-distillation) reads the
-action distributions of its batch, builds the pairs below where the batch is built, and calls `Objective`;
-the engine adds what it returns to its task loss (scaled by gradient accumulation as it scales its own).
-A researcher changes the method here, or from their own file, never in a trainer.
+action distributions of its batch, describes the batch to `cipr.method.pairing` (which builds every pair the
+terms compare) and calls `Objective`; the engine adds what it returns to its task loss (scaled by gradient
+accumulation as it scales its own). A researcher changes the method here, or from their own file, never in a
+trainer.
 
-Terms. Every term has the signature of `cipr.method.consistency.rescoring_kl`:
+Terms. Every term has the signature of `cipr.method.consistency.mean_kl`:
 
     fn(p_ref [N, A], p_other [N, A], segments [N], **options) -> (scalar tensor, dict[str, float])
 
 over paired rows of action distributions (one index set of equivalence classes, ∅ last; rows renormalized
-to sum to 1 in float64). Its kind says which rows it is given:
+to sum to 1 in float64). Its kind says which rows it is given (`cipr.method.pairing`):
 - `rescore`: the decisions of responses to the canonical prompt (GRPO's canonical rollouts, the supervised
   regime's reference targets, distillation's trajectories, every turn of an episode): `p_ref` read under the
   canonical prompt, `p_other` at the same decision of the same pair relabeled with fresh neutral names
-  (`relabel_seed`), `segments` the response of each decision (each response weighs once).
+  (`cipr.method.relabel`), `segments` the response of each decision (each response weighs once).
 - `rollout`: GRPO's G responses under each interface: per group (a pair; in multi-turn episodes a (pair,
   turn) group), `p_ref` the canonical responses' average action distribution and `p_other` the perturbed
   ones', `segments` the pair of each group (a pair's turns weigh 1/n_turns, pairs equally). Only GRPO has
-  rollouts; the supervised regime and distillation refuse a rollout term.
+  rollouts (`REGIME_KINDS`); the supervised regime and distillation refuse a rollout term.
 With `detach_reference` (the default) `p_ref` carries no gradient: the canonical policy moves only under the
 task loss. Built in: `rescore` and `rollout`, both `cipr.method.consistency.mean_kl` (KL(ref ‖ other) per
 row, averaged per segment, then over segments).
@@ -32,24 +33,24 @@ Context. A term that declares any of these keyword parameters also gets them (th
   distillation give -1 everywhere (a sampled response has no reference action per decision). What a gate on
   correctness needs.
 
-Configuration (`algo.terms`, one `TermConfig` per name): `weight` (None: the term is off; 0: computed and
-logged every step, not trained on: a trace of a control arm), `fn` (`module:function` importable from the
-user's PYTHONPATH; None: the built-in of this name), `kind` (None: the built-in's, `rescore` for a user
-function), `options` (keyword arguments of `fn`). A bad `fn` (no module, no function, not callable, a wrong
-signature or return) is a ConfigError naming `algo.terms.<name>.fn` before any training (`resolve_terms`
-calls it once on a small example).
+Rows. `pairs` (`module:function`) chooses which rows a term compares: `select(pairs: Pairs) -> rows`, a bool
+mask [N] or long indices into the N rows, given the term's `Pairs` (targets filled with -1 where unknown);
+the term then sees those rows only (a segment keeps its kept rows; a term left with none adds 0 and is not
+called). Logged as `consistency/<term>/rows_kept`.
+
+Configuration: `algo.terms`, one `TermConfig` per name. A bad `fn` or `pairs` (no module, no function, not
+callable, a wrong signature or return) is a ConfigError naming `algo.terms.<name>.fn` or `.pairs` before any
+training (`resolve_terms` calls each once on a small example).
 
 Metrics (into metrics.jsonl): `consistency/<term>/<name>` for every name a term returns (the built-ins:
 `kl`, `max`, `tv`, `argmax_agree`, `none_canon`, `none_other`, `rows`, `segments`), `consistency/<term>/value`
 its returned scalar, and the pairs' own counts (`consistency/rescore/decisions`, `.../responses`,
 `consistency/relabel_failures`, `consistency/rollout/groups`, `consistency/pairs_skipped`, ...).
-
-The relabel seed: `relabel_seed(seed, step, example_id, response)`, one rule for every engine (docstring).
 """
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import importlib
 import inspect
 from collections.abc import Callable, Mapping, Sequence
@@ -68,19 +69,9 @@ CONTEXT: tuple[str, ...] = ("step", "max_steps", "targets")
 """The keyword parameters a term may declare: the step, the stage's steps, the reference actions."""
 BUILTINS: dict[str, tuple[TermFn, str]] = {"rescore": (mean_kl, "rescore"), "rollout": (mean_kl, "rollout")}
 """Built-in terms by name: (function, kind)."""
-
-
-def register_term(name: str, kind: str = "rescore") -> Callable[[TermFn], TermFn]:
-    """Decorator: make `fn` the built-in term `name` of `kind` (for code imported before the run; a user's
-    own file is named by `algo.terms.<name>.fn` instead)."""
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-
-    def register(fn: TermFn) -> TermFn:
-        BUILTINS[name] = (fn, kind)
-        return fn
-
-    return register
+REGIME_KINDS: dict[str, tuple[str, ...]] = {"rl": KINDS, "supervised": ("rescore",), "distill": ("rescore",)}
+"""The kinds of term each regime has pairs for: only GRPO samples the rollouts a rollout term compares."""
+Select = Callable[["Pairs"], torch.Tensor]
 
 
 @dataclass
@@ -91,17 +82,20 @@ class TermConfig:
     - `fn`: `module:function` of a term from your own file; null: the built-in term of this name.
     - `kind`: `rescore` or `rollout` (which pairs the term sees); null: the built-in's, else `rescore`.
     - `options`: keyword arguments passed to the function.
+    - `pairs`: `module:function` choosing the rows the term compares (module docstring); null: all.
     """
 
     weight: float | None = 0.0
     fn: str | None = None
     kind: Kind | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    pairs: str | None = None
 
 
 @dataclass(frozen=True)
 class Term:
-    """A resolved term: its name, function, kind, weight and options."""
+    """A resolved term: its name, function, kind, weight, options, the context it declares and the rows it
+    compares (`select`; None: all)."""
 
     name: str
     fn: TermFn
@@ -109,19 +103,7 @@ class Term:
     weight: float
     options: Mapping[str, Any]
     context: tuple[str, ...] = ()
-
-
-def relabel_seed(seed: int, step: int, example_id: str, response: int = 0) -> int:
-    """The seed of one relabeling (x̃, ỹ), the same rule in every engine: a 63-bit integer from SHA-256 of
-    (run seed, optimizer step, example id, response index among the example's responses in the step).
-
-    The example id (not a row or batch position) keys it, so a pair draws the same names whatever batch or
-    process it lands in, a resumed run redraws what the uninterrupted run drew, and two engines relabel the
-    same example at the same step alike; the step changes the names every step (a term that memorized one
-    relabeling would not generalize); `response` tells GRPO's G responses to one prompt apart (0 for the
-    single target of the supervised regime and distillation)."""
-    text = f"{seed}\x1f{step}\x1f{example_id}\x1f{response}"
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1
+    select: Select | None = None
 
 
 def _import(text: str, where: str) -> Callable[..., Any]:
@@ -164,7 +146,7 @@ def _check_signature(fn: Callable[..., Any], options: Mapping[str, Any], where: 
                                    **options, **context)
     except TypeError as e:
         raise ConfigError(f"{where}: the function must take (p_ref, p_other, segments, **options) "
-                          f"like rescoring_kl (and, if it wants them, step, max_steps, targets); calling it "
+                          f"like mean_kl (and, if it wants them, step, max_steps, targets); calling it "
                           f"with the configured options fails: {e}") from None
     except ValueError:  # a builtin without a signature: the probe call decides
         pass
@@ -227,8 +209,53 @@ def resolve_terms(terms: Mapping[str, TermConfig], *, where: str = "algo.terms",
                 continue
             raise ConfigError(f"{key}: a {kind} term needs pairs this regime does not have (it has "
                               f"{' and '.join(allowed) or 'none'}); set {key}.weight=0 or null")
-        out.append(Term(name, fn, kind, float(cfg.weight), dict(cfg.options), wanted_context(fn)))
+        select = None
+        if cfg.pairs is not None:
+            select = _import(cfg.pairs, f"{key}.pairs")
+            _probe_select(select, f"{key}.pairs={cfg.pairs}")
+        out.append(Term(name, fn, kind, float(cfg.weight), dict(cfg.options), wanted_context(fn), select))
     return out
+
+
+def _probe_select(select: Select, where: str) -> None:
+    """Call `select` once on three pairs (targets 0, 1, -1) and check that it returns rows of them."""
+    p = torch.tensor([[0.6, 0.3, 0.1], [0.2, 0.2, 0.6], [0.5, 0.25, 0.25]], dtype=torch.float64)
+    pairs = Pairs(p, p.flip(-1), torch.tensor([0, 0, 1]), {}, torch.tensor([0, 1, -1]))
+    try:
+        chosen_rows(pairs, select(pairs))
+    except Exception as e:  # noqa: BLE001 - the user's code: any failure is reported as this one error
+        raise ConfigError(f"{where}: the function must take the term's Pairs and return the rows to compare "
+                          f"(a bool mask [N] or long indices); on a small example: {type(e).__name__}: "
+                          f"{e}") from None
+
+
+def chosen_rows(pairs: Pairs, rows: Any) -> torch.Tensor:
+    """The long indices [K] of `rows` (a bool mask [N] or long indices into `pairs`' N rows); ValueError
+    for anything else."""
+    n = pairs.segments.shape[0]
+    if not isinstance(rows, torch.Tensor) or rows.dim() != 1:
+        raise ValueError(f"expected a 1-D tensor, got {type(rows).__name__}"
+                         f"{tuple(rows.shape) if isinstance(rows, torch.Tensor) else ''}")
+    if rows.dtype == torch.bool:
+        if rows.shape[0] != n:
+            raise ValueError(f"a bool mask needs one entry per row ({n}), got {rows.shape[0]}")
+        return rows.nonzero().squeeze(1).to(pairs.segments.device)
+    if rows.dtype.is_floating_point or rows.dtype.is_complex:
+        raise ValueError(f"rows must be bool or integer, got {rows.dtype}")
+    if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= n):
+        raise ValueError(f"row indices must be in [0, {n}), got {rows.tolist()}")
+    return rows.long().to(pairs.segments.device)
+
+
+def weighted_sum(parts: Sequence[tuple[float, torch.Tensor]], zero: torch.Tensor) -> torch.Tensor:
+    """Σ weight · value over `parts` whose weight is not 0 (a weight-0 part is computed and logged by its
+    caller, not trained on), or `zero * 0` (keeping its graph) when none is: the one weighted sum of the
+    consistency terms and of distillation's task terms."""
+    total: torch.Tensor | None = None
+    for weight, value in parts:
+        if weight:
+            total = weight * value if total is None else total + weight * value
+    return zero.sum() * 0.0 if total is None else total
 
 
 @dataclass(frozen=True)
@@ -242,6 +269,19 @@ class Pairs:
     segments: torch.Tensor
     metrics: Mapping[str, float] = field(default_factory=dict)
     targets: torch.Tensor | None = None
+
+    def filled(self) -> Pairs:
+        """These pairs with `targets` a tensor (-1 everywhere when unknown)."""
+        if self.targets is not None:
+            return self
+        return dataclasses.replace(self, targets=torch.full(self.segments.shape, -1, dtype=torch.long,
+                                                            device=self.segments.device))
+
+    def rows(self, index: torch.Tensor) -> Pairs:
+        """These pairs at rows `index` [K] (long) only."""
+        targets = None if self.targets is None else self.targets[index.to(self.targets.device)]
+        return Pairs(self.p_ref[index.to(self.p_ref.device)], self.p_other[index.to(self.p_other.device)],
+                     self.segments[index], self.metrics, targets)
 
 
 def rescore_pairs(p_canon: torch.Tensor, p_relabeled: torch.Tensor, segments: torch.Tensor,
@@ -289,10 +329,11 @@ class Objective:
         self.eps = eps
 
     @classmethod
-    def from_config(cls, terms: Mapping[str, TermConfig], *, detach_reference: bool = True, eps: float = 1e-6,
-                    where: str = "algo.terms", allowed: Sequence[str] = KINDS) -> Objective:
-        return cls(resolve_terms(terms, where=where, allowed=allowed), detach_reference=detach_reference,
-                   eps=eps)
+    def from_config(cls, terms: Mapping[str, TermConfig], *, regime: str = "rl",
+                    detach_reference: bool = True, eps: float = 1e-6, where: str = "algo.terms") -> Objective:
+        """The terms of `regime` (`REGIME_KINDS`: the kinds it has pairs for), resolved and checked."""
+        return cls(resolve_terms(terms, where=where, allowed=REGIME_KINDS[regime]),
+                   detach_reference=detach_reference, eps=eps)
 
     @classmethod
     def builtin(cls, *, detach_reference: bool = True, eps: float = 1e-6, **weights: float) -> Objective:
@@ -309,33 +350,38 @@ class Objective:
 
     def __call__(self, zero: torch.Tensor, *, rescore: Pairs | None = None, rollout: Pairs | None = None,
                  step: int = 0, max_steps: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
-        """Σ weight · value over the terms whose pairs are given (a weight-0 term is computed and logged, not
-        added), as a tensor (`zero * 0`, keeping its graph, when nothing is added), and the metrics. `step`
-        and `max_steps` reach the terms that declare them (module docstring)."""
+        """Σ weight · value over the terms whose pairs are given (`weighted_sum`), and the metrics. `step` and
+        `max_steps` reach the terms that declare them; each term sees the rows it selects (module
+        docstring)."""
         pairs = {"rescore": rescore, "rollout": rollout}
         metrics: dict[str, float] = {}
         for given in pairs.values():
             if given is not None:
                 metrics.update({f"consistency/{k}": float(v) for k, v in given.metrics.items()})
-        total: torch.Tensor | None = None
+        parts: list[tuple[float, torch.Tensor]] = []
         for term in self.terms:
             given = pairs[term.kind]
             if given is None:
                 continue
+            prefix = f"consistency/{term.name}/"
+            if term.select is not None:
+                given = given.filled()
+                given = given.rows(chosen_rows(given, term.select(given)))
+                metrics[prefix + "rows_kept"] = float(given.segments.shape[0])
+                if not given.segments.shape[0]:  # nothing left to compare: the term adds nothing
+                    metrics[prefix + "value"] = 0.0
+                    parts.append((term.weight, given.p_other.sum() * 0.0))
+                    continue
             ref = given.p_ref.detach() if self.detach_reference else given.p_ref
             options = dict(term.options)
             if term.fn is mean_kl:
                 options.setdefault("eps", self.eps)
             if term.context:
-                targets = given.targets if given.targets is not None else torch.full(
-                    given.segments.shape, -1, dtype=torch.long, device=given.segments.device)
-                known = {"step": int(step), "max_steps": int(max_steps), "targets": targets}
+                known = {"step": int(step), "max_steps": int(max_steps), "targets": given.filled().targets}
                 options.update({k: known[k] for k in term.context})
             value, term_metrics = term.fn(ref, given.p_other, given.segments, **options)
-            prefix = f"consistency/{term.name}/"
             metrics[prefix + "value"] = float(value.detach())
             metrics.update({prefix + k.removeprefix(f"{term.name}/"): float(v)
                             for k, v in term_metrics.items()})
-            if term.weight:
-                total = term.weight * value if total is None else total + term.weight * value
-        return (zero.sum() * 0.0 if total is None else total), metrics
+            parts.append((term.weight, value))
+        return weighted_sum(parts, zero), metrics

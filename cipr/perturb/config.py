@@ -36,7 +36,7 @@ MOVED = {"algo.names": "perturb.names", "algo.perturbed": "perturb.paired", "alg
 class RelabelConfig:
     """How the rescoring term's fresh names are made (`cipr.method.relabel`): scheme, digits of numbered
     schemes, number pool, and the seed (None: the run's `trainer.seed`) that
-    `cipr.method.objective.relabel_seed` combines with the step and the example."""
+    `cipr.method.relabel.Relabeling` combines with the step and the example."""
 
     scheme: Literal["function", "tool", "random"] = "function"
     width: int = 2
@@ -52,7 +52,10 @@ class PerturbConfig:
       the others canonical).
     - `paired`: pair every example with its perturbed copy, both trained on (null: the algorithm's:
       multi_interface and cipr).
-    - `preset`: the training perturbation (`full`: twins, relabeling, reordering) or an ablation of it.
+    - `preset`: the training perturbation (`full`: twins, relabeling, reordering) or an ablation of it
+      (`cipr.perturb.training.VARIANTS`), or the name of a perturbation type registered with
+      `cipr.perturb.register_perturbation` (from your own file: `plugins=[your_module]`), which then makes
+      each copy (`cipr.perturb.registry.training_copy`).
     - `twin_wordings`: the degraded twins' wordings (`default` never names a cost; `with_cost`: the ablation).
     - `seed`: the perturbed copies' seed (null: `data.seed`), so runs can share examples and differ in copies.
     - `rewrite_text`: how texts are rewritten when names change (null: `identifiers`; `all` for trajectories).
@@ -62,12 +65,17 @@ class PerturbConfig:
 
     names: Names | None = None
     paired: bool | None = None
-    preset: Literal["full", "reorder_only", "twins_only", "single_near_duplicate"] = "full"
+    preset: str = "full"
     twin_wordings: Literal["default", "with_cost"] = "default"
     seed: int | None = None
     rewrite_text: RewriteText | None = None
     mask_length: int = 8
     relabel: RelabelConfig = field(default_factory=RelabelConfig)
+
+    def __post_init__(self) -> None:
+        from cipr.perturb.registry import check_preset
+
+        check_preset(self.preset)
 
     @property
     def unit_size(self) -> int:

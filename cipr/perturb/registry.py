@@ -17,10 +17,17 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+from cipr.core.errors import ConfigError
 from cipr.perturb import cost_latency, distractors, drift, renaming, shown, typos
 from cipr.perturb.correspondence import Correspondence
 from cipr.perturb.draft import Draft, rng_for
-from cipr.perturb.training import in_distribution
+from cipr.perturb.training import (
+    VARIANTS,
+    TrainingPerturbationConfig,
+    TwinWordings,
+    in_distribution,
+    perturb_for_training,
+)
 from cipr.tools.interface import Example
 
 GROUPS = ("typos_distractors", "cost_latency_explicit", "cost_latency_implicit", "in_distribution", "drift",
@@ -171,3 +178,27 @@ def apply_perturbation(example: Example, name: str, *, seed: int, names: str = "
     if order != "original" and name not in ORDERED_TYPES:
         raise ValueError(f"order {order!r} applies only to the cost and latency types, not {name!r}")
     return PERTURBATIONS[name][2](example, seed=seed, names=names, order=order)
+
+
+def check_preset(preset: str) -> None:
+    """ConfigError unless `preset` is a built-in preset (`VARIANTS`) or a registered perturbation type."""
+    if preset in VARIANTS:
+        return
+    if preset not in PERTURBATIONS:
+        raise ConfigError(f"perturb.preset={preset!r} is neither a preset of the training perturbation "
+                          f"({', '.join(VARIANTS)}) nor a registered perturbation type (register yours with "
+                          f"cipr.perturb.register_perturbation in a module named by plugins=[...])")
+
+
+def training_copy(example: Example, preset: str, *, seed: int, twin_wordings: TwinWordings = "default"
+                  ) -> tuple[Example, Correspondence]:
+    """The perturbed copy of a canonical training example under `perturb.preset`: the training perturbation
+    with that preset's options (`perturb_for_training`), or the registered perturbation type of that name
+    (`cipr.perturb.register_perturbation`), applied to the canonical example with its names as given
+    (`names="original"`: the copy's names are the ones the type writes). Its Correspondence names the
+    canonical tools (None for a tool the type added)."""
+    if preset in VARIANTS:
+        config = TrainingPerturbationConfig.preset(preset, twin_wordings)
+        return perturb_for_training(example, config, seed=seed)
+    check_preset(preset)
+    return PERTURBATIONS[preset][2](example, seed=seed, names="original", order="original")

@@ -38,7 +38,7 @@ from typing import Literal
 from cipr.core.config import ConfigError
 from cipr.distill.batch import LossWeights
 from cipr.distill.evaluate import EvalConfig, check_eval
-from cipr.method.objective import Objective, TermConfig, resolve_terms
+from cipr.method.objective import Objective, TermConfig
 from cipr.perturb.config import PerturbConfig
 
 AlgoName = Literal["sft", "grpo", "multi_interface", "masking", "cipr"]
@@ -102,8 +102,7 @@ class AlgoConfig:
         in the supervised regime (it has no rollouts)."""
         if not self.reads_actions:
             return Objective([])
-        kinds = ("rescore",) if self.regime == "supervised" else ("rescore", "rollout")
-        return Objective.from_config(self.terms, detach_reference=self.detach_reference, allowed=kinds)
+        return Objective.from_config(self.terms, regime=self.regime, detach_reference=self.detach_reference)
 
 
 def validate_algo(cfg: AlgoConfig, perturb: PerturbConfig) -> None:
@@ -120,9 +119,8 @@ def validate_algo(cfg: AlgoConfig, perturb: PerturbConfig) -> None:
                           f"belong to algo=cipr; set their weights to 0 (algo.terms.NAME.weight) or use "
                           f"algo=cipr")
     if cfg.name == "cipr":
-        kinds = ("rescore",) if cfg.regime == "supervised" else ("rescore", "rollout")
         try:
-            resolve_terms(cfg.terms, allowed=kinds)
+            cfg.objective()
         except ConfigError as e:
             if cfg.regime == "supervised" and "needs pairs this regime" in str(e):
                 raise ConfigError(f"{e}. algo.regime=supervised has no rollouts, so no rollout-kind term: "
@@ -177,8 +175,8 @@ class DistillConfig:
 
     def objective(self) -> Objective:
         """The consistency terms (rescore-kind only: distillation has no rollouts)."""
-        return Objective.from_config(self.terms, detach_reference=self.detach_reference, eps=self.eps,
-                                     allowed=("rescore",))
+        return Objective.from_config(self.terms, regime="distill", detach_reference=self.detach_reference,
+                                     eps=self.eps)
 
     @property
     def reads_actions(self) -> bool:

@@ -11,6 +11,9 @@ per algorithm, picked by `algo.name`, and `rollout` belongs to the algorithms th
 `perturb` is the interfaces every regime trains on (names, pairing, the training perturbation and the
 relabeling: `cipr.perturb.config`), its nulls filled with the algorithm's own.
 
+`plugins` are modules of your own imported before anything is checked (from PYTHONPATH), e.g. one that
+registers a training perturbation (`cipr.perturb.register_perturbation`, named by `perturb.preset`).
+
 `env` is the environment of multi-turn GRPO (`rollout.mode=multi_turn`): `{"name": ..., **options}`, the
 options being that environment's config (`cipr.envs.registry.env_config`, checked strictly); `name: none`
 (the default) plays no episodes.
@@ -36,7 +39,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cipr.core.config import TRAIN_CONFIG_DIR, ConfigError, compose_checked, from_dict, override_text, to_dict
+from cipr.core.plugins import import_plugins
 from cipr.distill.data import TrajectoryDataConfig, trajectory_section
+from cipr.method.relabel import Relabeling
 from cipr.perturb.config import MOVED, PerturbConfig, resolved
 from cipr.runtime.model import ModelConfig
 from cipr.train.algo import AlgoConfig, DistillConfig
@@ -64,15 +69,24 @@ class TrainConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    plugins: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.perturb = resolved(self.perturb, self.algo.name)  # the algorithm's names and pairing where null
 
+    @property
+    def relabeling(self) -> Relabeling:
+        """The rescoring term's relabeling, its seed resolved once (`perturb.relabel.seed`, else
+        `trainer.seed`): what every engine draws fresh names with."""
+        return Relabeling.of(self.perturb.relabel, self.trainer.seed)
+
 
 def config_from_dict(data: Mapping[str, Any]) -> TrainConfig:
     """A TrainConfig from a composed (Hydra) config; unknown keys, bad values and set options that the
-    algorithm ignores (module docstring) raise ConfigError."""
+    algorithm ignores (module docstring) raise ConfigError. `plugins` are imported first, so that what they
+    register (a training perturbation named by `perturb.preset`) is known to every check."""
     data = {k: v for k, v in data.items() if k != "hydra"}
+    import_plugins(data.get("plugins") or [])
     refuse_moved(data)
     algo, section = dict(data.pop("algo", None) or {}), dict(data.pop("data", None) or {})
     name = algo.get("name", AlgoConfig.name)

@@ -250,12 +250,6 @@ def mask_example(example: Example, *, seed: int, length: int = 8,
     return apply_name_map(example, Interface(tuple(tools)), nmap, rewrite), nmap
 
 
-def _perturbation_config(preset: str, twin_wordings: str) -> Any:
-    from cipr.perturb.training import TrainingPerturbationConfig
-
-    return TrainingPerturbationConfig.preset(preset, twin_wordings)
-
-
 def _record(row: int, pair_id: int, side: Side, example: Example, fmt: CallFormat, tokenizer: Any,
             classes: Sequence[int], twins: Sequence[bool], num_actions: int, think: str | None,
             twin_of: Sequence[str | None] = ()) -> PromptRecord:
@@ -277,7 +271,6 @@ def build_prompts(examples: Sequence[Example], cfg: DataConfig, perturb: Perturb
     order = list(range(len(examples)))
     random.Random(f"{cfg.seed}\x1fheld-out").shuffle(order)
     held_out = set(order[:cfg.eval_examples])
-    perturb_cfg = _perturbation_config(perturb.preset, perturb.twin_wordings) if perturbed else None
     train: list[PromptRecord] = []
     evals: list[PromptRecord] = []
     for index, source in enumerate(examples):
@@ -301,11 +294,12 @@ def build_prompts(examples: Sequence[Example], cfg: DataConfig, perturb: Perturb
             train.append(_record(len(train), index, side, example, fmt, tokenizer, range(n), [False] * n, n,
                                  think))
             continue
-        from cipr.perturb.training import perturb_for_training
+        from cipr.perturb.registry import training_copy
 
         try:
             seed = cfg.seed if perturb.seed is None else perturb.seed
-            copy, corr = perturb_for_training(example, perturb_cfg, seed=seed)
+            copy, corr = training_copy(example, perturb.preset, seed=seed,
+                                       twin_wordings=perturb.twin_wordings)
         except (ValueError, DataError) as e:
             skipped[f"perturbation failed: {type(e).__name__}"] += 1
             continue

@@ -34,8 +34,8 @@ checkpoints, LoRA via PEFT, and accelerate or DeepSpeed where configured. Choice
   still distills from the released weights.
 - A batch is `per_device_train_batch_size` trajectories; the loss is averaged as `cipr.distill.loss`
   says and the Trainer scales it by gradient accumulation.
-- Each step's relabeling seed is `cipr.method.objective.relabel_seed` (relabel seed, step, trajectory
-  id), so a resumed run redraws the same names.
+- Each step's relabeling is `cipr.method.pairing.relabeled` of the batch's `student_view` (seeded by the
+  run's relabeling, the step and the trajectory id), so a resumed run redraws the same names.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from transformers import Trainer
 
 from cipr.core.errors import ConfigError
 from cipr.core.io import read_json, read_text
-from cipr.distill.batch import DistillItem, batch_loss, relabeled_view
+from cipr.distill.batch import DistillItem, batch_loss, student_view
 from cipr.distill.data import build_items, load_split
 from cipr.distill.evaluate import (
     Readings,
@@ -67,8 +67,8 @@ from cipr.distill.evaluate import (
     write_report,
 )
 from cipr.formats.base import CallFormat
-from cipr.method.objective import relabel_seed
-from cipr.perturb.config import RelabelConfig
+from cipr.method.pairing import relabeled
+from cipr.method.relabel import Relabeling
 from cipr.train.algo import DistillConfig
 from cipr.train.checkpoint import CheckpointMixin, check_finite, load_trained, stage_done, write_json_atomic
 from cipr.train.config import TrainConfig
@@ -103,7 +103,7 @@ class DistillTrainer(CheckpointMixin, Trainer):
     """HF Trainer over trajectory indices (dataset 0..n-1) with the batch's self-distillation loss."""
 
     def __init__(self, *, items: Sequence[DistillItem], fmt: CallFormat, algo: DistillConfig, teacher: Any,
-                 teacher_context: Callable[[], Any], relabel: RelabelConfig | None = None,
+                 teacher_context: Callable[[], Any], relabeling: Relabeling | None = None,
                  **kwargs: Any) -> None:
         kwargs.setdefault("data_collator", collate_indices)
         super().__init__(train_dataset=list(range(len(items))), **kwargs)
@@ -113,7 +113,7 @@ class DistillTrainer(CheckpointMixin, Trainer):
         self.fmt = fmt
         self.algo = algo
         self.consistency = algo.objective()
-        self.relabel = relabel or RelabelConfig()
+        self.relabeling = relabeling or Relabeling.of(None, self.args.seed)
         self.teacher = teacher
         self.teacher_context = teacher_context
         self._sums: dict[str, float] = defaultdict(float)
@@ -123,15 +123,12 @@ class DistillTrainer(CheckpointMixin, Trainer):
                      num_items_in_batch: Any = None) -> Any:
         batch = [self.items[i] for i in inputs["index"].tolist()]
         tokenizer = self.processing_class
-        relabeled = None
-        if self.consistency.uses("rescore"):
-            step = self.state.global_step
-            base = self.args.seed if self.relabel.seed is None else self.relabel.seed
-            relabeled = [relabeled_view(it, self.fmt, tokenizer, self.relabel,
-                                        relabel_seed(base, step, it.example.id)) for it in batch]
+        step = self.state.global_step
+        copies = relabeled(student_view(batch, tokenizer), self.fmt, self.relabeling, step) \
+            if self.consistency.uses("rescore") else None
         autocast = self.algo.autocast_bf16 and self.args.device.type == "cpu"
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            loss, metrics = batch_loss(model, self.teacher, tokenizer, batch, relabeled, self.fmt,
+            loss, metrics = batch_loss(model, self.teacher, tokenizer, batch, copies, self.fmt,
                                        self.algo.weights, objective=self.consistency,
                                        teacher_context=self.teacher_context,
                                        token_positions=self._positions, step=self.state.global_step,
@@ -262,7 +259,7 @@ def _train(cfg: TrainConfig, student: Any, tokenizer: Any, items: list, fmt: Cal
         teacher, context = teacher_for(student, algo.teacher_dtype)
         return DistillTrainer(model=student, args=TrainingArguments(**args), processing_class=tokenizer,
                               items=items, fmt=fmt, algo=algo, teacher=teacher, teacher_context=context,
-                              relabel=cfg.perturb.relabel, callbacks=callbacks)
+                              relabeling=cfg.relabeling, callbacks=callbacks)
 
     return run_stage(cfg, STAGE, stage_dir, writer, build)[0]
 

@@ -38,7 +38,7 @@ Reward: the environment's score in [0, 1] plus `rollout.format_weight` x the sha
 ended with the end token and parse under the call format (the single-turn reward's format term for call
 formats without ToolRL's tags, turn by turn). The decisions of each turn are the call format's decisions
 of its text, at their offsets in the episode's text, so the consistency terms read every turn's decisions
-on the multi-turn context (`cipr.train.episode_terms`).
+on the multi-turn context (`cipr.method.pairing`).
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def episode_names(source: Example, record: PromptRecord, data: DataConfig, pertu
     """The `EpisodeNames` of `record` (built by `build_prompts` from `source` under the resolved `perturb`),
     by the same deterministic steps (canonicalization or masking, then the training perturbation for a
     perturbed row)."""
-    from cipr.train.data import _perturbation_config, mask_example
+    from cipr.train.data import mask_example
 
     rewrite = perturb.rewrite_text or "identifiers"
     if perturb.names == "original":
@@ -169,11 +169,10 @@ def episode_names(source: Example, record: PromptRecord, data: DataConfig, pertu
         out = EpisodeNames({cid: (orig, dict(nmap.arguments.get(cid, {}))) for cid, orig in nmap.tools},
                            nmap.forward, rewrite)
         if record.side == "perturbed":
-            from cipr.perturb.training import perturb_for_training
+            from cipr.perturb.registry import training_copy
 
             seed = data.seed if perturb.seed is None else perturb.seed
-            preset = _perturbation_config(perturb.preset, perturb.twin_wordings)
-            _, corr = perturb_for_training(example, preset, seed=seed)
+            _, corr = training_copy(example, perturb.preset, seed=seed, twin_wordings=perturb.twin_wordings)
             corr = corr.compose(nmap.backward, nmap.arguments)
             forward: dict[str, str] = {}
             for written, sources in zip(corr.names, corr.sources, strict=True):

@@ -13,17 +13,13 @@
   λ_rollout·KL_rollout, or a user's terms) divided by the gradient-accumulation steps as TRL scales its
   own loss. docs/method.md ("TRL seam") lists every private method still overridden and why.
 
-Action reads. TRL's fused LM head never exposes logits, so with `algo.fold_action_read` one forward of
-`cipr.method.actions.read_actions(..., response_logprobs=True)` gives both the completion token
-log-probabilities (at the sampling temperature, as TRL scores them) and the action distributions of both
-interfaces (at temperature 1), from the same logits. The reader tokenizes text, so this holds for rows whose
-re-tokenized prompt and decoded completion give back the ids the loss uses; TRL's own forward scores the other
-rows (`actions/folded` logs the fraction folded). The folded log-probabilities reach TRL's loss through
-`_get_per_token_logps_and_entropies`, which TRL's `_compute_loss` (called by its `compute_loss`) calls with
-fixed arguments: `given_task_logps(logps)` holds them for that one call and clears them on exit (also on
-error); `tests/test_trl_contract.py` pins that TRL still scores through it. TRL's token entropy needs full
-logits and is logged as missing on the folded path; the action entropy is logged instead. The rescoring term
-always needs a second forward over the relabeled canonical rollouts (x̃, ỹ) (`cipr.method.relabel`).
+Performance paths (the folded action read, completion-only scoring, shared prefill) are `grpo_fast`'s
+(`GRPOFastPaths`, a class this one inherits from): each on only where it applies, each with TRL's numbers. The
+rescoring term always needs a second forward over the relabeled canonical rollouts (x̃, ỹ).
+
+Rollouts come from the policy through TRL's generation, or from `rollout_source` (a factory called with the
+trainer, returning `generate(prompt_ids) -> (completion_ids, logprobs or None)`): replayed completions for
+tests and benchmarks (`cipr.train.replay`), everything after generation being the trainer's own code.
 
 Multi-turn episodes (`rollout.mode=multi_turn`, `cipr.train.episodes`) go through TRL's `rollout_func`
 hook: TRL hands it the generation batch's prompts (after syncing vLLM's weights) and takes back prompt ids,
@@ -31,31 +27,21 @@ completion ids, sampler log-probabilities, `env_mask` (TRL multiplies it into th
 tokens are never trained on) and extra per-row fields, which reach the reward function (`cipr_episode`).
 The trainer keeps the batch's rows while TRL calls it (TRL passes the prompts only) and gives the loop
 `_sample_turn` (`_generate_single_turn` with the turn's token budget), so HF and vLLM sample every turn
-through TRL's own generation code. TRL's `tools=` / `environment_factory` hooks are not used: they declare
-one tool list for the run (or one per named environment), never one per sample, take the tool names from
-Python method names (no adapter between an episode's names and the environment's), parse calls with the
-chat template's response schema (SmolLM2's ChatML has none; CIPR's call formats parse themselves), and end
-an episode at the first answer (no next user turn). Each episode is one response to the consistency
-terms: its decisions are every turn's, read on the multi-turn context; the rollout term is turn-aligned and
-the rescoring term relabels every turn (`cipr.train.episode_terms`, weighting stated there).
+through TRL's own generation code (why not TRL's `tools=` / `environment_factory`: docs/multi_turn.md). Each
+episode is one response to the consistency terms: its decisions are every turn's, read on the multi-turn
+context; the rollout term is turn-aligned and the rescoring term relabels every turn.
 
-Choices the paper leaves open:
-- Decisions in sampled text are those the call format finds (`CallFormat.decisions`); a response
-  with none (cut off before any call or answer) adds no term. A pair enters the rollout term only
-  when both sides have a response with a decision; the rest are counted in `consistency/pairs_skipped`.
-- Rescoring uses the canonical rollouts only (the paper's y is a response to the canonical x), with
-  fresh `function_XX` names drawn per step and response (`cipr.method.objective.relabel_seed`); a rollout
-  whose decisions do not survive relabeling is counted in `consistency/relabel_failures` and skipped.
-- Both terms follow `cipr.method.consistency` defaults: canonical side as reference (detached unless
-  `algo.detach_reference=false`), KL(canonical || other), each response weighted once. The KLs are
-  evaluated in float64 on rows renormalized to sum to 1 (`exact`): float32 rows sum to 1 only within
-  ~1e-7, which makes the KL of two nearly equal distributions come out slightly negative.
+The consistency terms see the batch through `cipr.method.pairing`: each row is a `Response` (its record's
+example, pair, side and tools; its rollout's text, turns and decisions' rows), the reader is the action
+reader on the same model, and `cipr.method.pairing` builds every pair (`_consistency`).
+
+The choices the paper leaves open (which decisions count, which pairs enter, the reference side) are the
+method's: `cipr.method.pairing`, `cipr.method.consistency` and docs/method.md.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import math
 import time
 import warnings
@@ -63,21 +49,18 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-from trl import GRPOTrainer
-from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import split_tensor_dict
 
 from cipr.formats.base import CallFormat
 from cipr.method.actions import ActionQuery, ActionReaderConfig, read_actions
-from cipr.method.objective import Objective, Pairs, relabel_seed, rescore_pairs, rollout_pairs
-from cipr.method.pairing import decision_rows, rollout_index
-from cipr.method.relabel import RelabelConfig, relabel
-from cipr.runtime.generation import consecutive_runs, sample_shared_prefill
+from cipr.method.objective import Objective
+from cipr.method.pairing import Response, build_rescore, build_rollout, rows_by_response
+from cipr.method.relabel import Relabeling
 from cipr.train.algo import AlgoConfig
 from cipr.train.checkpoint import CheckpointMixin, check_finite
 from cipr.train.data import PromptSet
-from cipr.train.episode_terms import relabel_episode, turn_index
 from cipr.train.episodes import EpisodeRunner, EpisodeScorer, episode_metrics, episode_totals
+from cipr.train.grpo_fast import GRPOFastPaths
 from cipr.train.reward import BatchRow, RolloutScorer
 from cipr.train.rollout import (
     check_vllm_loadable,
@@ -109,39 +92,28 @@ def shuffle_units(batch: dict[str, Any], unit_rows: int,
     return {k: permute(v) for k, v in batch.items()}
 
 
-def completion_logps(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
-                     temperature: float, compute_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probabilities [B, C] of the last C = `logits_to_keep` tokens of `input_ids` [B, T] at
-    `temperature`, and their entropies [B, C] if asked, from logits at those positions only.
-
-    Where Triton is absent TRL's fused head projects every position (prompt included) onto the
-    vocabulary, backward included; this projects the completion only. Same values as TRL's (tested).
-    """
-    from trl.trainer.utils import entropy_from_logits, selective_log_softmax
-
-    out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep + 1,
-                use_cache=False)
-    logits = out.logits[:, :-1] / temperature
-    logps = selective_log_softmax(logits, input_ids[:, -logits_to_keep:])
-    return logps, entropy_from_logits(logits) if compute_entropy else None
-
-
 def action_entropy(probs: torch.Tensor) -> torch.Tensor:
     """Entropy (nats) of each row of [D, A] action distributions."""
     p = probs.detach().clamp_min(0)
     return -(torch.xlogy(p, p)).sum(-1)
 
 
-class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
-    """GRPO with paired interfaces and CIPR's consistency terms (module docstring)."""
+Generate = Callable[[list[list[int]]], tuple[list[list[int]], list[list[float]] | None]]
+RolloutSource = Callable[[Any], Generate]
+"""Called once with the trainer, at its first generation: what stands in for the policy's sampling."""
+
+
+class CIPRGRPOTrainer(CheckpointMixin, GRPOFastPaths):
+    """GRPO with paired interfaces and CIPR's consistency terms (module docstring). `relabeling`: the run's
+    (None: the default names under the run seed); `rollout_source`: replayed rollouts (module docstring)."""
 
     def __init__(self, *args: Any, prompts: PromptSet, scorer: RolloutScorer | EpisodeScorer,
                  algo: AlgoConfig, fmt: CallFormat, objective: Objective | None = None,
-                 relabel_config: RelabelConfig | None = None, fold_allowed: bool = True,
-                 share_prefill: bool = True,
+                 relabeling: Relabeling | None = None, fold_allowed: bool = True, share_prefill: bool = True,
                  vllm_enforce_eager: bool | None = None,
                  sample_log: Callable[[int, list[dict[str, Any]]], None] | None = None,
-                 samples_per_step: int = 0, episodes: EpisodeRunner | None = None, **kwargs: Any) -> None:
+                 samples_per_step: int = 0, episodes: EpisodeRunner | None = None,
+                 rollout_source: RolloutSource | None = None, **kwargs: Any) -> None:
         self.prompt_set = prompts
         self.episodes = episodes
         self._episode_rows: list[int] | None = None
@@ -153,14 +125,15 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         self.algo = algo
         self.fmt = fmt
         self.consistency = objective or Objective([])
-        self.relabel_config = relabel_config or RelabelConfig()
+        self.rollout_source = rollout_source
+        self._rollouts: Generate | None = None
         self._cipr_sampler: PairedRepeatSampler | None = None
-        self._given_task_logps: torch.Tensor | None = None
         self._fold_allowed = fold_allowed
         self._share_prefill = share_prefill
         self._vllm_enforce_eager = vllm_enforce_eager
         self._timed_seconds = 0.0
         self._init_trl(args, kwargs)
+        self.relabeling = relabeling or Relabeling.of(None, self.args.seed)
         self.unit_rows = prompts.unit_size * self.num_generations
         if self.args.generation_batch_size % self.unit_rows:
             raise ValueError(f"generation_batch_size {self.args.generation_batch_size} is not a multiple of "
@@ -343,120 +316,21 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
     # -- generation ------------------------------------------------------------------------------
     def _generate_single_turn(self, prompt_ids: Any, images: Any, multimodal_fields: Any,
                               num_generations: int, has_tool_images: bool = False) -> Any:
-        """HF generation running each distinct prompt's prefill once (`sample_shared_prefill`); vLLM,
-        continuous batching, multimodal inputs and `rollout.share_prompt_prefill=false` use TRL's path."""
+        """One turn for every prompt: the `rollout_source`'s, else the policy's (`GRPOFastPaths`, TRL's)."""
         with self._timed("generate"):
-            return self._generate_runs(prompt_ids, images, multimodal_fields, num_generations,
-                                       has_tool_images)
-
-    def _generate_runs(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,
-                       has_tool_images: bool) -> Any:
-        runs = consecutive_runs(prompt_ids)
-        distinct = len(runs) == len(prompt_ids)
-        if self.accelerator.num_processes > 1:  # one path on every process: ZeRO-3's generation is collective
-            distinct = bool(self._sync_max([int(distinct)])[0])
-        if (not self._share_prefill or self.use_vllm or self.use_transformers_continuous_batching or images
-                or multimodal_fields or distinct):
+            if self.rollout_source is not None:
+                if self._rollouts is None:
+                    self._rollouts = self.rollout_source(self)
+                return self._rollouts([list(ids) for ids in prompt_ids])
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
                                                  has_tool_images)
-        with (unwrap_model_for_generation(self.model_wrapped, self.accelerator,
-                                          gather_deepspeed3_params=self.args.ds3_gather_for_generation,
-                                          generation_kwargs=self.generation_kwargs,
-                                          gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs)
-              as unwrapped, torch.no_grad(),
-              self._dist.summon_full_params(self.model_wrapped, recurse=False)):
-            completions = sample_shared_prefill(unwrapped, runs, self._tokenizer.pad_token_id,
-                                                self.eos_token_ids, self.generation_config,
-                                                self.accelerator.device)
-        return completions, None
 
     # -- losses ----------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def given_task_logps(self, logps: torch.Tensor) -> Iterator[None]:
-        """Inside, `_compute_loss` takes the completion-token log-probs from `logps`, not a forward."""
-        if self._given_task_logps is not None:
-            raise RuntimeError("given_task_logps does not nest: one set of log-probabilities per loss call")
-        self._given_task_logps = logps
-        try:
-            yield
-        finally:
-            self._given_task_logps = None
-
-    def _get_per_token_logps_and_entropies(self, model: Any, input_ids: torch.Tensor,
-                                           attention_mask: torch.Tensor, logits_to_keep: int, *args: Any,
-                                           **kwargs: Any) -> Any:
-        """TRL's token scoring, or inside `given_task_logps` the given log-probs (entropies NaN).
-        Off Triton devices, text-only batches go to `completion_logps`, in TRL's micro-batches."""
-        logps = self._given_task_logps
-        if logps is None:
-            if self._score_completions_only(model, args, kwargs):
-                size = kwargs.get("batch_size") or input_ids.size(0)
-                parts = [completion_logps(model, input_ids[i:i + size], attention_mask[i:i + size],
-                                          logits_to_keep, self.temperature,
-                                          bool(kwargs.get("compute_entropy")))
-                         for i in range(0, input_ids.size(0), size)]
-                entropies = torch.cat([e for _, e in parts]) if kwargs.get("compute_entropy") else None
-                return torch.cat([lp for lp, _ in parts]), entropies, None
-            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask,
-                                                              logits_to_keep, *args, **kwargs)
-        if logps.shape != (input_ids.size(0), logits_to_keep):
-            raise RuntimeError(f"given log-probabilities {tuple(logps.shape)} do not match the scored batch "
-                               f"({input_ids.size(0)}, {logits_to_keep})")
-        entropies = torch.full_like(logps, float("nan")) if kwargs.get("compute_entropy") else None
-        return logps, entropies, None
-
-    def _score_completions_only(self, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        """Whether `completion_logps` scores this call: off Triton devices, text only, no MoE aux loss."""
-        from trl.kernels.chunked_logprob import _use_triton
-
-        if args or kwargs.get("compute_aux_loss") or _use_triton(torch.device(self.accelerator.device)):
-            return False
-        if any(v is not None for k, v in kwargs.items()
-               if k not in ("batch_size", "compute_entropy", "compute_aux_loss")):
-            return False
-        unwrapped = self.accelerator.unwrap_model(model)
-        base = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped  # PEFT
-        forward = getattr(base, "forward", None)
-        return forward is not None and "logits_to_keep" in inspect.signature(forward).parameters
-
     def _query(self, row: BatchRow) -> ActionQuery:
         r = row.rollout
         response = r.text + (self.processing_class.eos_token if r.ended else "")
         record = row.record
         return ActionQuery(record.prompt, response, tuple(r.decisions), record.tools, record.classes)
-
-    def _fold_rows(self, inputs: dict[str, Any], queries: Sequence[ActionQuery]) -> list[bool] | None:
-        """Per row, whether re-tokenizing it gives exactly the prompt and completion ids the loss uses.
-        None when folding is off: by config, under vLLM importance-sampling correction, or with an
-        entropy-dependent loss (needs TRL's token entropies) or a MoE load-balancing loss (TRL's forward)."""
-        if not (self.algo.fold_action_read and self._fold_allowed) or self.top_entropy_quantile < 1.0 \
-                or self._entropy_bonus_enabled or self.aux_loss_enabled:
-            return None
-        tok = self.processing_class
-        prompts = tok([q.prompt for q in queries], add_special_tokens=False)["input_ids"]
-        responses = tok([q.response for q in queries], add_special_tokens=False)["input_ids"]
-        out = []
-        for b in range(len(queries)):
-            prompt = inputs["prompt_ids"][b][inputs["prompt_mask"][b].bool()].tolist()
-            completion = inputs["completion_ids"][b][inputs["completion_mask"][b].bool()].tolist()
-            out.append(prompts[b] == prompt and responses[b] == completion)
-        return out
-
-    def _task_logps(self, model: Any, inputs: dict[str, Any], logps: torch.Tensor, rows: Sequence[bool]
-                    ) -> torch.Tensor:
-        """Completion-token log-probs: the folded read's where a row matched, TRL's forward elsewhere."""
-        width = inputs["completion_ids"].size(1)
-        if logps.size(1) < width:
-            logps = torch.nn.functional.pad(logps, (0, width - logps.size(1)))
-        logps = logps[:, :width]
-        missing = [b for b, ok in enumerate(rows) if not ok]
-        if missing:
-            idx = torch.tensor(missing, dtype=torch.long, device=logps.device)
-            ids = torch.cat([inputs["prompt_ids"][idx], inputs["completion_ids"][idx]], dim=1)
-            mask = torch.cat([inputs["prompt_mask"][idx], inputs["completion_mask"][idx]], dim=1)
-            own, _, _ = super()._get_per_token_logps_and_entropies(model, ids, mask, width)
-            logps = logps.index_copy(0, idx, own.to(logps.dtype))
-        return logps
 
     def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> torch.Tensor:
@@ -475,18 +349,14 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         queries = [self._query(row) for row in rows]
         num_actions = max(row.record.num_actions for row in rows)
         metrics = self._metrics["train" if self.model.training else "eval"]
-        fold = self._fold_rows(inputs, queries)
+        fold = self._fold_rows(inputs, queries)  # grpo_fast: None unless the folded read applies
         folded = fold is not None and any(fold)
         metrics["actions/folded"].append(sum(fold) / len(fold) if fold else 0.0)
         reader = ActionReaderConfig(response_logprobs=folded, response_temperature=self.temperature)
         with self.accelerator.autocast(), self._timed("action_read"):
             reading = read_actions(model, self.processing_class, queries, num_actions, reader)
-        with self._timed("task_loss"):
-            if folded:
-                with self.given_task_logps(self._task_logps(model, inputs, reading.response_logprobs, fold)):
-                    task = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-            else:
-                task = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        with self._timed("task_loss"), self._folded(model, inputs, reading, fold):
+            task = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         terms, parts = self._consistency(model, rows, reading.probs, reading.sequence, num_actions)
         scale = self.current_gradient_accumulation_steps if self.model.training else 1.0
         loss = task + (terms / scale).to(task.dtype)
@@ -496,6 +366,22 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         check_finite(loss, self.state.global_step, parts)
         return loss
 
+    def _view(self, rows: Sequence[BatchRow], sequence: Sequence[int]) -> list[Response]:
+        """The micro-batch as `cipr.method.pairing` sees it: a `Response` per row (an episode: every turn)."""
+        eos = self.processing_class.eos_token
+        by_row = rows_by_response(sequence, len(rows))
+        drawn: dict[int, int] = {}
+        out = []
+        for b, row in enumerate(rows):
+            record, r = row.record, row.rollout
+            drawn[record.row] = drawn.get(record.row, -1) + 1  # the k-th of the prompt's G responses
+            episode = self.episodes is not None
+            out.append(Response(record.example.id, record.pair_id, record.side, drawn[record.row],
+                                record.prompt, r.text, record.tools, record.classes, by_row[b],
+                                eos if r.ended else "", r.turn_spans if episode else None,
+                                tuple(r.turn_of) if episode else ()))
+        return out
+
     def _consistency(self, model: Any, rows: Sequence[BatchRow], probs: torch.Tensor, sequence: torch.Tensor,
                      num_actions: int) -> tuple[torch.Tensor, dict[str, float]]:
         """The objective's terms for one micro-batch (`cipr.method.objective`), and their metrics."""
@@ -503,84 +389,23 @@ class CIPRGRPOTrainer(CheckpointMixin, GRPOTrainer):
         if probs.numel():
             parts["actions/entropy"] = float(action_entropy(probs).mean())
             parts["actions/p_no_call"] = float(probs[:, -1].detach().mean())
-        seq = sequence.tolist()
+        view = self._view(rows, sequence.tolist())
         rollout = rescore = None
         if self.consistency.uses("rollout"):
-            build = self._rollout_pairs if self.episodes is None else self._turn_pairs
-            rollout, skipped = build(rows, probs, seq)
-            parts.update({f"consistency/{k}": v for k, v in skipped.items()})
+            rollout, counts = build_rollout(view, probs, by_turn=self.episodes is not None)
+            parts.update(counts)
         if self.consistency.uses("rescore"):
-            rescore, failures = self._rescore_pairs(model, rows, probs, seq, num_actions)
-            parts["consistency/relabel_failures"] = failures
+            def read(queries: Sequence[ActionQuery]) -> torch.Tensor:
+                with self.accelerator.autocast(), self._timed("rescore_read"):
+                    return read_actions(model, self.processing_class, queries, num_actions).probs
+
+            rescore, counts = build_rescore(view, probs, read, self.fmt, self.relabeling,
+                                            self.state.global_step)
+            parts.update(counts)
         total, metrics = self.consistency(probs, rescore=rescore, rollout=rollout,
                                           step=self.state.global_step, max_steps=self.state.max_steps)
         parts.update(metrics)
         return total, parts
-
-    def _rollout_pairs(self, rows: Sequence[BatchRow], probs: torch.Tensor, seq: Sequence[int]
-                       ) -> tuple[Pairs | None, dict[str, float]]:
-        """The rollout term's pairs: each complete pair's G responses per side (`cipr.method.pairing`)."""
-        index, metrics = rollout_index([row.record.pair_id for row in rows],
-                                       [row.record.side for row in rows],
-                                       [bool(row.rollout.decisions) for row in rows], seq,
-                                       device=probs.device)
-        if index is None:
-            return None, metrics
-        canon, pert = index.canonical, index.perturbed
-        pairs = torch.arange(int(canon.groups.max()) + 1, device=probs.device)
-        return rollout_pairs(probs[canon.decisions], canon.segments, canon.groups, probs[pert.decisions],
-                             pert.segments, pert.groups, pairs), metrics
-
-    def _turn_pairs(self, rows: Sequence[BatchRow], probs: torch.Tensor, seq: Sequence[int]
-                    ) -> tuple[Pairs | None, dict[str, float]]:
-        """The rollout term's pairs of episodes, turn by turn (`cipr.train.episode_terms.turn_index`)."""
-        turns = [k for row in rows for k in row.rollout.turn_of]
-        index, metrics = turn_index([row.record.pair_id for row in rows], [row.record.side for row in rows],
-                                    seq, turns, device=probs.device)
-        if index is None:
-            return None, metrics
-        canon, pert = index.canonical, index.perturbed
-        return rollout_pairs(probs[canon.decisions], canon.units, canon.unit_groups, probs[pert.decisions],
-                             pert.units, pert.unit_groups, index.group_pairs), metrics
-
-    def _relabeled(self, row: BatchRow, seed: int) -> ActionQuery:
-        """The relabeled (x̃, ỹ) of a canonical rollout (an episode: every turn); ValueError when it fails."""
-        record, rollout = row.record, row.rollout
-        if self.episodes is not None:
-            ep = relabel_episode(record.prompt, rollout.text, rollout.turn_spans, record.tools, self.fmt,
-                                 self.relabel_config, seed=seed)
-            prompt, response, decisions, tools = ep.prompt, ep.response, ep.decisions, ep.tools
-        else:
-            rel = relabel(record.prompt, rollout.text, record.tools, self.fmt, self.relabel_config, seed=seed)
-            prompt, response, decisions, tools = rel.prompt, rel.response, rel.relabeled_decisions, rel.tools
-        response += self.processing_class.eos_token if rollout.ended else ""
-        return ActionQuery(prompt, response, decisions, tools, record.classes)
-
-    def _rescore_pairs(self, model: Any, rows: Sequence[BatchRow], probs: torch.Tensor, seq: Sequence[int],
-                       num_actions: int) -> tuple[Pairs | None, float]:
-        """The rescoring term's pairs: each canonical rollout's decisions against its relabeled copy's."""
-        queries: list[ActionQuery] = []
-        kept: list[int] = []
-        failures = 0
-        drawn: dict[int, int] = {}
-        for b, row in enumerate(rows):
-            response = drawn[row.record.row] = drawn.get(row.record.row, -1) + 1  # k-th of the prompt's G
-            if row.record.side != "canonical" or not row.rollout.decisions:
-                continue
-            base = self.args.seed if self.relabel_config.seed is None else self.relabel_config.seed
-            seed = relabel_seed(base, self.state.global_step, row.record.example.id, response)
-            try:
-                queries.append(self._relabeled(row, seed))
-            except ValueError:
-                failures += 1
-                continue
-            kept.append(b)
-        if not queries:
-            return None, float(failures)
-        with self.accelerator.autocast(), self._timed("rescore_read"):
-            relabeled = read_actions(model, self.processing_class, queries, num_actions)
-        p_canon = probs[decision_rows(kept, seq, device=probs.device)]
-        return rescore_pairs(p_canon, relabeled.probs, relabeled.sequence), float(failures)
 
     # -- checkpoint state ------------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:

@@ -1,10 +1,10 @@
 """Replayed rollouts: completions drawn from fixed candidate texts instead of sampled from the policy.
 
-Tests and `scripts/bench_step.py` need rollouts that make tool calls from the first step (a tiny random
-model never does), identical across algorithms. `ReplayRollouts.install(trainer)` replaces
-GRPOTrainer's `_generate_single_turn`, where TRL turns prompt ids into completion ids
-(`replay_single_turn`: the same on a trainer class), so everything after it (rewards, advantages, losses,
-checkpoints) is the trainer's own code.
+Tests and scripts need rollouts that make tool calls from the first step (a tiny random model never does),
+identical across algorithms. `replay_rollouts()` is a `rollout_source` for the GRPO trainer
+(`cipr.train.grpo`; `cipr.train.run.run(cfg, rollout_source=replay_rollouts())`): it stands in where TRL
+turns prompt ids into completion ids, so everything after it (rewards, advantages, losses, checkpoints) is
+the trainer's own code.
 
 For each prompt row the candidates are: the reference target (correct); the target with its first
 call sent to another declared tool (on the perturbed side the called tool's degraded twin when it
@@ -17,7 +17,7 @@ draws for each prompt what one process drew (the distributed tier compares the t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 from zlib import crc32
@@ -53,16 +53,14 @@ def candidates(record: PromptRecord, fmt: CallFormat) -> list[str]:
 
 
 class ReplayRollouts:
-    """Stand-in for `GRPOTrainer._generate_single_turn` drawing completions from `candidates`."""
+    """Completions drawn from `candidates` for the prompts it is called with."""
 
     def __init__(self, records: Sequence[PromptRecord], fmt: CallFormat, tokenizer: Any, *,
-                 max_completion_length: int, weights: Sequence[float] | None = None,
-                 draw: Literal["global", "per_prompt"] = "global") -> None:
+                 max_completion_length: int, draw: Literal["global", "per_prompt"] = "global") -> None:
         self.tokenizer = tokenizer
         self.draw = draw
         self.drawn: dict[tuple[int, ...], int] = {}
         self.max_completion_length = max_completion_length
-        self.weights = weights
         prompt_ids = tokenizer(text=[r.prompt for r in records])["input_ids"]
         self.by_prompt: dict[tuple[int, ...], list[list[int]]] = {}
         for record, ids in zip(records, prompt_ids, strict=True):
@@ -70,8 +68,8 @@ class ReplayRollouts:
             encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
             self.by_prompt[tuple(ids)] = [list(e)[:max_completion_length] for e in encoded]
 
-    def generate(self, prompt_ids: Sequence[Sequence[int]], images: Any = None, multimodal_fields: Any = None,
-                 num_generations: int = 1, has_tool_images: bool = False) -> tuple[list[list[int]], None]:
+    def __call__(self, prompt_ids: Sequence[Sequence[int]]) -> tuple[list[list[int]], None]:
+        """One completion per prompt (no sampler log-probabilities)."""
         out = []
         for ids in prompt_ids:
             options = self.by_prompt.get(tuple(ids))
@@ -83,29 +81,17 @@ class ReplayRollouts:
                 n = self.drawn.get(key, 0)
                 self.drawn[key] = n + 1
                 generator = torch.Generator().manual_seed(crc32(str(key).encode()) * 1_000_003 + n)
-            if self.weights is None:
-                k = int(torch.randint(len(options), (), generator=generator).item())
-            else:
-                w = torch.tensor(list(self.weights)[:len(options)], dtype=torch.float)
-                k = int(torch.multinomial(w / w.sum(), 1, generator=generator).item())
+            k = int(torch.randint(len(options), (), generator=generator).item())
             out.append(list(options[k]))
         return out, None
 
-    def install(self, trainer: Any) -> None:
-        trainer._generate_single_turn = self.generate
 
 
-def replay_single_turn(draw: Literal["global", "per_prompt"] = "global") -> Any:
-    """A `GRPOTrainer._generate_single_turn` to set on a trainer class, for runs whose trainer is built
-    inside `cipr.train.run` (where `ReplayRollouts.install` cannot reach the instance): each trainer builds
-    its `ReplayRollouts` from its own prompt set on its first generation."""
+def replay_rollouts(draw: Literal["global", "per_prompt"] = "global") -> Callable[[Any], ReplayRollouts]:
+    """A `rollout_source` (`cipr.train.grpo.RolloutSource`): each trainer replays its own prompt set."""
 
-    def generate(self: Any, prompt_ids: Sequence[Sequence[int]], images: Any = None,
-                 multimodal_fields: Any = None, num_generations: int = 1,
-                 has_tool_images: bool = False) -> tuple[list[list[int]], None]:
-        if not hasattr(self, "_replay"):
-            self._replay = ReplayRollouts(self.prompt_set.records, self.fmt, self.processing_class,
-                                          max_completion_length=self.max_completion_length, draw=draw)
-        return self._replay.generate(prompt_ids, images, multimodal_fields, num_generations)
+    def source(trainer: Any) -> ReplayRollouts:
+        return ReplayRollouts(trainer.prompt_set.records, trainer.fmt, trainer.processing_class,
+                              max_completion_length=trainer.max_completion_length, draw=draw)
 
-    return generate
+    return source

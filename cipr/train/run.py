@@ -33,7 +33,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -64,6 +64,9 @@ from cipr.train.schedule import (
 from cipr.train.stage import run_stage
 from cipr.train.strategy import sharded, validate_distributed
 from cipr.train.warm_start import claim, stage_dir, validate_shared, warm_start_prompts
+
+if TYPE_CHECKING:
+    from cipr.train.grpo import RolloutSource
 
 __all__ = ["TrainConfig", "batch_geometry", "config_from_dict", "grpo_args", "result_stage", "run",
            "validate"]
@@ -175,8 +178,9 @@ def _records(writer: MetricsWriter, **match: Any) -> list[dict[str, Any]]:
     return [r for r in writer.read() if all(r.get(k) == v for k, v in match.items())]
 
 
-def run(cfg: TrainConfig) -> Path:
-    """Run every stage of `cfg` (resuming where a previous run stopped) and return the run folder."""
+def run(cfg: TrainConfig, *, rollout_source: RolloutSource | None = None) -> Path:
+    """Run every stage of `cfg` (resuming where a previous run stopped) and return the run folder.
+    `rollout_source`: what stands in for GRPO's sampling (`cipr.train.grpo`; e.g. `cipr.train.replay`)."""
     validate(cfg)
     started = time.time()
     if cfg.trainer.torch_threads:
@@ -197,7 +201,7 @@ def run(cfg: TrainConfig) -> Path:
 
             entries = run_distill(cfg, run_dir, writer, lambda tokenizer: _call_format(cfg, tokenizer))
         else:
-            entries = _run_prompts(cfg, run_dir, writer)
+            entries = _run_prompts(cfg, run_dir, writer, rollout_source)
         if entries is None:  # every stage was already complete: this invocation did no work
             unrecorded = False
         elif writer.enabled:
@@ -240,7 +244,8 @@ def _preflight(cfg: TrainConfig, examples: list[Any]) -> None:
     result.findings.check()
 
 
-def _run_prompts(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter) -> dict[str, Any] | None:
+def _run_prompts(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter,
+                 rollout_source: RolloutSource | None = None) -> dict[str, Any] | None:
     """The stages of a prompt-based algorithm; the summary's entries of the run (None: it was complete)."""
     stages = _stages(cfg)
     pending = [s for s in stages if not stage_done(_stage_dir(cfg, run_dir, s))]
@@ -291,7 +296,7 @@ def _run_prompts(cfg: TrainConfig, run_dir: Path, writer: MetricsWriter) -> dict
             sft_writer.close()
         gc.collect()
     if "grpo" in pending:
-        _run_grpo(cfg, model, tokenizer, prompts, fmt, run_dir, writer)
+        _run_grpo(cfg, model, tokenizer, prompts, fmt, run_dir, writer, rollout_source)
     if "supervised" in pending:
         _run_sft(cfg, "supervised", model, tokenizer, prompts, fmt, run_dir, writer)
 
@@ -381,7 +386,7 @@ def _run_sft(cfg: TrainConfig, stage: str, model: Any, tokenizer: Any, prompts: 
             return build_supervised_trainer(
                 model, tokenizer, prompts.records, args, ws.max_length, fmt=fmt, unit_size=prompts.unit_size,
                 action_weight=cfg.algo.action_weight, objective=cfg.algo.objective(),
-                relabel_config=cfg.perturb.relabel, trace=cfg.logging.trace, callbacks=callbacks)
+                relabeling=cfg.relabeling, trace=cfg.logging.trace, callbacks=callbacks)
         if stage == "warm_start" and ws.action_weight > 0:
             return build_supervised_trainer(model, tokenizer, prompts.records, args, ws.max_length, fmt=fmt,
                                             unit_size=1, action_weight=ws.action_weight, callbacks=callbacks)
@@ -439,7 +444,7 @@ def _episodes(cfg: TrainConfig, tokenizer: Any, fmt: Any) -> tuple[PromptSet, An
 
 
 def _run_grpo(cfg: TrainConfig, model: Any, tokenizer: Any, prompts: PromptSet, fmt: Any, run_dir: Path,
-              writer: MetricsWriter) -> int:
+              writer: MetricsWriter, rollout_source: RolloutSource | None = None) -> int:
     from datasets import Dataset
     from trl import GRPOConfig
 
@@ -473,8 +478,8 @@ def _run_grpo(cfg: TrainConfig, model: Any, tokenizer: Any, prompts: PromptSet, 
             RolloutScorer(prompts.records, fmt, tokenizer, stop_ids)
         trainer = CIPRGRPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(prompts.rows()),
                                   processing_class=tokenizer, prompts=prompts, algo=cfg.algo, fmt=fmt,
-                                  objective=cfg.algo.objective(), relabel_config=cfg.perturb.relabel,
-                                  scorer=scorer, episodes=episodes,
+                                  objective=cfg.algo.objective(), relabeling=cfg.relabeling,
+                                  scorer=scorer, episodes=episodes, rollout_source=rollout_source,
                                   fold_allowed=not (rollout.uses_vllm
                                                     and rollout.importance_sampling_correction),
                                   share_prefill=rollout.share_prompt_prefill,

@@ -9,8 +9,8 @@ backward per row plus the relabeled read. Per algorithm (`algo.py`):
   reordering), the two rows of a pair in the same batch (`PairedRepeatSampler` with one "generation").
 - `cipr`: the same rows, plus λ_rescore · KL_rescore on the canonical rows: the action distributions at
   the decisions of the reference target y under the canonical prompt x, against those of (x̃, ỹ),
-  the same pair with fresh `function_XX` names (`cipr.method.relabel`, seeded by
-  `cipr.method.objective.relabel_seed`).
+  the same pair with fresh `function_XX` names (`cipr.method.pairing.build_rescore`: the batch's canonical
+  rows as `Response`s, each decision carrying the reference action as its target).
   There are no rollouts, so there is no rollout term (a nonzero `algo.terms.rollout.weight` is refused).
 
 Action supervision (`action_weight` > 0, `algo.action_weight` / `trainer.warm_start.action_weight`): the
@@ -58,9 +58,11 @@ from transformers import TrainerCallback
 
 from cipr.formats.base import CallFormat
 from cipr.method.action_forward import recomputing, sharded
-from cipr.method.actions import ActionQuery, ActionReaderConfig, read_actions
-from cipr.method.objective import Objective, Pairs, relabel_seed, rescore_pairs
-from cipr.method.relabel import RelabelConfig, relabel
+from cipr.method.actions import ActionQuery, ActionReaderConfig, ActionReading, read_actions
+from cipr.method.consistency import segment_mean
+from cipr.method.objective import Objective, Pairs
+from cipr.method.pairing import Response, build_rescore, rows_by_response
+from cipr.method.relabel import Relabeling
 from cipr.train.checkpoint import check_finite
 from cipr.train.data import PromptRecord
 from cipr.train.sampler import PairedRepeatSampler
@@ -108,70 +110,9 @@ def action_nll(probs: torch.Tensor, targets: torch.Tensor, segments: torch.Tenso
         return probs.sum() * 0.0, {"action/nll": 0.0, "action/accuracy": 0.0, "action/scored": 0.0}
     p, t, seg = probs[keep], targets[keep], segments[keep]
     nll = -torch.log(p.gather(1, t[:, None]).squeeze(1).clamp_min(eps))
-    ids, inverse = torch.unique(seg, return_inverse=True)
-    sums = torch.zeros(len(ids), dtype=nll.dtype, device=nll.device).index_add(0, inverse, nll)
-    counts = torch.zeros(len(ids), dtype=nll.dtype, device=nll.device).index_add(0, inverse,
-                                                                                 torch.ones_like(nll))
-    value = (sums / counts).mean()
+    value = segment_mean(nll, seg)[0].mean()
     return value, {"action/nll": float(value.detach()), "action/scored": float(keep.sum()),
                    "action/accuracy": float((p.argmax(-1) == t).double().mean())}
-
-
-def relabeled_queries(records: Sequence[PromptRecord], fmt: CallFormat, config: RelabelConfig,
-                      seeds: Sequence[int]) -> tuple[list[ActionQuery], list[int]]:
-    """The relabeled (x̃, ỹ) query of each record, and the indices of the records it was made for."""
-    out: list[ActionQuery] = []
-    kept: list[int] = []
-    for i, (r, seed) in enumerate(zip(records, seeds, strict=True)):
-        try:
-            rel = relabel(r.prompt, r.target, r.tools, fmt, config, seed=seed)
-        except ValueError:
-            continue
-        out.append(ActionQuery(rel.prompt, rel.response, rel.relabeled_decisions, rel.tools, r.classes,
-                               tuple(fmt.name_text(t) for t in rel.tools)))
-        kept.append(i)
-    return out, kept
-
-
-def rescoring_pairs(model: Any, tokenizer: Any, records: Sequence[PromptRecord], fmt: CallFormat,
-                    config: RelabelConfig, seeds: Sequence[int], *, detach_reference: bool = True,
-                    p_canon: torch.Tensor | None = None) -> tuple[Pairs | None, int]:
-    """The rescoring term's pairs over `records` (canonical rows with reference targets), and the relabel
-    failures.
-
-    `p_canon`: the records' canonical action distributions [D, A] when already read (else read here, [D] the
-    decisions of the records in order)."""
-    relabeled, kept = relabeled_queries(records, fmt, config, seeds)
-    failures = len(records) - len(kept)
-    if not relabeled:
-        return None, failures
-    num_actions = max(r.num_actions for r in records)
-    if p_canon is None:
-        with torch.no_grad() if detach_reference else torch.enable_grad():
-            p_canon = read_actions(model, tokenizer, canonical_queries(records, fmt), num_actions, LEAN).probs
-    queries = [ActionQuery.from_format(fmt, r.prompt, r.target, r.tools, r.classes) for r in records]
-    counts = [len(q.decisions) for q in queries]
-    starts = [sum(counts[:i]) for i in range(len(records))]
-    rows = [starts[i] + j for i in kept for j in range(counts[i])]
-    p_canon = p_canon[torch.tensor(rows, dtype=torch.long, device=p_canon.device)]
-    reading = read_actions(model, tokenizer, relabeled, num_actions, LEAN)
-    targets = torch.tensor([c for i in kept for c in reference_classes(queries[i], num_actions)],
-                           dtype=torch.long, device=reading.probs.device)
-    return rescore_pairs(p_canon, reading.probs, reading.sequence, targets=targets), failures
-
-
-def rescoring_term(model: Any, tokenizer: Any, records: Sequence[PromptRecord], fmt: CallFormat,
-                   config: RelabelConfig, seeds: Sequence[int], *, detach_reference: bool = True,
-                   p_canon: torch.Tensor | None = None) -> tuple[torch.Tensor | None, dict[str, float]]:
-    """The built-in rescoring KL alone over `records` (value, metrics), for scripts and tests; training goes
-    through the run's `Objective`. None when no record could be relabeled."""
-    pairs, failures = rescoring_pairs(model, tokenizer, records, fmt, config, seeds,
-                                      detach_reference=detach_reference, p_canon=p_canon)
-    if pairs is None:
-        return None, {"relabel_failures": float(failures)}
-    value, metrics = Objective.builtin(rescore=1.0, detach_reference=detach_reference)(pairs.p_other,
-                                                                                        rescore=pairs)
-    return value, {"relabel_failures": float(failures), **metrics}
 
 
 def compact_fused_forward(model: Any, forward: Any, *args: Any, fused_lm_head: bool = False,
@@ -248,22 +189,22 @@ class SupervisedTrainer(WarmStartTrainer):
     """SFT over an algorithm's rows: pairs kept together, action supervision, the consistency objective.
 
     `objective`: the consistency terms (`cipr.method.objective`; rescore-kind only: no rollouts), None or
-    empty
-    for none (an algorithm other than CIPR); a weight-0 term is still read and logged. `action_weight`: the
-    action cross-entropy's weight (0: TRL's SFT loss alone).
+    empty for none (an algorithm other than CIPR); a weight-0 term is still read and logged. `action_weight`:
+    the action cross-entropy's weight (0: TRL's SFT loss alone). `relabeling`: the run's (None: the default
+    names under the run seed).
     """
 
     def __init__(self, *, fmt: CallFormat, unit_size: int, objective: Objective | None = None,
-                 action_weight: float = 0.0, relabel_config: RelabelConfig | None = None,
+                 action_weight: float = 0.0, relabeling: Relabeling | None = None,
                  trace: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.fmt = fmt
         self.unit_size = unit_size
         self.consistency = objective or Objective([])
         self.action_weight = action_weight
-        self.relabel_config = relabel_config or RelabelConfig()
+        self.relabeling = relabeling or Relabeling.of(None, self.args.seed)
         self.trace = trace and self.consistency.uses("rescore")
-        self._traced: list[tuple[list[PromptRecord], list[int], int]] = []
+        self._traced: list[tuple[list[PromptRecord], int]] = []
         if self.trace:
             self.add_callback(TraceCallback(self))
 
@@ -279,9 +220,8 @@ class SupervisedTrainer(WarmStartTrainer):
         model.eval()
         try:
             with torch.no_grad():
-                for records, seeds, step in batches:
-                    pairs, _ = rescoring_pairs(model, self.processing_class, records, self.fmt,
-                                               self.relabel_config, seeds)
+                for records, step in batches:
+                    pairs, _ = self._rescore(model, records, step)
                     if pairs is None:
                         continue
                     _, metrics = self.consistency(pairs.p_other, rescore=pairs, step=step,
@@ -354,14 +294,11 @@ class SupervisedTrainer(WarmStartTrainer):
     def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> Any:
         batch: list[PromptRecord] = inputs.pop(RECORDS)
-        p_canon = None
+        reading = None
         if self.action_weight > 0:
             if return_outputs:
                 raise ValueError("action supervision computes its own loss and returns no model outputs")
             out, reading = self._supervised_loss(model, batch, num_items_in_batch)
-            canonical_rows = torch.tensor([batch[b].side == "canonical" for b in reading.sequence.tolist()],
-                                          dtype=torch.bool, device=reading.probs.device)
-            p_canon = reading.probs[canonical_rows]
         else:
             with lean_sft_forward(self.accelerator.unwrap_model(model), self.accelerator.device):
                 out = super().compute_loss(model, inputs, return_outputs=return_outputs,
@@ -369,29 +306,48 @@ class SupervisedTrainer(WarmStartTrainer):
         if not self.consistency.uses("rescore") or not model.training:
             return out
         loss = out[0] if return_outputs else out
-        canonical = [r for r in batch if r.side == "canonical"]
-        base = self.args.seed if self.relabel_config.seed is None else self.relabel_config.seed
-        seeds = [relabel_seed(base, self.state.global_step, r.example.id) for r in canonical]
-        detach = self.consistency.detach_reference
+        step = self.state.global_step
         trained = any(t.weight for t in self.consistency.terms)  # all at weight 0: read for the log only
         with torch.enable_grad() if trained else torch.no_grad():
-            pairs, failures = rescoring_pairs(model, self.processing_class, canonical, self.fmt,
-                                              self.relabel_config, seeds, detach_reference=detach,
-                                              p_canon=p_canon.detach() if p_canon is not None and detach
-                                              else p_canon)
-        self._log({"consistency/relabel_failures": float(failures)})
+            pairs, counts = self._rescore(model, batch, step, reading)
+        self._log(counts)
         if pairs is None:
             return out
-        value, metrics = self.consistency(loss, rescore=pairs, step=self.state.global_step,
-                                          max_steps=self.state.max_steps)
+        value, metrics = self.consistency(loss, rescore=pairs, step=step, max_steps=self.state.max_steps)
         self._log(metrics)
         if self.trace:
-            self._traced.append((canonical, seeds, self.state.global_step))
+            self._traced.append(([r for r in batch if r.side == "canonical"], step))
             self._log({f"trace/{t.name}/before": metrics[f"consistency/{t.name}/value"]
                        for t in self.consistency.terms if t.kind == "rescore"})
         loss = loss + self._accumulated(value.to(loss.dtype), num_items_in_batch)
-        check_finite(loss, self.state.global_step, metrics)
+        check_finite(loss, step, metrics)
         return (loss, out[1]) if return_outputs else loss
+
+    def _rescore(self, model: Any, batch: Sequence[PromptRecord], step: int,
+                 reading: ActionReading | None = None) -> tuple[Pairs | None, dict[str, float]]:
+        """The rescoring pairs of the batch's canonical rows (`cipr.method.pairing.build_rescore`): their
+        decisions in `reading` (the action-supervised forward of `batch`) or in a read of the canonical rows
+        here (without gradient when the reference is detached), against their relabeled copies'."""
+        detach, tokenizer = self.consistency.detach_reference, self.processing_class
+        if reading is None:
+            batch = [r for r in batch if r.side == "canonical"]
+            if not batch:
+                return None, {"consistency/relabel_failures": 0.0}
+            with torch.no_grad() if detach else torch.enable_grad():
+                reading = read_actions(model, tokenizer, canonical_queries(batch, self.fmt),
+                                       max(r.num_actions for r in batch), LEAN)
+        probs = reading.probs.detach() if detach else reading.probs
+        num_actions = probs.shape[1] - 1
+        by_row = rows_by_response(reading.sequence.tolist(), len(batch))
+        view = [Response(r.example.id, r.pair_id, r.side, 0, r.prompt, r.target, r.tools, r.classes,
+                         by_row[b], targets=tuple(reference_classes(ActionQuery.from_format(
+                             self.fmt, r.prompt, r.target, r.tools, r.classes), num_actions)))
+                for b, r in enumerate(batch)]
+
+        def read(queries: Sequence[ActionQuery]) -> torch.Tensor:
+            return read_actions(model, tokenizer, queries, num_actions, LEAN).probs
+
+        return build_rescore(view, probs, read, self.fmt, self.relabeling, step)
 
 
 class TraceCallback(TrainerCallback):
@@ -420,7 +376,7 @@ def collate_with_records(collator: Any, records: Sequence[PromptRecord]) -> Any:
 def build_supervised_trainer(model: Any, tokenizer: Any, records: Sequence[PromptRecord],
                              args: dict[str, Any], max_length: int | None, *, fmt: CallFormat, unit_size: int,
                              objective: Objective | None = None, action_weight: float = 0.0,
-                             relabel_config: RelabelConfig | None = None, trace: bool = False,
+                             relabeling: Relabeling | None = None, trace: bool = False,
                              callbacks: Sequence[Any] = ()) -> SupervisedTrainer:
     """A supervised trainer over `records` (TrainingArguments fields `args`, see `schedule.common_args`)."""
     from datasets import Dataset
@@ -433,7 +389,7 @@ def build_supervised_trainer(model: Any, tokenizer: Any, records: Sequence[Promp
                        remove_unused_columns=False)
     dataset = Dataset.from_list([{"prompt": r.prompt, "completion": r.target, ROW: r.row} for r in records])
     trainer = SupervisedTrainer(fmt=fmt, unit_size=unit_size, objective=objective,
-                                action_weight=action_weight, relabel_config=relabel_config, trace=trace,
+                                action_weight=action_weight, relabeling=relabeling, trace=trace,
                                 model=model,
                                 args=config, train_dataset=dataset, processing_class=tokenizer,
                                 callbacks=list(callbacks))

@@ -1,12 +1,12 @@
 """Replayed episodes: assistant turns drawn from a script instead of sampled from the policy.
 
-A random tiny model never writes a tool call, so multi-turn tests replace `GRPOTrainer._generate_single_turn`
-(as `cipr.train.replay.ReplayRollouts` does for single turns): everything else, the episode loop, the
-environment, the ids between turns, rewards and losses, is the trainer's own code. Each context the loop
-hands over is located (its row, by the prompt it starts with; its assistant message index m, by the
-generation prompts after it) and `choose(row, m, generator)` gives the turn's text. The generator is seeded
-by the context's ids and how many times this step has already drawn for that context, so one process and
-two draw the same turns for the same episodes (the distributed tier compares them).
+A random tiny model never writes a tool call, so multi-turn tests give the GRPO trainer a `rollout_source`
+that replays these turns (as `cipr.train.replay.replay_rollouts` does for single turns): everything else, the
+episode loop, the environment, the ids between turns, rewards and losses, is the trainer's own code. Each
+context the loop hands over is located (its row, by the prompt it starts with; its assistant message index
+m, by the generation prompts after it) and `choose(row, m, generator)` gives the turn's text. The generator
+is seeded by the context's ids and how many times this step has already drawn for that context, so one
+process and two draw the same turns for the same episodes (the distributed tier compares them).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ Choose = Callable[[int, int, torch.Generator], str]
 
 
 class EpisodeReplay:
-    """Stand-in for `_generate_single_turn` of multi-turn GRPO; `sampled` records (row, m, ids) per turn."""
+    """Replayed turns for multi-turn GRPO (`generate`, from a `rollout_source`); `sampled` records (row, m,
+    ids) per turn."""
 
     def __init__(self, runner: EpisodeRunner, choose: Choose) -> None:
         self.runner, self.choose = runner, choose
