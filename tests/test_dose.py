@@ -187,8 +187,10 @@ def test_the_spec_trains_reads_traces_reports_and_recomputes(tmp_path, one_threa
     tiny = save_tiny(tmp_path / "tiny")
     out, report = tmp_path / "out", tmp_path / "report"
     args = ["study=cpu_dose", "study.seeds=[0,1]", "study.read_at=[1,2]", "study.items.n=3",
-            "study.items.seed=11", "study.arms={lambda0:[algo.terms.rescore.weight=0],"
-            "lambda3:[algo.terms.rescore.weight=3]}", f"out_dir={out}", f"report_dir={report}",
+            "study.items.seed=11", "study.arms={lambda0:['algo.terms.rescore.weight=0'],"
+            "lambda3:['algo.terms.rescore.weight=3']}",
+            "study.labels={lambda0:{lambda:0.0},lambda3:{lambda:3.0}}",
+            f"out_dir={out}", f"report_dir={report}",
             "train.model=tiny", f"train.model.name_or_path={tiny}", "train.trainer.save_steps=1",
             "train.trainer.warm_start.steps=2", "train.logging.progress_bar=false"]
     assert main(["run", *args, "run_seeds=[0]", "report=false"]) == 0 and not report.exists()

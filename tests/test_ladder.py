@@ -5,30 +5,29 @@ the consistency metric, and a rerun that exports and evaluates nothing again (in
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cipr.experiments.ladder import GRPO, MI, Point, build_report, eval_names, method_label, render_ladder
+from cipr.experiments.ladder import GRPO, MI, build_report, render_ladder
 
 PERTS = ("original", "typos", "cost_tag_explicit")
 
 
-def test_labels_and_names_follow_the_paper():
-    assert method_label({"name": "grpo"}) == GRPO and eval_names({"name": "grpo", "names": "original"}) == \
-        ("original", "canonical")
-    assert method_label({"name": "multi_interface"}) == MI and \
-        eval_names({"name": "cipr", "names": "canonical"}) == ("canonical",)
-    assert eval_names({"name": "masking", "names": "masked"}) == ("original",)
-    assert method_label({"name": "cipr", "rescore_weight": 0.1, "rollout_weight": 0.1}) == "+ CIPR"
-    assert method_label({"name": "cipr", "rescore_weight": 0.0, "rollout_weight": 0.1}) == \
-        "+ CIPR w/o rescoring KL"
-    assert method_label({"name": "cipr", "rescore_weight": 0.1, "rollout_weight": 0.0}) == \
-        "+ CIPR w/o rollout KL"
+def test_the_specs_label_the_rows_as_the_paper_and_evaluate_grpo_through_the_adapter_too():
+    from cipr.experiments.spec import load_options
+
+    ladder = load_options(["study=ladder"]).study
+    assert list(ladder.arms) == ["grpo", "masking", "multi_interface", "cipr", "cipr_no_rescore",
+                                 "cipr_no_rollout"]
+    assert ladder.labels["grpo"] == {"method": GRPO, "names": "original,canonical"}
+    assert ladder.labels["multi_interface"] == {"method": MI, "names": "canonical"}
+    assert ladder.labels["masking"]["names"] == "original"
+    assert ladder.arms["cipr_no_rollout"] == ["algo=cipr", "algo.terms.rollout.weight=null"]
+    assert "names=[{names}]" in ladder.evaluations["ladder"] and ladder.read_at == []
+    cpu = load_options(["study=cpu_ladder"]).study
+    assert list(cpu.arms) == ["grpo", "multi_interface", "cipr"] and cpu.base == ["+sweep=ladder_cpu"]
 
 
 def _compose(*overrides: str) -> tuple[Any, str, str]:
@@ -49,7 +48,7 @@ def _compose(*overrides: str) -> tuple[Any, str, str]:
 
 def test_sweep_config_lists_every_algorithm_and_shares_one_warm_start():
     cfg, run_dir, shared = _compose("+sweep=ladder", "algo=cipr_no_rollout", "trainer.seed=2")
-    assert run_dir == "runs/ladder/smollm2-135m/cipr_rs0.1_ro0.0_s2"
+    assert run_dir == "runs/ladder/smollm2-135m/cipr_rs0.1_roNone_s2"  # a term switched off (null)
     assert shared == "runs/ladder/smollm2-135m/warm_start"
     assert cfg.algo.name == "cipr" and cfg.algo.terms["rollout"].weight is None and \
         cfg.trainer.warm_start.names == "mixed"
@@ -89,18 +88,20 @@ def _write_eval(folder: Path, names: str, correct: dict[tuple[str, str, str], bo
 
 
 def test_report_pairs_rows_over_items_and_averages_seeds(tmp_path):
-    def run(name, names, scores, kl):
+    from cipr.eval.consistency_metric import read_records
+    from cipr.eval.report import read_results
+
+    def run(name, method, names, scores, kl):
         correct = {(i, p, "original"): bool(s) for i, row in scores.items()
                    for p, s in zip(PERTS, row, strict=True)}
         _write_eval(tmp_path / name, names, correct, {(i, p): kl for i in scores for p in PERTS[1:]})
+        return (name, method, read_results(tmp_path / name / "results.jsonl")[0],
+                read_records(tmp_path / name), json.loads((tmp_path / name / "run.json").read_text()))
 
-    run("grpo_s0", "original", {"a": (1, 1, 0), "b": (1, 0, 0)}, 0.5)
-    run("mi_s0", "canonical", {"a": (1, 1, 1), "b": (1, 0, 1)}, 0.2)
-    run("mi_s1", "canonical", {"a": (1, 1, 1), "b": (1, 1, 1)}, 0.4)
-    points = [Point("grpo_s0", tmp_path, GRPO, ("original",), True, 0),
-              Point("mi_s0", tmp_path, MI, ("canonical",), True, 0),
-              Point("mi_s1", tmp_path, MI, ("canonical",), True, 1)]
-    rep = build_report(tmp_path, points, [Point("x", tmp_path, "+ CIPR", ("canonical",), False, 0)])
+    runs = [run("grpo_s0", GRPO, "original", {"a": (1, 1, 0), "b": (1, 0, 0)}, 0.5),
+            run("mi_s0", MI, "canonical", {"a": (1, 1, 1), "b": (1, 0, 1)}, 0.2),
+            run("mi_s1", MI, "canonical", {"a": (1, 1, 1), "b": (1, 1, 1)}, 0.4)]
+    rep = build_report(runs, ["x"])
     assert rep["columns"] == ["original", "typos_distractors", "cost_latency_explicit", "mean", "gap"]
     grpo, mi = rep["rows"][f"{GRPO} (original names)"], rep["rows"][f"{MI} (canonical names)"]
     assert grpo["accuracy"]["mean"]["value"] == pytest.approx(25.0) and \
@@ -117,77 +118,49 @@ def test_report_pairs_rows_over_items_and_averages_seeds(tmp_path):
 
 
 @pytest.mark.integration
-def test_sweep_then_ladder_end_to_end_and_rerun_skips_finished_work(tmp_path):
+def test_the_ladder_study_trains_evaluates_reports_and_recomputes(tmp_path, one_thread):
     from support.tiny_models import save_tiny
 
-    from cipr.cli.ladder import main as ladder_main
+    from cipr.cli.study import main
 
     tiny = save_tiny(tmp_path / "tiny")
-    sweep = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "cipr.cli.train", "-m", "+sweep=ladder", "model=tiny",
-           f"model.name_or_path={tiny}", "algo=grpo,cipr", "trainer.seed=0", "data.n=6",
-           "data.tools_per_example=[1,1]", "data.eval_examples=2", "rollout.num_generations=2",
-           "rollout.max_completion_length=16", "trainer=smoke", "trainer.resume=auto", "trainer.max_steps=1",
-           "trainer.save_steps=1", "trainer.per_device_train_batch_size=4", "trainer.warm_start.steps=2",
-           "++trainer.torch_threads=1", "logging.progress_bar=false", f"hydra.sweep.dir={sweep}"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    points = {"grpo": sweep / "grpo_rs0.0_ro0.0_s0", "cipr": sweep / "cipr_rs0.1_ro0.1_s0"}
-    warm = json.loads((sweep / "warm_start" / "stage.json").read_text())
-    for run_dir in points.values():  # one warm start, trained once, loaded by both points
-        summary = json.loads((run_dir / "summary.json").read_text())
-        assert summary["warm_start_dir"] == str(sweep / "warm_start") and \
-            summary["stages"]["warm_start"] == warm
-        assert not (run_dir / "warm_start").exists() and (run_dir / "grpo" / "stage.json").is_file()
-    ws_lines = [json.loads(x) for x in (sweep / "warm_start" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in ws_lines if r.get("kind") == "step"] == [1, 2]
-
-    args = [f"sweep_dir={sweep}", "eval.limit=2", "eval.max_new_tokens=8", "eval.threads=1",
-            "eval.batch_size=4", f"eval.perturbations=[{','.join(PERTS)}]"]
-    assert ladder_main(args) == 0
-    out = sweep / "ladder"
-    report = json.loads((out / "ladder.json").read_text())
-    assert sorted(report["work"]["evaluated"]) == ["eval:cipr_rs0.1_ro0.1_s0", "eval:grpo_rs0.0_ro0.0_s0",
-                                                   "eval:warm_start"]
-    assert set(report["rows"]) == {"Base (shared warm start) (original names)",
-                                   "Base (shared warm start) (canonical names)", f"{GRPO} (original names)",
-                                   f"{GRPO} (canonical names)", "+ CIPR (canonical names)"}
-    cipr_row = report["rows"]["+ CIPR (canonical names)"]
-    assert {"original", "mean", "gap"} <= set(cipr_row["accuracy"]) and \
-        "mean" in cipr_row["consistency"]["kl"]
-    assert "+ CIPR (canonical names)" in report["differences"]["grpo"]["rows"]
-    assert (out / "ladder.png").stat().st_size > 0 and \
-        "Held-out consistency: kl" in (out / "ladder.md").read_text()
-    orders = {json.loads(x)["order"] for x in (out / "evals" / "cipr_rs0.1_ro0.1_s0" / "results.jsonl")
+    out, report = tmp_path / "out", tmp_path / "report"
+    args = ["study=ladder", "study.arms={grpo:['algo=grpo'],cipr:['algo=cipr']}", f"out_dir={out}",
+            f"report_dir={report}", "train.model=tiny", f"train.model.name_or_path={tiny}",
+            "train.model.freeze_bottom_layers=0", "train.data.n=6",
+            "train.data.tools_per_example=[1,1]", "train.data.eval_examples=2",
+            "train.rollout.num_generations=2", "train.rollout.max_completion_length=16",
+            "train.trainer=smoke",
+            "train.trainer.max_steps=1", "train.trainer.save_steps=1",
+            "train.trainer.per_device_train_batch_size=4", "train.trainer.warm_start.steps=2",
+            "train.logging.progress_bar=false", "eval.limit=2", "eval.max_new_tokens=8", "eval.batch_size=4",
+            f"eval.perturbations=[{','.join(PERTS)}]"]
+    assert main(["run", *args]) == 0
+    data = json.loads((report / "ladder.json").read_text())
+    rows = data["comparison"]["rows"]
+    assert set(rows) == {f"{GRPO} (original names)", f"{GRPO} (canonical names)",
+                         "+ CIPR (canonical names)"}
+    cipr_row = rows["+ CIPR (canonical names)"]
+    assert {"original", "mean", "gap"} <= set(cipr_row["accuracy"])
+    assert "mean" in cipr_row["consistency"]["kl"]
+    assert "+ CIPR (canonical names)" in data["comparison"]["differences"]["grpo"]["rows"]
+    assert (report / "ladder.png").stat().st_size > 0 and \
+        "Held-out consistency: kl" in (report / "ladder_tables.md").read_text()
+    orders = {json.loads(x)["order"] for x in (out / "evals" / "cipr_s0" / "ladder" / "results.jsonl")
               .read_text().splitlines()}
     assert orders == {"original", "costly_first"}  # both tool orders for the cost type under canonical names
-
-    watched = [p for p in out.rglob("*") if p.is_file() and p.name in ("results.jsonl", "consistency.jsonl",
-                                                                          "model.safetensors", "done.json")]
-    before = {p: p.stat().st_mtime_ns for p in watched}
-    assert ladder_main(args) == 0
-    again = json.loads((out / "ladder.json").read_text())
-    assert again["work"]["evaluated"] == [] and again["work"]["exported"] == [] and \
-        len(again["work"]["skipped"]) == 6
-    assert {p: p.stat().st_mtime_ns for p in watched} == before
-    assert again["rows"] == report["rows"]
+    before = {p.name: p.read_bytes() for p in report.iterdir()}
+    assert main(["report", "study=ladder", f"report_dir={report}"]) == 0
+    assert {p.name: p.read_bytes() for p in report.iterdir()} == before
 
 
-def test_command_line_options_and_the_cipr_eval_options_they_pass_on(capsys):
-    from cipr.cli.ladder import main
-    from cipr.core.config import from_overrides
-    from cipr.experiments.ladder import LadderConfig
+def test_the_committed_cpu_ladder_plot_recomputes_byte_identical(tmp_path):
+    import shutil
 
-    config = from_overrides(LadderConfig, [
-        "sweep_dir=runs/l", "base=false", "eval.limit=3", "consistency=false", "eval.benchmark=bfcl",
-        "eval.benchmark.format=compact", "eval.perturbations=[original,typos]", "eval.vllm.extra={a:1}",
-        "eval.data_root='a b'"])
-    assert (config.sweep_dir, config.base, config.consistency) == ("runs/l", False, False)
-    assert config.eval_overrides == ["limit=3", "benchmark=bfcl", "benchmark.format=compact",
-                                     "perturbations=[original,typos]", "vllm.extra={a:1}", "data_root='a b'"]
-    for argv, message in ((["sweep_dir=x", "eval.model=m"], "cipr-ladder sets model, out_dir and names"),
-                          (["sweep_dir=x", "bse=false"], "Did you mean 'base'?"),
-                          ([], "'sweep_dir' is required"),
-                          (["sweep_dir=/nonexistent/sweep"], "not a folder")):
-        assert main(argv) == 2 and message in capsys.readouterr().err
+    from cipr.cli.study import main
+
+    for name in ("cpu_ladder.json", "cpu_ladder.png"):
+        shutil.copy(f"docs/results/{name}", tmp_path / name)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert main(["report", "study=cpu_ladder", f"report_dir={tmp_path}"]) == 0
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before

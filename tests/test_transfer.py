@@ -155,7 +155,7 @@ def test_lambda_zero_cipr_trains_like_multi_interface_on_the_arms_own_path(tmp_p
     runs = {}
     for arm in ("multi_interface", "cipr"):
         extra = [f"++train.{k}={v}" for k, v in train.items()]
-        extra += ["study.arms.cipr=[algo=cipr_sft,algo.terms.rescore.weight=0]"]
+        extra += ["study.arms.cipr=['algo=cipr_sft','algo.terms.rescore.weight=0']"]
         runs[arm] = run(_point(arm, 1, tmp_path / arm, *extra))
     a, b = (load_file(str(r / "supervised" / "final" / "model.safetensors")) for r in runs.values())
     assert a.keys() == b.keys() and all(np.array_equal(a[k].numpy(), b[k].numpy()) for k in a)

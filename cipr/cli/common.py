@@ -171,7 +171,8 @@ def options(cls: type, prefix: str = "", values: Any = None) -> list[str]:
         else:
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         if dataclasses.is_dataclass(hints[f.name]):
-            lines += options(hints[f.name], f"{prefix}{f.name}.", default)
+            lines += options(hints[f.name], f"{prefix}{f.name}.",
+                             None if default is dataclasses.MISSING else default)
             continue
         shown = "(required)" if default is dataclasses.MISSING else override_text(default)
         if isinstance(default, Mapping) and not default:

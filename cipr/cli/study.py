@@ -1,11 +1,13 @@
-"""`cipr-study run|report study=NAME [--config-dir DIR] [key=value ...]`: a study from its spec
+"""`cipr-study run|report|commands study=NAME [--config-dir DIR] [key=value ...]`: a study from its spec
 (cipr/experiments/spec.py, configs/study/NAME.yaml or DIR/study/NAME.yaml; docs/studies.md).
 
 `run` trains every (arm, seed) point of the spec from one shared warm start as plain cipr-train runs, reads
 each at the spec's steps on its calibration items, and writes REPORT/NAME.json, .md, the plots, the per-item
 records and the per-step traces (.jsonl.gz). Rerunning resumes: finished points are skipped, a killed training
 continues from its last checkpoint. `run_arms` / `run_seeds` run a piece (the report then covers what has
-finished). `report` rewrites every file of the report from its committed records and traces.
+finished). `report` rewrites every file of the report from its committed records and traces. `commands`
+prints the cipr-train command of every point, to train them elsewhere (Slurm, GPU nodes); `run` then finds
+them finished and only reads, evaluates and reports.
 
 Examples:
     one CPU, the whole study:
@@ -21,9 +23,10 @@ Examples:
         cipr-study report study=frontier
     a quick run on a tiny model (`train.KEY=VALUE`: a cipr-train override for every point):
         cipr-study run study=mine --config-dir DIR train.model=tiny train.model.name_or_path=TINY_DIR
-    one GPU / several GPUs / Slurm: the points are plain cipr-train runs (`cipr-study run ... report=false`
-    on the node, or the spec's overrides given to `cipr-train -m launcher=slurm`); the reading runs where
-    their run folders are.
+    one GPU / several GPUs / Slurm: the points are plain cipr-train runs; print them and submit each:
+        cipr-study commands study=cpu_frontier | while read -r c; do sbatch --gres=gpu:1 --wrap "$c"; done
+    then read, evaluate and report where their run folders are:
+        cipr-study run study=cpu_frontier
 
 Options: every key of StudyOptions (`out_dir`, `report_dir`, `run_arms`, `run_seeds`, `report`,
 `keep_weights`, `batch_size`, `train.*`) and of the spec as `study.KEY`. Exit status 2 with one line on bad
@@ -40,7 +43,7 @@ from pathlib import Path
 from cipr.cli.common import HELP, begin, hydra_overrides, options
 from cipr.core.errors import EXIT_INPUT, ConfigError, cli_errors
 
-VERBS = ("run", "report")
+VERBS = ("run", "report", "commands")
 
 
 def _verdict(report: dict) -> str:
@@ -76,10 +79,27 @@ def _report(argv: list[str]) -> int:
     begin()
     folder = Path(opts.report_dir)
     if opts.study.analysis:
-        report = importlib.import_module(opts.study.analysis).recompute(folder)
+        report = importlib.import_module(opts.study.analysis).recompute(folder, opts.study.name)
     else:
         report = recompute(folder, opts.study.name)
     print(f"cipr-study: recomputed {folder}/{opts.study.name} from its records ({_verdict(report)})")
+    return 0
+
+
+def _commands(argv: list[str]) -> int:
+    import shlex
+
+    from cipr.experiments.spec import load_options
+    from cipr.experiments.study import Point, point_overrides
+
+    opts = load_options(argv)
+    seeds = opts.study.seeds if opts.run_seeds is None else opts.run_seeds
+    arms = [a for a in opts.study.arms if opts.run_arms is None or a in opts.run_arms]
+    path = ":".join(opts.study.pythonpath)
+    for seed in seeds:
+        for arm in arms:
+            words = ["cipr-train", *point_overrides(opts, Point(arm, seed))]
+            print((f"PYTHONPATH={path} " if path else "") + shlex.join(words))
     return 0
 
 
@@ -100,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ConfigError(f"unknown command {verb!r}; choose one of {', '.join(VERBS)} "
                                   f"(`cipr-study --help`)")
             overrides, _ = hydra_overrides(args)
-            return (_run if verb == "run" else _report)(overrides)
+            return {"run": _run, "report": _report, "commands": _commands}[verb](overrides)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else EXIT_INPUT
 

@@ -45,8 +45,9 @@ def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any], sections: Seque
     """Dotted keys whose values differ between a recorded config `old` and `new`: (old value, new value).
 
     With `sections`, the keys of those sub-mappings are compared (a key missing on one side reads as
-    None); without, the top-level keys. `recorded_only` compares only the keys both sides hold (a
-    field added since that run started, or a record `new` does not decide, is not a change).
+    None, also inside nested mappings: a field added since with a null default is no change); without, the
+    top-level keys. `recorded_only` compares only the keys both sides hold (a field added since that run
+    started, or a record `new` does not decide, is not a change).
     """
     pairs = ([(f"{s}.", old.get(s) or {}, new.get(s) or {}) for s in sections] if sections
              else [("", old, new)])
@@ -54,9 +55,16 @@ def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any], sections: Seque
     for prefix, a, b in pairs:
         keys = [k for k in b if k in a] if recorded_only else sorted(set(a) | set(b))
         for k in keys:
-            if a.get(k) != b.get(k):
+            if not _same(a.get(k), b.get(k)):
                 changed[f"{prefix}{k}"] = (a.get(k), b.get(k))
     return changed
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, a key missing from one of two mappings reading as None."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return all(_same(a.get(k), b.get(k)) for k in set(a) | set(b))
+    return a == b
 
 
 def check_config(run_dir: Path, config: Mapping[str, Any], sections: Sequence[str],

@@ -1,6 +1,5 @@
-"""Experiment drivers, above evaluation and training: each trains (by running `cipr-train`), exports,
-evaluates and reports a whole experiment, calling the public functions of the layers below.
-
-- `evidence`: the evidence experiment over arms and seeds (`cipr-evidence`, docs/results/cpu_evidence.md).
-- `ladder`: a ladder sweep's points exported, evaluated and compared in Table 1's layout (`cipr-ladder`).
+"""Studies, above evaluation and training: one engine (`study`) trains every point of a spec (`spec`) as a
+cipr-train run, reads it on calibration items (`items`) and with cipr-eval, and reports with intervals
+(`study_report`, `stats`); reports written before the engine keep their analyses (`dose_analysis`,
+`transfer_analysis`, `evidence`, `ladder`). `cipr-study`, docs/studies.md.
 """

@@ -393,7 +393,7 @@ def write_report(records: Sequence[Mapping[str, Any]], traces: Sequence[Mapping[
     return report
 
 
-def recompute(report_dir: Path) -> dict[str, Any]:
+def recompute(report_dir: Path, name: str = "cpu_dose") -> dict[str, Any]:
     """Every number again from `report_dir`'s records and traces and the meta its JSON recorded."""
     meta = read_json(report_dir / "cpu_dose.json")["meta"]
     return write_report(read_jsonl_gz(report_dir / RECORDS), read_jsonl_gz(report_dir / TRACES), meta,

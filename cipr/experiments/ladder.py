@@ -1,24 +1,17 @@
-"""The paper's comparison from a ladder sweep folder: export, evaluate and compare every finished point.
+"""The paper's comparison (Table 1) as a study: its analysis (specs: configs/study/ladder.yaml,
+configs/study/cpu_ladder.yaml; run by `cipr-study`).
 
-    SWEEP_DIR/                       `cipr-train -m +sweep=ladder` (configs/train/sweep/ladder.yaml)
-      warm_start/                    the shared SFT warm start (the Base row, when it exists)
-      <algo>_rs<w>_ro<w>_s<seed>/    one run folder per point
-      ladder/
-        exports/<point>/             `cipr.runtime.export` of the point's final weights
-        evals/<point>/               a `cipr-eval` run folder (+ consistency.jsonl), and done.json
-        ladder.md, ladder.json, ladder.png
+Each point (an algorithm trained with a seed, from one shared warm start) is evaluated by cipr-eval as the
+paper does: the model under the names it was trained with, as deployed (ToolRL-GRPO and function masking
+with original names; multi-interface and CIPR through the canonicalization adapter), and ToolRL-GRPO also
+through the adapter (the paper's gray rows): the arm's `names` label. cipr-eval runs the cost and latency
+types in both tool orders; `consistency.enabled=true` adds the held-out consistency metric. The row label is
+the arm's `method` label.
 
-Each point is evaluated as the paper does (Table 1): the model under the names it was trained with,
-as deployed (ToolRL-GRPO and function masking with original names; multi-interface and CIPR through the
-canonicalization adapter), and Base and ToolRL-GRPO also through the adapter (the paper's gray rows).
-cipr-eval runs the cost and latency types in both tool orders. The held-out consistency metric
-(`cipr.eval.consistency_metric`) is on unless `consistency=false`.
-
-The report: Table 1's layout (rows = methods and their names, columns = groups, Mean, Gap) with 95%
-intervals; the consistency metric per group; differences of every method against ToolRL-GRPO and
-multi-interface, paired over items (an item's score averaged over a method's seeds); a plot. A point
-is evaluated once: `done.json` records checkpoint and options, and a rerun with the same ones skips it.
-Unfinished points are listed, not evaluated.
+The report (`study_report`): Table 1's layout (rows = methods and their names, columns = groups, Mean, Gap)
+with 95% intervals; the consistency metric per group; differences of every method against ToolRL-GRPO and
+multi-interface, paired over items (an item's score averaged over a method's seeds); a plot. The warm start
+is not evaluated as a Base row (evaluate it with cipr-eval on its `final/` folder).
 """
 
 from __future__ import annotations
@@ -27,22 +20,16 @@ import logging
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cipr.core.config import override_text
-from cipr.core.errors import ConfigError, DataError
+from cipr.core.errors import DataError
 from cipr.core.io import read_json, write_json_atomic, write_text_atomic
-from cipr.core.run_folder import STAGES_JSON, read_result_stage
-from cipr.eval.consistency_metric import METRICS, SCALE, format_cell, item_values, read_records
+from cipr.eval.consistency_metric import METRICS, SCALE, format_cell, item_values
 from cipr.eval.report import (
-    RESULTS,
-    RUN_META,
     ReportConfig,
     item_scores,
     layout,
-    read_results,
     report_config_from_meta,
     table,
 )
@@ -59,162 +46,6 @@ ORDER = (BASE_LABEL, GRPO, "Function masking", MI, "+ CIPR", "+ CIPR w/o rescori
          "+ CIPR w/o rollout KL")
 
 
-@dataclass
-class LadderConfig:
-    """Options of `cipr-ladder` (module docstring).
-
-    - `sweep_dir`: the sweep folder of `cipr-train -m +sweep=ladder`.
-    - `eval`: cipr-eval options for every evaluation (`eval.benchmark=bfcl eval.limit=50 eval.backend=vllm`
-      on the command line); `benchmark` defaults to `synthetic`.
-    - `consistency`: also read the held-out consistency metric.
-    - `base`: evaluate the shared warm start as the Base row when the sweep has one.
-    - `out_dir`: the report's folder (null: SWEEP_DIR/ladder).
-    """
-
-    sweep_dir: str
-    eval: dict[str, Any] = field(default_factory=dict)
-    consistency: bool = True
-    base: bool = True
-    out_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        fixed = [k for k in self.eval if k in ("model", "out_dir", "names")]
-        if fixed:
-            raise ConfigError(f"eval.{fixed[0]}: cipr-ladder sets model, out_dir and names for every point")
-
-    @property
-    def eval_overrides(self) -> list[str]:
-        """`eval` as cipr-eval command-line overrides."""
-        return [f"{k}={override_text(v)}" for k, v in self.eval.items()]
-
-
-@dataclass(frozen=True)
-class Point:
-    """A finished (or unfinished) run of the sweep, with the method label and names it is evaluated under."""
-
-    name: str
-    run_dir: Path
-    method: str
-    names: tuple[str, ...]
-    finished: bool
-    seed: int | None
-
-
-def method_label(algo: Mapping[str, Any]) -> str:
-    """The paper's row label for a run's `algo` section."""
-    name = algo.get("name")
-    if name == "cipr":
-        terms = algo.get("terms") or {}
-
-        def weight(name: str) -> float:
-            alias = algo.get(f"{name}_weight")
-            return float(alias if alias is not None else (terms.get(name) or {}).get("weight") or 0.0)
-
-        rs, ro = weight("rescore"), weight("rollout")
-        if rs and ro:
-            return "+ CIPR"
-        return "+ CIPR w/o rescoring KL" if ro else "+ CIPR w/o rollout KL" if rs else "+ CIPR (no KL)"
-    labels = {"grpo": GRPO, "multi_interface": MI, "masking": "Function masking", "sft": "SFT"}
-    return labels.get(name, str(name))
-
-
-def eval_names(algo: Mapping[str, Any], perturb: Mapping[str, Any] | None = None) -> tuple[str, ...]:
-    """Names a point is evaluated under: as deployed, plus the adapter for ToolRL-GRPO (gray rows); the
-    training names from the run's `perturb` section (older runs: `algo`)."""
-    trained = (perturb or {}).get("names") or algo.get("names")
-    if algo.get("name") == "grpo":
-        return ("original", "canonical")
-    return ("canonical",) if trained == "canonical" else ("original",)
-
-
-def discover(sweep_dir: Path) -> list[Point]:
-    """Every run folder of the sweep (a folder with config.json), sorted by method then seed."""
-    points = []
-    for cfg_path in sorted(sweep_dir.glob("*/config.json")):
-        run_dir = cfg_path.parent
-        if run_dir.name in (BASE, LADDER):
-            continue
-        config = read_json(cfg_path)
-        algo = config.get("algo", {})
-        finished = (run_dir / STAGES_JSON).is_file() and \
-            (run_dir / read_result_stage(run_dir) / "stage.json").is_file()
-        if not (run_dir / STAGES_JSON).is_file() and (run_dir / "metrics.jsonl").is_file():
-            log.warning("%s: no %s (a run folder from before its trainer recorded its stages): counted as "
-                        "not finished; train the point again in a new folder", run_dir, STAGES_JSON)
-        names = eval_names(algo, config.get("perturb"))
-        points.append(Point(run_dir.name, run_dir, method_label(algo), names, finished,
-                            config.get("trainer", {}).get("seed")))
-    return points
-
-
-def _base_point(sweep_dir: Path) -> Point | None:
-    folder = sweep_dir / BASE
-    if not (folder / "stage.json").is_file() or not (folder / "final").is_dir():
-        return None
-    return Point(BASE, folder, BASE_LABEL, ("original", "canonical"), True, None)
-
-
-def _export(point: Point, out: Path, call_format: str | None) -> tuple[Path, bool]:
-    """Export `point` into `out` unless it already holds this export; (folder, whether it exported)."""
-    from cipr.runtime.export import ExportConfig, export, locate, same_export
-
-    if point.name == BASE:
-        source, cfg = point.run_dir / "final", ExportConfig(call_format=call_format, names="original")
-    else:
-        source, cfg = point.run_dir, ExportConfig()
-    if out.is_dir() and same_export(out, locate(source)):
-        return out, False
-    return export(source, out, cfg), True
-
-
-def _evaluate(point: Point, model_dir: Path, eval_dir: Path, config: LadderConfig) -> bool:
-    """Evaluate an export into `eval_dir` unless done.json says this checkpoint and options are done."""
-    from cipr.eval.config import compose_eval_config
-    from cipr.eval.evaluate import evaluate
-    from cipr.runtime.export import read_manifest
-
-    manifest = read_manifest(model_dir)
-    identity = {"source": manifest.source if manifest else str(model_dir), "overrides": config.eval_overrides,
-                "consistency": config.consistency, "names": list(point.names)}
-    done = eval_dir / DONE
-    if done.is_file() and read_json(done) == identity:
-        return False
-    overrides = ["benchmark=synthetic", *config.eval_overrides, f"model={model_dir}", f"out_dir={eval_dir}",
-                 f"names=[{','.join(point.names)}]", f"consistency.enabled={str(config.consistency).lower()}"]
-    evaluate(compose_eval_config(overrides))
-    write_json_atomic(done, identity)
-    return True
-
-
-def run_ladder(config: LadderConfig) -> dict[str, Any]:
-    """Export and evaluate every finished point (skipping finished work), then write the report (returned)."""
-    sweep_dir = Path(config.sweep_dir).expanduser()
-    if not sweep_dir.is_dir():
-        raise DataError("not a folder: give the sweep folder of `cipr-train -m +sweep=ladder`",
-                        file=str(sweep_dir))
-    out = Path(config.out_dir).expanduser() if config.out_dir else sweep_dir / LADDER
-    points = discover(sweep_dir)
-    if not points:
-        raise DataError("no run folders (*/config.json) in this folder: is it a ladder sweep folder?",
-                        file=str(sweep_dir))
-    base = _base_point(sweep_dir) if config.base else None
-    finished = [p for p in points if p.finished] + ([base] if base else [])
-    call_format = read_json(points[0].run_dir / "config.json")["model"].get("call_format")
-    work = {"exported": [], "evaluated": [], "skipped": []}
-    for p in finished:
-        model_dir, exported = _export(p, out / "exports" / p.name, call_format)
-        evaluated = _evaluate(p, model_dir, out / "evals" / p.name, config)
-        (work["exported"] if exported else work["skipped"]).append(f"export:{p.name}")
-        (work["evaluated"] if evaluated else work["skipped"]).append(f"eval:{p.name}")
-    report = build_report(out / "evals", finished, [p for p in points if not p.finished])
-    report["work"] = work
-    write_json_atomic(out / "ladder.json", report)
-    write_text_atomic(out / "ladder.md", render_ladder(report, sweep_dir))
-    plot_ladder(report, out / "ladder.png")
-    report["out_dir"] = str(out)
-    return report
-
-
 def _mean_over_seeds(per_seed: Sequence[Mapping[Any, float]]) -> dict[Any, float]:
     acc: dict[Any, list[float]] = defaultdict(list)
     for scores in per_seed:
@@ -224,29 +55,25 @@ def _mean_over_seeds(per_seed: Sequence[Mapping[Any, float]]) -> dict[Any, float
 
 
 Rows = dict[tuple[str, str], dict[str, Any]]
+Run = tuple[str, str, list[dict[str, Any]], list[dict[str, Any]], Mapping[str, Any]]
+"""One evaluated point: its label, its method, its cipr-eval results, consistency records and meta."""
 
 
-def _rows(evals: Path, points: Sequence[Point]) -> tuple[Rows, Any, ReportConfig]:
-    """(method, names) -> per-item accuracy and consistency (seeds averaged); the layout; the config."""
-    runs: list[tuple[Point, list[dict[str, Any]], list[dict[str, Any]]]] = []
-    config = None
-    for p in points:
-        records, _ = read_results(evals / p.name / RESULTS)
-        if not records:
-            continue
-        meta = read_json(evals / p.name / RUN_META)
-        config = config or report_config_from_meta(meta)
-        runs.append((p, records, [r for r in read_records(evals / p.name) if "skipped" not in r]))
-    if config is None:
-        raise DataError("no evaluated point has results", file=str(evals))
-    lay = layout([r for _, recs, _ in runs for r in recs], config)
+def _rows(runs: Sequence[Run]) -> tuple[Rows, Any, ReportConfig]:
+    """(method, names) -> per-item accuracy and consistency (seeds averaged); the layout; the config. `runs`:
+    per point (its label, its method, its cipr-eval results, its consistency records, its cipr-eval meta)."""
+    runs = [r for r in runs if r[2]]
+    if not runs:
+        raise DataError("no evaluated point has results")
+    config = report_config_from_meta(runs[0][4])
+    lay = layout([r for _, _, recs, _, _ in runs for r in recs], config)
     grouped: dict[tuple[str, str], dict[str, list[Any]]] = defaultdict(lambda: defaultdict(list))
-    for p, recs, cons in runs:
+    for label, method, recs, cons, _ in runs:
         scores = item_scores(recs, lay, config)
         cvals = item_values(cons, lay) if cons else {}
         for names, e in scores.items():
-            row = grouped[(p.method, names)]
-            row["points"].append(p.name)
+            row = grouped[(method, names)]
+            row["points"].append(label)
             for g, v in e["groups"].items():
                 row[f"group:{g}"].append(v)
             if "mean" in e:
@@ -287,9 +114,10 @@ def _key(col: str) -> str:
     return col if col in ("mean", "gap") else f"group:{col}"
 
 
-def build_report(evals: Path, points: Sequence[Point], unfinished: Sequence[Point]) -> dict[str, Any]:
-    """ladder.json: accuracy and consistency per row and column, paired differences against the baselines."""
-    rows, lay, config = _rows(evals, points)
+def build_report(runs: Sequence[Run], unfinished: Sequence[str]) -> dict[str, Any]:
+    """The comparison: accuracy and consistency per row and column, paired differences against the
+    baselines (`_rows` says what `runs` holds)."""
+    rows, lay, config = _rows(runs)
     columns = _columns(lay)
     table1: dict[str, Any] = {}
     for (method, names), row in rows.items():
@@ -321,15 +149,15 @@ def build_report(evals: Path, points: Sequence[Point], unfinished: Sequence[Poin
         diffs[bname] = {"baseline": row_label(*bkey), "rows": out}
     return {"columns": columns, "groups": {g: list(lay.members[g]) for g in lay.groups},
             "mean_groups": list(lay.mean_groups), "confidence": config.confidence, "rows": table1,
-            "differences": diffs, "unfinished": [p.name for p in unfinished]}
+            "differences": diffs, "unfinished": list(unfinished)}
 
 
-def render_ladder(report: Mapping[str, Any], sweep_dir: Path | None = None) -> str:
+def render_ladder(report: Mapping[str, Any], title: str | None = None) -> str:
     """ladder.md: Table 1, the consistency table, and the paired differences against both baselines."""
     cols = report["columns"]
     head = ["Method", "Tool names", *(c.capitalize() if c in ("mean", "gap") else c for c in cols)]
     pct = int(report["confidence"] * 100)
-    out = [f"# Ladder{f': {sweep_dir}' if sweep_dir else ''}", "",
+    out = [f"# Ladder{f': {title}' if title else ''}", "",
            f"Accuracy in % with {pct}% half-widths over items; Mean averages the held-out groups "
            f"({', '.join(report['mean_groups'])}); Gap is original minus Mean, paired over items.",
            "", "## Table 1 layout", "",
@@ -392,9 +220,40 @@ def plot_ladder(report: Mapping[str, Any], path: Path) -> Path:
     return path
 
 
-def recompute(report_dir: Path) -> dict[str, Any]:
-    """cpu_ladder.png again from the committed cpu_ladder.json's comparison (the ladder report the run wrote;
-    cpu_ladder.md is prose around it): `cipr-study report study=cpu_ladder`."""
-    report = read_json(report_dir / "cpu_ladder.json")
-    plot_ladder(report["comparison"], report_dir / "cpu_ladder.png")
+def study_report(records: Sequence[Mapping[str, Any]], traces: Sequence[Mapping[str, Any]],
+                 meta: Mapping[str, Any], out: Path) -> dict[str, Any]:
+    """REPORT/NAME.json ({"title", "comparison", "commands", "cost"}), NAME_tables.md and NAME.png of a
+    run of the study engine, from each point's evaluation records and its cipr-eval meta."""
+    spec = meta["spec"]
+    name, evaluation = spec["name"], next(iter(spec["evaluations"]))
+    runs = []
+    for label, timing in meta["timings"].items():
+        mine = [r for r in records if r["point"] == label and r.get("evaluation") == evaluation]
+        if not mine:
+            continue
+        method = spec["labels"][mine[0]["arm"]]["method"]
+        runs.append((label, method, [r for r in mine if r["kind"] == "result"],
+                     [r for r in mine if r["kind"] == "consistency" and "skipped" not in r],
+                     timing["evaluations"][evaluation]))
+    finished = {label for label, *_ in runs}
+    unfinished = [f"{a}_s{s}" for s in spec["seeds"] for a in spec["arms"] if f"{a}_s{s}" not in finished]
+    comparison = build_report(runs, unfinished)
+    report = {"title": spec.get("title"), "comparison": comparison,
+              "commands": [f"cipr-study run study={name}"],
+              "cost": {"wall_s": round(meta["wall_s"], 1), "points": meta["timings"]}}
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / f"{name}.json", report)
+    write_text_atomic(out / f"{name}_tables.md", render_ladder(comparison, report["title"]))
+    plot_ladder(comparison, out / f"{name}.png")
+    return report
+
+
+def recompute(report_dir: Path, name: str) -> dict[str, Any]:
+    """NAME.png again from the committed NAME.json's comparison (`cipr-study report study=NAME`), and
+    NAME_tables.md where the run wrote one (docs/results/cpu_ladder.md is prose around the first run's)."""
+    report = read_json(report_dir / f"{name}.json")
+    plot_ladder(report["comparison"], report_dir / f"{name}.png")
+    if (report_dir / f"{name}_tables.md").is_file():
+        write_text_atomic(report_dir / f"{name}_tables.md",
+                          render_ladder(report["comparison"], report.get("title")))
     return report

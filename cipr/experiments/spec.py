@@ -153,9 +153,14 @@ class StudySpec:
     - `contrasts`: more comparisons, each `[arm, reference arm]`.
     - `seeds`: the design's seeds; seed s sets trainer.seed and perturb.seed (each seed draws its own data and
       copies, the same in every arm).
-    - `read_at`: the optimizer steps whose checkpoints are read (the largest is trained).
-    - `items`: the calibration items (`ItemsSpec`).
+    - `read_at`: the optimizer steps whose checkpoints are read (the largest is trained); a study without
+      items may leave it empty (its points train for as long as `base` says; evaluations read `final/`).
+    - `items`: the calibration items (`ItemsSpec`); null: none read (a study of `evaluations` only).
     - `measures`: the names of `MEASURES` read on them.
+    - `evaluations`: name -> cipr-eval overrides, run on each point's final weights after its reads (the
+      arm's `labels` fill `{key}` placeholders, e.g. `names=[{names}]`); their per-item records are for a
+      named `analysis`.
+    - `options`: parameters of a named analysis (e.g. which perturbation type is held in).
     - `trace_term`: the consistency term whose per-step trace (before and after each update, on the step's own
       pairs) is the positive control; every point gets `logging.trace=true`.
     - `decision`: the rule (`DecisionSpec`); null: no decision.
@@ -163,10 +168,11 @@ class StudySpec:
     - `pythonpath`: folders put on sys.path first (a term of your own, `algo.terms.NAME.fn=module:function`).
     - `bootstrap`: the two-way bootstrap's draws and seed.
     - `labels`: arm -> fields written into each of its records and trace lines (e.g. `{lambda: 3}`), for a
-      named analysis that groups by them.
+      named analysis that groups by them (the labels of arms not in `arms` are left out: a run that gives
+      `study.arms={...}` anew keeps the spec's labels of the arms it keeps).
     - `analysis`: a module whose analysis writes the report instead of the engine's (a report from before
       the engine, kept as it was): `study_report(records, traces, meta, report_dir)` after a run and
-      `recompute(report_dir)` for `cipr-study report`; null: the engine's analysis.
+      `recompute(report_dir, name)` for `cipr-study report`; null: the engine's analysis.
     - `run`: false for a report kept without a runnable design (only `cipr-study report` applies).
     """
 
@@ -180,8 +186,10 @@ class StudySpec:
     contrasts: list[list[str]] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)
     read_at: list[int] = field(default_factory=list)
-    items: ItemsSpec = field(default_factory=ItemsSpec)
+    items: ItemsSpec | None = field(default_factory=ItemsSpec)
     measures: list[str] = field(default_factory=lambda: list(MEASURES))
+    evaluations: dict[str, list[str]] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
     trace_term: str | None = "rescore"
     decision: DecisionSpec | None = None
     threads: int | None = 1
@@ -200,18 +208,21 @@ class StudySpec:
                               f"({', '.join(self.arms) or 'none'}), with at least one other arm")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"{where}: study.seeds={self.seeds}: give distinct seeds")
-        if not self.read_at or sorted(set(self.read_at)) != list(self.read_at) or self.read_at[0] < 1:
-            raise ConfigError(f"{where}: study.read_at={self.read_at}: give ascending positive steps")
+        if (self.items is not None and not self.read_at) or sorted(set(self.read_at)) != list(self.read_at) \
+                or (self.read_at and self.read_at[0] < 1):
+            raise ConfigError(f"{where}: study.read_at={self.read_at}: give ascending positive steps (only a "
+                              f"study without items may give none: its points train as the base says)")
         unknown = [m for m in self.measures if m not in MEASURES]
-        if unknown or not self.measures:
+        if unknown or (self.items is not None and not self.measures):
             raise ConfigError(f"{where}: study.measures {unknown or '[]'}; choose from {', '.join(MEASURES)}")
+        if self.items is None and (self.measures or not self.evaluations):
+            raise ConfigError(f"{where}: without study.items there is nothing to measure: give items, or "
+                              f"evaluations and measures: []")
         for k, pair in enumerate(self.contrasts):
             if len(pair) != 2 or not set(pair) <= set(self.arms) or pair[0] == pair[1]:
                 raise ConfigError(f"{where}: study.contrasts[{k}]={pair}: give [arm, reference arm], two "
                                   f"different arms of study.arms")
-        if not set(self.labels) <= set(self.arms):
-            raise ConfigError(f"{where}: study.labels names arms {sorted(set(self.labels) - set(self.arms))} "
-                              f"that study.arms lacks")
+        self.labels = {a: v for a, v in self.labels.items() if a in self.arms}  # arms given anew keep theirs
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"{where}: study.threads={self.threads} must be >= 1 (null: torch's default)")
         if self.decision is not None:
@@ -242,10 +253,6 @@ class StudySpec:
                                       f"study.contrasts")
 
     @property
-    def decision_step(self) -> int:
-        return (self.decision.step if self.decision and self.decision.step else None) or self.read_at[-1]
-
-    @property
     def candidates(self) -> list[str]:
         chosen = self.decision.arms if self.decision and self.decision.arms else None
         return chosen or [a for a in self.arms if a != self.control]
@@ -263,6 +270,7 @@ class StudyOptions:
     - `keep_weights`: keep each point's checkpoints after they are read.
     - `batch_size`: sequences per forward pass of the action reader.
     - `train`: more cipr-train overrides for every point (e.g. `train.model=tiny` for a quick run).
+    - `eval`: more cipr-eval overrides for every evaluation (e.g. `eval.benchmark=bfcl eval.backend=vllm`).
     """
 
     study: StudySpec
@@ -274,6 +282,7 @@ class StudyOptions:
     keep_weights: bool = False
     batch_size: int = 8
     train: dict[str, Any] = field(default_factory=dict)
+    eval: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.study.run:
@@ -301,7 +310,14 @@ def load_options(overrides: list[str]) -> StudyOptions:
     if not any(o.split("=", 1)[0].lstrip("+") == "study" for o in overrides):
         raise ConfigError("no study given: add study=NAME (configs/study/NAME.yaml, or DIR/study/NAME.yaml "
                           "with --config-dir DIR)")
-    overrides = [f"++{o}" if o.startswith("train.") else o for o in overrides]  # cipr-train's keys: added
+    maps = ("study.arms", "study.labels", "study.evaluations", "study.options")
+    added = ("train.", "eval.", *(f"{m}." for m in maps))
+    given, overrides = overrides, []
+    for o in given:  # a map's key is added or replaced; a whole map given replaces the spec's
+        if o.split("=", 1)[0] in maps:
+            overrides += [f"~{o.split('=', 1)[0]}", f"+{o}"]
+        else:
+            overrides.append(f"++{o}" if o.startswith(added) else o)
     composed = compose_checked(CONFIG_ROOT, STUDY_CONFIG, overrides, program="cipr-study")
     data = OmegaConf.to_container(composed, resolve=True)
     assert isinstance(data, dict)

@@ -1,27 +1,20 @@
 """The study engine: every point of a spec (`cipr.experiments.spec`) trained as a plain cipr-train run, read
-on the spec's calibration items at its checkpoints, and recorded item by item.
+on the spec's calibration items at its checkpoints, evaluated by cipr-eval, and recorded item by item.
 
-    OUT/
-      warm_start/                        the shared warm start (trained by the first point; a lock makes a
-                                         second process wait for it)
-      points/<arm>_s<seed>/              the point's cipr-train run folder (checkpoints deleted once read)
-      records/<arm>_s<seed>.jsonl        one record per (read step, item): arm, seed, step, item, kl, correct,
-                                         p_ref and the consistency metric's other fields
-      records/<arm>_s<seed>.trace.jsonl  one line per optimizer step: every traced term before and after the
-                                         update, on the step's own pairs, and the step's losses
-      records/<arm>_s<seed>.json         the point's timings, threads and code commit (written last: marks
-                                         the point done)
-    REPORT/NAME.json, .md, .png, NAME_frontier.png, NAME_trace.png, NAME_records.jsonl.gz,
-    NAME_trace.jsonl.gz                  (`cipr.experiments.study_report`)
+    OUT/warm_start/                  the shared warm start (the first point trains it; others wait on a lock)
+    OUT/points/<arm>_s<seed>/        the point's run folder (checkpoints deleted once read)
+    OUT/evals/<arm>_s<seed>/<name>/  the point's cipr-eval runs (`evaluations`)
+    OUT/records/<arm>_s<seed>.jsonl, .trace.jsonl, .json
+                                     per-item records, one line per optimizer step (every traced term before
+                                     and after the update), and the point's timings, threads and code commit
+                                     (written last: marks the point done)
 
-A point of arm A and seed s is `cipr-train BASE... ARM... trainer.seed=s perturb.seed=s logging.trace=true
-trainer.max_steps=max(read_at) trainer.run_dir=OUT/points/A_s<s>
-trainer.warm_start.shared_dir=OUT/warm_start`:
-seed s draws its own training rows and perturbed copies, the same in every arm (paired); `logging.trace=true`
-only with a `trace_term`. A rerun skips the
-points whose timing file exists and resumes a killed training from its last checkpoint; `run_arms` /
-`run_seeds` split the work between processes. Torch's threads are set once for the whole process
-(`study.threads`), before the first point trains, and each point records the number it ran with.
+Point (arm A, seed s): `cipr-train BASE... A's overrides... trainer.seed=s perturb.seed=s
+trainer.max_steps=max(read_at) trainer.save_total_limit=null trainer.run_dir=OUT/points/A_s<s>
+trainer.warm_start.shared_dir=OUT/warm_start`
+(+ `logging.trace=true` with a `trace_term`): seed s draws its own rows and copies, the same in every arm. A
+rerun skips finished points and resumes a killed one; `run_arms` / `run_seeds` split the work between
+processes. Torch's threads are set once for the whole process, before the first point trains.
 """
 
 from __future__ import annotations
@@ -74,8 +67,10 @@ def point_overrides(options: StudyOptions, point: Point) -> list[str]:
     """The cipr-train overrides of one point (module docstring)."""
     spec, out = options.study, Path(options.out)
     trace = ["logging.trace=true"] if spec.trace_term else []
+    steps = ([f"trainer.max_steps={max(spec.read_at)}", "trainer.save_total_limit=null"] if spec.read_at
+             else [])  # every read step's checkpoint is kept until read
     return [*spec.base, *spec.arms[point.arm], f"trainer.seed={point.seed}", f"perturb.seed={point.seed}",
-            *trace, f"trainer.max_steps={max(spec.read_at)}",
+            *trace, *steps,
             f"trainer.run_dir={out / 'points' / point.label}",
             f"trainer.warm_start.shared_dir={out / 'warm_start'}",
             *(f"{k}={override_text(v)}" for k, v in options.train.items())]
@@ -134,6 +129,43 @@ def code_commit() -> str | None:
     return done.stdout.strip() or None
 
 
+def evaluate_point(options: StudyOptions, point: Point, run_dir: Path, tags: Mapping[str, Any]
+                   ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The spec's `evaluations` of a trained point: its final weights exported, then one cipr-eval run per
+    evaluation (its overrides formatted with the arm's labels, e.g. `names=[{names}]`) into
+    OUT/evals/<point>/<name> (resumable); the records of each (`results.jsonl` rows as `kind: result`,
+    `consistency.jsonl` rows as `kind: consistency`, tagged with the point, its labels where the row has no
+    field of that name, and `evaluation`) and each run's
+    meta (what a named analysis needs to score them)."""
+    from cipr.eval.config import compose_eval_config
+    from cipr.eval.consistency_metric import read_records
+    from cipr.eval.evaluate import evaluate
+    from cipr.eval.report import RESULTS, RUN_META, read_results
+    from cipr.runtime.export import ExportConfig, export
+
+    spec, out = options.study, Path(options.out)
+    model_dir = export(run_dir, out / "exports" / point.label, ExportConfig(overwrite=True))
+    labels = spec.labels.get(point.arm, {})
+    threads = [f"threads={spec.threads}"] if spec.threads else []
+    records: list[dict[str, Any]] = []
+    metas: dict[str, Any] = {}
+    for name, overrides in spec.evaluations.items():
+        folder = out / "evals" / point.label / name
+        given = [*(o.format(**labels) for o in overrides),
+                 *(f"{k}={override_text(v)}" for k, v in options.eval.items())]
+        evaluate(compose_eval_config([*threads, *given, f"model={model_dir}", f"out_dir={folder}",
+                                      "progress=false"]))
+        metas[name] = read_json(folder / RUN_META)
+        records += [{**tags, **r, "evaluation": name, "kind": "result"}
+                    for r in read_results(folder / RESULTS)[0]]
+        if (folder / "consistency.jsonl").is_file():
+            records += [{**tags, **r, "evaluation": name, "kind": "consistency"}
+                        for r in read_records(folder)]
+    if not options.keep_weights:
+        shutil.rmtree(model_dir, ignore_errors=True)
+    return records, metas
+
+
 def point_done(out: Path, point: Point, reads: int) -> bool:
     """Whether the point's timing file (written last) records `reads` reads."""
     path = out / "records" / f"{point.label}.json"
@@ -159,8 +191,8 @@ def run_study(options: StudyOptions) -> dict[str, Any] | None:
     out = Path(options.out)
     first = Point(spec.control, spec.seeds[0])
     base = compose_train(point_overrides(options, first))
-    items = draw_items(spec, base.data)
-    pairs = build_pairs(spec, items)
+    items = draw_items(spec, base.data) if spec.items else {}
+    pairs = build_pairs(spec, items) if spec.items else []
     fmt = get_format(base.model.call_format)
     arms = [a for a in spec.arms if options.run_arms is None or a in options.run_arms]
     seeds = spec.seeds if options.run_seeds is None else options.run_seeds
@@ -168,10 +200,9 @@ def run_study(options: StudyOptions) -> dict[str, Any] | None:
     todo = [Point(a, s) for s in seeds for a in arms if not point_done(out, Point(a, s), reads)]
     for point in todo:  # every point's config is checked before the first one trains
         cfg = compose_train(point_overrides(options, point))
-        if any(s % cfg.trainer.save_steps for s in spec.read_at) or cfg.trainer.save_total_limit is not None:
+        if any(s % cfg.trainer.save_steps for s in spec.read_at):
             raise ConfigError(f"point {point.label}: a checkpoint must be kept at every read step "
-                              f"{spec.read_at}: trainer.save_steps={cfg.trainer.save_steps} must divide each "
-                              f"and trainer.save_total_limit must be null")
+                              f"{spec.read_at}: trainer.save_steps={cfg.trainer.save_steps} must divide each")
     log.info("study %s: %s calibration items, %d reads a checkpoint, read at steps %s; %d points to run "
              "(%d threads)", spec.name, ", ".join(f"{len(v)} {s}" for s, v in items.items()), len(pairs),
              spec.read_at, len(todo), torch.get_num_threads())
@@ -193,8 +224,11 @@ def run_study(options: StudyOptions) -> dict[str, Any] | None:
                                     batch_size=options.batch_size, label=f"{point.label}@{step}"):
                     records.append({**r, **tags, "step": step})
             traces = [{**tags, **t} for t in read_traces(run_dir, stage)]
-            timing = {"train_s": trained - started, "eval_s": time.time() - trained, "reads": len(records),
-                      "threads": threads, "commit": commit}
+            reads = len(records)
+            evaluated, metas = evaluate_point(options, point, run_dir, tags) if spec.evaluations else ([], {})
+            timing = {"train_s": trained - started, "eval_s": time.time() - trained, "reads": reads,
+                      "threads": threads, "commit": commit, "evaluations": metas}
+            records += evaluated
             _write_point(out, point, records, traces, timing)
             if not options.keep_weights:
                 drop_weights(run_dir)

@@ -176,7 +176,8 @@ def analyze(records: Sequence[Mapping[str, Any]], traces: Sequence[Mapping[str, 
     """NAME.json (module docstring)."""
     spec = meta["spec"]
     heldin = (spec.get("items") or {}).get("perturbation")
-    records = [r for r in records if heldin is None or r.get("perturbation", heldin) == heldin]
+    records = [r for r in records if "evaluation" not in r
+               and (heldin is None or r.get("perturbation", heldin) == heldin)]
     arms, control, read_at = list(spec["arms"]), spec["control"], list(spec["read_at"])
     present = {int(r["seed"]) for r in records}
     seeds = [s for s in spec["seeds"] if s in present]

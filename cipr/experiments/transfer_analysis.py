@@ -299,7 +299,7 @@ def write_report(records: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], 
     return report
 
 
-def recompute(report_dir: Path) -> dict[str, Any]:
+def recompute(report_dir: Path, name: str = "cpu_transfer") -> dict[str, Any]:
     """Every number again from `report_dir`'s records and the meta its JSON recorded."""
     meta = read_json(report_dir / "cpu_transfer.json")["meta"]
     return write_report(read_jsonl_gz(report_dir / RECORDS), meta, report_dir)

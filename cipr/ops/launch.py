@@ -169,8 +169,9 @@ def run_entry(container: dict[str, Any], parse: Callable[[dict[str, Any]], Any],
 
 
 START_FILES = {".hydra", "train.log", "main.log", "cipr-train.log", "config.json", "config.yaml",
-               "stages.json"}
-"""What a run folder holds before any work: Hydra's files, then the run's resolved config and stage list."""
+               "stages.json", "wall_time.json"}
+"""What a run folder holds before any work: Hydra's files, the run's resolved config and stage list, and the
+wall time of the invocation that was refused."""
 
 
 def discard_if_unused(run_dir: Path) -> bool:
