@@ -471,6 +471,7 @@ def smollm2_sized_model(smollm2_tokenizer):
     return LlamaForCausalLM(config).to(torch.float64).eval()
 
 
+@pytest.mark.integration
 def test_smollm2_tokenizer_one_pass_equals_bruteforce(smollm2_tokenizer, smollm2_sized_model):
     """SmolLM2's byte-level BPE (49 closers starting with `"`, ` ` merged into ReAct names): every format,
     both modes and paddings, values and gradients."""

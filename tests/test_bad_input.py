@@ -318,6 +318,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.integration
 def test_bad_input_is_one_clear_line_and_changes_nothing(case, work, capsys, monkeypatch):
     monkeypatch.chdir(work)
     monkeypatch.delenv("CIPR_DEBUG", raising=False)

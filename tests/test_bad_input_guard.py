@@ -148,6 +148,7 @@ def _cipr_eval_guard(overrides: list[str]) -> int:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.integration
 def test_bad_input_is_one_clear_line_and_touches_nothing(case, tmp_path, shared_data, tiny_dir, capsys,
                                                          monkeypatch):
     if case.skip is not None and case.skip():
@@ -168,6 +169,7 @@ def test_bad_input_is_one_clear_line_and_touches_nothing(case, tmp_path, shared_
     assert _snapshot(tmp_path) == before  # inputs, earlier outputs and the file set are all unchanged
 
 
+@pytest.mark.integration
 def test_the_console_command_gives_one_line_and_debug_gives_the_traceback(tmp_path):
     (tmp_path / "old.json").write_text(json.dumps(OLD))
     (tmp_path / "new.json").write_text('[{"name": "f",')

@@ -161,6 +161,7 @@ def test_summary_averages_orders_then_types_then_groups():
     assert e["mean"]["argmax_agree"]["n"] == 2 and e["mean"]["argmax_agree"]["half_width"] is not None
 
 
+@pytest.mark.integration
 def test_cipr_eval_with_consistency_reports_and_compares(tmp_path, tiny_tokenizer):
     from support.tiny_models import tiny_model
 

@@ -91,7 +91,7 @@ def _fell(values, factor):
     return sum(values[-3:]) / 3 < factor * values[0]
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.integration]  # a teacher is trained first
 
 
 @pytest.fixture(scope="module")

@@ -137,6 +137,7 @@ def _point(study: str, arm: str, seed: int, out) -> tuple:
     return options, compose_train(point_overrides(options, Point(arm, seed)))
 
 
+@pytest.mark.integration
 def test_the_spec_trains_the_pre_registered_points_and_draws_the_committed_items(tmp_path):
     from cipr.experiments.items import draw_items
 
@@ -151,6 +152,7 @@ def test_the_spec_trains_the_pre_registered_points_and_draws_the_committed_items
     assert [e.id for e in draw_items(options.study, cfg.data)["near"]] == committed
 
 
+@pytest.mark.integration
 def test_traces_show_each_step_before_and_after_and_lambda_zero_still_trains_like_multi_interface(tmp_path):
     """The trace reads change no weight: CIPR at λ = 0 with traces gives multi-interface's weights bit for
     bit; the logged before-value is the step's own term, and the after-value differs once weights moved."""

@@ -50,6 +50,7 @@ def test_tiny_model_on_bfcl_under_every_perturbation(tmp_path, shared_data, tiny
     assert (tmp_path / "plots" / "taxonomy.png").exists() and (tmp_path / "report.md").exists()
 
 
+@pytest.mark.integration
 def test_replay_invariants_on_bfcl_slice(tmp_path, shared_data):
     from cipr.eval.benchmarks import load_examples
     from cipr.scoring.bfcl import score_bfcl

@@ -152,6 +152,7 @@ def test_cipr_eval_runs_toyshop_episodes_with_the_adapter_and_resumes(tmp_path, 
     assert "## Episodes" in text and "turn 2" in text
 
 
+@pytest.mark.integration
 def test_every_bfcl_ground_truth_passes_under_original_and_canonical_names(tmp_path, shared_data):
     """All 800 items of the four categories, replayed through benchmark=bfcl_multi_turn, pass BFCL's
     checker under both namings."""

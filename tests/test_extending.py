@@ -37,6 +37,7 @@ def _eval(tmp_path: Path, model_dir: Path, *overrides: str) -> dict:
     return run(cfg)
 
 
+@pytest.mark.integration
 def test_a_perturbation_type_from_a_users_file_is_evaluated(user_dir, tmp_path):
     from support.tiny_models import save_tiny
 

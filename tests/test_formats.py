@@ -327,6 +327,7 @@ def _check_decisions(fmt, text: str, calls) -> None:
 @settings(max_examples=80, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(data=st.data())
+@pytest.mark.integration
 def test_render_then_parse_round_trips_and_decisions_line_up(name, data):
     fmt = get_format(name)
     interface, calls, think, response = data.draw(_case(name))
@@ -366,6 +367,7 @@ def _is_subsequence(short: list, long: list) -> bool:
 @pytest.mark.parametrize("name", sorted(FORMATS))
 @settings(max_examples=300, deadline=None)
 @given(text=_GARBAGE)
+@pytest.mark.integration
 def test_garbage_never_raises_and_decisions_stay_consistent(name, text):
     fmt = get_format(name)
     result = fmt.parse(text)

@@ -188,6 +188,7 @@ def test_cli_exit_codes_and_reports(tmp_path, capsys):
     assert "'new' is required" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_cli_on_real_bfcl_item_via_subprocess(shared_data, tmp_path):
     src = shared_data / "bfcl_v4" / "BFCL_v4_simple_python.json"
     row = json.loads(src.read_text().splitlines()[0])

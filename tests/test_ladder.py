@@ -1,6 +1,6 @@
 """The ladder: the sweep config, row labels and names, the report from evaluation folders (fast tier), and
-end to end on the tiny model: a two-algorithm sweep from one shared warm start, cipr-ladder's report with
-the consistency metric, and a rerun that exports and evaluates nothing again (integration tier)."""
+end to end on the tiny model: a two-algorithm study from one shared warm start through cipr-study, its report
+with the consistency metric, recomputed byte for byte (integration tier)."""
 
 from __future__ import annotations
 

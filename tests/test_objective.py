@@ -274,6 +274,7 @@ def test_a_sweep_over_a_known_term_key_replaces_the_sweep_files_values():
     assert {tuple(j[:3]) for j in jobs} == expected
 
 
+@pytest.mark.integration
 def test_a_former_weight_key_is_refused_in_one_line_naming_the_terms_key(tmp_path):
     """`algo.rescore_weight` / `algo.rollout_weight` (once aliases of the terms' weights) are refused
     wherever they are given: on the command line (with +, ++ or as a sweep), in a YAML file, among a sweep
@@ -372,6 +373,7 @@ def _moved(a: Path, b: Path, stage: str) -> bool:
     return any(not torch.equal(x[k], y[k]) for k in x)
 
 
+@pytest.mark.integration
 def test_a_users_term_trains_the_supervised_regime_from_the_command_line(warm_dir, user_dir, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(user_dir), os.environ.get("PYTHONPATH", "")]),
            "HF_HUB_OFFLINE": "1"}
@@ -396,6 +398,7 @@ def test_a_users_term_trains_the_supervised_regime_from_the_command_line(warm_di
     assert "algo.terms.js.fn=my_terms:returns_a_float" in bad.stderr
 
 
+@pytest.mark.integration
 def test_a_users_term_trains_single_turn_grpo(warm_dir, on_path, tmp_path):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf

@@ -42,6 +42,7 @@ def test_original_references_are_accepted(bfcl: list[Example]) -> None:
 
 
 @pytest.mark.parametrize("name", TYPES)
+@pytest.mark.integration
 def test_rewritten_references_score_correct(bfcl: list[Example], name: str) -> None:
     problems: list[str] = []
     wrong_by_design = 0
@@ -83,6 +84,7 @@ def _key(p: Example) -> str:
 
 
 @pytest.mark.parametrize("name", TYPES)
+@pytest.mark.integration
 def test_deterministic_per_seed_and_seeds_differ(bfcl: list[Example], name: str) -> None:
     sample = _applicable(bfcl, name)[::10]
     differ = 0

@@ -296,6 +296,7 @@ def _added_text(p: Example, corr, i: int) -> str:
     return " ".join([added] + [str(s.get("description", "")) for s in swapped])
 
 
+@pytest.mark.integration
 def test_bfcl_twins_carry_no_held_out_cue(shared_data) -> None:
     """Every twin of every BFCL item (three seeds) adds a default wording or a schema swap, never the cue."""
     from cipr.data.bfcl import load_bfcl

@@ -99,6 +99,7 @@ def _quiet():
 
 
 @pytest.mark.parametrize("overrides", COMMANDS, ids=[" ".join(c) for c in COMMANDS])
+@pytest.mark.integration
 def test_every_gpu_command_plans_or_names_its_defect(overrides):
     plan = make_plan(list(overrides), QUICK)
     expected = known_defects(plan.config)
@@ -251,6 +252,7 @@ def measure_embedded_step() -> dict[str, float]:
             "tensors": weights + grads + states, "grown": grown}
 
 
+@pytest.mark.integration
 def test_model_states_match_a_measured_step_of_the_embedded_model():
     """The tensors the step holds equal the plan's model states; the process grows by the gradients and
     AdamW state the plan predicts within 10 %. glibc's mmap threshold is fixed at 64 KiB in the measuring

@@ -553,6 +553,7 @@ def test_binding_beyond_loopback_without_a_key_is_refused():
         start(ChatService(OpenAIChatBackend("http://127.0.0.1:9/v1")), "0.0.0.0")
 
 
+@pytest.mark.integration
 def test_a_20_mb_prompt_is_refused_before_it_is_tokenized(tiny_model, tiny_tokenizer, logs):
     """With limits raised past 20 MB, the in-process model's backend still refuses the prompt by its
     characters (more than the context could hold at 16 characters a token) before any tokenizing."""

@@ -131,6 +131,7 @@ def rss_mb() -> float:
     return psutil.Process().memory_info().rss / 2**20
 
 
+@pytest.mark.integration
 def test_32_concurrent_clients_200_requests_no_5xx_flat_memory():
     up = Upstream(delay_s=0.005)
     server, thread = start(ChatService(OpenAIChatBackend(up.url)),

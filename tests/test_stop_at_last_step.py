@@ -123,6 +123,7 @@ def grpo_full(tiny_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize("stage", ["warm_start", "grpo"])
+@pytest.mark.integration
 def test_grpo_run_stopped_at_a_stage_last_step_finishes_it_and_goes_on(grpo_full, tiny_dir, tmp_path,
                                                                        monkeypatch, stage):
     """The reported case (GRPO stopped at step 2 of 2 trained a step 3 when rerun), and a warm start stopped

@@ -421,6 +421,7 @@ def _steps(run_dir: Path) -> list[dict[str, Any]]:
     return [r for r in lines if r.get("kind") == "step"]
 
 
+@pytest.mark.integration
 def test_one_multi_turn_cipr_step(warm_dir, tmp_path, replayed):
     """One CIPR step on ToyShop episodes: at least two turns per episode, a loss mask that is zero exactly on
     the tokens between turns, the ids the loss scores equal to the ids sampled turn by turn, different
@@ -454,6 +455,7 @@ def test_one_multi_turn_cipr_step(warm_dir, tmp_path, replayed):
             assert list(e.completion_ids[start:end]) in [ids[:end - start] for ids in drawn[(e.row, t)]]
 
 
+@pytest.mark.integration
 def test_grpo_and_masking_take_a_multi_turn_step(warm_dir, tmp_path, replayed):
     """The unpaired algorithms (multi_interface: the next test): original and masked names reach the
     environment as its own."""
@@ -464,6 +466,7 @@ def test_grpo_and_masking_take_a_multi_turn_step(warm_dir, tmp_path, replayed):
         assert not any(k.startswith("consistency/") for k in line), algo
 
 
+@pytest.mark.integration
 def test_cipr_with_zero_weights_trains_like_multi_interface(warm_dir, tmp_path, replayed):
     """As in the single-turn case (tests/test_train_supervised.py): the folded read gives TRL's loss its token
     log-probabilities, so loss and gradient norm agree to 1e-4 and the weights to a tenth of how far they

@@ -104,6 +104,7 @@ def test_sft_trains_and_saves(sft_run):
 
 
 @pytest.mark.parametrize("algo", ["grpo", "multi_interface", "masking", "cipr"])
+@pytest.mark.integration
 def test_two_optimizer_steps_of_every_grpo_algorithm(warm_dir, tmp_path, replayed, algo):
     accumulation = 2 if algo == "cipr" else 1
     run_dir = replay_run(make_config(warm_dir, tmp_path / algo, algo,
@@ -193,6 +194,7 @@ def run_killed_after_step_1(cfg, monkeypatch) -> None:
             replay_run(cfg)
 
 
+@pytest.mark.integration
 def test_resume_after_kill_reproduces_the_uninterrupted_run(warm_dir, tmp_path, replayed, monkeypatch):
     full = replay_run(make_config(warm_dir, tmp_path / "full", "cipr", max_steps=3, warm_start={"steps": 1},
                                   gradient_accumulation_steps=2))
@@ -214,6 +216,7 @@ def test_resume_after_kill_reproduces_the_uninterrupted_run(warm_dir, tmp_path, 
     assert (cut / "rollouts.jsonl").read_text() == (full / "rollouts.jsonl").read_text()
 
 
+@pytest.mark.integration
 def test_frozen_layers_are_left_out_of_checkpoints_and_resume_from_them_is_exact(warm_dir, tmp_path, replayed,
                                                                                   monkeypatch):
     """With the bottom layer frozen, step folders and final/ hold the trainable tensors only; a run killed

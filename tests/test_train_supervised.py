@@ -111,6 +111,7 @@ def test_pairs_stay_whole_in_every_batch(tiny_dir, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(("regime", "fold"), [("supervised", False), ("rl", False), ("rl", True)])
+@pytest.mark.integration
 def test_cipr_with_zero_weights_trains_like_multi_interface(tiny_dir, tmp_path, regime, fold):
     """Bit for bit, except GRPO's folded read: there the task loss's token log-probabilities come from the
     action reader's forward (other padding, so float32 rounding differs). Then loss and gradient norm agree to

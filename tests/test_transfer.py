@@ -119,6 +119,7 @@ def _point(arm: str, seed: int, out, *extra: str):
     return compose_train(point_overrides(options, Point(arm, seed)))
 
 
+@pytest.mark.integration
 def test_the_sweep_holds_the_drawn_held_out_split_and_the_items_respect_it(tmp_path):
     from cipr.experiments.items import draw_items
     from cipr.experiments.spec import load_options
@@ -144,6 +145,7 @@ def test_the_sweep_holds_the_drawn_held_out_split_and_the_items_respect_it(tmp_p
     assert {s: [e.id for e in v] for s, v in drawn.items()} == committed
 
 
+@pytest.mark.integration
 def test_lambda_zero_cipr_trains_like_multi_interface_on_the_arms_own_path(tmp_path):
     """The experiment's own configs (action_weight 1, per-seed copies, held-out split), CIPR at λ = 0."""
     tiny = save_tiny(tmp_path / "tiny")

@@ -30,21 +30,6 @@ from typing import Any
 from cipr.core.io import read_json, write_json_atomic, write_text_atomic
 from cipr.eval.stats import mean_estimate
 
-PREDICTIONS = {
-    "P0": "Positive control (CIPR at λ_rescore = 1). On the held-in relabeled copies (every tool of the "
-          "canonical interface of a held-out item renamed to a fresh function_XX id, the copy CIPR's "
-          "rescoring term compares with), CIPR's action KL at the reference decision ends lower than "
-          "multi-interface's: the paired difference CIPR − multi-interface over seeds has a 95% t "
-          "interval below 0.",
-    "P1": "On the held-out types (relabel_random: names of a shape never trained on; typos; "
-          "distractor_similar_name), CIPR's action KL and its action-accuracy drop (original − "
-          "perturbed) are smaller than multi-interface's (paired interval below 0). Expected for "
-          "relabel_random, which shares the relabeling's mechanism; no directional expectation for "
-          "typos and distractors, which the term does not touch.",
-    "P2": "Original accuracy is kept: CIPR's action accuracy on the unperturbed interface is not more "
-          "than 5 points below multi-interface's (the paired interval's lower end above −5 points).",
-}
-
 
 def point_metrics(records: Sequence[Mapping[str, Any]], types: Sequence[str], heldin: str, looked_at: int
                   ) -> dict[str, Any]:
@@ -241,7 +226,8 @@ def plot(report: Mapping[str, Any], path: Path) -> None:
 def study_report(records: Sequence[Mapping[str, Any]], traces: Sequence[Mapping[str, Any]],
                  meta: Mapping[str, Any], out: Path) -> dict[str, Any]:
     """cpu_evidence.json, cpu_evidence_tables.md and cpu_evidence.png of a run of the study engine
-    (configs/study/cpu_evidence.yaml): every finished point's metrics from its evaluation records."""
+    (configs/study/cpu_evidence.yaml): every finished point's metrics from its evaluation records, judged
+    against the predictions registered in the spec (`options.predictions`)."""
     spec = meta["spec"]
     options = spec["options"]
     types, heldin, looked_at = options["types"], options["heldin"], options["looked_at"]
@@ -253,7 +239,7 @@ def study_report(records: Sequence[Mapping[str, Any]], traces: Sequence[Mapping[
         for seed in spec["seeds"]:
             if (arm, seed) in by_point:
                 metrics[arm][seed] = point_metrics(by_point[(arm, seed)], types, heldin, looked_at)
-    report = build_report(types, heldin, metrics, options.get("predictions") or PREDICTIONS)
+    report = build_report(types, heldin, metrics, options["predictions"])
     report["command"] = f"cipr-study run study={spec['name']}"
     report["wall_s"] = round(meta["wall_s"], 1)
     report["wall_s_parts"] = {f"{part}/{label}": round(t[f"{part}_s"], 1)
